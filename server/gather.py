@@ -1,0 +1,67 @@
+"""Merging the parts of a monitor or list request that was scattered to every worker. Pure: the
+coordinator feeds parts in and gets finished replies out."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from server import protocol as p
+
+_SUMMED = ("size", "ready", "delayed", "in_flight", "waiters", "queue_count", "max_id")
+
+
+@dataclass(slots=True)
+class _Pending:
+    conn: int
+    req_no: int
+    expected: int
+    request: dict
+    parts: list[dict] = field(default_factory=list)
+
+
+class Gatherer:
+    """Collects the parts of scattered requests; a request is done when all its parts arrived."""
+
+    def __init__(self) -> None:
+        self._pending: dict[int, _Pending] = {}
+
+    def add(self, gather: list, part: dict) -> tuple[int, int, dict, list[dict]] | None:
+        """Add one worker's part. `gather` is [gather_id, conn, req_no, expected, request].
+        Returns (conn, req_no, request, parts) once the last part is in."""
+        gather_id, conn, req_no, expected, request = gather
+        pending = self._pending.get(gather_id)
+        if pending is None:
+            pending = self._pending[gather_id] = _Pending(conn, req_no, expected, request)
+        pending.parts.append(part)
+        if len(pending.parts) < pending.expected:
+            return None
+        del self._pending[gather_id]
+        return pending.conn, pending.req_no, pending.request, pending.parts
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+
+def merge(request: dict, parts: list[dict], node_fields: dict[str, Any]) -> dict:
+    """The reply to a scattered monitor or list request, from its parts and the node's own fields
+    (node_id, leader_node_id, trans_id, log_size, max_log_size)."""
+    errors = [part["error"] for part in parts if "error" in part]
+    if errors:
+        return p.error_reply(request, errors[0], node_fields.get("node_id"))
+    reply = p.echo(request)
+    reply["code"] = p.CODE_OK
+    action = p.resolve_action(request.get("action"))
+    if action in (p.LIST, p.LOCAL_LIST):
+        names = sorted(name for part in parts for name in part["queue_list"])
+        reply["queue_list"] = names
+        reply["queue_count"] = len(names)
+    else:
+        for key in _SUMMED:
+            values = [part[key] for part in parts if key in part]
+            if values:
+                reply[key] = max(values) if key == "max_id" else sum(values)
+        if "max_size" in parts[0]:
+            reply["max_size"] = parts[0]["max_size"]
+        reply["wait_status"] = reply.get("ready", 0)
+    reply.update(node_fields)
+    return reply

@@ -1,0 +1,93 @@
+"""The client protocol's vocabulary: actions, reply codes, limits, and small pure helpers shared
+by the acceptor, the workers, the coordinator and the client."""
+from __future__ import annotations
+
+from typing import Any
+
+PRODUCE = 1
+CONSUME = 2
+CONFIRM = 3
+MONITOR = 4
+RELEASE = 5
+EXTEND = 6
+LIST = 7
+LEADER = 8
+LOCAL_MONITOR = 104
+LOCAL_LIST = 107
+
+ACTION_NAMES: dict[str, int] = {
+    "produce": PRODUCE,
+    "consume": CONSUME,
+    "confirm": CONFIRM,
+    "monitor": MONITOR,
+    "release": RELEASE,
+    "extend": EXTEND,
+    "list": LIST,
+    "leader": LEADER,
+    "local_monitor": LOCAL_MONITOR,
+    "local_list": LOCAL_LIST,
+}
+ACTIONS: frozenset[int] = frozenset(ACTION_NAMES.values())
+# Actions that name one queue and are served by the worker owning it.
+QUEUE_ACTIONS: frozenset[int] = frozenset({PRODUCE, CONSUME, CONFIRM, RELEASE, EXTEND})
+# Actions whose reply changes stored state (a follower forwards them to the leader).
+LOCAL_ACTIONS: frozenset[int] = frozenset({LOCAL_MONITOR, LOCAL_LIST})
+
+CODE_OK = 0
+CODE_ERROR = -1
+CODE_REDIRECT = -2
+
+# delay/ttl values at or above this are unix timestamps; below it, seconds from now.
+ABSOLUTE_TIME_THRESHOLD = 1_000_000_000
+MAX_QUEUE_NAME_BYTES = 256
+MAX_BATCH = 1000
+DEFAULT_TTL = 3600.0
+
+# Request fields that are not echoed in replies (bulky or replaced by the result).
+NOT_ECHOED = frozenset({"data", "msg_ids"})
+
+_CONTROL = frozenset(chr(c) for c in range(32)) | {"\x7f"}
+
+
+def resolve_action(value: Any) -> int | None:
+    """The numeric action for a request's `action` value (number or name), or None if unknown."""
+    if type(value) is int:
+        return value if value in ACTIONS else None
+    if isinstance(value, str):
+        return ACTION_NAMES.get(value)
+    return None
+
+
+def queue_name_error(name: Any) -> str | None:
+    """Why `name` is not a valid queue name, or None if it is."""
+    if not isinstance(name, str):
+        return "queue: must be a string" if name is not None else "queue: missing"
+    if not name:
+        return "queue: must not be empty"
+    if len(name) > MAX_QUEUE_NAME_BYTES or len(name.encode("utf-8", "surrogatepass")) > MAX_QUEUE_NAME_BYTES:
+        return f"queue: longer than {MAX_QUEUE_NAME_BYTES} bytes"
+    if not _CONTROL.isdisjoint(name):
+        return "queue: contains control characters"
+    return None
+
+
+def echo(request: Any) -> dict:
+    """The request's own fields that a reply repeats (a fresh dict)."""
+    if type(request) is not dict:
+        return {}
+    return {k: v for k, v in request.items() if k not in NOT_ECHOED}
+
+
+def error_reply(request: Any, reason: str, node_id: int | None = None) -> dict:
+    """A code -1 reply to `request` naming what was wrong."""
+    reply = echo(request)
+    reply["code"] = CODE_ERROR
+    reply["reason"] = reason
+    if node_id is not None:
+        reply["node_id"] = node_id
+    return reply
+
+
+def absolute_time(value: float, now: float) -> float:
+    """A delay/ttl value as an absolute unix time (the original's clients send timestamps)."""
+    return float(value) if value >= ABSOLUTE_TIME_THRESHOLD else now + value

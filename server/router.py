@@ -1,0 +1,51 @@
+"""Which worker owns a queue: a stable hash of the queue's routing key. Queues bound together by
+a virtual queue share one routing key, so a produce to the virtual queue is served by one worker
+and can be all-or-none."""
+from __future__ import annotations
+
+import zlib
+from typing import Iterable
+
+
+class Router:
+    """Maps queue names (real or virtual) to worker indexes; the same on every node."""
+
+    def __init__(self, workers: int, virtual_queues: Iterable[tuple[str, Iterable[str]]] = ()) -> None:
+        if workers < 1:
+            raise ValueError("workers must be >= 1")
+        self.workers = workers
+        self._key: dict[str, str] = _group_keys(virtual_queues)
+        self._cache: dict[str, int] = {}
+
+    def worker_for(self, queue: str) -> int:
+        """The index of the worker owning `queue`."""
+        index = self._cache.get(queue)
+        if index is None:
+            key = self._key.get(queue, queue)
+            index = zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.workers
+            if len(self._cache) < 1_000_000:
+                self._cache[queue] = index
+        return index
+
+
+def _group_keys(virtual_queues: Iterable[tuple[str, Iterable[str]]]) -> dict[str, str]:
+    """Union the names of each virtual queue with its members; each name maps to its group's
+    smallest name."""
+    parent: dict[str, str] = {}
+
+    def find(x: str) -> str:
+        parent.setdefault(x, x)
+        while parent[x] != x:
+            parent[x] = parent[parent[x]]
+            x = parent[x]
+        return x
+
+    for name, members in virtual_queues:
+        root = find(name)
+        for member in members:
+            other = find(member)
+            if other != root:
+                low, high = sorted((root, other))
+                parent[high] = low
+                root = low
+    return {name: find(name) for name in list(parent)}

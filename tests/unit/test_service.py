@@ -1,0 +1,265 @@
+"""PartitionService: request validation and semantics over the pure queues, with a fake clock."""
+from __future__ import annotations
+
+import pytest
+
+from server.gather import Gatherer, merge
+from server.router import Router
+from workers.service import PartitionService
+
+T0 = 1_700_000_000.0
+
+
+class Svc:
+    """A PartitionService driven like a worker drives it, collecting its outputs."""
+
+    def __init__(self, **kw) -> None:
+        kw.setdefault("queue_size", 100)
+        self.s = PartitionService(node_id=7, **kw)
+        self.now = T0
+        self.n = 0
+        self.replica = PartitionService(node_id=8, queue_size=kw["queue_size"], virtual_queues=kw.get("virtual_queues"))
+
+    def call(self, req: dict, conn: int = 1, udp: bool = False) -> dict | None:
+        self.n += 1
+        self.s.handle(req, conn, self.n, self.now, udp)
+        replies = self.drain()
+        mine = [r for c, n, r in replies if n == self.n]
+        return mine[0] if mine else None
+
+    def drain(self) -> list:
+        replies = list(self.s.replies)
+        self.s.replies.clear()
+        for rec in self.s.records:
+            self.replica.apply(rec)
+        self.s.records.clear()
+        return replies
+
+    def tick(self) -> list:
+        self.s.tick(self.now)
+        return self.drain()
+
+
+def test_produce_consume_confirm_round_trip_echoes_fields():
+    t = Svc()
+    r = t.call({"action": 1, "queue": "q", "data": "hello", "retry": 5, "seq": 42})
+    assert r["code"] == 0 and r["msg_id"] == 1 and r["seq"] == 42 and r["node_id"] == 7
+    assert "data" not in r
+    r = t.call({"action": "consume", "queue": "q"})
+    assert (r["code"], r["msg_id"], r["data"], r["delivery_count"]) == (0, 1, "hello", 1)
+    r = t.call({"action": 3, "queue": "q", "msg_id": 1})
+    assert r == {"action": 3, "queue": "q", "msg_id": 1, "code": 0, "node_id": 7, "confirmed": 1}
+    assert t.call({"action": 3, "queue": "q", "msg_id": 1})["confirmed"] == 0
+    assert t.replica.snapshot() == t.s.snapshot()
+
+
+def test_empty_consume_answers_code_0_without_msg_id():
+    t = Svc()
+    r = t.call({"action": 2, "queue": "nothing"})
+    assert r["code"] == 0 and "msg_id" not in r and "data" not in r
+    assert t.call({"action": 2, "queue": "nothing", "count": 5})["messages"] == []
+
+
+def test_absolute_and_relative_times():
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": "abs", "delay": T0 + 10, "ttl": T0 + 100})
+    t.call({"action": 1, "queue": "q", "data": "rel", "delay": 5, "ttl": 50})
+    assert "msg_id" not in t.call({"action": 2, "queue": "q"})
+    t.now = T0 + 5
+    assert t.call({"action": 2, "queue": "q"})["data"] == "rel"
+    t.now = T0 + 10.5
+    assert t.call({"action": 2, "queue": "q"})["data"] == "abs"
+
+
+def test_retry_redelivers_until_confirmed():
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": "x", "retry": 2})
+    assert t.call({"action": 2, "queue": "q"})["delivery_count"] == 1
+    assert "msg_id" not in t.call({"action": 2, "queue": "q"})
+    t.now += 2
+    assert t.call({"action": 2, "queue": "q"})["delivery_count"] == 2
+
+
+def test_batch_produce_consume_confirm():
+    t = Svc()
+    r = t.call({"action": 1, "queue": "q", "data": ["a", "b", "c"], "retry": 9})
+    assert r["msg_ids"] == [1, 2, 3]
+    r = t.call({"action": 2, "queue": "q", "count": 2})
+    assert [(m["msg_id"], m["data"], m["delivery_count"]) for m in r["messages"]] == [(1, "a", 1), (2, "b", 1)]
+    assert t.call({"action": 3, "queue": "q", "msg_ids": [1, 2, 99]})["confirmed"] == 2
+
+
+def test_queue_full_is_all_or_none():
+    t = Svc(queue_size=3)
+    t.call({"action": 1, "queue": "q", "data": "a"})
+    r = t.call({"action": 1, "queue": "q", "data": ["b", "c", "d"]})
+    assert r["code"] == -1 and r["reason"] == "queue full"
+    assert t.s.queues["q"].stats(t.now)["size"] == 1
+
+
+def test_virtual_queue_fans_out_all_or_none():
+    t = Svc(queue_size=2, virtual_queues={"v": ("a", "b")})
+    r = t.call({"action": 1, "queue": "v", "data": "x"})
+    assert r["msg_ids"] == {"a": 1, "b": 1}
+    t.call({"action": 1, "queue": "b", "data": "fill"})
+    r = t.call({"action": 1, "queue": "v", "data": "y"})
+    assert r["code"] == -1 and r["reason"] == "queue full"
+    assert len(t.s.queues["a"]) == 1 and len(t.s.queues["b"]) == 2
+    r = t.call({"action": 1, "queue": "v", "data": ["p"]})
+    assert r["code"] == -1
+    r = t.call({"action": 2, "queue": "v"})
+    assert r["code"] == -1 and "virtual" in r["reason"]
+
+
+@pytest.mark.parametrize(
+    "req,field",
+    [
+        ({"action": 1, "data": "x"}, "queue"),
+        ({"action": 1, "queue": "q"}, "data"),
+        ({"action": 1, "queue": "q", "data": 5}, "data"),
+        ({"action": 1, "queue": "q", "data": ["a", 1]}, "data"),
+        ({"action": 1, "queue": "q", "data": []}, "data"),
+        ({"action": 1, "queue": "q", "data": "x", "delay": "soon"}, "delay"),
+        ({"action": 1, "queue": "q", "data": "x", "ttl": [1]}, "ttl"),
+        ({"action": 1, "queue": "q", "data": "x", "retry": "1"}, "retry"),
+        ({"action": 1, "queue": "q", "data": "x", "retry": True}, "retry"),
+        ({"action": 1, "queue": "q", "data": "x", "retry": -1}, "retry"),
+        ({"action": 1, "queue": "q", "data": "x", "delay": 100, "ttl": 10}, "ttl"),
+        ({"action": 1, "queue": "q", "data": "x", "priority": 1.5}, "priority"),
+        ({"action": 2, "queue": "q", "count": 0}, "count"),
+        ({"action": 2, "queue": "q", "count": 1001}, "count"),
+        ({"action": 2, "queue": "q", "count": "3"}, "count"),
+        ({"action": 2, "queue": "q", "wait": "x"}, "wait"),
+        ({"action": 3, "queue": "q"}, "msg_id"),
+        ({"action": 3, "queue": "q", "msg_id": "1"}, "msg_id"),
+        ({"action": 3, "queue": "q", "msg_ids": [1, "2"]}, "msg_ids"),
+        ({"action": 6, "queue": "q", "msg_id": 1}, "retry"),
+        ({"action": 1, "queue": "x" * 257, "data": "x"}, "queue"),
+        ({"action": 1, "queue": "a\nb", "data": "x"}, "queue"),
+        ({"action": 1, "queue": "", "data": "x"}, "queue"),
+        ({"action": 99, "queue": "q"}, "action"),
+        ({"queue": "q"}, "action"),
+    ],
+)
+def test_bad_requests_get_one_error_naming_the_field(req, field):
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": "kept"})
+    r = t.call(req)
+    assert r["code"] == -1 and r["reason"].startswith(field), r
+    assert len(t.s.queues["q"]) == 1
+
+
+def test_long_poll_is_served_by_a_later_produce():
+    t = Svc()
+    assert t.call({"action": 2, "queue": "q", "wait": 10}, conn=5) is None
+    t.n += 1
+    t.s.handle({"action": 1, "queue": "q", "data": "late"}, 6, t.n, t.now)
+    replies = t.drain()
+    served = [r for c, n, r in replies if c == 5]
+    assert served[0]["data"] == "late"
+
+
+def test_long_poll_times_out_with_an_empty_reply_and_honours_max_wait():
+    t = Svc(max_wait=3)
+    assert t.call({"action": 2, "queue": "q", "wait": 100}, conn=5) is None
+    assert t.s.next_deadline(t.now) <= T0 + 3
+    t.now = T0 + 2.9
+    assert [r for _, _, r in t.tick() if r.get("action") == 2] == []
+    t.now = T0 + 3
+    replies = t.tick()
+    assert len(replies) == 1 and replies[0][0] == 5 and "msg_id" not in replies[0][2]
+
+
+def test_long_poll_served_when_a_delayed_message_becomes_ready():
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": "d", "delay": 2})
+    assert t.call({"action": 2, "queue": "q", "wait": 10}, conn=5) is None
+    assert t.tick() == []
+    assert t.s.next_deadline(t.now) == T0 + 1  # the first lease sweep comes before the message
+    t.now = T0 + 1
+    assert t.tick() == []
+    assert t.s.next_deadline(t.now) == T0 + 2
+    t.now = T0 + 2
+    replies = t.tick()
+    assert replies[0][2]["data"] == "d"
+
+
+def test_long_poll_over_udp_answers_at_once():
+    t = Svc()
+    r = t.call({"action": 2, "queue": "q", "wait": 10}, conn=0, udp=True)
+    assert r["code"] == 0 and "msg_id" not in r
+
+
+def test_closed_connection_drops_its_waiters():
+    t = Svc()
+    t.call({"action": 2, "queue": "q", "wait": 10}, conn=5)
+    t.s.cancel(5)
+    t.call({"action": 1, "queue": "q", "data": "x"})
+    assert t.call({"action": 2, "queue": "q"})["data"] == "x"
+
+
+def test_undelivered_messages_come_back():
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": "once"})
+    t.call({"action": 1, "queue": "q", "data": "least", "retry": 60})
+    a = t.call({"action": 2, "queue": "q"})
+    b = t.call({"action": 2, "queue": "q"})
+    t.s.undeliver("q", [a["msg_id"], b["msg_id"]], t.now)
+    t.drain()
+    got = sorted(t.call({"action": 2, "queue": "q"})["data"] for _ in range(2))
+    assert got == ["least", "once"]
+    assert t.replica.snapshot() == t.s.snapshot()
+
+
+def test_expired_leases_are_swept():
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": "x", "retry": 5, "ttl": 3})
+    t.call({"action": 2, "queue": "q"})
+    t.now += 5
+    t.tick()
+    assert len(t.s.queues["q"]) == 0
+    assert t.replica.snapshot() == t.s.snapshot()
+
+
+def test_release_and_extend():
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": "x", "retry": 5})
+    m = t.call({"action": 2, "queue": "q"})
+    assert t.call({"action": 6, "queue": "q", "msg_id": m["msg_id"], "retry": 100})["extended"] == 1
+    t.now += 50
+    assert "msg_id" not in t.call({"action": 2, "queue": "q"})
+    assert t.call({"action": 5, "queue": "q", "msg_ids": [m["msg_id"]]})["released"] == 1
+    assert t.call({"action": 2, "queue": "q"})["delivery_count"] == 2
+
+
+def test_partials_and_merge():
+    t = Svc()
+    t.call({"action": 1, "queue": "alpha", "data": "x"})
+    t.call({"action": 1, "queue": "beta", "data": "y", "delay": 60})
+    g = Gatherer()
+    req = {"action": 7, "pattern": "a"}
+    t.s.partial([1, 3, 4, 1, req], req, t.now)
+    conn, req_no, request, parts = g.add(*t.s.partials.pop())
+    reply = merge(request, parts, {"node_id": 7})
+    assert reply["queue_list"] == ["alpha", "beta"] and reply["queue_count"] == 2
+    req = {"action": 4}
+    t.s.partial([2, 3, 5, 1, req], req, t.now)
+    _, _, request, parts = g.add(*t.s.partials.pop())
+    reply = merge(request, parts, {"node_id": 7, "trans_id": 2})
+    assert (reply["size"], reply["ready"], reply["delayed"], reply["queue_count"], reply["trans_id"]) == (2, 1, 1, 2, 2)
+
+
+def test_gatherer_waits_for_every_part():
+    g = Gatherer()
+    tag = [9, 1, 2, 2, {"action": 7}]
+    assert g.add(tag, {"queue_list": ["a"]}) is None
+    assert g.add(tag, {"queue_list": ["b"]})[3] == [{"queue_list": ["a"]}, {"queue_list": ["b"]}]
+    assert len(g) == 0
+
+
+def test_router_is_stable_and_keeps_virtual_groups_together():
+    r = Router(4, [("v", ["a", "b"]), ("w", ["b", "c"])])
+    assert len({r.worker_for(n) for n in ("v", "w", "a", "b", "c")}) == 1
+    assert Router(4).worker_for("some-queue") == Router(4).worker_for("some-queue")
+    spread = {Router(4).worker_for(f"q{i}") for i in range(100)}
+    assert spread == {0, 1, 2, 3}

@@ -1,0 +1,410 @@
+"""The queues one worker owns: validates requests, applies them to its queues, parks long polls,
+and returns replies and change records. Pure: time comes in as `now`, nothing here does I/O."""
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from server import protocol as p
+from workers.queue import Message, Queue, QueueFull
+
+# How many just-deleted at-most-once messages are kept to be restored if their reply cannot be
+# delivered (the client's connection closed while the reply was on its way).
+RESTORE_CACHE_SIZE = 65536
+# How often leased messages whose ttl has passed are swept out (seconds).
+EXPIRE_SWEEP_INTERVAL = 1.0
+
+
+class BadRequest(Exception):
+    """A request field is invalid; the message names the field."""
+
+
+@dataclass(slots=True)
+class Waiter:
+    """A long-poll consume parked until a message is ready or its deadline passes."""
+
+    conn: int
+    req_no: int
+    request: dict
+    count: int | None
+    deadline: float
+
+
+def _number(req: dict, key: str, default: float | None) -> float | None:
+    value = req.get(key)
+    if value is None:
+        return default
+    if type(value) is bool or not isinstance(value, (int, float)):
+        raise BadRequest(f"{key}: must be a number")
+    return value
+
+
+def _int(req: dict, key: str, default: int | None) -> int | None:
+    value = req.get(key)
+    if value is None:
+        return default
+    if type(value) is not int:
+        raise BadRequest(f"{key}: must be an integer")
+    return value
+
+
+def _msg_ids(req: dict) -> list[int]:
+    ids = req.get("msg_ids")
+    if ids is None:
+        one = req.get("msg_id")
+        if one is None:
+            raise BadRequest("msg_id: missing")
+        if type(one) is not int:
+            raise BadRequest("msg_id: must be an integer")
+        return [one]
+    if type(ids) is not list or any(type(i) is not int for i in ids):
+        raise BadRequest("msg_ids: must be a list of integers")
+    return ids
+
+
+def _check_queue(name: Any) -> str:
+    reason = p.queue_name_error(name)
+    if reason:
+        raise BadRequest(reason)
+    return name
+
+
+class PartitionService:
+    """All queues of one worker, with the request semantics of the protocol (docs/protocol.md).
+
+    After each call, the caller drains `replies` ((conn, req_no, reply dict)), `records` (change
+    records for the coordinator) and `partials` (contributions to scattered monitor/list requests).
+    """
+
+    def __init__(
+        self,
+        node_id: int,
+        queue_size: int,
+        virtual_queues: dict[str, tuple[str, ...]] | None = None,
+        max_wait: float = 30.0,
+    ) -> None:
+        self.node_id = node_id
+        self.queue_size = queue_size
+        self.virtual_queues = dict(virtual_queues or {})
+        self.max_wait = max_wait
+        self.queues: dict[str, Queue] = {}
+        self.waiters: dict[str, deque[Waiter]] = {}
+        self.replies: list[tuple[int, int, dict]] = []
+        self.records: list[dict] = []
+        self.partials: list[list] = []
+        self.errors: list[Exception] = []
+        self._restorable: OrderedDict[tuple[str, int], Message] = OrderedDict()
+        self._next_sweep = 0.0
+        self._handlers: dict[int, Callable[[dict, int, int, float, bool], dict | None]] = {
+            p.PRODUCE: self._produce,
+            p.CONSUME: self._consume,
+            p.CONFIRM: self._confirm,
+            p.RELEASE: self._release,
+            p.EXTEND: self._extend,
+        }
+
+    # ----------------------------------------------------------------------------- requests
+    def handle(self, req: Any, conn: int, req_no: int, now: float, udp: bool = False) -> None:
+        """Serve one queue request; its reply (unless parked as a long poll) goes to `replies`."""
+        try:
+            if type(req) is not dict:
+                raise BadRequest("request: must be a JSON object")
+            action = p.resolve_action(req.get("action"))
+            if action is None:
+                raise BadRequest("action: missing" if req.get("action") is None else "action: unknown")
+            handler = self._handlers.get(action)
+            if handler is None:
+                raise BadRequest("action: not a queue action")
+            reply = handler(req, conn, req_no, now, udp)
+        except BadRequest as exc:
+            reply = p.error_reply(req, str(exc), self.node_id)
+        except Exception as exc:  # a bug must cost one request, never the process or its queues
+            self.errors.append(exc)
+            reply = p.error_reply(req, f"internal error: {type(exc).__name__}", self.node_id)
+        if reply is not None:
+            self.replies.append((conn, req_no, reply))
+
+    def _ok(self, req: dict) -> dict:
+        reply = {k: v for k, v in req.items() if k not in p.NOT_ECHOED}
+        reply["code"] = p.CODE_OK
+        reply["node_id"] = self.node_id
+        return reply
+
+    def _queue(self, name: str) -> Queue:
+        q = self.queues.get(name)
+        if q is None:
+            q = self.queues[name] = Queue(name, self.queue_size)
+        return q
+
+    def _produce(self, req: dict, conn: int, req_no: int, now: float, udp: bool) -> dict:
+        name = req.get("queue")
+        data = req.get("data")
+        if isinstance(data, str):
+            batch = None
+        elif type(data) is list and data and all(isinstance(d, str) for d in data):
+            batch = data
+        elif data is None:
+            raise BadRequest("data: missing")
+        elif type(data) is list:
+            raise BadRequest("data: a batch must be a non-empty list of strings")
+        else:
+            raise BadRequest("data: must be a string or a list of strings")
+        delay = _number(req, "delay", None)
+        if delay is not None and delay < 0:
+            raise BadRequest("delay: must not be negative")
+        ready = now if delay is None else p.absolute_time(delay, now)
+        ttl_value = _number(req, "ttl", None)
+        ttl = ready + p.DEFAULT_TTL if ttl_value is None else p.absolute_time(ttl_value, now)
+        if ttl < ready:
+            raise BadRequest("ttl: before the ready time")
+        retry = _number(req, "retry", 0)
+        if retry < 0:
+            raise BadRequest("retry: must be >= 0")
+        priority = _int(req, "priority", 0)
+        if not -(2**31) <= priority < 2**31:
+            raise BadRequest("priority: out of range")
+
+        members = self.virtual_queues.get(name) if isinstance(name, str) else None
+        targets = members if members is not None else (_check_queue(name),)
+        n = 1 if batch is None else len(batch)
+        queues = [self._queue(t) for t in targets]
+        if any(q.free() < n for q in queues):
+            raise BadRequest("queue full")
+        ids: dict[str, Any] = {}
+        for q in queues:
+            if batch is None:
+                rec = q.produce(data, ready, ttl, retry, priority, now)
+                self.records.append(rec)
+                ids[q.name] = rec["msg_id"]
+            else:
+                recs = q.produce_many([(d, ready, ttl, retry, priority) for d in batch], now)
+                self.records.extend(recs)
+                ids[q.name] = [r["msg_id"] for r in recs]
+            if q.name in self.waiters:
+                self._serve_waiters(q, now)
+        reply = self._ok(req)
+        if members is not None:
+            reply["msg_ids"] = ids
+        elif batch is None:
+            reply["msg_id"] = ids[targets[0]]
+        else:
+            reply["msg_ids"] = ids[targets[0]]
+        return reply
+
+    def _reject_virtual(self, name: Any) -> str:
+        if isinstance(name, str) and name in self.virtual_queues:
+            raise BadRequest("queue: a virtual queue only takes produce")
+        return _check_queue(name)
+
+    def _consume(self, req: dict, conn: int, req_no: int, now: float, udp: bool) -> dict | None:
+        name = self._reject_virtual(req.get("queue"))
+        count = _int(req, "count", None)
+        if count is not None and not 1 <= count <= p.MAX_BATCH:
+            raise BadRequest(f"count: must be 1..{p.MAX_BATCH}")
+        wait = _number(req, "wait", 0)
+        if wait < 0:
+            raise BadRequest("wait: must be >= 0")
+        q = self.queues.get(name)
+        if q is not None and q.has_ready(now):
+            return self._deliver(q, req, count, now)
+        if wait > 0 and not udp:
+            deadline = now + min(wait, self.max_wait)
+            self.waiters.setdefault(name, deque()).append(Waiter(conn, req_no, req, count, deadline))
+            return None
+        return self._empty(req, count)
+
+    def _empty(self, req: dict, count: int | None) -> dict:
+        reply = self._ok(req)
+        if count is not None:
+            reply["messages"] = []
+        return reply
+
+    def _deliver(self, q: Queue, req: dict, count: int | None, now: float) -> dict:
+        messages, records = q.consume(now, count or 1)
+        self.records.extend(records)
+        for m in messages:
+            if m.lease is None:
+                self._remember(q.name, m)
+        reply = self._ok(req)
+        if count is None:
+            if messages:
+                m = messages[0]
+                reply["msg_id"] = m.msg_id
+                reply["data"] = m.data
+                reply["delivery_count"] = m.delivery_count
+        else:
+            reply["messages"] = [
+                {"msg_id": m.msg_id, "data": m.data, "delivery_count": m.delivery_count} for m in messages
+            ]
+        return reply
+
+    def _remember(self, queue: str, message: Message) -> None:
+        cache = self._restorable
+        cache[(queue, message.msg_id)] = message
+        if len(cache) > RESTORE_CACHE_SIZE:
+            cache.popitem(last=False)
+
+    def _by_ids(self, req: dict, op: Callable[[Queue, int], dict | None]) -> int:
+        name = self._reject_virtual(req.get("queue"))
+        ids = _msg_ids(req)
+        q = self.queues.get(name)
+        done = 0
+        if q is not None:
+            for msg_id in ids:
+                rec = op(q, msg_id)
+                if rec is not None:
+                    self.records.append(rec)
+                    done += 1
+        return done
+
+    def _confirm(self, req: dict, conn: int, req_no: int, now: float, udp: bool) -> dict:
+        done = self._by_ids(req, lambda q, i: q.confirm(i))
+        reply = self._ok(req)
+        reply["confirmed"] = done
+        return reply
+
+    def _release(self, req: dict, conn: int, req_no: int, now: float, udp: bool) -> dict:
+        done = self._by_ids(req, lambda q, i: q.release(i, now))
+        reply = self._ok(req)
+        reply["released"] = done
+        if done:
+            q = self.queues[req["queue"]]
+            if q.name in self.waiters:
+                self._serve_waiters(q, now)
+        return reply
+
+    def _extend(self, req: dict, conn: int, req_no: int, now: float, udp: bool) -> dict:
+        retry = _number(req, "retry", None)
+        if retry is None:
+            raise BadRequest("retry: missing")
+        if retry <= 0:
+            raise BadRequest("retry: must be > 0")
+        done = self._by_ids(req, lambda q, i: q.extend(i, now + retry))
+        reply = self._ok(req)
+        reply["extended"] = done
+        return reply
+
+    # ----------------------------------------------------------------------------- scatter
+    def partial(self, gather: list, req: dict, now: float) -> None:
+        """This worker's part of a monitor or list request scattered to every worker."""
+        action = p.resolve_action(req.get("action"))
+        try:
+            if action in (p.LIST, p.LOCAL_LIST):
+                pattern = req.get("pattern") or ""
+                if not isinstance(pattern, str):
+                    raise BadRequest("pattern: must be a string")
+                part: dict = {"queue_list": [n for n in self.queues if pattern in n]}
+            else:
+                name = req.get("queue")
+                if name is None:
+                    part = self._totals(now)
+                else:
+                    name = self._reject_virtual(name)
+                    q = self.queues.get(name)
+                    part = q.stats(now) if q is not None else _empty_stats(self.queue_size)
+                    part["waiters"] = len(self.waiters.get(name, ()))
+        except BadRequest as exc:
+            part = {"error": str(exc)}
+        self.partials.append([gather, part])
+
+    def _totals(self, now: float) -> dict:
+        total = {"size": 0, "ready": 0, "delayed": 0, "in_flight": 0, "waiters": 0}
+        for q in self.queues.values():
+            s = q.stats(now)
+            for key in ("size", "ready", "delayed", "in_flight"):
+                total[key] += s[key]
+        total["waiters"] = sum(len(w) for w in self.waiters.values())
+        total["queue_count"] = len(self.queues)
+        return total
+
+    # ----------------------------------------------------------------------------- time
+    def tick(self, now: float) -> None:
+        """Serve or time out parked long polls, and sweep leases that ran past their ttl."""
+        for name in list(self.waiters):
+            q = self.queues.get(name)
+            if q is not None:
+                self._serve_waiters(q, now)
+            waiting = self.waiters.get(name)
+            if waiting and any(w.deadline <= now for w in waiting):
+                keep: deque[Waiter] = deque()
+                for w in waiting:
+                    if w.deadline <= now:
+                        self.replies.append((w.conn, w.req_no, self._empty(w.request, w.count)))
+                    else:
+                        keep.append(w)
+                waiting = keep
+                self.waiters[name] = keep
+            if not waiting:
+                self.waiters.pop(name, None)
+        if now >= self._next_sweep:
+            self._next_sweep = now + EXPIRE_SWEEP_INTERVAL
+            for q in self.queues.values():
+                self.records.extend(q.expire_due(now))
+
+    def next_deadline(self, now: float) -> float:
+        """When tick() next has something to do."""
+        soonest = self._next_sweep
+        for name, waiting in self.waiters.items():
+            for w in waiting:
+                soonest = min(soonest, w.deadline)
+            q = self.queues.get(name)
+            if q is not None:
+                event = q.next_event(now)
+                if event is not None:
+                    soonest = min(soonest, event)
+        return soonest
+
+    def _serve_waiters(self, q: Queue, now: float) -> None:
+        waiting = self.waiters.get(q.name)
+        while waiting and q.has_ready(now):
+            w = waiting.popleft()
+            self.replies.append((w.conn, w.req_no, self._deliver(q, w.request, w.count, now)))
+        if not waiting:
+            self.waiters.pop(q.name, None)
+
+    # ----------------------------------------------------------------------------- connections
+    def cancel(self, conn: int) -> None:
+        """Drop the long polls of a connection that closed."""
+        for name in list(self.waiters):
+            kept = deque(w for w in self.waiters[name] if w.conn != conn)
+            if kept:
+                self.waiters[name] = kept
+            else:
+                del self.waiters[name]
+
+    def undeliver(self, queue: str, msg_ids: list[int], now: float) -> None:
+        """Take back messages whose consume reply could not be delivered: leases are released
+        and at-most-once messages restored, so they are not lost."""
+        q = self.queues.get(queue)
+        if q is None:
+            return
+        for msg_id in msg_ids:
+            rec = q.release(msg_id, now)
+            if rec is None:
+                message = self._restorable.pop((queue, msg_id), None)
+                if message is not None:
+                    rec = q.restore(message)
+            if rec is not None:
+                self.records.append(rec)
+        if queue in self.waiters:
+            self._serve_waiters(q, now)
+
+    # ----------------------------------------------------------------------------- replicas
+    def apply(self, record: dict) -> None:
+        """Replay a change record decided by the leader."""
+        self._queue(record["queue"]).apply(record)
+
+    def snapshot(self) -> dict:
+        """The state of every queue, JSON-able."""
+        return {name: q.snapshot() for name, q in self.queues.items()}
+
+    def load_snapshot(self, state: dict) -> None:
+        """Replace all queues with a snapshot's."""
+        self.queues = {name: Queue.from_snapshot(s) for name, s in state.items()}
+        self.waiters.clear()
+        self._restorable.clear()
+
+
+def _empty_stats(max_size: int) -> dict:
+    return {"size": 0, "ready": 0, "delayed": 0, "in_flight": 0, "max_id": 0, "max_size": max_size}
