@@ -1,0 +1,103 @@
+"""The node's data directory (queue_data_dir): layout, the one-node lock, the vote state.
+
+    <path>/LOCK        flock'd by the node that owns the directory; holds its pid
+    <path>/wal/        log segments (replication.wal)
+    <path>/snapshots/  snapshots (replication.snapshot)
+    <path>/vote.json   {"vote_id": n, "voted_for": node id or null}, replaced atomically
+
+The lock is an flock on an open file description, so it lasts while any process holds a copy of
+that descriptor: open the DataDir in the process that owns the data (after forking others), and
+it goes away by itself when that process dies. The LOCK file is never deleted (deleting it would
+let two nodes lock two different files of the same name).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+
+import orjson
+
+from replication.wal import StorageError, fsync_dir
+
+_VOTE_FILE = "vote.json"
+
+
+class DataDirLocked(Exception):
+    """Another node (process) holds the data directory."""
+
+
+class DataDir:
+    """Owns a queue data directory for the lifetime of the process (or until close)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.wal_dir = os.path.join(path, "wal")
+        self.snapshot_dir = os.path.join(path, "snapshots")
+        self._vote_path = os.path.join(path, _VOTE_FILE)
+        os.makedirs(path, exist_ok=True)
+        fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            os.close(fd)
+            raise DataDirLocked(f"queue data dir {path} is in use by another node (pid {holder})") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        self._lock_fd: int | None = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            os.makedirs(self.wal_dir, exist_ok=True)
+            os.makedirs(self.snapshot_dir, exist_ok=True)
+        except BaseException:
+            self.close()
+            raise
+
+    def load_vote_state(self) -> tuple[int, int | None]:
+        """(vote_id, voted_for) last saved; (0, None) for a new directory. A damaged file raises
+        ValueError rather than forgetting a vote."""
+        try:
+            with open(self._vote_path, "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            return 0, None
+        try:
+            obj = orjson.loads(data)
+            vote_id, voted_for = obj["vote_id"], obj["voted_for"]
+        except (orjson.JSONDecodeError, TypeError, KeyError) as e:
+            raise ValueError(f"{self._vote_path} is not a vote state file: {e!r}") from None
+        if (
+            type(vote_id) is not int
+            or vote_id < 0
+            or not (voted_for is None or type(voted_for) is int)
+        ):
+            raise ValueError(f"{self._vote_path} holds a bad vote state: {data[:200]!r}")
+        return vote_id, voted_for
+
+    def save_vote_state(self, vote_id: int, voted_for: int | None) -> None:
+        """Durably record the vote state before this returns; raises StorageError if it can't."""
+        tmp = self._vote_path + ".tmp"
+        try:
+            with open(tmp, "wb") as f:
+                f.write(orjson.dumps({"vote_id": vote_id, "voted_for": voted_for}))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self._vote_path)
+            fsync_dir(self.path)
+        except OSError as e:
+            raise StorageError(f"cannot save the vote state in {self.path}: {e}") from e
+
+    def close(self) -> None:
+        """Release the lock."""
+        if self._lock_fd is not None:
+            fd, self._lock_fd = self._lock_fd, None
+            os.close(fd)  # closing the only descriptor releases the flock
+
+    def __enter__(self) -> DataDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
