@@ -1,0 +1,14 @@
+"""Clients for queue-server: QueueClient (blocking), AsyncQueueClient (asyncio), queue-cli."""
+from .aio import AsyncQueueClient
+from .errors import NoServerAvailable, QueueError, QueueTimeout
+from .protocol import Message
+from .sync import QueueClient
+
+__all__ = [
+    "AsyncQueueClient",
+    "Message",
+    "NoServerAvailable",
+    "QueueClient",
+    "QueueError",
+    "QueueTimeout",
+]

@@ -1,5 +1,5 @@
 """The client protocol's vocabulary: actions, reply codes, limits, and small pure helpers shared
-by the acceptor, the workers, the coordinator and the client."""
+by the acceptor, the workers, the coordinator and the client (client/protocol.py re-exports them)."""
 from __future__ import annotations
 
 from typing import Any

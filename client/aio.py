@@ -1,0 +1,592 @@
+"""The asyncio client: pipelined requests on one TCP connection, or UDP datagrams matched by seq."""
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections import deque
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+
+from . import protocol as p
+from .errors import ConnectTimeout, NoServerAvailable, QueueError, QueueTimeout
+from .protocol import Address, Message
+
+_NO_SEQ = object()
+
+
+class _Lost(Exception):
+    """The connection closed before the reply arrived."""
+
+    def __init__(self, detail: str, reused: bool = False) -> None:
+        super().__init__(detail)
+        self.reused = reused
+
+
+class _Moved(Exception):
+    """Another call switched hosts while this one was connecting: start over on the new host."""
+
+
+class _Conn(asyncio.Protocol):
+    """One TCP connection: requests are written in order and replies matched to a FIFO of futures.
+
+    Writes made in one event-loop turn go out in one send. Each request carries a deadline; one
+    timer per connection fails the oldest unanswered request with TimeoutError once it passes.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, addr: Address, epoch: int) -> None:
+        self.loop = loop
+        self.addr = addr
+        self.epoch = epoch
+        self.pending: deque[tuple[asyncio.Future[dict[str, Any]], float]] = deque()
+        self.transport: asyncio.Transport | None = None
+        self.closed = False
+        self._retiring = False
+        self._parts: list[bytes] = []
+        self._out: list[bytes] = []
+        self._flush_scheduled = False
+        self._timer: asyncio.TimerHandle | None = None
+        self._paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except (OSError, AttributeError):
+                pass
+
+    def data_received(self, data: bytes) -> None:
+        if b"\n" not in data:
+            self._parts.append(data)
+            return
+        if self._parts:
+            self._parts.append(data)
+            data = b"".join(self._parts)
+            self._parts.clear()
+        lines = data.split(b"\n")
+        tail = lines.pop()
+        if tail:
+            self._parts.append(tail)
+        pending = self.pending
+        for line in lines:
+            if not line or line.isspace():
+                continue
+            if not pending:
+                self.abort()  # a reply nobody asked for: the stream is out of step
+                return
+            fut = pending.popleft()[0]
+            if fut.done():  # its caller gave up (timeout or cancel)
+                continue
+            try:
+                fut.set_result(p.decode_reply(line))
+            except QueueError as exc:
+                fut.set_exception(exc)
+                self.abort()
+                return
+        if self._retiring and not pending:
+            self.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._out.clear()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        detail = f"connection lost: {exc}" if exc else "connection closed by the server"
+        while self.pending:
+            fut = self.pending.popleft()[0]
+            if not fut.done():
+                fut.set_exception(_Lost(detail))
+        self._wake_writers()
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake_writers()
+
+    def _wake_writers(self) -> None:
+        for waiter in self._drain_waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+        self._drain_waiters.clear()
+
+    def send(self, payload: bytes, timeout: float) -> asyncio.Future[dict[str, Any]]:
+        """Queue one request for writing; the future gets its reply, or TimeoutError."""
+        if self.closed or self._retiring or self.transport is None or self.transport.is_closing():
+            raise _Lost("connection closed")
+        loop = self.loop
+        fut = loop.create_future()
+        deadline = loop.time() + timeout
+        self.pending.append((fut, deadline))
+        self._out.append(payload)
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        if self._timer is None:
+            self._timer = loop.call_at(deadline, self._check_deadlines)
+        return fut
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        if self._out and not self.closed and self.transport is not None:
+            out = self._out
+            self.transport.write(out[0] if len(out) == 1 else b"".join(out))
+            out.clear()
+
+    def _check_deadlines(self) -> None:
+        self._timer = None
+        now = self.loop.time()
+        for fut, deadline in self.pending:
+            if fut.done():
+                continue
+            if deadline > now:
+                self._timer = self.loop.call_at(deadline, self._check_deadlines)
+                return
+            fut.set_exception(TimeoutError(f"no reply within {deadline - now:.3g} s"))
+
+    @property
+    def busy(self) -> bool:
+        """Whether the socket's send buffer is full (callers should wait on drain())."""
+        return self._paused and not self.closed
+
+    async def drain(self) -> None:
+        """Wait while the socket's send buffer is full."""
+        if self._paused and not self.closed:
+            waiter = self.loop.create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
+    def retire(self) -> None:
+        """Close once the replies already asked for have arrived."""
+        self._retiring = True
+        if not self.pending:
+            self.close()
+
+    def close(self) -> None:
+        self._flush()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+
+class _Udp(asyncio.DatagramProtocol):
+    """A connected UDP endpoint; replies are matched to requests by the seq the client sets."""
+
+    def __init__(self, addr: Address, epoch: int) -> None:
+        self.addr = addr
+        self.epoch = epoch
+        self.pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self.transport: asyncio.DatagramTransport | None = None
+        self.closed = False
+        self._retiring = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:
+        try:
+            reply = p.decode_reply(data)
+        except QueueError:
+            return
+        got = reply.get("seq", _NO_SEQ)
+        if type(got) is int:
+            key = got
+        elif type(got) is list and len(got) == 2 and type(got[0]) is int:
+            key = got[0]
+        elif got is _NO_SEQ and len(self.pending) == 1:
+            key = next(iter(self.pending))  # a reply without seq can only be matched when alone
+        else:
+            return
+        fut = self.pending.pop(key, None)
+        if fut is not None and not fut.done():
+            fut.set_result(reply)
+
+    def error_received(self, exc: Exception) -> None:
+        # On a connected socket this is the ICMP "port unreachable" of a host that is down.
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(exc)
+        self.pending.clear()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        for fut in self.pending.values():
+            if not fut.done():
+                fut.set_exception(_Lost("endpoint closed"))
+        self.pending.clear()
+
+    def forget(self, seq: int) -> None:
+        """Stop waiting for the reply to `seq`."""
+        self.pending.pop(seq, None)
+        if self._retiring and not self.pending:
+            self.close()
+
+    def retire(self) -> None:
+        """Close once no request is waiting for its reply."""
+        self._retiring = True
+        if not self.pending:
+            self.close()
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+class AsyncQueueClient:
+    """An asyncio client for one queue-server cluster; use it from one event loop.
+
+    Concurrent calls share one TCP connection (pipelined; replies come back in request order).
+    A consume with `wait` uses a connection of its own, because the server answers a
+    connection's requests in order and a waiting consume would hold back everything after it.
+    Fail-over, redirects and the at-least-once caveat for retried produces are as in QueueClient.
+    """
+
+    def __init__(
+        self,
+        hosts: str | Sequence[str | Address] = "127.0.0.1:1111",
+        *,
+        transport: str = "tcp",
+        timeout: float = 5.0,
+        follow_redirects: bool = True,
+        max_redirects: int = 3,
+        max_idle_wait_connections: int = 8,
+    ) -> None:
+        if transport not in ("tcp", "udp"):
+            raise ValueError(f"transport must be 'tcp' or 'udp', not {transport!r}")
+        if timeout <= 0:
+            raise ValueError("timeout must be > 0")
+        self.hosts: list[Address] = p.parse_hosts(hosts)
+        self.transport = transport
+        self.timeout = float(timeout)
+        self.follow_redirects = follow_redirects
+        self.max_redirects = max_redirects
+        self.max_idle_wait_connections = max_idle_wait_connections
+        self._udp = transport == "udp"
+        self._host_set = frozenset(self.hosts)
+        self._index = 0
+        self._leader: Address | None = None
+        # Bumped whenever the current host changes; connections remember the epoch they serve.
+        self._epoch = 0
+        self._close_gen = 0
+        self._conn: _Conn | None = None
+        self._wait_idle: list[_Conn] = []
+        self._wait_busy: set[_Conn] = set()
+        self._udp_ep: _Udp | None = None
+        self._udp_seq = 0
+        self._connect_lock: asyncio.Lock | None = None
+
+    @property
+    def address(self) -> Address:
+        """The host the next request goes to."""
+        return self._leader or self.hosts[self._index]
+
+    # ------------------------------------------------------------------ raw requests
+
+    async def request(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Send one request; its reply if code is 0, else QueueError (redirects are followed)."""
+        wait = p.reply_wait(req)
+        payload = None if self._udp else p.encode(req)
+        gen = self._close_gen
+        redirects = 0
+        may_reuse = True
+        failed: set[Address] | None = None
+        errors: list[str] = []
+        last_timed_out = False
+        while True:
+            epoch = self._epoch
+            addr = self._leader or self.hosts[self._index]
+            if failed and addr in failed:
+                if self._host_set <= failed:
+                    raise _unavailable(errors, last_timed_out)
+                self._advance(epoch, abort=False)  # others may be using it: let their replies come
+                continue
+            try:
+                if payload is None:
+                    reply = await self._udp_roundtrip(addr, epoch, req, wait)
+                elif wait > 0:
+                    reply = await self._wait_roundtrip(addr, epoch, payload, wait)
+                else:
+                    reply = await self._roundtrip(addr, epoch, payload)
+            except _Moved:
+                continue
+            except _Lost as exc:
+                if gen != self._close_gen:
+                    raise QueueError(p.CODE_ERROR, "client closed") from None
+                if exc.reused and may_reuse:
+                    may_reuse = False
+                    continue
+                failure: Exception = exc
+                last_timed_out = False
+            except TimeoutError as exc:
+                failure, last_timed_out = exc, True
+            except OSError as exc:
+                failure, last_timed_out = exc, False
+            else:
+                code = reply.get("code")
+                if code == 0:
+                    return reply
+                if code == p.CODE_REDIRECT and self.follow_redirects and redirects < self.max_redirects:
+                    target = p.redirect_target(reply, addr[0])
+                    if target is not None:
+                        redirects += 1
+                        self._move(epoch, target)
+                        continue
+                raise p.error_from_reply(reply)
+            if gen != self._close_gen:
+                raise QueueError(p.CODE_ERROR, "client closed") from None
+            if failed is None:
+                failed = set()
+            failed.add(addr)
+            errors.append(f"{p.format_address(addr)}: {_describe(failure)}")
+            if self._host_set <= failed:
+                raise _unavailable(errors, last_timed_out)
+            self._advance(epoch)
+
+    def _advance(self, epoch: int, abort: bool = True) -> None:
+        """Go on to the next host, dropping the current one's connections (it failed)."""
+        if epoch != self._epoch:
+            return  # another call has moved on already
+        if self._leader is not None:
+            self._leader = None
+        else:
+            self._index = (self._index + 1) % len(self.hosts)
+        self._new_epoch(abort)
+
+    def _move(self, epoch: int, target: Address) -> None:
+        """A redirect named the leader: send the following requests there."""
+        if epoch != self._epoch and self._leader == target:
+            return
+        self._leader = target
+        self._new_epoch(abort=False)
+
+    def _new_epoch(self, abort: bool) -> None:
+        self._epoch += 1
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.abort() if abort else conn.retire()
+        for idle in self._wait_idle:
+            idle.close()
+        self._wait_idle.clear()
+        ep, self._udp_ep = self._udp_ep, None
+        if ep is not None:
+            ep.close() if abort else ep.retire()
+
+    async def _open(self, addr: Address, epoch: int) -> _Conn:
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(self.timeout):
+                _, conn = await loop.create_connection(lambda: _Conn(loop, addr, epoch), addr[0], addr[1])
+        except TimeoutError:
+            raise ConnectTimeout(f"connect timed out after {self.timeout:g} s") from None
+        return conn
+
+    async def _main_conn(self, addr: Address, epoch: int) -> tuple[_Conn, bool]:
+        conn = self._conn
+        if conn is not None and not conn.closed and conn.epoch == epoch:
+            return conn, True
+        if self._connect_lock is None:
+            self._connect_lock = asyncio.Lock()
+        async with self._connect_lock:
+            if epoch != self._epoch:
+                raise _Moved
+            conn = self._conn
+            if conn is not None and not conn.closed and conn.epoch == epoch:
+                return conn, False
+            conn = await self._open(addr, epoch)
+            if epoch != self._epoch:
+                conn.close()
+                raise _Moved
+            self._conn = conn
+            return conn, False
+
+    async def _roundtrip(self, addr: Address, epoch: int, payload: bytes) -> dict[str, Any]:
+        conn, reused = await self._main_conn(addr, epoch)
+        try:
+            fut = conn.send(payload, self.timeout)
+            if conn.busy:
+                await conn.drain()
+            return await fut
+        except _Lost as exc:
+            raise _Lost(str(exc), reused) from None
+
+    async def _wait_roundtrip(self, addr: Address, epoch: int, payload: bytes, wait: float) -> dict[str, Any]:
+        conn = None
+        reused = False
+        while self._wait_idle:
+            idle = self._wait_idle.pop()
+            if not idle.closed and idle.epoch == epoch:
+                conn, reused = idle, True
+                break
+            idle.close()
+        if conn is None:
+            conn = await self._open(addr, epoch)
+        self._wait_busy.add(conn)
+        try:
+            fut = conn.send(payload, self.timeout + wait)
+            if conn.busy:
+                await conn.drain()
+            return await fut
+        except _Lost as exc:
+            raise _Lost(str(exc), reused) from None
+        finally:
+            self._wait_busy.discard(conn)
+            if (
+                conn.closed
+                or conn.pending
+                or conn.epoch != self._epoch
+                or len(self._wait_idle) >= self.max_idle_wait_connections
+            ):
+                conn.close()
+            else:
+                self._wait_idle.append(conn)
+
+    async def _udp_endpoint(self, addr: Address, epoch: int) -> _Udp:
+        if self._connect_lock is None:
+            self._connect_lock = asyncio.Lock()
+        async with self._connect_lock:
+            if epoch != self._epoch:
+                raise _Moved
+            ep = self._udp_ep
+            if ep is not None and not ep.closed and ep.epoch == epoch:
+                return ep
+            loop = asyncio.get_running_loop()
+            _, ep = await loop.create_datagram_endpoint(lambda: _Udp(addr, epoch), remote_addr=addr)
+            self._udp_ep = ep
+            return ep
+
+    async def _udp_roundtrip(self, addr: Address, epoch: int, req: dict[str, Any], wait: float) -> dict[str, Any]:
+        ep = self._udp_ep
+        if ep is None or ep.closed or ep.epoch != epoch:
+            ep = await self._udp_endpoint(addr, epoch)
+        self._udp_seq = seq = (self._udp_seq + 1) & 0x7FFFFFFF
+        wire = dict(req)
+        user_seq = wire.get("seq", _NO_SEQ)
+        wire["seq"] = seq if user_seq is _NO_SEQ else [seq, user_seq]
+        data = orjson.dumps(wire)
+        if len(data) > p.MAX_DATAGRAM:
+            raise QueueError(p.CODE_ERROR, "request too large for UDP, use TCP")
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        ep.pending[seq] = fut
+        try:
+            assert ep.transport is not None
+            ep.transport.sendto(data)
+            async with asyncio.timeout(self.timeout + wait):
+                reply = await fut
+        finally:
+            ep.forget(seq)
+        got = reply.get("seq", _NO_SEQ)
+        if got is not _NO_SEQ:
+            if user_seq is _NO_SEQ:
+                del reply["seq"]
+            else:
+                reply["seq"] = user_seq
+        return reply
+
+    async def close(self) -> None:
+        """Close every connection; calls still waiting fail with QueueError("client closed")."""
+        self._close_gen += 1
+        self._new_epoch(abort=True)
+        for conn in list(self._wait_busy):
+            conn.abort()
+        self._wait_busy.clear()
+
+    async def __aenter__(self) -> AsyncQueueClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ actions
+
+    async def produce(
+        self,
+        queue: str,
+        data: str,
+        *,
+        delay: float | None = None,
+        ttl: float | None = None,
+        retry: float | None = 0,
+        priority: int | None = None,
+    ) -> int | dict[str, int]:
+        """Store one message; its msg_id (a virtual queue: {real queue: msg_id})."""
+        if not isinstance(data, str):
+            raise TypeError("data must be a str (use produce_batch for several)")
+        return p.produced_ids(await self.request(p.produce_request(queue, data, delay, ttl, retry, priority)))
+
+    async def produce_batch(
+        self,
+        queue: str,
+        data: Sequence[str],
+        *,
+        delay: float | None = None,
+        ttl: float | None = None,
+        retry: float | None = 0,
+        priority: int | None = None,
+    ) -> list[int] | dict[str, list[int]]:
+        """Store several messages, all or none; their msg_ids in order (virtual: per real queue)."""
+        if isinstance(data, str):
+            raise TypeError("data must be a sequence of str")
+        return p.produced_ids(await self.request(p.produce_request(queue, data, delay, ttl, retry, priority)))
+
+    async def consume(self, queue: str, *, wait: float | None = None) -> Message | None:
+        """The next ready message, or None (after up to `wait` seconds of long poll over TCP)."""
+        return p.message_from_reply(queue, await self.request(p.consume_request(queue, None, wait)))
+
+    async def consume_batch(self, queue: str, count: int, *, wait: float | None = None) -> list[Message]:
+        """Up to `count` (1..1000) ready messages, possibly none."""
+        return p.messages_from_reply(queue, await self.request(p.consume_request(queue, count, wait)))
+
+    async def confirm(self, queue: str, msg_id: int) -> bool:
+        """Delete a consumed message; False if it was no longer there."""
+        reply = await self.request(p.ids_request(p.CONFIRM, queue, msg_id))
+        return bool(reply.get("confirmed", 1))  # the original server sends no count
+
+    async def confirm_many(self, queue: str, msg_ids: Iterable[int]) -> int:
+        """Delete consumed messages; how many were still there."""
+        reply = await self.request(p.ids_request(p.CONFIRM, queue, list(msg_ids)))
+        return p.count_from_reply(reply, "confirmed")
+
+    async def release(self, queue: str, msg_ids: int | Iterable[int]) -> int:
+        """Give leases back (the messages are ready again at once); how many were leased."""
+        return p.count_from_reply(await self.request(p.ids_request(p.RELEASE, queue, msg_ids)), "released")
+
+    async def extend(self, queue: str, msg_ids: int | Iterable[int], retry: float) -> int:
+        """Make leases end `retry` seconds from now; how many were leased."""
+        req = p.ids_request(p.EXTEND, queue, msg_ids, retry=retry)
+        return p.count_from_reply(await self.request(req), "extended")
+
+    async def monitor(self, queue: str | None = None, *, local: bool = False) -> dict[str, Any]:
+        """Statistics of one queue, or of the node; `local` asks the answering node itself."""
+        return await self.request(p.monitor_request(queue, local))
+
+    async def list_queues(self, pattern: str = "", *, local: bool = False) -> list[str]:
+        """Names of the queues containing `pattern`."""
+        return list((await self.request(p.list_request(pattern, local))).get("queue_list") or [])
+
+    async def leader(self) -> dict[str, Any]:
+        """The leader's node id and client address (leader_node_id, leader_host, leader_port)."""
+        return await self.request(p.leader_request())
+
+    def __repr__(self) -> str:
+        hosts = ",".join(p.format_address(a) for a in self.hosts)
+        return f"AsyncQueueClient({hosts!r}, transport={self.transport!r})"
+
+
+def _unavailable(errors: list[str], timed_out: bool) -> QueueError:
+    if timed_out:
+        return QueueTimeout(p.CODE_ERROR, "timed out: " + "; ".join(errors))
+    return NoServerAvailable(p.CODE_ERROR, "no server available: " + "; ".join(errors))
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if isinstance(exc, _Lost) else f"{type(exc).__name__}: {text}"

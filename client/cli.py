@@ -1,0 +1,154 @@
+"""queue-cli: send one request to a queue-server cluster and print the reply as JSON.
+
+Exit status: 0 ok (reply on stdout), 1 the server answered with an error (error JSON on
+stderr), 2 no server could be reached or a usage error.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from . import protocol as p
+from .errors import NoServerAvailable, QueueError, QueueTimeout
+from .sync import QueueClient
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_UNREACHABLE = 2
+
+
+def _hosts(text: str) -> list[p.Address]:
+    try:
+        return p.parse_hosts(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _number(text: str) -> int | float:
+    """An int when the text is one (what the original's clients send), else a float."""
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return value
+
+
+def _common_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
+    """--hosts/--udp/--timeout; subcommands repeat them without defaults so either place works."""
+
+    def default(value: Any) -> Any:
+        return value if defaults else argparse.SUPPRESS
+
+    parser.add_argument(
+        "--hosts", type=_hosts, default=default(p.parse_hosts("127.0.0.1:1111")), metavar="H:P,...",
+        help="servers to try in turn (default 127.0.0.1:1111)",
+    )
+    parser.add_argument(
+        "--udp", action="store_true", default=default(False), help="send the request over UDP"
+    )
+    parser.add_argument(
+        "--timeout", type=_positive, default=default(5.0), metavar="S",
+        help="seconds to wait for a reply (default 5; a consume's --wait is added)",
+    )
+
+
+def _ids(values: list[int]) -> int | list[int]:
+    return values[0] if len(values) == 1 else values
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of queue-cli."""
+    parser = argparse.ArgumentParser(prog="queue-cli", description="Send one request to queue-server.")
+    _common_options(parser, defaults=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def command(name: str, help_text: str) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, help=help_text, description=help_text)
+        _common_options(cmd, defaults=False)
+        return cmd
+
+    cmd = command("produce", "store messages (several DATA: one batch, all or none)")
+    cmd.add_argument("queue", metavar="QUEUE")
+    cmd.add_argument("data", nargs="+", metavar="DATA")
+    cmd.add_argument("--delay", type=_number, metavar="T", help="ready time: unix time, or seconds from now")
+    cmd.add_argument("--ttl", type=_number, metavar="T", help="expiry: unix time, or seconds from now")
+    cmd.add_argument("--retry", type=_number, metavar="S", help="lease seconds (0: at most once)")
+    cmd.add_argument("--priority", type=int, metavar="N", help="higher first (default 0)")
+    cmd.set_defaults(build=lambda a: p.produce_request(
+        a.queue, a.data[0] if len(a.data) == 1 else a.data, a.delay, a.ttl, a.retry, a.priority))
+
+    cmd = command("consume", "take ready messages")
+    cmd.add_argument("queue", metavar="QUEUE")
+    cmd.add_argument("--count", type=int, metavar="N", help="take up to N messages (1..1000) as a batch")
+    cmd.add_argument("--wait", type=_number, metavar="S", help="long poll: wait up to S seconds for a message")
+    cmd.set_defaults(build=lambda a: p.consume_request(a.queue, a.count, a.wait))
+
+    for name, action, help_text in (
+        ("confirm", p.CONFIRM, "delete consumed messages"),
+        ("release", p.RELEASE, "give leases back (messages ready again at once)"),
+    ):
+        cmd = command(name, help_text)
+        cmd.add_argument("queue", metavar="QUEUE")
+        cmd.add_argument("msg_ids", nargs="+", type=int, metavar="MSG_ID")
+        cmd.set_defaults(build=lambda a, action=action: p.ids_request(action, a.queue, _ids(a.msg_ids)))
+
+    cmd = command("extend", "make leases end S seconds from now")
+    cmd.add_argument("queue", metavar="QUEUE")
+    cmd.add_argument("msg_ids", nargs="+", type=int, metavar="MSG_ID")
+    cmd.add_argument("--retry", type=_number, required=True, metavar="S")
+    cmd.set_defaults(build=lambda a: p.ids_request(p.EXTEND, a.queue, _ids(a.msg_ids), retry=a.retry))
+
+    cmd = command("monitor", "statistics of a queue, or of the node")
+    cmd.add_argument("queue", nargs="?", metavar="QUEUE")
+    cmd.add_argument("--local", action="store_true", help="ask the node itself, not the leader")
+    cmd.set_defaults(build=lambda a: p.monitor_request(a.queue, a.local))
+
+    cmd = command("list", "names of queues containing PATTERN")
+    cmd.add_argument("pattern", nargs="?", default="", metavar="PATTERN")
+    cmd.add_argument("--local", action="store_true", help="ask the node itself, not the leader")
+    cmd.set_defaults(build=lambda a: p.list_request(a.pattern, a.local))
+
+    cmd = command("leader", "the leader's node id and address")
+    cmd.set_defaults(build=lambda a: p.leader_request())
+    return parser
+
+
+def _dump(obj: Any) -> str:
+    return orjson.dumps(obj).decode()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run queue-cli with `argv` (default sys.argv[1:]); the exit status."""
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # usage error (2) or --help (0)
+        return exc.code if isinstance(exc.code, int) else EXIT_OK
+    req = args.build(args)
+    try:
+        with QueueClient(args.hosts, transport="udp" if args.udp else "tcp", timeout=args.timeout) as client:
+            reply = client.request(req)
+    except (NoServerAvailable, QueueTimeout) as exc:
+        print(_dump(exc.reply), file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except QueueError as exc:
+        print(_dump(exc.reply), file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        return 130
+    print(_dump(reply))
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

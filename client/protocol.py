@@ -1,0 +1,261 @@
+"""The wire protocol as the clients see it: host lists, request building, reply decoding.
+
+Pure functions and data only; the transports live in sync.py and aio.py.
+See docs/protocol.md for the protocol itself.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from .errors import QueueError
+
+from server.protocol import (  # noqa: F401  (re-exported: one vocabulary for server and client)
+    ACTION_NAMES,
+    CODE_ERROR,
+    CODE_OK,
+    CODE_REDIRECT,
+    CONFIRM,
+    CONSUME,
+    EXTEND,
+    LEADER,
+    LIST,
+    LOCAL_LIST,
+    LOCAL_MONITOR,
+    MONITOR,
+    PRODUCE,
+    RELEASE,
+)
+
+DEFAULT_PORT = 1111
+# The largest UDP payload (IPv4); a bigger request has to go over TCP.
+MAX_DATAGRAM = 65507
+
+Address = tuple[str, int]
+
+# A leader_host the server may report when it listens on every interface: the client then
+# reaches the leader through the host it was already talking to.
+_WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
+
+
+@dataclass(slots=True)
+class Message:
+    """One consumed message."""
+
+    queue: str
+    msg_id: int
+    data: str
+    delivery_count: int
+
+
+# ------------------------------------------------------------------ hosts
+
+
+def parse_address(text: str) -> Address:
+    """"host:port", "host" (port 1111) or "[v6addr]:port" as (host, port)."""
+    text = text.strip()
+    if not text:
+        raise ValueError("empty host")
+    if text.startswith("["):
+        host, sep, rest = text[1:].partition("]")
+        if not sep:
+            raise ValueError(f"bad host {text!r}: missing ]")
+        port_text = rest[1:] if rest.startswith(":") else (rest or None)
+        if rest and not rest.startswith(":"):
+            raise ValueError(f"bad host {text!r}")
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    elif ":" in text:  # a bare IPv6 address
+        host, port_text = text, None
+    else:
+        host, port_text = text, None
+    if not host:
+        raise ValueError(f"bad host {text!r}: empty host name")
+    if port_text is None or port_text == "":
+        return host, DEFAULT_PORT
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"bad host {text!r}: port is not a number") from None
+    if not 0 < port < 65536:
+        raise ValueError(f"bad host {text!r}: port out of range")
+    return host, port
+
+
+def parse_hosts(hosts: str | Sequence[str | Address]) -> list[Address]:
+    """A host list ("h1:1111,h2:1112", or a list of "h:p" strings or (host, port) pairs)."""
+    items: Iterable[str | Address] = hosts.split(",") if isinstance(hosts, str) else hosts
+    result: list[Address] = []
+    for item in items:
+        if isinstance(item, str):
+            if item.strip():
+                result.append(parse_address(item))
+        else:
+            host, port = item
+            result.append((str(host), int(port)))
+    if not result:
+        raise ValueError("no hosts given")
+    return result
+
+
+def format_address(addr: Address) -> str:
+    """(host, port) as "host:port"."""
+    host, port = addr
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+# ------------------------------------------------------------------ requests
+
+
+def encode(req: dict[str, Any]) -> bytes:
+    """A request as one newline-terminated JSON line."""
+    try:
+        return orjson.dumps(req, option=orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError as exc:
+        raise TypeError(f"request is not JSON-serialisable: {exc}") from None
+
+
+def reply_wait(req: dict[str, Any]) -> float:
+    """How long the server may hold the reply to `req` (its long-poll `wait`), in seconds."""
+    wait = req.get("wait")
+    if wait is None or isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait <= 0:
+        return 0.0
+    return float(wait)
+
+
+def produce_request(
+    queue: str,
+    data: str | Sequence[str],
+    delay: float | None = None,
+    ttl: float | None = None,
+    retry: float | None = 0,
+    priority: int | None = None,
+) -> dict[str, Any]:
+    """A produce request (a list of strings as `data` makes it a batch)."""
+    req: dict[str, Any] = {"action": PRODUCE, "queue": queue}
+    req["data"] = data if isinstance(data, str) else list(data)
+    if delay is not None:
+        req["delay"] = delay
+    if ttl is not None:
+        req["ttl"] = ttl
+    if retry is not None:
+        req["retry"] = retry
+    if priority is not None:
+        req["priority"] = priority
+    return req
+
+
+def consume_request(queue: str, count: int | None = None, wait: float | None = None) -> dict[str, Any]:
+    """A consume request (`count` given makes it a batch)."""
+    req: dict[str, Any] = {"action": CONSUME, "queue": queue}
+    if count is not None:
+        req["count"] = count
+    if wait is not None:
+        req["wait"] = wait
+    return req
+
+
+def ids_request(action: int, queue: str, msg_ids: int | Iterable[int], **extra: Any) -> dict[str, Any]:
+    """A confirm/release/extend request for one id (`msg_id`) or several (`msg_ids`)."""
+    req: dict[str, Any] = {"action": action, "queue": queue}
+    if isinstance(msg_ids, int):
+        req["msg_id"] = msg_ids
+    else:
+        req["msg_ids"] = list(msg_ids)
+    req.update(extra)
+    return req
+
+
+def monitor_request(queue: str | None = None, local: bool = False) -> dict[str, Any]:
+    """A monitor request for one queue, or for the whole node when `queue` is None."""
+    req: dict[str, Any] = {"action": LOCAL_MONITOR if local else MONITOR}
+    if queue is not None:
+        req["queue"] = queue
+    return req
+
+
+def list_request(pattern: str = "", local: bool = False) -> dict[str, Any]:
+    """A list request for queue names containing `pattern`."""
+    req: dict[str, Any] = {"action": LOCAL_LIST if local else LIST}
+    if pattern:
+        req["pattern"] = pattern
+    return req
+
+
+def leader_request() -> dict[str, Any]:
+    """A request for the leader's address."""
+    return {"action": LEADER}
+
+
+# ------------------------------------------------------------------ replies
+
+
+def decode_reply(line: bytes | bytearray | memoryview | str) -> dict[str, Any]:
+    """One reply line as a dict; QueueError if it is not a JSON object."""
+    try:
+        reply = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        raise QueueError(CODE_ERROR, f"bad reply from server: {exc}") from None
+    if type(reply) is not dict:
+        raise QueueError(CODE_ERROR, "bad reply from server: not a JSON object")
+    return reply
+
+
+def error_from_reply(reply: dict[str, Any]) -> QueueError:
+    """The QueueError for a reply whose code is not 0."""
+    code = reply.get("code")
+    if not isinstance(code, int) or isinstance(code, bool):
+        return QueueError(CODE_ERROR, "bad reply from server: no code", reply)
+    reason = reply.get("reason")
+    if not isinstance(reason, str) or not reason:
+        reason = "redirect to the leader" if code == CODE_REDIRECT else "error"
+    return QueueError(code, reason, reply)
+
+
+def redirect_target(reply: dict[str, Any], current_host: str) -> Address | None:
+    """Where a code -2 reply sends the client, or None if it names no usable address."""
+    port = reply.get("leader_port")
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        return None
+    host = reply.get("leader_host")
+    if not isinstance(host, str) or host in _WILDCARD_HOSTS:
+        host = current_host
+    return host, port
+
+
+def produced_ids(reply: dict[str, Any]) -> Any:
+    """A produce reply's result: `msg_id`, or `msg_ids` (a list, or a dict per real queue)."""
+    msg_id = reply.get("msg_id")
+    if msg_id is not None:
+        return msg_id
+    msg_ids = reply.get("msg_ids")
+    if msg_ids is None:
+        raise QueueError(CODE_ERROR, "bad reply from server: no msg_id", reply)
+    return msg_ids
+
+
+def message_from_reply(queue: str, reply: dict[str, Any]) -> Message | None:
+    """A single consume reply's message, or None when the queue had nothing ready."""
+    msg_id = reply.get("msg_id")
+    if msg_id is None:
+        return None
+    return Message(queue, msg_id, reply.get("data", ""), reply.get("delivery_count", 1))
+
+
+def messages_from_reply(queue: str, reply: dict[str, Any]) -> list[Message]:
+    """A batch consume reply's messages (possibly none)."""
+    return [
+        Message(queue, m["msg_id"], m.get("data", ""), m.get("delivery_count", 1))
+        for m in reply.get("messages") or ()
+    ]
+
+
+def count_from_reply(reply: dict[str, Any], field: str) -> int:
+    """A confirm/release/extend reply's count (`confirmed`, `released`, `extended`)."""
+    value = reply.get(field)
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise QueueError(CODE_ERROR, f"bad reply from server: no {field}", reply)
+    return value

@@ -1,0 +1,339 @@
+"""The blocking client: one socket, one request at a time, fail-over and redirects."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+
+from . import protocol as p
+from .errors import ConnectTimeout, NoServerAvailable, QueueError, QueueTimeout
+from .protocol import Address, Message
+
+_NO_SEQ = object()
+
+# Every live client, so that a forked child (Spark's Python workers are forked) drops the
+# connections it inherited instead of reading replies meant for its parent.
+_clients: weakref.WeakSet[QueueClient] = weakref.WeakSet()
+
+
+def _forget_inherited_connections() -> None:
+    for client in list(_clients):
+        client._close()
+
+
+os.register_at_fork(after_in_child=_forget_inherited_connections)
+
+
+class _Closed(Exception):
+    """The connection closed or reset before the reply arrived."""
+
+    def __init__(self, reused: bool, detail: str) -> None:
+        super().__init__(detail)
+        self.reused = reused
+
+
+class QueueClient:
+    """A blocking client for one queue-server cluster.
+
+    Use it from one thread at a time (give each thread its own client). It keeps one connection
+    to the current host; on a connect error, closed connection or timeout it tries the next host
+    (each host at most once per call) and raises NoServerAvailable or QueueTimeout when all
+    failed. A request retried after a timeout or lost connection may have been carried out
+    already: a produce can then be stored twice (produce is at least once on retry).
+    """
+
+    def __init__(
+        self,
+        hosts: str | Sequence[str | Address] = "127.0.0.1:1111",
+        *,
+        transport: str = "tcp",
+        timeout: float = 5.0,
+        follow_redirects: bool = True,
+        max_redirects: int = 3,
+    ) -> None:
+        if transport not in ("tcp", "udp"):
+            raise ValueError(f"transport must be 'tcp' or 'udp', not {transport!r}")
+        if timeout <= 0:
+            raise ValueError("timeout must be > 0")
+        self.hosts: list[Address] = p.parse_hosts(hosts)
+        self.transport = transport
+        self.timeout = float(timeout)
+        self.follow_redirects = follow_redirects
+        self.max_redirects = max_redirects
+        self._udp = transport == "udp"
+        self._host_set = frozenset(self.hosts)
+        self._index = 0
+        self._leader: Address | None = None  # where a redirect sent us; tried before the list
+        self._sock: socket.socket | None = None
+        self._file: Any = None
+        self._sock_addr: Address | None = None
+        self._sock_timeout: float | None = None
+        self._udp_seq = 0
+        _clients.add(self)
+
+    # ------------------------------------------------------------------ raw requests
+
+    @property
+    def address(self) -> Address:
+        """The host the next request goes to."""
+        return self._leader or self.hosts[self._index]
+
+    def request(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Send one request; its reply if code is 0, else QueueError (redirects are followed)."""
+        timeout = self.timeout + p.reply_wait(req)
+        payload = None if self._udp else p.encode(req)
+        redirects = 0
+        may_reuse = True  # one free retry when a kept-open connection turns out to be closed
+        failed: set[Address] | None = None
+        errors: list[str] = []
+        last_timed_out = False
+        while True:
+            addr = self._leader or self.hosts[self._index]
+            if failed and addr in failed:
+                if self._host_set <= failed:
+                    raise self._unavailable(errors, last_timed_out)
+                self._advance()
+                continue
+            try:
+                if payload is None:
+                    reply = self._udp_roundtrip(addr, req, timeout)
+                else:
+                    reply = self._tcp_roundtrip(addr, payload, timeout)
+            except _Closed as exc:
+                if exc.reused and may_reuse:
+                    may_reuse = False
+                    continue
+                failure: Exception = exc
+                last_timed_out = False
+            except TimeoutError as exc:
+                self._close()
+                failure, last_timed_out = exc, True
+            except OSError as exc:
+                self._close()
+                failure, last_timed_out = exc, False
+            else:
+                code = reply.get("code")
+                if code == 0:
+                    return reply
+                if code == p.CODE_REDIRECT and self.follow_redirects and redirects < self.max_redirects:
+                    target = p.redirect_target(reply, addr[0])
+                    if target is not None:
+                        redirects += 1
+                        self._leader = target
+                        continue
+                raise p.error_from_reply(reply)
+            if failed is None:
+                failed = set()
+            failed.add(addr)
+            errors.append(f"{p.format_address(addr)}: {_describe(failure)}")
+            if self._host_set <= failed:
+                raise self._unavailable(errors, last_timed_out)
+            self._advance()
+
+    def _advance(self) -> None:
+        if self._leader is not None:
+            self._leader = None
+        else:
+            self._index = (self._index + 1) % len(self.hosts)
+
+    @staticmethod
+    def _unavailable(errors: list[str], timed_out: bool) -> QueueError:
+        if timed_out:
+            return QueueTimeout(p.CODE_ERROR, "timed out: " + "; ".join(errors))
+        return NoServerAvailable(p.CODE_ERROR, "no server available: " + "; ".join(errors))
+
+    def _tcp_roundtrip(self, addr: Address, payload: bytes, timeout: float) -> dict[str, Any]:
+        sock = self._sock
+        reused = sock is not None and self._sock_addr == addr
+        if not reused:
+            self._close()
+            try:
+                sock = socket.create_connection(addr, timeout=self.timeout)
+            except TimeoutError:
+                raise ConnectTimeout(f"connect timed out after {self.timeout:g} s") from None
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sock, self._sock_addr, self._sock_timeout = sock, addr, self.timeout
+            self._file = sock.makefile("rb", buffering=65536)
+        assert sock is not None
+        if self._sock_timeout != timeout:
+            sock.settimeout(timeout)
+            self._sock_timeout = timeout
+        try:
+            sock.sendall(payload)
+            line = self._file.readline()
+        except (ConnectionError, ValueError) as exc:  # ValueError: file of a timed-out socket
+            self._close()
+            raise _Closed(reused, _describe(exc)) from exc
+        if not line.endswith(b"\n"):
+            self._close()
+            raise _Closed(reused, "connection closed by the server")
+        try:
+            return p.decode_reply(line)
+        except QueueError:
+            self._close()  # the stream can no longer be trusted
+            raise
+
+    def _udp_roundtrip(self, addr: Address, req: dict[str, Any], timeout: float) -> dict[str, Any]:
+        sock = self._sock
+        if sock is None or self._sock_addr != addr:
+            self._close()
+            family, kind, proto, _, sockaddr = socket.getaddrinfo(addr[0], addr[1], 0, socket.SOCK_DGRAM)[0]
+            sock = socket.socket(family, kind, proto)
+            try:
+                sock.connect(sockaddr)  # connected: stray senders are filtered, ICMP errors reported
+            except OSError:
+                sock.close()
+                raise
+            self._sock, self._sock_addr = sock, addr
+        self._udp_seq = seq = (self._udp_seq + 1) & 0x7FFFFFFF
+        wire = dict(req)
+        user_seq = wire.get("seq", _NO_SEQ)
+        wire["seq"] = seq if user_seq is _NO_SEQ else [seq, user_seq]
+        data = orjson.dumps(wire)
+        if len(data) > p.MAX_DATAGRAM:
+            raise QueueError(p.CODE_ERROR, "request too large for UDP, use TCP")
+        deadline = time.monotonic() + timeout
+        sock.settimeout(timeout)
+        sock.send(data)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError("timed out")
+            sock.settimeout(remaining)
+            packet = sock.recv(65536)
+            try:
+                reply = p.decode_reply(packet)
+            except QueueError:
+                continue
+            got = reply.get("seq", _NO_SEQ)
+            if got is _NO_SEQ:  # e.g. an error reply to a request it could not parse
+                return reply
+            if user_seq is _NO_SEQ:
+                if type(got) is int and got == seq:
+                    del reply["seq"]
+                    return reply
+            elif type(got) is list and len(got) == 2 and type(got[0]) is int and got[0] == seq:
+                reply["seq"] = user_seq
+                return reply
+            # otherwise a late reply to an earlier request that timed out: drop it
+
+    def _close(self) -> None:
+        if self._file is not None:
+            try:
+                self._file.close()
+            except OSError:
+                pass
+            self._file = None
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        self._sock_addr = None
+        self._sock_timeout = None
+
+    def close(self) -> None:
+        """Close the connection (a later request opens a new one)."""
+        self._close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """The settings only: a pickled client (e.g. shipped to Spark executors) reconnects."""
+        return {
+            "hosts": self.hosts,
+            "transport": self.transport,
+            "timeout": self.timeout,
+            "follow_redirects": self.follow_redirects,
+            "max_redirects": self.max_redirects,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        hosts = state.pop("hosts")
+        self.__init__(hosts, **state)  # type: ignore[misc]
+
+    def __enter__(self) -> QueueClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ actions
+
+    def produce(
+        self,
+        queue: str,
+        data: str,
+        *,
+        delay: float | None = None,
+        ttl: float | None = None,
+        retry: float | None = 0,
+        priority: int | None = None,
+    ) -> int | dict[str, int]:
+        """Store one message; its msg_id (a virtual queue: {real queue: msg_id})."""
+        if not isinstance(data, str):
+            raise TypeError("data must be a str (use produce_batch for several)")
+        return p.produced_ids(self.request(p.produce_request(queue, data, delay, ttl, retry, priority)))
+
+    def produce_batch(
+        self,
+        queue: str,
+        data: Sequence[str],
+        *,
+        delay: float | None = None,
+        ttl: float | None = None,
+        retry: float | None = 0,
+        priority: int | None = None,
+    ) -> list[int] | dict[str, list[int]]:
+        """Store several messages, all or none; their msg_ids in order (virtual: per real queue)."""
+        if isinstance(data, str):
+            raise TypeError("data must be a sequence of str")
+        return p.produced_ids(self.request(p.produce_request(queue, data, delay, ttl, retry, priority)))
+
+    def consume(self, queue: str, *, wait: float | None = None) -> Message | None:
+        """The next ready message, or None (after up to `wait` seconds of long poll over TCP)."""
+        return p.message_from_reply(queue, self.request(p.consume_request(queue, None, wait)))
+
+    def consume_batch(self, queue: str, count: int, *, wait: float | None = None) -> list[Message]:
+        """Up to `count` (1..1000) ready messages, possibly none."""
+        return p.messages_from_reply(queue, self.request(p.consume_request(queue, count, wait)))
+
+    def confirm(self, queue: str, msg_id: int) -> bool:
+        """Delete a consumed message; False if it was no longer there."""
+        reply = self.request(p.ids_request(p.CONFIRM, queue, msg_id))
+        return bool(reply.get("confirmed", 1))  # the original server sends no count
+
+    def confirm_many(self, queue: str, msg_ids: Iterable[int]) -> int:
+        """Delete consumed messages; how many were still there."""
+        return p.count_from_reply(self.request(p.ids_request(p.CONFIRM, queue, list(msg_ids))), "confirmed")
+
+    def release(self, queue: str, msg_ids: int | Iterable[int]) -> int:
+        """Give leases back (the messages are ready again at once); how many were leased."""
+        return p.count_from_reply(self.request(p.ids_request(p.RELEASE, queue, msg_ids)), "released")
+
+    def extend(self, queue: str, msg_ids: int | Iterable[int], retry: float) -> int:
+        """Make leases end `retry` seconds from now; how many were leased."""
+        req = p.ids_request(p.EXTEND, queue, msg_ids, retry=retry)
+        return p.count_from_reply(self.request(req), "extended")
+
+    def monitor(self, queue: str | None = None, *, local: bool = False) -> dict[str, Any]:
+        """Statistics of one queue, or of the node; `local` asks the answering node itself."""
+        return self.request(p.monitor_request(queue, local))
+
+    def list_queues(self, pattern: str = "", *, local: bool = False) -> list[str]:
+        """Names of the queues containing `pattern`."""
+        return list(self.request(p.list_request(pattern, local)).get("queue_list") or [])
+
+    def leader(self) -> dict[str, Any]:
+        """The leader's node id and client address (leader_node_id, leader_host, leader_port)."""
+        return self.request(p.leader_request())
+
+    def __repr__(self) -> str:
+        hosts = ",".join(p.format_address(a) for a in self.hosts)
+        return f"QueueClient({hosts!r}, transport={self.transport!r})"
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if isinstance(exc, _Closed) else f"{type(exc).__name__}: {text}"

@@ -1,0 +1,891 @@
+"""Unit tests for client/: request encoding, reply decoding, fail-over, redirects, timeouts,
+pipelining, UDP and queue-cli, against small fake servers started in the test."""
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import orjson
+import pytest
+import uvloop
+
+from client import AsyncQueueClient, Message, NoServerAvailable, QueueClient, QueueError, QueueTimeout
+from client import protocol as p
+from client.cli import main
+
+DEADLINE = 5.0  # seconds any condition in these tests may take
+CLOSE = object()  # handler result: close the connection without replying
+
+Handler = Callable[[dict, dict], Any]
+
+
+# ------------------------------------------------------------------ fake servers
+
+
+class FakeTcpServer:
+    """Newline-delimited JSON over TCP, one thread per connection.
+
+    handler(request, conn_state) returns a reply dict, a list of them, raw bytes, None (no
+    reply) or CLOSE. `release` is set when the server closes, so handlers may wait on it.
+    """
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.addr = f"127.0.0.1:{self.port}"
+        self.requests: list[dict] = []
+        self.connections = 0
+        self.cond = threading.Condition()
+        self.release = threading.Event()
+        self._conns: list[socket.socket] = []
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with self.cond:
+                self.connections += 1
+                self._conns.append(conn)
+                self.cond.notify_all()
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        state: dict = {}
+        reader = conn.makefile("rb")
+        try:
+            for line in reader:
+                req = orjson.loads(line)
+                with self.cond:
+                    self.requests.append(req)
+                    self.cond.notify_all()
+                result = self.handler(req, state)
+                if result is CLOSE:
+                    return
+                if result is None:
+                    continue
+                if isinstance(result, bytes):
+                    conn.sendall(result)
+                    continue
+                replies = result if isinstance(result, list) else [result]
+                conn.sendall(b"".join(orjson.dumps(r) + b"\n" for r in replies))
+        except OSError:
+            pass
+        finally:
+            reader.close()
+            conn.close()
+
+    def wait_for(self, predicate: Callable[[], bool]) -> None:
+        with self.cond:
+            assert self.cond.wait_for(predicate, DEADLINE), "condition not met in time"
+
+    def close(self) -> None:
+        self.release.set()
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() call
+        except OSError:
+            pass
+        self.listener.close()
+        with self.cond:
+            conns = list(self._conns)
+        for conn in conns:
+            try:
+                conn.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        for thread in self._threads:
+            thread.join(DEADLINE)
+
+
+class FakeUdpServer:
+    """One JSON request per datagram; handler(request) returns a list of datagrams (dicts/bytes)."""
+
+    def __init__(self, handler: Callable[[dict], list]) -> None:
+        self.handler = handler
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        self.addr = f"127.0.0.1:{self.port}"
+        self.requests: list[dict] = []
+        self.cond = threading.Condition()
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            data, peer = self.sock.recvfrom(65536)
+            if data == b"stop":
+                return
+            req = orjson.loads(data)
+            with self.cond:
+                self.requests.append(req)
+                self.cond.notify_all()
+            for out in self.handler(req):
+                self.sock.sendto(out if isinstance(out, bytes) else orjson.dumps(out), peer)
+
+    def close(self) -> None:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.sendto(b"stop", ("127.0.0.1", self.port))
+        self._thread.join(DEADLINE)
+        self.sock.close()
+
+
+def echo(req: dict, **fields: Any) -> dict:
+    """A reply the way the server builds one: the request's fields (less bulky ones) plus more."""
+    reply = {k: v for k, v in req.items() if k not in ("data", "msg_ids")}
+    reply.setdefault("code", 0)
+    reply["node_id"] = 1
+    reply.update(fields)
+    return reply
+
+
+class FakeQueues:
+    """Just enough queue behaviour to give the client realistic replies."""
+
+    VIRTUAL = {"virt": ["real1", "real2"]}
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.queues: dict[str, dict[int, str]] = {}
+        self.leased: dict[str, dict[int, str]] = {}
+        self.next_id = 0
+
+    def _store(self, queue: str, data: str) -> int:
+        self.next_id += 1
+        self.queues.setdefault(queue, {})[self.next_id] = data
+        return self.next_id
+
+    def __call__(self, req: dict, state: dict | None = None) -> dict:
+        with self.lock:
+            return self._handle(req)
+
+    def _handle(self, req: dict) -> dict:
+        action, queue = req.get("action"), req.get("queue")
+        action = p.ACTION_NAMES.get(action, action) if isinstance(action, str) else action
+        if action == p.PRODUCE:
+            if not isinstance(queue, str):
+                return echo(req, code=-1, reason="queue: missing")
+            data = req["data"]
+            if queue in self.VIRTUAL:
+                ids: dict = {}
+                for real in self.VIRTUAL[queue]:
+                    ids[real] = [self._store(real, d) for d in data] if isinstance(data, list) else self._store(real, data)
+                return echo(req, msg_ids=ids)
+            if isinstance(data, list):
+                return echo(req, msg_ids=[self._store(queue, d) for d in data])
+            return echo(req, msg_id=self._store(queue, data))
+        if action == p.CONSUME:
+            ready = self.queues.setdefault(queue, {})
+            taken = []
+            for msg_id in sorted(ready)[: req.get("count", 1)]:
+                data = ready.pop(msg_id)
+                self.leased.setdefault(queue, {})[msg_id] = data
+                taken.append({"msg_id": msg_id, "data": data, "delivery_count": 1})
+            if "count" in req:
+                return echo(req, messages=taken)
+            return echo(req, **taken[0]) if taken else echo(req)
+        if action in (p.CONFIRM, p.RELEASE, p.EXTEND):
+            ids = req["msg_ids"] if "msg_ids" in req else [req["msg_id"]]
+            leased = self.leased.setdefault(queue, {})
+            found = [i for i in ids if i in leased]
+            if action == p.CONFIRM:
+                for i in found:
+                    del leased[i]
+                return echo(req, confirmed=len(found))
+            if action == p.RELEASE:
+                for i in found:
+                    self.queues[queue][i] = leased.pop(i)
+                return echo(req, released=len(found))
+            return echo(req, extended=len(found))
+        if action in (p.MONITOR, p.LOCAL_MONITOR):
+            if queue is None:
+                return echo(req, size=sum(map(len, self.queues.values())), queue_count=len(self.queues))
+            return echo(req, size=len(self.queues.get(queue, {})), max_size=100, leader_node_id=1)
+        if action in (p.LIST, p.LOCAL_LIST):
+            names = sorted(q for q in self.queues if req.get("pattern", "") in q)
+            return echo(req, queue_list=names, queue_count=len(names))
+        if action == p.LEADER:
+            return echo(req, leader_node_id=1, leader_host="127.0.0.1", leader_port=1111)
+        return echo(req, code=-1, reason="action: unknown")
+
+
+@pytest.fixture
+def servers() -> Iterator[Callable[..., Any]]:
+    """Factory of fake servers that are all closed when the test ends."""
+    made: list[Any] = []
+
+    def make(handler: Any = None, udp: bool = False) -> Any:
+        handler = handler if handler is not None else FakeQueues()
+        server = FakeUdpServer(handler) if udp else FakeTcpServer(handler)
+        made.append(server)
+        return server
+
+    yield make
+    for server in made:
+        server.close()
+
+
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    """A local port nothing listens on (connections to it are refused)."""
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def refused_addr(kind: int = socket.SOCK_STREAM) -> str:
+    return f"127.0.0.1:{free_port(kind)}"
+
+
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request: pytest.FixtureRequest) -> Callable[[Any], Any]:
+    """Runs a coroutine to completion on a fresh event loop of each kind."""
+    factory = uvloop.new_event_loop if request.param == "uvloop" else asyncio.new_event_loop
+
+    def runner(coro: Any) -> Any:
+        with asyncio.Runner(loop_factory=factory) as r:
+            return r.run(asyncio.wait_for(coro, DEADLINE * 2))
+
+    return runner
+
+
+# ------------------------------------------------------------------ protocol helpers
+
+
+def test_parse_hosts_forms() -> None:
+    assert p.parse_hosts("h1:1111, h2:1112") == [("h1", 1111), ("h2", 1112)]
+    assert p.parse_hosts(["h1", "[::1]:7", ("h3", 9)]) == [("h1", 1111), ("::1", 7), ("h3", 9)]
+    assert p.parse_hosts("::1") == [("::1", 1111)]
+    assert p.format_address(("::1", 7)) == "[::1]:7"
+    for bad in ("", "h:x", "h:0", "h:70000", "[::1", ":5"):
+        with pytest.raises(ValueError):
+            p.parse_hosts(bad)
+
+
+def test_request_builders_omit_unset_fields() -> None:
+    assert p.produce_request("q", "x") == {"action": 1, "queue": "q", "data": "x", "retry": 0}
+    assert p.produce_request("q", ("a", "b"), delay=5, ttl=60.5, retry=None, priority=3) == {
+        "action": 1, "queue": "q", "data": ["a", "b"], "delay": 5, "ttl": 60.5, "priority": 3,
+    }
+    assert p.consume_request("q") == {"action": 2, "queue": "q"}
+    assert p.consume_request("q", 10, 1.5) == {"action": 2, "queue": "q", "count": 10, "wait": 1.5}
+    assert p.ids_request(3, "q", 7) == {"action": 3, "queue": "q", "msg_id": 7}
+    assert p.ids_request(6, "q", iter([1, 2]), retry=9) == {"action": 6, "queue": "q", "msg_ids": [1, 2], "retry": 9}
+    assert p.monitor_request() == {"action": 4}
+    assert p.monitor_request("q", local=True) == {"action": 104, "queue": "q"}
+    assert p.list_request() == {"action": 7}
+    assert p.list_request("ab", local=True) == {"action": 107, "pattern": "ab"}
+    assert p.encode({"a": "é"}) == '{"a":"é"}\n'.encode()
+    with pytest.raises(TypeError):
+        p.encode({"data": b"bytes"})
+
+
+def test_reply_helpers() -> None:
+    assert p.reply_wait({"wait": 2}) == 2.0
+    assert p.reply_wait({"wait": True}) == 0.0 and p.reply_wait({"wait": "5"}) == 0.0
+    assert p.reply_wait({"wait": -1}) == 0.0 and p.reply_wait({}) == 0.0
+    assert p.redirect_target({"leader_host": "10.0.0.2", "leader_port": 1112}, "h") == ("10.0.0.2", 1112)
+    assert p.redirect_target({"leader_host": "0.0.0.0", "leader_port": 1112}, "h") == ("h", 1112)
+    assert p.redirect_target({"leader_host": "", "leader_port": 0}, "h") is None
+    with pytest.raises(QueueError, match="not a JSON object"):
+        p.decode_reply(b"[1]")
+    with pytest.raises(QueueError, match="bad reply"):
+        p.decode_reply(b"{nope")
+    err = p.error_from_reply({"code": -1, "reason": "queue: missing", "seq": 4})
+    assert (err.code, err.reason, err.reply["seq"]) == (-1, "queue: missing", 4)
+    assert p.error_from_reply({"reason": "x"}).reason == "bad reply from server: no code"
+
+
+# ------------------------------------------------------------------ blocking client
+
+
+def test_sync_api_roundtrip(servers: Any) -> None:
+    server = servers()
+    with QueueClient(server.addr) as c:
+        first = c.produce("q", "hello", delay=1, ttl=120, retry=30, priority=2)
+        assert isinstance(first, int)
+        assert server.requests[-1] == {
+            "action": 1, "queue": "q", "data": "hello", "delay": 1, "ttl": 120, "retry": 30, "priority": 2,
+        }
+        ids = c.produce_batch("q", ["a", "b"])
+        assert ids == [first + 1, first + 2]
+        assert c.consume("q") == Message("q", first, "hello", 1)
+        assert c.consume_batch("q", 5, wait=0.5) == [Message("q", ids[0], "a", 1), Message("q", ids[1], "b", 1)]
+        assert server.requests[-1] == {"action": 2, "queue": "q", "count": 5, "wait": 0.5}
+        assert c.consume("q") is None
+        assert c.consume_batch("q", 3) == []
+        assert c.extend("q", [ids[0], 999], 60) == 1
+        assert server.requests[-1] == {"action": 6, "queue": "q", "msg_ids": [ids[0], 999], "retry": 60}
+        assert c.release("q", ids[0]) == 1
+        assert c.confirm("q", first) is True
+        assert c.confirm("q", first) is False
+        assert c.consume("q").msg_id == ids[0]
+        assert c.confirm_many("q", [ids[0], ids[1], 12345]) == 2
+        assert c.monitor("q", local=True)["size"] == 0
+        assert server.requests[-1] == {"action": 104, "queue": "q"}
+        assert c.monitor()["queue_count"] == 1
+        assert c.list_queues() == ["q"]
+        assert c.list_queues("x") == []
+        assert c.leader()["leader_port"] == 1111
+    assert server.connections == 1  # every request went over the same connection
+
+
+def test_sync_virtual_queue_ids(servers: Any) -> None:
+    server = servers()
+    with QueueClient(server.addr) as c:
+        single = c.produce("virt", "x")
+        assert set(single) == {"real1", "real2"} and all(isinstance(v, int) for v in single.values())
+        batch = c.produce_batch("virt", ["a", "b"])
+        assert [len(v) for v in batch.values()] == [2, 2]
+
+
+def test_sync_data_types_checked() -> None:
+    c = QueueClient("127.0.0.1:1")
+    with pytest.raises(TypeError):
+        c.produce("q", ["a"])  # type: ignore[arg-type]
+    with pytest.raises(TypeError):
+        c.produce_batch("q", "ab")
+    with pytest.raises(ValueError):
+        QueueClient("h:1", transport="sctp")
+
+
+def test_sync_error_reply_raises_queue_error(servers: Any) -> None:
+    server = servers(lambda req, st: echo(req, code=-1, reason="retry: must be >= 0"))
+    with QueueClient(server.addr) as c:
+        with pytest.raises(QueueError) as info:
+            c.request({"action": 1, "queue": "q", "data": "x", "retry": -1, "seq": "s1"})
+        assert info.value.code == -1
+        assert info.value.reason == "retry: must be >= 0"
+        assert info.value.reply["seq"] == "s1"
+        assert not isinstance(info.value, (NoServerAvailable, QueueTimeout))
+        with pytest.raises(QueueError):  # the connection is still usable
+            c.produce("q", "x")
+    assert server.connections == 1
+
+
+def test_sync_raw_request_echoes_seq(servers: Any) -> None:
+    server = servers()
+    with QueueClient(server.addr) as c:
+        reply = c.request({"action": "produce", "queue": "q", "data": "x", "seq": {"any": [1]}})
+    assert reply["seq"] == {"any": [1]} and reply["code"] == 0 and "data" not in reply
+
+
+def redirect_to(port: int, host: str = "127.0.0.1") -> Handler:
+    return lambda req, st: echo(req, code=-2, leader_node_id=2, leader_host=host, leader_port=port)
+
+
+def test_sync_follows_redirect_and_sticks_to_leader(servers: Any) -> None:
+    leader = servers()
+    follower = servers(redirect_to(leader.port))
+    with QueueClient(follower.addr) as c:
+        msg_id = c.produce("q", "x")
+        assert c.consume("q").msg_id == msg_id
+    assert len(follower.requests) == 1  # the second request went straight to the leader
+    assert [r["action"] for r in leader.requests] == [1, 2]
+
+
+def test_sync_redirect_to_wildcard_host_uses_current_host(servers: Any) -> None:
+    leader = servers()
+    follower = servers(redirect_to(leader.port, host="0.0.0.0"))
+    with QueueClient(follower.addr) as c:
+        c.produce("q", "x")
+    assert len(leader.requests) == 1
+
+
+def test_sync_redirect_not_followed_or_looping(servers: Any) -> None:
+    leader = servers()
+    follower = servers(redirect_to(leader.port))
+    with QueueClient(follower.addr, follow_redirects=False) as c:
+        with pytest.raises(QueueError) as info:
+            c.produce("q", "x")
+    assert info.value.code == -2 and info.value.reply["leader_port"] == leader.port
+    assert leader.requests == []
+    looping = servers(lambda req, st: echo(req, code=-2, leader_host="127.0.0.1", leader_port=looping.port))
+    with QueueClient(looping.addr, max_redirects=2) as c:
+        with pytest.raises(QueueError) as info:
+            c.produce("q", "x")
+    assert info.value.code == -2 and len(looping.requests) == 3
+
+
+def test_sync_fails_over_when_connection_refused(servers: Any) -> None:
+    good = servers()
+    dead = refused_addr()
+    with QueueClient([dead, good.addr]) as c:
+        c.produce("q", "x")
+        assert c.address == ("127.0.0.1", good.port)  # stays on the host that worked
+        c.produce("q", "y")
+    assert len(good.requests) == 2
+
+
+def test_sync_no_server_available(servers: Any) -> None:
+    hosts = f"{refused_addr()},{refused_addr()}"
+    with QueueClient(hosts) as c:
+        with pytest.raises(NoServerAvailable) as info:
+            c.leader()
+    assert info.value.code == -1 and info.value.reason.count("refused") == 2
+
+
+def test_sync_timeout_raises_queue_timeout(servers: Any) -> None:
+    silent = servers(lambda req, st: None)
+    with QueueClient(silent.addr, timeout=0.2) as c:
+        start = time.monotonic()
+        with pytest.raises(QueueTimeout):
+            c.leader()
+        assert 0.2 <= time.monotonic() - start < DEADLINE
+
+
+def test_sync_timeout_fails_over_and_may_duplicate(servers: Any) -> None:
+    silent_store = FakeQueues()
+    silent = servers(lambda req, st: silent_store(req) and None)  # stores, never answers
+    good = servers()
+    with QueueClient([silent.addr, good.addr], timeout=0.2) as c:
+        assert isinstance(c.produce("q", "x"), int)
+    assert silent_store.queues["q"] and good.requests[0]["data"] == "x"  # stored twice
+
+
+def test_sync_long_poll_extends_timeout(servers: Any) -> None:
+    store = FakeQueues()
+
+    def slow_consume(req: dict, st: dict) -> dict:
+        if req.get("wait"):
+            server.release.wait(0.5)  # the server holding a long poll past the client's timeout
+        return store(req)
+
+    server = servers(slow_consume)
+    with QueueClient(server.addr, timeout=0.2) as c:
+        assert c.consume("q", wait=2.0) is None
+        with pytest.raises(QueueTimeout):
+            c.request({"action": 2, "queue": "q", "wait": 0.01})
+
+
+def test_sync_reconnects_once_when_kept_connection_was_closed(servers: Any) -> None:
+    store = FakeQueues()
+
+    def one_reply_per_connection(req: dict, st: dict) -> Any:
+        if st.get("answered"):
+            return CLOSE
+        st["answered"] = True
+        return store(req)
+
+    server = servers(one_reply_per_connection)
+    with QueueClient(server.addr) as c:
+        c.produce("q", "a")
+        c.produce("q", "b")  # the kept connection is dead: one fresh connection to the same host
+        c.produce("q", "c")
+    assert server.connections == 3
+    assert len(store.queues["q"]) == 3
+
+
+def test_sync_connection_closed_without_reply(servers: Any) -> None:
+    server = servers(lambda req, st: CLOSE)
+    with QueueClient(server.addr) as c:
+        with pytest.raises(NoServerAvailable, match="closed"):
+            c.leader()
+    assert server.connections == 1  # a fresh connection gets no second try
+
+
+def test_sync_bad_reply_line(servers: Any) -> None:
+    store = FakeQueues()
+    server = servers(lambda req, st: b"not json\n" if req.get("queue") == "bad" else store(req))
+    with QueueClient(server.addr) as c:
+        with pytest.raises(QueueError, match="bad reply"):
+            c.consume("bad")
+        c.produce("q", "x")
+    assert server.connections == 2
+
+
+def test_sync_reply_split_across_segments(servers: Any) -> None:
+    big = "x" * 300_000
+    server = servers(lambda req, st: (orjson.dumps(echo(req, msg_id=1, data=big)) + b"\n"))
+    with QueueClient(server.addr) as c:
+        assert c.consume("q").data == big
+
+
+def test_sync_client_pickles_without_its_connection(servers: Any) -> None:
+    server = servers()
+    c = QueueClient([server.addr, ("127.0.0.1", 1)], timeout=2, max_redirects=1)
+    c.produce("q", "x")
+    copy = pickle.loads(pickle.dumps(c))
+    assert (copy.hosts, copy.timeout, copy.max_redirects) == (c.hosts, 2.0, 1)
+    assert copy.produce("q", "y") == 2
+    assert server.connections == 2
+    c.close()
+    copy.close()
+
+
+@pytest.mark.filterwarnings("ignore:.*fork:DeprecationWarning")  # 3.12+ warns on fork with threads
+def test_sync_forked_child_does_not_share_the_connection(servers: Any) -> None:
+    server = servers()
+    with QueueClient(server.addr) as c:
+        c.produce("q", "parent")
+        pid = os.fork()
+        if pid == 0:  # the child: its own connection, then leave without running any cleanup
+            ok = c.produce("q", "child") == 2
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert c.produce("q", "parent again") == 3
+    assert server.connections == 2
+
+
+# ------------------------------------------------------------------ UDP, blocking
+
+
+def udp_queue_handler(store: FakeQueues) -> Callable[[dict], list]:
+    return lambda req: [store(req)]
+
+
+def test_sync_udp_roundtrip_and_seq(servers: Any) -> None:
+    server = servers(udp_queue_handler(FakeQueues()), udp=True)
+    with QueueClient(server.addr, transport="udp") as c:
+        msg_id = c.produce("q", "hi", retry=5)
+        assert c.consume("q") == Message("q", msg_id, "hi", 1)
+        reply = c.request({"action": 8, "seq": "mine"})
+        assert reply["seq"] == "mine"
+        assert "seq" not in c.request({"action": 8})
+    assert server.requests[0]["seq"] == 1 and server.requests[2]["seq"] == [3, "mine"]
+
+
+def test_sync_udp_ignores_stale_datagrams(servers: Any) -> None:
+    def handler(req: dict) -> list:
+        stale = echo(req, msg_id=-1)
+        stale["seq"] = req["seq"] + 1000
+        return [b"garbage", stale, echo(req, msg_id=7)]
+
+    server = servers(handler, udp=True)
+    with QueueClient(server.addr, transport="udp") as c:
+        assert c.produce("q", "x") == 7
+
+
+def test_sync_udp_too_large(servers: Any) -> None:
+    server = servers(lambda req: [{"code": -1, "reason": "response too large for UDP, use TCP"}], udp=True)
+    with QueueClient(server.addr, transport="udp") as c:
+        with pytest.raises(QueueError, match="response too large"):
+            c.consume_batch("q", 1000)
+        with pytest.raises(QueueError, match="request too large for UDP"):
+            c.produce("q", "x" * 70_000)
+    assert len(server.requests) == 1
+
+
+def test_sync_udp_fails_over_on_refused_port(servers: Any) -> None:
+    server = servers(udp_queue_handler(FakeQueues()), udp=True)
+    with QueueClient([refused_addr(socket.SOCK_DGRAM), server.addr], transport="udp", timeout=2) as c:
+        assert c.leader()["leader_port"] == 1111
+    assert len(server.requests) == 1
+
+
+def test_sync_udp_timeout(servers: Any) -> None:
+    server = servers(lambda req: [], udp=True)
+    with QueueClient(server.addr, transport="udp", timeout=0.2) as c:
+        with pytest.raises(QueueTimeout):
+            c.leader()
+
+
+# ------------------------------------------------------------------ asyncio client
+
+
+def test_async_pipelines_100_calls_on_one_connection(servers: Any, run: Any) -> None:
+    def answer_when_all_arrived(req: dict, st: dict) -> list | None:
+        st.setdefault("held", []).append(req)
+        if len(st["held"]) < 100:
+            return None
+        held, st["held"] = st["held"], []
+        return [echo(r, msg_id=r["seq"] * 10) for r in held]
+
+    server = servers(answer_when_all_arrived)
+
+    async def go() -> list[dict]:
+        async with AsyncQueueClient(server.addr) as c:
+            return await asyncio.gather(
+                *(c.request({"action": 1, "queue": "q", "data": str(i), "seq": i}) for i in range(100))
+            )
+
+    replies = run(go())
+    assert [r["seq"] for r in replies] == list(range(100))
+    assert [r["msg_id"] for r in replies] == [i * 10 for i in range(100)]
+    assert server.connections == 1
+
+
+def test_async_replies_matched_in_order_out_of_order_completion(servers: Any, run: Any) -> None:
+    store = FakeQueues()
+    server = servers(store)
+
+    async def go() -> None:
+        async with AsyncQueueClient(server.addr) as c:
+            ids = await asyncio.gather(*(c.produce(f"q{i % 3}", f"d{i}") for i in range(60)))
+            assert sorted(ids) == list(range(1, 61))
+            got = await asyncio.gather(*(c.consume(f"q{i % 3}") for i in range(60)))
+            assert sorted(m.data for m in got) == sorted(f"d{i}" for i in range(60))
+            for m in got:
+                assert m.queue == f"q{int(m.data[1:]) % 3}"
+
+    run(go())
+    assert server.connections == 1
+
+
+def test_async_abandoned_call_does_not_shift_replies(servers: Any, run: Any) -> None:
+    store = FakeQueues()
+    slow = threading.Event()
+
+    def handler(req: dict, st: dict) -> dict:
+        if req.get("queue") == "slow":
+            slow.wait(DEADLINE)
+        return store(req)
+
+    server = servers(handler)
+
+    async def go() -> None:
+        async with AsyncQueueClient(server.addr) as c:
+            abandoned = asyncio.ensure_future(c.consume("slow"))
+            await asyncio.to_thread(server.wait_for, lambda: len(server.requests) == 1)
+            abandoned.cancel()
+            following = asyncio.ensure_future(c.produce("q", "x"))
+            slow.set()
+            assert await following == 1  # its own reply, not the abandoned consume's
+            assert abandoned.cancelled()
+
+    run(go())
+    assert server.connections == 1
+
+
+def test_async_api_roundtrip(servers: Any, run: Any) -> None:
+    server = servers()
+
+    async def go() -> None:
+        async with AsyncQueueClient(server.addr) as c:
+            first = await c.produce("q", "hello", priority=1)
+            ids = await c.produce_batch("q", ["a", "b"])
+            assert ids == [first + 1, first + 2]
+            assert await c.consume("q") == Message("q", first, "hello", 1)
+            assert len(await c.consume_batch("q", 10)) == 2
+            assert await c.consume("q") is None
+            assert await c.extend("q", ids, 30) == 2
+            assert await c.release("q", ids[0]) == 1
+            assert await c.confirm("q", first) is True
+            assert await c.confirm_many("q", [ids[1]]) == 1
+            assert (await c.monitor("q"))["size"] == 1
+            assert await c.list_queues("q", local=True) == ["q"]
+            assert (await c.leader())["leader_node_id"] == 1
+            assert set(await c.produce("virt", "v")) == {"real1", "real2"}
+            with pytest.raises(QueueError, match="queue: missing"):
+                await c.request({"action": 1, "data": "x"})
+
+    run(go())
+
+
+def test_async_redirect_and_failover(servers: Any, run: Any) -> None:
+    leader = servers()
+    follower = servers(redirect_to(leader.port))
+
+    async def go() -> None:
+        async with AsyncQueueClient([refused_addr(), follower.addr]) as c:
+            ids = await asyncio.gather(*(c.produce("q", str(i)) for i in range(20)))
+            assert len(set(ids)) == 20
+            assert c.address == ("127.0.0.1", leader.port)
+        async with AsyncQueueClient([refused_addr(), refused_addr()]) as c:
+            with pytest.raises(NoServerAvailable):
+                await c.leader()
+        async with AsyncQueueClient(follower.addr, follow_redirects=False) as c:
+            with pytest.raises(QueueError) as info:
+                await c.leader()
+            assert info.value.code == -2
+
+    run(go())
+    assert len(leader.requests) == 20
+
+
+def test_async_timeout_and_failover_on_timeout(servers: Any, run: Any) -> None:
+    silent = servers(lambda req, st: None)
+    good = servers()
+
+    async def go() -> None:
+        async with AsyncQueueClient(silent.addr, timeout=0.2) as c:
+            with pytest.raises(QueueTimeout):
+                await c.leader()
+        async with AsyncQueueClient([silent.addr, good.addr], timeout=0.2) as c:
+            results = await asyncio.gather(*(c.produce("q", str(i)) for i in range(5)))
+            assert len(set(results)) == 5
+
+    run(go())
+    assert len(good.requests) == 5
+
+
+def test_async_long_poll_uses_its_own_connection(servers: Any, run: Any) -> None:
+    store = FakeQueues()
+    wake = threading.Event()
+
+    def handler(req: dict, st: dict) -> dict:
+        if req.get("wait"):
+            wake.wait(DEADLINE)  # a long poll that ends when the test says so
+        return store(req)
+
+    server = servers(handler)
+
+    async def go() -> None:
+        async with AsyncQueueClient(server.addr, timeout=0.5) as c:
+            polls = [asyncio.ensure_future(c.consume("q", wait=5)) for _ in range(2)]
+            await asyncio.to_thread(server.wait_for, lambda: len(server.requests) == 2)
+            msg_id = await c.produce("q", "x")  # not held back by the waiting consumes
+            assert not any(t.done() for t in polls)
+            wake.set()
+            got = await asyncio.gather(*polls)
+            assert [m.msg_id for m in got if m] == [msg_id]
+            assert await c.consume("q", wait=1) is None  # an idle long-poll connection is reused
+
+    run(go())
+    assert server.connections == 3
+
+
+def test_async_connection_lost_retries_on_next_host(servers: Any, run: Any) -> None:
+    good = servers()
+
+    def drop_after_all_arrived(req: dict, st: dict) -> Any:
+        st["n"] = st.get("n", 0) + 1
+        return CLOSE if st["n"] == 10 else None
+
+    dropping = servers(drop_after_all_arrived)
+
+    async def go() -> None:
+        async with AsyncQueueClient([dropping.addr, good.addr]) as c:
+            ids = await asyncio.gather(*(c.produce("q", str(i)) for i in range(10)))
+            assert len(set(ids)) == 10
+
+    run(go())
+    assert sorted(r["data"] for r in good.requests) == sorted(str(i) for i in range(10))
+
+
+def test_async_close_fails_pending_calls(servers: Any, run: Any) -> None:
+    server = servers(lambda req, st: None)
+
+    async def go() -> None:
+        c = AsyncQueueClient(server.addr)
+        pending = asyncio.ensure_future(c.leader())
+        await asyncio.to_thread(server.wait_for, lambda: len(server.requests) == 1)
+        await c.close()
+        with pytest.raises(QueueError, match="client closed"):
+            await pending
+
+    run(go())
+
+
+def test_async_udp_matches_replies_by_seq(servers: Any, run: Any) -> None:
+    store = FakeQueues()
+    held: list[dict] = []
+
+    def reverse_order(req: dict) -> list:
+        if len(server.requests) > 20:
+            return [store(req)]
+        held.append(store(req))
+        return held[::-1] if len(held) == 20 else []
+
+    server = servers(reverse_order, udp=True)
+
+    async def go() -> None:
+        async with AsyncQueueClient(server.addr, transport="udp") as c:
+            replies = await asyncio.gather(
+                *(c.request({"action": 1, "queue": "q", "data": str(i), "seq": f"s{i}"}) for i in range(20))
+            )
+            assert [r["seq"] for r in replies] == [f"s{i}" for i in range(20)]
+            assert len({r["msg_id"] for r in replies}) == 20
+            assert await c.produce("q", "plain") == 21
+
+    run(go())
+
+
+def test_async_udp_failover_and_timeout(servers: Any, run: Any) -> None:
+    good = servers(udp_queue_handler(FakeQueues()), udp=True)
+    silent = servers(lambda req: [], udp=True)
+
+    async def go() -> None:
+        async with AsyncQueueClient([refused_addr(socket.SOCK_DGRAM), good.addr], transport="udp") as c:
+            assert (await c.leader())["code"] == 0
+        async with AsyncQueueClient(silent.addr, transport="udp", timeout=0.2) as c:
+            with pytest.raises(QueueTimeout):
+                await c.leader()
+
+    run(go())
+
+
+# ------------------------------------------------------------------ queue-cli
+
+
+def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_cli_produce_consume_confirm(servers: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    server = servers()
+    h = ("--hosts", server.addr)
+    code, out, err = cli(capsys, *h, "produce", "q", "hello", "--retry", "30", "--priority", "2")
+    assert code == 0 and err == "" and out.count("\n") == 1
+    msg_id = orjson.loads(out)["msg_id"]
+    assert server.requests[-1] == {"action": 1, "queue": "q", "data": "hello", "retry": 30, "priority": 2}
+    assert type(server.requests[-1]["retry"]) is int
+    code, out, _ = cli(capsys, "produce", "q", "a", "b", "--delay", "0", *h)  # options after the command
+    assert code == 0 and orjson.loads(out)["msg_ids"] == [msg_id + 1, msg_id + 2]
+    code, out, _ = cli(capsys, *h, "consume", "q")
+    assert orjson.loads(out)["data"] == "hello"
+    code, out, _ = cli(capsys, *h, "consume", "q", "--count", "5", "--wait", "0.1")
+    assert [m["data"] for m in orjson.loads(out)["messages"]] == ["a", "b"]
+    assert server.requests[-1] == {"action": 2, "queue": "q", "count": 5, "wait": 0.1}
+    code, out, _ = cli(capsys, *h, "extend", "q", str(msg_id + 1), "--retry", "60")
+    assert orjson.loads(out)["extended"] == 1 and server.requests[-1]["msg_id"] == msg_id + 1
+    code, out, _ = cli(capsys, *h, "release", "q", str(msg_id + 1))
+    assert orjson.loads(out)["released"] == 1
+    code, out, _ = cli(capsys, *h, "confirm", "q", str(msg_id), str(msg_id + 2))
+    assert orjson.loads(out)["confirmed"] == 2 and server.requests[-1]["msg_ids"] == [msg_id, msg_id + 2]
+
+
+def test_cli_monitor_list_leader(servers: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    store = FakeQueues()
+    store({"action": 1, "queue": "jobs", "data": "x"})
+    server = servers(store)
+    code, out, _ = cli(capsys, "--hosts", server.addr, "monitor", "jobs", "--local")
+    assert code == 0 and orjson.loads(out)["size"] == 1 and server.requests[-1] == {"action": 104, "queue": "jobs"}
+    code, out, _ = cli(capsys, "--hosts", server.addr, "monitor")
+    assert orjson.loads(out)["queue_count"] == 1
+    code, out, _ = cli(capsys, "--hosts", server.addr, "list", "jo")
+    assert orjson.loads(out)["queue_list"] == ["jobs"] and server.requests[-1] == {"action": 7, "pattern": "jo"}
+    code, out, _ = cli(capsys, "--hosts", server.addr, "list", "--local")
+    assert server.requests[-1] == {"action": 107}
+    code, out, _ = cli(capsys, "--hosts", server.addr, "leader")
+    assert orjson.loads(out)["leader_port"] == 1111
+
+
+def test_cli_udp(servers: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    server = servers(udp_queue_handler(FakeQueues()), udp=True)
+    code, out, _ = cli(capsys, "--udp", "--hosts", server.addr, "produce", "q", "x")
+    assert code == 0 and orjson.loads(out)["msg_id"] == 1 and "seq" not in orjson.loads(out)
+
+
+def test_cli_error_reply_exits_1(servers: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    server = servers(lambda req, st: echo(req, code=-1, reason="no leader"))
+    code, out, err = cli(capsys, "--hosts", server.addr, "produce", "q", "x")
+    assert code == 1 and out == "" and err.count("\n") == 1
+    assert orjson.loads(err) == {"action": 1, "queue": "q", "code": -1, "reason": "no leader", "node_id": 1}
+
+
+def test_cli_unreachable_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = cli(capsys, "--hosts", refused_addr(), "--timeout", "1", "leader")
+    assert code == 2 and out == "" and "no server available" in orjson.loads(err)["reason"]
+
+
+def test_cli_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli(capsys, "extend", "q", "1")[0] == 2  # --retry is required
+    assert cli(capsys, "--hosts", "h:notaport", "leader")[0] == 2
+    assert cli(capsys, "confirm", "q", "abc")[0] == 2
+    assert cli(capsys)[0] == 2
+    assert cli(capsys, "--help")[0] == 0
