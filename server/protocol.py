@@ -2,6 +2,7 @@
 by the acceptor, the workers, the coordinator and the client (client/protocol.py re-exports them)."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 PRODUCE = 1
@@ -46,7 +47,7 @@ DEFAULT_TTL = 3600.0
 # Request fields that are not echoed in replies (bulky or replaced by the result).
 NOT_ECHOED = frozenset({"data", "msg_ids"})
 
-_CONTROL = frozenset(chr(c) for c in range(32)) | {"\x7f"}
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # Unicode category Cc
 
 
 def resolve_action(value: Any) -> int | None:
@@ -64,9 +65,14 @@ def queue_name_error(name: Any) -> str | None:
         return "queue: must be a string" if name is not None else "queue: missing"
     if not name:
         return "queue: must not be empty"
-    if len(name) > MAX_QUEUE_NAME_BYTES or len(name.encode("utf-8", "surrogatepass")) > MAX_QUEUE_NAME_BYTES:
+    if len(name) > MAX_QUEUE_NAME_BYTES:
         return f"queue: longer than {MAX_QUEUE_NAME_BYTES} bytes"
-    if not _CONTROL.isdisjoint(name):
+    try:
+        if len(name.encode("utf-8")) > MAX_QUEUE_NAME_BYTES:
+            return f"queue: longer than {MAX_QUEUE_NAME_BYTES} bytes"
+    except UnicodeEncodeError:
+        return "queue: not valid UTF-8"
+    if _CONTROL.search(name):
         return "queue: contains control characters"
     return None
 

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from server import protocol as p
-from workers.queue import Message, Queue, QueueFull
+from workers.queue import Message, Queue
 
 # How many just-deleted at-most-once messages are kept to be restored if their reply cannot be
 # delivered (the client's connection closed while the reply was on its way).
@@ -61,13 +61,6 @@ def _msg_ids(req: dict) -> list[int]:
     if type(ids) is not list or any(type(i) is not int for i in ids):
         raise BadRequest("msg_ids: must be a list of integers")
     return ids
-
-
-def _check_queue(name: Any) -> str:
-    reason = p.queue_name_error(name)
-    if reason:
-        raise BadRequest(reason)
-    return name
 
 
 class PartitionService:
@@ -131,6 +124,14 @@ class PartitionService:
         reply["node_id"] = self.node_id
         return reply
 
+    def _check_queue(self, name: Any) -> str:
+        if type(name) is str and name in self.queues:  # checked when it was created
+            return name
+        reason = p.queue_name_error(name)
+        if reason:
+            raise BadRequest(reason)
+        return name
+
     def _queue(self, name: str) -> Queue:
         q = self.queues.get(name)
         if q is None:
@@ -166,7 +167,7 @@ class PartitionService:
             raise BadRequest("priority: out of range")
 
         members = self.virtual_queues.get(name) if isinstance(name, str) else None
-        targets = members if members is not None else (_check_queue(name),)
+        targets = members if members is not None else (self._check_queue(name),)
         n = 1 if batch is None else len(batch)
         queues = [self._queue(t) for t in targets]
         if any(q.free() < n for q in queues):
@@ -195,7 +196,7 @@ class PartitionService:
     def _reject_virtual(self, name: Any) -> str:
         if isinstance(name, str) and name in self.virtual_queues:
             raise BadRequest("queue: a virtual queue only takes produce")
-        return _check_queue(name)
+        return self._check_queue(name)
 
     def _consume(self, req: dict, conn: int, req_no: int, now: float, udp: bool) -> dict | None:
         name = self._reject_virtual(req.get("queue"))

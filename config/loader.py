@@ -1,0 +1,493 @@
+"""The node config: JSON with // and /* */ comments, as in the original queue_server.
+
+Pure: text in, validated :class:`NodeConfig` out (``load_config`` is the one function that
+reads a file). Every key of the original is kept with its meaning; ours are added after them.
+Each key is one row of ``_KEYS`` (name, default, validator, doc): a new key is one row there
+plus one field of :class:`NodeConfig`.
+
+log_level follows the original's levels: 0 off, 1 error, 2 warning, 3 info, 4 debug,
+5 trace (see ``LOG_LEVELS`` for the matching :mod:`logging` levels).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from server.protocol import MAX_QUEUE_NAME_BYTES, queue_name_error
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable, Mapping
+
+__all__ = [
+    "ConfigError", "VirtualQueue", "ClusterNode", "NodeConfig", "strip_comments", "parse_config",
+    "load_config", "check_queue_name", "key_docs", "DEFAULT_CONFIG_TEXT", "LOG_LEVELS",
+    "MAX_QUEUE_NAME_BYTES",
+]
+
+
+
+# log_level (the original's numbers) -> logging level. 5 (trace) is below DEBUG.
+LOG_LEVELS: dict[int, int] = {
+    0: logging.CRITICAL + 10,  # off
+    1: logging.ERROR,
+    2: logging.WARNING,
+    3: logging.INFO,
+    4: logging.DEBUG,
+    5: 5,  # trace
+}
+
+
+class ConfigError(Exception):
+    """An invalid config; ``key`` names the offending key ('' for the file as a whole)."""
+
+    def __init__(self, key: str, message: str) -> None:
+        self.key = key
+        self.message = message
+        super().__init__(f"config key '{key}': {message}" if key else f"config: {message}")
+
+
+@dataclass(frozen=True)
+class VirtualQueue:
+    """A name whose produce goes to each real queue of queue_list."""
+
+    name: str
+    queue_list: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ClusterNode:
+    """One member of the cluster, with its INTERNAL (replication) address."""
+
+    node_id: int
+    host: str
+    port: int
+
+
+# -- validators: each takes the JSON value and returns the stored one, or raises _Invalid ----
+
+
+class _Invalid(Exception):
+    """A value does not fit its key (message without the key name)."""
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _expected(what: str, value: Any) -> _Invalid:
+    return _Invalid(f"expected {what}, got {_show(value)}")
+
+
+def _is_int(value: Any) -> bool:
+    return type(value) is int  # bool is not an int here
+
+
+def _int(lo: int | None = None, hi: int | None = None) -> Callable[[Any], int]:
+    if lo is not None and hi is not None:
+        what = f"an integer {lo}..{hi}"
+    elif lo is not None:
+        what = f"an integer >= {lo}"
+    else:
+        what = "an integer"
+
+    def check(value: Any) -> int:
+        if not _is_int(value) or (lo is not None and value < lo) or (hi is not None and value > hi):
+            raise _expected(what, value)
+        return value
+
+    return check
+
+
+def _positive_number(value: Any) -> float:
+    if type(value) not in (int, float) or not value > 0 or value == float("inf"):
+        raise _expected("a number > 0", value)
+    return float(value)
+
+
+def _string(nonempty: bool) -> Callable[[Any], str]:
+    what = "a non-empty string" if nonempty else "a string"
+
+    def check(value: Any) -> str:
+        if type(value) is not str or (nonempty and not value):
+            raise _expected(what, value)
+        return value
+
+    return check
+
+
+def _bool(value: Any) -> bool:
+    if type(value) is not bool:
+        raise _expected("true or false", value)
+    return value
+
+
+def _flag(value: Any) -> bool:
+    """0/1 (the original's style) or true/false."""
+    if type(value) is bool:
+        return value
+    if _is_int(value) and value in (0, 1):
+        return bool(value)
+    raise _expected("0, 1, true or false", value)
+
+
+def _choice(*choices: str) -> Callable[[Any], str]:
+    what = " or ".join(repr(c) for c in choices)
+
+    def check(value: Any) -> str:
+        if value not in choices or type(value) is not str:
+            raise _expected(what, value)
+        return value
+
+    return check
+
+
+def _fields(value: Any, where: str, required: tuple[str, ...]) -> dict:
+    if not isinstance(value, dict):
+        raise _Invalid(f"{where}: expected an object, got {_show(value)}")
+    for name in value:
+        if name not in required:
+            raise _Invalid(f"{where}: unknown field {name!r} (expected {', '.join(required)})")
+    for name in required:
+        if name not in value:
+            raise _Invalid(f"{where}: missing field {name!r}")
+    return value
+
+
+def _field(check: Callable[[Any], Any], entry: dict, name: str, where: str) -> Any:
+    try:
+        return check(entry[name])
+    except _Invalid as e:
+        raise _Invalid(f"{where}: field {name!r}: {e}") from None
+
+
+def check_queue_name(name: Any) -> str | None:
+    """Why name is not a valid queue name (the protocol's rule: 1..256 bytes of UTF-8, no control
+    characters), or None."""
+    reason = queue_name_error(name)
+    if reason is None:
+        return None
+    if type(name) is not str or not name:
+        return f"expected a non-empty string, got {_show(name)}"
+    return f"{reason.split(': ', 1)[1]}: {_show(name)}"
+
+
+def _cluster_nodes(value: Any) -> tuple[ClusterNode, ...]:
+    if not isinstance(value, list):
+        raise _expected("a list of {node_id, host, port} objects", value)
+    nodes: list[ClusterNode] = []
+    ids: set[int] = set()
+    addresses: set[tuple[str, int]] = set()
+    for n, entry in enumerate(value, 1):
+        where = f"entry {n}"
+        _fields(entry, where, ("node_id", "host", "port"))
+        node = ClusterNode(
+            node_id=_field(_int(1), entry, "node_id", where),
+            host=_field(_string(True), entry, "host", where),
+            port=_field(_int(1, 65535), entry, "port", where),
+        )
+        if node.node_id in ids:
+            raise _Invalid(f"{where}: duplicate node_id {node.node_id}")
+        if (node.host, node.port) in addresses:
+            raise _Invalid(f"{where}: duplicate address {node.host}:{node.port}")
+        ids.add(node.node_id)
+        addresses.add((node.host, node.port))
+        nodes.append(node)
+    if len(nodes) % 2 == 0 and nodes:
+        raise _Invalid(f"a cluster needs an odd number of nodes (1, 3, 5...), got {len(nodes)}")
+    return tuple(nodes)
+
+
+def _virtual_queues(value: Any) -> tuple[VirtualQueue, ...]:
+    if not isinstance(value, list):
+        raise _expected("a list of {name, queue_list} objects", value)
+    queues: list[VirtualQueue] = []
+    for n, entry in enumerate(value, 1):
+        where = f"entry {n}"
+        _fields(entry, where, ("name", "queue_list"))
+        name = entry["name"]
+        problem = check_queue_name(name)
+        if problem:
+            raise _Invalid(f"{where}: field 'name': {problem}")
+        where = f"virtual queue {name!r}"
+        members = entry["queue_list"]
+        if not isinstance(members, list) or not members:
+            raise _Invalid(f"{where}: queue_list: expected a non-empty list of queue names, "
+                           f"got {_show(members)}")
+        for member in members:
+            problem = check_queue_name(member)
+            if problem:
+                raise _Invalid(f"{where}: queue_list: {problem}")
+        if len(set(members)) != len(members):
+            dup = next(m for m in members if members.count(m) > 1)
+            raise _Invalid(f"{where}: queue_list: {dup!r} appears twice")
+        queues.append(VirtualQueue(name, tuple(members)))
+    names = [q.name for q in queues]
+    for q in queues:
+        if names.count(q.name) > 1:
+            raise _Invalid(f"virtual queue {q.name!r} is defined twice")
+    members_all = {m: q.name for q in queues for m in q.queue_list}
+    for q in queues:
+        if q.name in members_all:
+            raise _Invalid(f"virtual queue {q.name!r} is also a member of virtual queue "
+                           f"{members_all[q.name]!r}")
+    return tuple(queues)
+
+
+# -- the keys --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Key:
+    name: str
+    default: Any  # as written in JSON; run through check like any other value
+    check: Callable[[Any], Any]  # type and range: JSON value -> stored value, or _Invalid
+    doc: str
+
+
+_KEYS: tuple[_Key, ...] = (
+    # the original's keys
+    _Key("log_prefix", "", _string(False), "log file name prefix; '' logs to stderr"),
+    _Key("log_level", 3, _int(0, 5), "0 off, 1 error, 2 warning, 3 info, 4 debug, 5 trace"),
+    _Key("node_type", 10, _int(0), "cluster id: the same on every node of a cluster"),
+    _Key("node_id", 1, _int(1), "this node's id, unique in the cluster"),
+    _Key("host", "127.0.0.1", _string(True), "client TCP/UDP address"),
+    _Key("port", 1111, _int(1, 65535), "client TCP/UDP port"),
+    _Key("queue_size", 100000, _int(1), "max messages per queue"),
+    _Key("queue_log_size", 100000, _int(1), "change-log records kept for replication"),
+    _Key("queue_sync_rate", 1000000, _int(1), "max records/s sent to a catching-up follower"),
+    _Key("forward_request", 1, _flag, "1: a follower forwards requests to the leader; 0: redirect"),
+    _Key("cluster_node_list", [], _cluster_nodes, "cluster members' internal addresses; [] = single node"),
+    _Key("virtual_queue_list", [], _virtual_queues, "virtual queue name -> real queues a produce goes to"),
+    _Key("queue_data_dir", "./queue_data", _string(True), "directory for the change log and snapshots"),
+    # ours
+    _Key("workers", 2, _int(1, 64), "worker processes (queues are spread over them)"),
+    _Key("max_request_size", 1 << 20, _int(1024, 1 << 30), "largest request in bytes"),
+    _Key("udp_max_response", 60000, _int(512, 65507), "largest UDP reply in bytes"),
+    _Key("max_wait", 30, _positive_number, "longest long-poll wait a consume may ask for, seconds"),
+    _Key("replication", "quorum", _choice("quorum", "async"), "reply after a quorum has the write, or at once"),
+    _Key("fsync", "everysec", _choice("always", "everysec", "no"), "when the change log is synced to disk"),
+    _Key("in_memory", False, _bool, "true: keep nothing on disk"),
+    _Key("metrics_port", 0, _int(0, 65535), "HTTP metrics port; 0 = off"),
+    _Key("election_timeout_ms", 300, _int(10, 60000), "follower waits this long without a leader before voting"),
+    _Key("heartbeat_ms", 50, _int(1, 10000), "leader heartbeat interval (below election_timeout_ms)"),
+)
+
+_BY_NAME: dict[str, _Key] = {k.name: k for k in _KEYS}
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """A validated node config: one field per key (see ``_KEYS`` for the docs)."""
+
+    log_prefix: str
+    log_level: int
+    node_type: int
+    node_id: int
+    host: str
+    port: int
+    queue_size: int
+    queue_log_size: int
+    queue_sync_rate: int
+    forward_request: bool
+    cluster_node_list: tuple[ClusterNode, ...]
+    virtual_queue_list: tuple[VirtualQueue, ...]
+    queue_data_dir: str
+    workers: int
+    max_request_size: int
+    udp_max_response: int
+    max_wait: float
+    replication: str
+    fsync: str
+    in_memory: bool
+    metrics_port: int
+    election_timeout_ms: int
+    heartbeat_ms: int
+
+    @property
+    def is_cluster(self) -> bool:
+        """More than one node."""
+        return len(self.cluster_node_list) > 1
+
+    @property
+    def self_node(self) -> ClusterNode | None:
+        """This node's entry in cluster_node_list (None on a single node without a list)."""
+        return next((n for n in self.cluster_node_list if n.node_id == self.node_id), None)
+
+    @property
+    def peers(self) -> tuple[ClusterNode, ...]:
+        """The other cluster members."""
+        return tuple(n for n in self.cluster_node_list if n.node_id != self.node_id)
+
+    @property
+    def python_log_level(self) -> int:
+        """log_level as a :mod:`logging` level."""
+        return LOG_LEVELS[self.log_level]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able dict in the config file's format (``from_dict`` reads it back)."""
+        out: dict[str, Any] = {}
+        for key in _KEYS:
+            out[key.name] = getattr(self, key.name)
+        out["cluster_node_list"] = [
+            {"node_id": n.node_id, "host": n.host, "port": n.port} for n in self.cluster_node_list
+        ]
+        out["virtual_queue_list"] = [
+            {"name": q.name, "queue_list": list(q.queue_list)} for q in self.virtual_queue_list
+        ]
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> NodeConfig:
+        """Validate a dict of config keys (missing keys take defaults; unknown keys are errors)."""
+        for name in data:
+            if name not in _BY_NAME:
+                raise ConfigError(name, "unknown key")
+        config, _ = _build(data, None)
+        return config
+
+
+def _build(data: Mapping[str, Any], overrides: Mapping[str, Any] | None) -> tuple[NodeConfig, list[str]]:
+    warnings = [f"unknown config key '{name}' ignored" for name in data if name not in _BY_NAME]
+    values: dict[str, Any] = {}
+    for key in _KEYS:
+        raw = data.get(key.name, key.default)
+        try:
+            values[key.name] = key.check(raw)
+        except _Invalid as e:
+            raise ConfigError(key.name, str(e)) from None
+    for name, raw in (overrides or {}).items():
+        if raw is None:  # a command-line flag that was not given
+            continue
+        key = _BY_NAME.get(name)
+        if key is None:
+            raise ConfigError(name, "unknown key (override)")
+        try:
+            values[name] = key.check(raw)
+        except _Invalid as e:
+            raise ConfigError(name, f"{e} (override)") from None
+    config = NodeConfig(**values)
+    _cross_check(config)
+    return config, warnings
+
+
+_WILDCARDS = ("0.0.0.0", "::", "")
+
+
+def _cross_check(c: NodeConfig) -> None:
+    """Rules between keys."""
+    me = c.self_node
+    if c.cluster_node_list and me is None:
+        raise ConfigError("cluster_node_list", f"this node (node_id {c.node_id}) is not in the list")
+    if me is not None and me.port == c.port and (
+            me.host == c.host or me.host in _WILDCARDS or c.host in _WILDCARDS):
+        raise ConfigError("cluster_node_list",
+                          f"this node's internal address {me.host}:{me.port} is its client address")
+    if c.metrics_port and (c.metrics_port == c.port or (me is not None and c.metrics_port == me.port)):
+        raise ConfigError("metrics_port", f"port {c.metrics_port} is already used by this node")
+    if c.heartbeat_ms >= c.election_timeout_ms:
+        raise ConfigError("heartbeat_ms", f"must be below election_timeout_ms "
+                          f"({c.heartbeat_ms} >= {c.election_timeout_ms})")
+
+
+# -- text ------------------------------------------------------------------------------------
+
+_TOKENS = re.compile(r'"(?:[^"\\\n]|\\.)*"|//[^\n]*|/\*.*?\*/|/\*', re.S)
+
+
+def strip_comments(text: str) -> str:
+    """Blank out // line comments and /* */ block comments that are outside JSON strings.
+
+    Comments become spaces (newlines kept), so JSON error positions still match the file.
+    """
+
+    def blank(m: re.Match[str]) -> str:
+        token = m.group()
+        if token[0] == '"':
+            return token
+        if token == "/*":
+            line = text.count("\n", 0, m.start()) + 1
+            raise ConfigError("", f"unterminated /* comment at line {line}")
+        return re.sub(r"[^\n]", " ", token)
+
+    return _TOKENS.sub(blank, text)
+
+
+def _object_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in out:
+            raise ConfigError(name, "appears twice")
+        out[name] = value
+    return out
+
+
+def _no_constant(name: str) -> Any:
+    raise ConfigError("", f"invalid JSON: {name} is not a JSON number")
+
+
+def parse_config(text: str, overrides: Mapping[str, Any] | None = None) -> tuple[NodeConfig, list[str]]:
+    """Validate config text (JSON with comments); returns (config, warnings).
+
+    Missing keys take their defaults; unknown keys give a warning naming them; overrides
+    (config key -> value, None = not given) replace file values and are validated the same way.
+    """
+    try:
+        data = json.loads(strip_comments(text), object_pairs_hook=_object_pairs,
+                          parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise ConfigError("", f"invalid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("", f"expected a JSON object at the top, got {type(data).__name__}")
+    return _build(data, overrides)
+
+
+def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) -> tuple[NodeConfig, list[str]]:
+    """Read and validate a config file; None uses the embedded defaults (DEFAULT_CONFIG_TEXT)."""
+    if path is None:
+        return parse_config(DEFAULT_CONFIG_TEXT, overrides)
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError("", f"cannot read {path}: {e}") from None
+    return parse_config(text, overrides)
+
+
+def key_docs() -> Iterable[tuple[str, Any, str]]:
+    """(name, default, doc) for every key, in file order (for --help and docs)."""
+    return [(k.name, k.default, k.doc) for k in _KEYS]
+
+
+DEFAULT_CONFIG_TEXT = """\
+// queue-server node config: JSON with // and /* */ comments (the original's format).
+{
+    "log_prefix" : "",              // log file name prefix; "" logs to stderr
+    "log_level" : 3,                // 0 off, 1 error, 2 warning, 3 info, 4 debug, 5 trace
+
+    "node_type" : 10,               // cluster id: the same on every node of a cluster
+    "node_id" : 1,                  // this node's id, unique in the cluster
+    "host" : "127.0.0.1",           // client TCP/UDP address
+    "port" : 1111,                  // client TCP/UDP port
+
+    "queue_size" : 100000,          // max messages per queue
+    "queue_log_size" : 100000,      // change-log records kept for replication
+    "queue_sync_rate" : 1000000,    // max records/s sent to a catching-up follower
+    "forward_request" : 1,          // 1: a follower forwards requests to the leader; 0: redirect
+
+    "cluster_node_list" : [],       // [{"node_id":1, "host":"127.0.0.1", "port":1101}, ...]: internal addresses
+    "virtual_queue_list" : [],      // [{"name":"v", "queue_list":["q1","q2"]}, ...]
+    "queue_data_dir" : "./queue_data",
+
+    "workers" : 2,                  // worker processes
+    "max_request_size" : 1048576,   // largest request, bytes
+    "udp_max_response" : 60000,     // largest UDP reply, bytes (at most 65507)
+    "max_wait" : 30,                // longest long-poll wait, seconds
+    "replication" : "quorum",       // "quorum": reply once a majority has the write; "async"
+    "fsync" : "everysec",           // "always", "everysec" or "no"
+    "in_memory" : false,            // true: keep nothing on disk
+    "metrics_port" : 0,             // HTTP metrics port; 0 = off
+    "election_timeout_ms" : 300,
+    "heartbeat_ms" : 50
+}
+"""
