@@ -1,0 +1,365 @@
+"""The acceptor process: the node's TCP and UDP front door. It splits streams into requests, routes
+each to the worker owning its queue (batched per event-loop turn, one ZeroMQ message per worker),
+and writes the replies that come back to the right connection, in request order."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+from typing import Any
+
+import orjson
+import uvloop
+import zmq
+
+from config.loader import NodeConfig
+from server import ipc
+from server import protocol as p
+from server.child import start
+from server.framing import FrameDecoder, FramingError
+from server.router import Router
+
+_DUMPS = orjson.dumps
+_NEWLINE = orjson.OPT_APPEND_NEWLINE
+_LOADS = orjson.loads
+UDP = 0  # the connection id of every UDP request
+# Per-connection pipelining window: stop reading a connection with this many replies owed.
+HIGH_WATER = 4096
+LOW_WATER = 1024
+MAX_DRAIN = 512
+_SCATTER_ACTIONS = frozenset({p.MONITOR, p.LOCAL_MONITOR, p.LIST, p.LOCAL_LIST})
+
+
+def _echoed(reply: Any) -> dict:
+    """The request fields a too-large reply repeated, for the error that replaces it."""
+    full = _LOADS(reply)
+    return {k: full[k] for k in ("action", "queue", "seq") if k in full}
+
+
+class Connection(asyncio.Protocol):
+    """One client TCP connection: a frame decoder in, replies out in request order."""
+
+    def __init__(self, acceptor: "Acceptor") -> None:
+        self.acceptor = acceptor
+        self.decoder = FrameDecoder(acceptor.config.max_request_size)
+        self.conn_id = 0
+        self.transport: asyncio.Transport | None = None
+        self.next_no = 0  # req_no of the next request read
+        self.next_out = 0  # req_no of the next reply to write
+        self.waiting: dict[int, Any] = {}  # replies that arrived before earlier ones
+        self.out: list[Any] = []
+        self.close_after: int | None = None
+        self.read_paused = False
+        self.write_paused = False
+        self.long_polls = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        self.transport = transport
+        self.conn_id = self.acceptor.register(self)
+
+    def data_received(self, data: bytes) -> None:
+        submit = self.acceptor.submit
+        conn_id = self.conn_id
+        for value, _raw in self.decoder.feed(data):
+            req_no = self.next_no
+            self.next_no = req_no + 1
+            if type(value) is dict and value.get("wait"):
+                self.long_polls = True
+            submit(conn_id, req_no, value)
+        if self.decoder.closed:
+            self.close_after = self.next_no - 1
+            self._pause()
+        elif self.next_no - self.next_out >= HIGH_WATER:
+            self._pause()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.acceptor.unregister(self)
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self._pause()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self._maybe_resume()
+
+    def _pause(self) -> None:
+        if not self.read_paused and self.transport is not None:
+            self.read_paused = True
+            self.transport.pause_reading()
+
+    def _maybe_resume(self) -> None:
+        if (
+            self.read_paused
+            and not self.write_paused
+            and self.close_after is None
+            and self.next_no - self.next_out <= LOW_WATER
+            and self.transport is not None
+            and not self.transport.is_closing()
+        ):
+            self.read_paused = False
+            self.transport.resume_reading()
+
+    def put(self, req_no: int, data: Any) -> bool:
+        """Queue a reply; returns True if output became writable (the caller flushes)."""
+        if req_no != self.next_out:
+            self.waiting[req_no] = data
+            return False
+        out = self.out
+        out.append(data)
+        req_no += 1
+        waiting = self.waiting
+        while waiting and req_no in waiting:
+            out.append(waiting.pop(req_no))
+            req_no += 1
+        self.next_out = req_no
+        return True
+
+    def flush(self) -> None:
+        """Write what is queued, then close if the framing was lost and all is answered."""
+        transport = self.transport
+        if self.out and transport is not None:
+            transport.write(b"".join(self.out))
+            self.out.clear()
+        if self.close_after is not None and self.next_out > self.close_after:
+            if transport is not None:
+                transport.close()
+        elif self.read_paused:
+            self._maybe_resume()
+
+
+class Datagrams(asyncio.DatagramProtocol):
+    """The UDP endpoint: one request per datagram."""
+
+    def __init__(self, acceptor: "Acceptor") -> None:
+        self.acceptor = acceptor
+
+    def datagram_received(self, data: bytes, addr: Any) -> None:  # type: ignore[override]
+        acceptor = self.acceptor
+        req_no = acceptor.udp_register(addr)
+        if len(data) > acceptor.config.max_request_size:
+            value: Any = FramingError(f"request exceeds max_request_size ({acceptor.config.max_request_size} bytes)", False)
+        else:
+            try:
+                value = _LOADS(data)
+            except orjson.JSONDecodeError as exc:
+                reason = "invalid UTF-8" if "UTF-8" in str(exc) else f"malformed JSON: {exc}"
+                value = FramingError(reason, False)
+        acceptor.submit(UDP, req_no, value)
+
+
+class Acceptor:
+    """Routes requests to workers and replies to clients."""
+
+    def __init__(self, config: NodeConfig, ctx: zmq.Context, run_dir: str, log, loop: asyncio.AbstractEventLoop) -> None:
+        self.config = config
+        self.log = log
+        self.loop = loop
+        self.router = Router(config.workers, [(v.name, v.queue_list) for v in config.virtual_queue_list])
+        self.workers = [ipc.outbox(ctx, run_dir, ipc.worker_name(i)) for i in range(config.workers)]
+        self.inbox = ipc.inbox(ctx, run_dir, "acceptor")
+        self.pending: list[list] = [[] for _ in range(config.workers)]
+        self.flush_requests_scheduled = False
+        self.dirty: list[Connection] = []
+        self.flush_output_scheduled = False
+        self.conns: dict[int, Connection] = {}
+        self.next_conn = 1
+        self.udp_addrs: dict[int, Any] = {}
+        self.next_udp = 0
+        self.next_gather = 0
+        self.udp_transport: asyncio.DatagramTransport | None = None
+        self.leader = {
+            "leader_node_id": config.node_id,
+            "leader_host": config.host,
+            "leader_port": config.port,
+        }
+
+    # ----------------------------------------------------------------- connections
+    def register(self, conn: Connection) -> int:
+        conn_id = self.next_conn
+        self.next_conn += 1
+        self.conns[conn_id] = conn
+        return conn_id
+
+    def unregister(self, conn: Connection) -> None:
+        self.conns.pop(conn.conn_id, None)
+        if conn.long_polls:
+            message = [ipc.CLOSE, _DUMPS(conn.conn_id)]
+            for sock in self.workers:
+                sock.send_multipart(message, zmq.NOBLOCK)
+
+    def udp_register(self, addr: Any) -> int:
+        req_no = self.next_udp
+        self.next_udp = req_no + 1
+        self.udp_addrs[req_no] = addr
+        return req_no
+
+    # ----------------------------------------------------------------- requests
+    def submit(self, conn_id: int, req_no: int, value: Any) -> None:
+        """Route one decoded request (or answer it here if it cannot be routed)."""
+        if type(value) is dict:
+            action = value.get("action")
+            if type(action) is not int:
+                action = p.resolve_action(action)
+            if action in p.QUEUE_ACTIONS:
+                queue = value.get("queue")
+                if type(queue) is str:
+                    self.pending[self.router.worker_for(queue)].append((conn_id, req_no, value))
+                    if not self.flush_requests_scheduled:
+                        self.flush_requests_scheduled = True
+                        self.loop.call_soon(self.flush_requests)
+                    return
+                reason = "queue: missing" if queue is None else "queue: must be a string"
+            elif action in _SCATTER_ACTIONS:
+                self.scatter(conn_id, req_no, value)
+                return
+            elif action == p.LEADER:
+                reply = p.echo(value)
+                reply.update(code=p.CODE_OK, node_id=self.config.node_id, **self.leader)
+                self.reply(conn_id, req_no, reply)
+                return
+            elif value.get("action") is None:
+                reason = "action: missing"
+            else:
+                reason = "action: unknown"
+            self.reply(conn_id, req_no, p.error_reply(value, reason, self.config.node_id))
+        elif isinstance(value, FramingError):
+            self.reply(conn_id, req_no, p.error_reply(None, value.reason, self.config.node_id))
+        else:
+            self.reply(conn_id, req_no, p.error_reply(None, "request: must be a JSON object", self.config.node_id))
+
+    def scatter(self, conn_id: int, req_no: int, request: dict) -> None:
+        """Send a monitor/list request to the worker(s) that hold its answer; the coordinator
+        merges their parts."""
+        queue = request.get("queue")
+        action = p.resolve_action(request.get("action"))
+        if action in (p.MONITOR, p.LOCAL_MONITOR) and queue is not None:
+            if type(queue) is not str:
+                self.reply(conn_id, req_no, p.error_reply(request, "queue: must be a string", self.config.node_id))
+                return
+            targets = [self.router.worker_for(queue)]
+        else:
+            targets = list(range(len(self.workers)))
+        gather_id = self.next_gather
+        self.next_gather += 1
+        tag = [gather_id, conn_id, req_no, len(targets), request]
+        for index in targets:
+            self.pending[index].append((conn_id, req_no, request, tag))
+        if not self.flush_requests_scheduled:
+            self.flush_requests_scheduled = True
+            self.loop.call_soon(self.flush_requests)
+
+    def flush_requests(self) -> None:
+        """Send each worker the requests gathered for it during this loop turn, as one message."""
+        self.flush_requests_scheduled = False
+        for index, items in enumerate(self.pending):
+            if items:
+                self.workers[index].send_multipart([ipc.REQ, _DUMPS(items)], zmq.NOBLOCK)
+                items.clear()
+
+    # ----------------------------------------------------------------- replies
+    def reply(self, conn_id: int, req_no: int, reply: dict) -> None:
+        """Answer a request from the acceptor itself."""
+        self.deliver(conn_id, req_no, _DUMPS(reply, option=_NEWLINE))
+        self.schedule_output()
+
+    def deliver(self, conn_id: int, req_no: int, data: Any) -> None:
+        """Hand one encoded reply to its connection (or UDP address)."""
+        if conn_id == UDP:
+            addr = self.udp_addrs.pop(req_no, None)
+            if addr is not None and self.udp_transport is not None:
+                if len(data) > self.config.udp_max_response:
+                    data = _DUMPS(p.error_reply(_echoed(data), "response too large for UDP, use TCP", self.config.node_id))
+                self.udp_transport.sendto(data, addr)
+            return
+        conn = self.conns.get(conn_id)
+        if conn is None:
+            self.undeliver(data)
+        elif conn.put(req_no, data):
+            self.dirty.append(conn)
+
+    def undeliver(self, data: Any) -> None:
+        """A consume reply whose connection is gone: hand its messages back to their worker."""
+        try:
+            reply = _LOADS(data)
+        except orjson.JSONDecodeError:
+            return
+        if p.resolve_action(reply.get("action")) != p.CONSUME or reply.get("code") != p.CODE_OK:
+            return
+        queue = reply.get("queue")
+        ids = [m["msg_id"] for m in reply.get("messages", ())]
+        if "msg_id" in reply:
+            ids.append(reply["msg_id"])
+        if ids and isinstance(queue, str):
+            worker = self.workers[self.router.worker_for(queue)]
+            worker.send_multipart([ipc.UNDELIVER, _DUMPS([queue, ids])], zmq.NOBLOCK)
+
+    def schedule_output(self) -> None:
+        if not self.flush_output_scheduled:
+            self.flush_output_scheduled = True
+            self.loop.call_soon(self.flush_output)
+
+    def flush_output(self) -> None:
+        """Write every connection's queued replies in one write each."""
+        self.flush_output_scheduled = False
+        dirty = self.dirty
+        if dirty:
+            self.dirty = []
+            for conn in dirty:
+                conn.flush()
+
+    def on_inbox(self) -> None:
+        """Drain reply batches and status messages from the coordinator."""
+        inbox = self.inbox
+        deliver = self.deliver
+        for _ in range(MAX_DRAIN):
+            try:
+                frames = inbox.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            if frames[0] == ipc.REP:
+                blob = memoryview(frames[2])
+                start = 0
+                for conn_id, req_no, end in _LOADS(frames[1]):
+                    deliver(conn_id, req_no, blob[start:end])
+                    start = end
+            elif frames[0] == ipc.STATUS:
+                self.leader.update(_LOADS(frames[1]))
+        else:
+            self.loop.call_soon(self.on_inbox)  # more may be waiting: the fd is edge-triggered
+        self.schedule_output()
+
+    # ----------------------------------------------------------------- start
+    async def serve(self) -> None:
+        """Listen on TCP and UDP at the configured host:port, then serve forever."""
+        cfg = self.config
+        loop = self.loop
+        server = await loop.create_server(lambda: Connection(self), cfg.host, cfg.port, backlog=1024, reuse_address=True)
+        port = server.sockets[0].getsockname()[1]
+        self.udp_transport, _ = await loop.create_datagram_endpoint(
+            lambda: Datagrams(self), local_addr=(cfg.host, port), family=socket.AF_INET
+        )
+        self.leader["leader_port"] = port
+        loop.add_reader(self.inbox.getsockopt(zmq.FD), self.on_inbox)
+        self.on_inbox()
+        self.log.info("listening on tcp+udp %s:%d", cfg.host, port)
+        await asyncio.Event().wait()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the acceptor process."""
+    info = start("acceptor", argv)
+    loop = uvloop.new_event_loop()
+    asyncio.set_event_loop(loop)
+    ctx = zmq.Context()
+    acceptor = Acceptor(info.config, ctx, info.run_dir, info.log, loop)
+    try:
+        loop.run_until_complete(acceptor.serve())
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        ctx.destroy(linger=0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,27 @@
+"""Logging setup shared by a node's processes: one line per event, to stderr and, when
+log_prefix is set, to a file named from it."""
+from __future__ import annotations
+
+import logging
+import sys
+
+# The original's log_level numbers: 0 off, 1 error, 2 warning, 3 info, 4 debug, 5 trace.
+LEVELS = {0: logging.CRITICAL + 10, 1: logging.ERROR, 2: logging.WARNING, 3: logging.INFO, 4: logging.DEBUG, 5: logging.DEBUG}
+
+
+def setup(process: str, node_id: int, log_level: int = 3, log_prefix: str = "") -> logging.Logger:
+    """Configure the root logger for this process and return the node's logger."""
+    fmt = logging.Formatter(
+        f"%(asctime)s.%(msecs)03d node={node_id} {process}[%(process)d] %(levelname)s %(message)s",
+        "%Y-%m-%dT%H:%M:%S",
+    )
+    root = logging.getLogger()
+    root.handlers.clear()
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if log_prefix:
+        handlers.append(logging.FileHandler(f"{log_prefix}.log"))
+    for h in handlers:
+        h.setFormatter(fmt)
+        root.addHandler(h)
+    root.setLevel(LEVELS.get(log_level, logging.INFO))
+    return logging.getLogger("queue-server")

@@ -1,0 +1,156 @@
+"""`queue-server`: the supervisor of one node. It loads the config, starts the coordinator, the
+workers and the acceptor as child processes wired by ZeroMQ in a private run directory, and stops
+them all together: on SIGINT/SIGTERM cleanly (exit 0), and when any child dies unexpectedly by
+stopping the rest and exiting non-zero -- never a half-alive node."""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import orjson
+
+from config.loader import ConfigError, NodeConfig, load_config
+from server import logs
+from server.child import CONFIG_FILE
+
+STOP_GRACE = 5.0
+
+
+class _Shutdown(Exception):
+    pass
+
+
+def _raise_shutdown(signum: int, frame: object) -> None:
+    raise _Shutdown(signum)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """The command line."""
+    parser = argparse.ArgumentParser(
+        prog="queue-server",
+        description="Run one queue-server node (with no arguments: a single node on 127.0.0.1:1111, TCP and UDP).",
+    )
+    parser.add_argument("--config", help="JSON config file (the original's keys; // comments allowed)")
+    parser.add_argument("--host", help="client host to listen on")
+    parser.add_argument("--port", type=int, help="client TCP and UDP port")
+    parser.add_argument("--node-id", type=int, help="this node's id in cluster_node_list")
+    parser.add_argument("--workers", type=int, help="number of worker processes")
+    parser.add_argument("--data-dir", help="queue_data_dir")
+    return parser.parse_args(argv)
+
+
+def overrides_from(args: argparse.Namespace) -> dict:
+    """Config keys given on the command line."""
+    pairs = {
+        "host": args.host,
+        "port": args.port,
+        "node_id": args.node_id,
+        "workers": args.workers,
+        "queue_data_dir": args.data_dir,
+    }
+    return {k: v for k, v in pairs.items() if v is not None}
+
+
+def child_commands(config: NodeConfig, run_dir: str) -> list[tuple[str, list[str]]]:
+    """(name, argv) of every child process, in start order."""
+    base = [sys.executable, "-m"]
+    common = ["--run-dir", run_dir, "--parent", str(os.getpid())]
+    children = [("coordinator", base + ["server.coordinator"] + common)]
+    for i in range(config.workers):
+        children.append((f"worker-{i}", base + ["workers.worker", "--index", str(i)] + common))
+    children.append(("acceptor", base + ["server.acceptor"] + common))
+    return children
+
+
+class Supervisor:
+    """Starts and watches a node's processes."""
+
+    def __init__(self, config: NodeConfig, log) -> None:
+        self.config = config
+        self.log = log
+        self.run_dir = tempfile.mkdtemp(prefix="queue-server-")
+        self.children: dict[int, tuple[str, subprocess.Popen]] = {}
+
+    def start(self) -> None:
+        """Write the resolved config to the run directory and start every child."""
+        with open(os.path.join(self.run_dir, CONFIG_FILE), "wb") as f:
+            f.write(orjson.dumps(self.config.to_dict()))
+        for name, argv in child_commands(self.config, self.run_dir):
+            proc = subprocess.Popen(argv, start_new_session=True)
+            self.children[proc.pid] = (name, proc)
+        self.log.info(
+            "node %d starting on %s:%d with %d workers (run dir %s)",
+            self.config.node_id, self.config.host, self.config.port, self.config.workers, self.run_dir,
+        )
+
+    def watch(self) -> int:
+        """Block until a signal asks us to stop (exit status 0) or a child dies (1)."""
+        while True:
+            pid, status = os.waitpid(-1, 0)
+            if pid in self.children:
+                name, _ = self.children.pop(pid)
+                self.log.error(
+                    "child %s (pid %d) exited unexpectedly (%s); stopping the node",
+                    name, pid, _describe(status),
+                )
+                return 1
+
+    def stop(self) -> None:
+        """Terminate every child (SIGKILL after a grace period) and remove the run directory."""
+        for _, proc in self.children.values():
+            if proc.poll() is None:
+                proc.terminate()
+        deadline = time.monotonic() + STOP_GRACE
+        for name, proc in self.children.values():
+            try:
+                proc.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.log.warning("child %s (pid %d) did not stop; killing it", name, proc.pid)
+                proc.kill()
+                proc.wait()
+        self.children.clear()
+        shutil.rmtree(self.run_dir, ignore_errors=True)
+
+
+def _describe(status: int) -> str:
+    if os.WIFSIGNALED(status):
+        return f"killed by signal {os.WTERMSIG(status)}"
+    return f"exit status {os.waitstatus_to_exitcode(status)}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run a node until told to stop; returns the process exit status."""
+    args = parse_args(argv)
+    try:
+        config, warnings = load_config(args.config, overrides_from(args))
+    except (ConfigError, OSError) as exc:
+        print(f"queue-server: {exc}", file=sys.stderr)
+        return 2
+    log = logs.setup("supervisor", config.node_id, config.log_level, config.log_prefix)
+    for warning in warnings:
+        log.warning("config: %s", warning)
+    signal.signal(signal.SIGTERM, _raise_shutdown)
+    signal.signal(signal.SIGINT, _raise_shutdown)
+    supervisor = Supervisor(config, log)
+    status = 0
+    try:
+        supervisor.start()
+        status = supervisor.watch()
+    except _Shutdown as exc:
+        log.info("signal %d: stopping", exc.args[0])
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        supervisor.stop()
+        log.info("stopped")
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

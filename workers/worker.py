@@ -1,0 +1,106 @@
+"""A worker process: receives request batches for the queue partitions it owns, runs them
+through its PartitionService, and sends the records and replies of each batch to the coordinator
+in one message."""
+from __future__ import annotations
+
+import sys
+import time
+
+import orjson
+import zmq
+
+from server import ipc
+from server.child import start
+from workers.service import PartitionService
+
+_DUMPS = orjson.dumps
+
+
+class Worker:
+    """The I/O around one PartitionService."""
+
+    def __init__(self, service: PartitionService, inbox: zmq.Socket, coordinator: zmq.Socket, log) -> None:
+        self.service = service
+        self.inbox = inbox
+        self.coordinator = coordinator
+        self.log = log
+
+    def run(self) -> None:
+        """Serve until terminated."""
+        service = self.service
+        ipc.serve(
+            self.inbox,
+            lambda frames: self.dispatch(frames, time.time()),
+            lambda: service.next_deadline(time.time()) - time.time(),
+            self.after,
+        )
+
+    def after(self) -> None:
+        """Run timers, then send on what the service produced."""
+        self.service.tick(time.time())
+        self.flush()
+
+    def dispatch(self, frames: list[bytes], now: float) -> None:
+        """Handle one inbox message."""
+        kind = frames[0]
+        service = self.service
+        if kind == ipc.REQ:
+            handle = service.handle
+            for item in orjson.loads(frames[1]):
+                if len(item) == 3:
+                    conn, req_no, req = item
+                    handle(req, conn, req_no, now, conn == 0)
+                else:
+                    service.partial(item[3], item[2], now)
+        elif kind == ipc.CLOSE:
+            service.cancel(orjson.loads(frames[1]))
+        elif kind == ipc.UNDELIVER:
+            queue, msg_ids = orjson.loads(frames[1])
+            service.undeliver(queue, msg_ids, now)
+        elif kind == ipc.APPLY:
+            for record in orjson.loads(frames[1]):
+                service.apply(record)
+        else:
+            self.log.warning("unknown message kind %r", kind)
+
+    def flush(self) -> None:
+        """Send what the service produced since the last flush, as one message."""
+        service = self.service
+        for exc in service.errors:
+            self.log.error("request failed: %r", exc, exc_info=exc)
+        service.errors.clear()
+        if not (service.replies or service.records or service.partials):
+            return
+        header, blob = ipc.encode_replies(service.replies)
+        records = _DUMPS(service.records) if service.records else ipc.EMPTY_LIST
+        partials = _DUMPS(service.partials) if service.partials else ipc.EMPTY_LIST
+        service.replies.clear()
+        service.records.clear()
+        service.partials.clear()
+        self.coordinator.send_multipart([ipc.BATCH, records, header, blob, partials])
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of a worker process."""
+    ctx_info = start("worker", argv)
+    cfg = ctx_info.config
+    service = PartitionService(
+        node_id=cfg.node_id,
+        queue_size=cfg.queue_size,
+        virtual_queues={v.name: tuple(v.queue_list) for v in cfg.virtual_queue_list},
+        max_wait=cfg.max_wait,
+    )
+    ctx = zmq.Context()
+    inbox = ipc.inbox(ctx, ctx_info.run_dir, ipc.worker_name(ctx_info.index))
+    coordinator = ipc.outbox(ctx, ctx_info.run_dir, "coordinator")
+    ctx_info.log.info("worker %d ready", ctx_info.index)
+    try:
+        Worker(service, inbox, coordinator, ctx_info.log).run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        ctx.destroy(linger=0)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
