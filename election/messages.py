@@ -1,0 +1,113 @@
+"""Election messages between nodes, and the actions election/state.py returns.
+
+Every peer message carries the sender's ``vote_id`` (the term) and ``src`` (its node_id). Each
+message class says who sends it (``SENDER``): "vote" for election traffic, "leader" for messages
+only a leader sends, "follower" for replies to a leader. election/state.py uses that to learn about
+leaders and acks from any message, replication ones included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+# ------------------------------------------------------------------ messages
+
+
+@dataclass(frozen=True, slots=True)
+class VoteRequest:
+    """A candidate asks for a vote in term vote_id; its log ends at (last_vote_id, last_trans_id).
+
+    With pre_vote, vote_id is the term the sender WOULD start; nobody changes term for it."""
+
+    SENDER: ClassVar[str] = "vote"
+    vote_id: int
+    src: int
+    last_trans_id: int
+    last_vote_id: int
+    pre_vote: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class VoteReply:
+    """A vote (granted or not). vote_id is the request's term when granted, else the voter's."""
+
+    SENDER: ClassVar[str] = "vote"
+    vote_id: int
+    src: int
+    granted: bool
+    pre_vote: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """The leader is alive. Its log ends at (last_trans_id, last_vote_id) and is committed up to
+    commit_trans_id, whose entry has commit_vote_id (a follower holding that same entry may commit
+    up to it)."""
+
+    SENDER: ClassVar[str] = "leader"
+    vote_id: int
+    src: int
+    commit_trans_id: int
+    commit_vote_id: int
+    last_trans_id: int
+    last_vote_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class HeartbeatAck:
+    """A follower's answer to a heartbeat (or to any message from a stale leader), with where its
+    log ends."""
+
+    SENDER: ClassVar[str] = "follower"
+    vote_id: int
+    src: int
+    last_trans_id: int
+    last_vote_id: int
+
+
+ELECTION_MESSAGES = (VoteRequest, VoteReply, Heartbeat, HeartbeatAck)
+
+
+# ------------------------------------------------------------------ actions
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send msg to node `to`."""
+
+    to: int
+    msg: object
+
+
+@dataclass(frozen=True, slots=True)
+class PersistVote:
+    """The durable election state changed: store it before sending any later message."""
+
+    vote_id: int
+    voted_for: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class BecomeLeader:
+    """This node leads term vote_id: it may accept writes (append to the log)."""
+
+    vote_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class BecomeFollower:
+    """This node is not (or no longer) the leader: stop accepting writes. leader_id is the
+    current leader if known."""
+
+    vote_id: int
+    leader_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class BecomeCandidate:
+    """This node started an election for term vote_id (pre_vote: only probing); it knows no
+    leader and accepts no writes."""
+
+    vote_id: int
+    pre_vote: bool

@@ -1,0 +1,320 @@
+"""Who leads: a Raft-style election in which vote_id is the term.
+
+Pure logic: the time and messages are arguments, the result is a list of actions
+(election/messages.py). Rules:
+
+* A node grants at most one vote per vote_id (durable: vote_id, voted_for) and only to a candidate
+  whose log is at least as up to date as its own: compare (last vote_id, last trans_id).
+* A candidate needs votes from a majority of the whole cluster, itself included.
+* Election timeouts are randomized in [election_timeout, 2 * election_timeout).
+* Any message with a higher vote_id makes a node a follower of that term -- except a vote request
+  that arrives while the node hears from a live leader (see below).
+* Pre-vote: before raising its vote_id a node asks whether it could win; peers say yes only if
+  they have not heard from a leader for an election timeout and the node's log is up to date.
+  A node cut off from the cluster therefore never inflates its vote_id and never deposes a
+  healthy leader when it comes back.
+* Check quorum: a leader that has not heard from a majority (itself included) within an election
+  timeout steps down and stops accepting writes. Followers that heard from a leader within an
+  election timeout ignore vote requests (the leader's lease).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from enum import Enum
+from typing import Protocol
+
+from election.messages import (
+    BecomeCandidate,
+    BecomeFollower,
+    BecomeLeader,
+    Heartbeat,
+    HeartbeatAck,
+    PersistVote,
+    Send,
+    VoteReply,
+    VoteRequest,
+)
+
+Action = Send | PersistVote | BecomeLeader | BecomeFollower | BecomeCandidate
+
+
+class LogView(Protocol):
+    """What the election reads of the local change log (replication.log.ChangeLog fits)."""
+
+    @property
+    def last_trans_id(self) -> int: ...
+
+    @property
+    def last_vote_id(self) -> int: ...
+
+    @property
+    def commit_trans_id(self) -> int: ...
+
+    def term_at(self, trans_id: int) -> int | None: ...
+
+
+class Role(str, Enum):
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre_candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+class Election:
+    """The election state machine of one node."""
+
+    def __init__(
+        self,
+        node_id: int,
+        members: Iterable[int],
+        log: LogView,
+        rng: random.Random,
+        now: float,
+        *,
+        election_timeout: float = 1.0,
+        heartbeat_interval: float = 0.1,
+        vote_id: int = 0,
+        voted_for: int | None = None,
+        pre_vote: bool = True,
+        check_quorum: bool = True,
+    ) -> None:
+        """members: every node_id of the cluster (this node's included). vote_id and voted_for:
+        the durable state saved by an earlier run (PersistVote)."""
+        self.node_id = node_id
+        self.members = tuple(sorted(set(members) | {node_id}))
+        self.peers = tuple(m for m in self.members if m != node_id)
+        self.quorum = len(self.members) // 2 + 1
+        self.log = log
+        self.rng = rng
+        self.election_timeout = election_timeout
+        self.heartbeat_interval = heartbeat_interval
+        self.pre_vote = pre_vote
+        self.check_quorum = check_quorum
+
+        self._vote_id = vote_id
+        self._voted_for = voted_for
+        self._role = Role.FOLLOWER
+        self._leader_id: int | None = None
+        self._votes: set[int] = set()
+        self._leader_contact = float("-inf")  # last time we heard from the current leader
+        self._acks: dict[int, float] = {}  # leader: last time each peer answered
+        self._next_heartbeat = now
+        # A cluster of one elects itself on the first tick.
+        self._deadline = now if not self.peers else now + self._random_timeout()
+
+    # ----------------------------------------------------------------- state
+
+    @property
+    def role(self) -> Role:
+        return self._role
+
+    @property
+    def vote_id(self) -> int:
+        """The current term."""
+        return self._vote_id
+
+    @property
+    def voted_for(self) -> int | None:
+        """Who this node voted for in the current term."""
+        return self._voted_for
+
+    @property
+    def leader_id(self) -> int | None:
+        """The leader of the current term, if known (this node's id when it leads)."""
+        return self._leader_id
+
+    @property
+    def is_leader(self) -> bool:
+        return self._role is Role.LEADER
+
+    @property
+    def wake_at(self) -> float:
+        """The latest time at which tick() should next be called."""
+        if self._role is Role.LEADER:
+            expiry = min(self._acks.values(), default=float("inf")) + self.election_timeout
+            return min(self._next_heartbeat, expiry) if self.check_quorum else self._next_heartbeat
+        return self._deadline
+
+    @property
+    def durable(self) -> tuple[int, int | None]:
+        """(vote_id, voted_for): what must survive a restart."""
+        return self._vote_id, self._voted_for
+
+    # ----------------------------------------------------------------- inputs
+
+    def tick(self, now: float) -> list[Action]:
+        """Advance time: heartbeats and check quorum for a leader, elections for the others."""
+        actions: list[Action] = []
+        if self._role is Role.LEADER:
+            if self.check_quorum and not self._has_quorum(now):
+                self._become_follower(self._vote_id, None, now, actions)
+                return actions
+            if now >= self._next_heartbeat:
+                self._broadcast_heartbeat(now, actions)
+            return actions
+        if now >= self._deadline:
+            self._campaign(now, actions, pre=self.pre_vote)
+        return actions
+
+    def on_message(self, msg: object, now: float) -> list[Action]:
+        """Handle a message from a peer: election messages, and the term and sender of any other
+        (replication) message whose class has SENDER "leader" or "follower". Messages from
+        nodes outside the cluster are ignored."""
+        actions: list[Action] = []
+        if getattr(msg, "src", None) not in self.peers:
+            return actions
+        if isinstance(msg, VoteRequest):
+            self._on_vote_request(msg, now, actions)
+        elif isinstance(msg, VoteReply):
+            self._on_vote_reply(msg, now, actions)
+        else:
+            sender = getattr(type(msg), "SENDER", None)
+            if sender == "leader":
+                self._on_from_leader(msg, now, actions)
+            elif sender == "follower":
+                self._on_from_follower(msg, now, actions)
+        return actions
+
+    # ----------------------------------------------------------------- handlers
+
+    def _on_vote_request(self, m: VoteRequest, now: float, actions: list[Action]) -> None:
+        in_lease = self.check_quorum and self._in_lease(now)
+        up_to_date = (m.last_vote_id, m.last_trans_id) >= (self.log.last_vote_id, self.log.last_trans_id)
+        if m.pre_vote:
+            granted = m.vote_id > self._vote_id and up_to_date and not in_lease
+            self._reply_vote(m, granted, pre=True, actions=actions)
+            return
+        if m.vote_id > self._vote_id:
+            if in_lease:
+                self._reply_vote(m, False, pre=False, actions=actions)
+                return
+            self._become_follower(m.vote_id, None, now, actions)
+        if m.vote_id < self._vote_id:
+            self._reply_vote(m, False, pre=False, actions=actions)
+            return
+        granted = self._voted_for in (None, m.src) and up_to_date
+        if granted:
+            if self._voted_for != m.src:
+                self._voted_for = m.src
+                actions.append(PersistVote(self._vote_id, self._voted_for))
+            self._deadline = now + self._random_timeout()
+        self._reply_vote(m, granted, pre=False, actions=actions)
+
+    def _reply_vote(self, m: VoteRequest, granted: bool, pre: bool, actions: list[Action]) -> None:
+        vote_id = m.vote_id if granted else self._vote_id
+        actions.append(Send(m.src, VoteReply(vote_id, self.node_id, granted, pre)))
+
+    def _on_vote_reply(self, m: VoteReply, now: float, actions: list[Action]) -> None:
+        if m.pre_vote:
+            if m.granted:
+                if self._role is Role.PRE_CANDIDATE and m.vote_id == self._vote_id + 1:
+                    self._votes.add(m.src)
+                    if len(self._votes) >= self.quorum:
+                        self._campaign(now, actions, pre=False)
+            elif m.vote_id > self._vote_id:
+                self._become_follower(m.vote_id, None, now, actions)
+            return
+        if m.vote_id > self._vote_id:
+            self._become_follower(m.vote_id, None, now, actions)
+            return
+        if self._role is Role.CANDIDATE and m.vote_id == self._vote_id and m.granted:
+            self._votes.add(m.src)
+            if len(self._votes) >= self.quorum:
+                self._become_leader(now, actions)
+
+    def _on_from_leader(self, m: object, now: float, actions: list[Action]) -> None:
+        vote_id, src = m.vote_id, m.src
+        if vote_id < self._vote_id:
+            # A stale leader: tell it the current term so that it steps down.
+            actions.append(Send(src, self._ack()))
+            return
+        if vote_id > self._vote_id:
+            self._become_follower(vote_id, src, now, actions)
+        elif self._role is Role.LEADER:
+            raise AssertionError(f"two leaders in vote_id {vote_id}: {self.node_id} and {src}")
+        elif self._role is not Role.FOLLOWER or self._leader_id != src:
+            self._become_follower(vote_id, src, now, actions)
+        self._leader_contact = now
+        self._deadline = now + self._random_timeout()
+        if isinstance(m, Heartbeat):
+            actions.append(Send(src, self._ack()))
+
+    def _on_from_follower(self, m: object, now: float, actions: list[Action]) -> None:
+        if m.vote_id > self._vote_id:
+            self._become_follower(m.vote_id, None, now, actions)
+        elif m.vote_id == self._vote_id and self._role is Role.LEADER:
+            self._acks[m.src] = now
+
+    # ----------------------------------------------------------------- transitions
+
+    def _campaign(self, now: float, actions: list[Action], pre: bool) -> None:
+        self._deadline = now + self._random_timeout()
+        self._votes = {self.node_id}
+        self._leader_id = None
+        if pre:
+            self._role = Role.PRE_CANDIDATE
+            term = self._vote_id + 1
+        else:
+            self._role = Role.CANDIDATE
+            self._vote_id += 1
+            self._voted_for = self.node_id
+            term = self._vote_id
+            actions.append(PersistVote(self._vote_id, self._voted_for))
+        actions.append(BecomeCandidate(term, pre))
+        if len(self._votes) >= self.quorum:
+            if pre:
+                self._campaign(now, actions, pre=False)
+            else:
+                self._become_leader(now, actions)
+            return
+        req = VoteRequest(term, self.node_id, self.log.last_trans_id, self.log.last_vote_id, pre)
+        actions.extend(Send(p, req) for p in self.peers)
+
+    def _become_leader(self, now: float, actions: list[Action]) -> None:
+        self._role = Role.LEADER
+        self._leader_id = self.node_id
+        self._votes = set()
+        self._acks = {p: now for p in self.peers}  # a full timeout of grace before check quorum
+        actions.append(BecomeLeader(self._vote_id))
+        self._broadcast_heartbeat(now, actions)
+
+    def _become_follower(self, vote_id: int, leader_id: int | None, now: float,
+                         actions: list[Action]) -> None:
+        was = (self._role, self._leader_id, self._vote_id)
+        if vote_id > self._vote_id:
+            self._vote_id = vote_id
+            self._voted_for = None
+            actions.append(PersistVote(vote_id, None))
+        self._role = Role.FOLLOWER
+        self._leader_id = leader_id
+        self._votes = set()
+        self._deadline = now + self._random_timeout()
+        if was != (Role.FOLLOWER, leader_id, self._vote_id):
+            actions.append(BecomeFollower(self._vote_id, leader_id))
+
+    # ----------------------------------------------------------------- helpers
+
+    def _broadcast_heartbeat(self, now: float, actions: list[Action]) -> None:
+        self._next_heartbeat = now + self.heartbeat_interval
+        commit = self.log.commit_trans_id
+        commit_vote = self.log.term_at(commit) or 0  # always known: the log keeps its commit point
+        hb = Heartbeat(self._vote_id, self.node_id, commit, commit_vote,
+                       self.log.last_trans_id, self.log.last_vote_id)
+        actions.extend(Send(p, hb) for p in self.peers)
+
+    def _ack(self) -> HeartbeatAck:
+        return HeartbeatAck(self._vote_id, self.node_id, self.log.last_trans_id, self.log.last_vote_id)
+
+    def _has_quorum(self, now: float) -> bool:
+        live = 1 + sum(1 for p in self.peers if now - self._acks.get(p, float("-inf")) < self.election_timeout)
+        return live >= self.quorum
+
+    def _in_lease(self, now: float) -> bool:
+        if self._role is Role.LEADER:
+            return True
+        return self._leader_id is not None and now - self._leader_contact < self.election_timeout
+
+    def _random_timeout(self) -> float:
+        return self.election_timeout * (1.0 + self.rng.random())

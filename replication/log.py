@@ -1,0 +1,213 @@
+"""The change log: an in-memory window of records with consecutive trans_ids.
+
+Every entry carries the vote_id (election term) of the leader that wrote it. The log keeps at
+most ``capacity`` entries; the oldest fall off the front once they are committed. Uncommitted
+entries are never dropped from the front, so the log may hold more than ``capacity`` entries
+while a commit is pending. A node that needs entries older than the window gets a snapshot.
+
+Pure logic: no I/O, no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+# Drop the dead head of the backing list once it is at least this long and half the list.
+_COMPACT_MIN = 1024
+
+
+@dataclass(slots=True)
+class Entry:
+    """One change-log record with its position and the term it was written in."""
+
+    trans_id: int
+    vote_id: int
+    record: dict
+
+
+class ChangeLog:
+    """The change log: records with strictly increasing trans_ids, bounded to `capacity` entries
+    kept in memory (older fall off the front)."""
+
+    def __init__(self, capacity: int, last_trans_id: int = 0, last_vote_id: int = 0) -> None:
+        """An empty log that starts after a snapshot at (last_trans_id, last_vote_id)."""
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        if last_trans_id < 0 or last_vote_id < 0:
+            raise ValueError("trans_id and vote_id must not be negative")
+        self.capacity = capacity
+        self._entries: list[Entry] = []
+        self._head = 0  # index in _entries of the oldest kept entry
+        self._base_trans_id = last_trans_id
+        self._base_vote_id = last_vote_id
+        self._commit = last_trans_id
+
+    # ----------------------------------------------------------------- positions
+
+    @property
+    def last_trans_id(self) -> int:
+        """trans_id of the last entry, or of the base when empty."""
+        if len(self._entries) > self._head:
+            return self._entries[-1].trans_id
+        return self._base_trans_id
+
+    @property
+    def last_vote_id(self) -> int:
+        """vote_id of the last entry, or of the base when empty."""
+        if len(self._entries) > self._head:
+            return self._entries[-1].vote_id
+        return self._base_vote_id
+
+    @property
+    def first_trans_id(self) -> int:
+        """trans_id of the oldest kept entry (base + 1 when empty)."""
+        return self._base_trans_id + 1
+
+    @property
+    def base_trans_id(self) -> int:
+        """trans_id just before the oldest kept entry (the snapshot point, or the last dropped)."""
+        return self._base_trans_id
+
+    @property
+    def base_vote_id(self) -> int:
+        """vote_id of the entry at base_trans_id."""
+        return self._base_vote_id
+
+    @property
+    def commit_trans_id(self) -> int:
+        """The highest committed trans_id."""
+        return self._commit
+
+    def __len__(self) -> int:
+        return len(self._entries) - self._head
+
+    def term_at(self, trans_id: int) -> int | None:
+        """vote_id of the entry at trans_id (or of the base), None if not kept."""
+        if trans_id == self._base_trans_id:
+            return self._base_vote_id
+        entry = self._get(trans_id)
+        return None if entry is None else entry.vote_id
+
+    def entry_at(self, trans_id: int) -> Entry | None:
+        """The kept entry at trans_id, or None."""
+        return self._get(trans_id)
+
+    def entries_after(self, trans_id: int, limit: int) -> list[Entry] | None:
+        """Up to `limit` entries following trans_id; None when trans_id is older than the window
+        (the caller must send a snapshot). Empty when trans_id is at or past the last entry."""
+        if trans_id < self._base_trans_id:
+            return None
+        if limit <= 0 or trans_id >= self.last_trans_id:
+            return []
+        start = self._head + (trans_id - self._base_trans_id)
+        return self._entries[start:start + limit]
+
+    # ----------------------------------------------------------------- changes
+
+    def append(self, vote_id: int, records: list[dict]) -> tuple[int, int]:
+        """Leader: give records the next trans_ids in term vote_id; returns (first, last).
+
+        With no records returns (last + 1, last)."""
+        if vote_id < self.last_vote_id:
+            raise ValueError(f"vote_id {vote_id} is below the log's last vote_id {self.last_vote_id}")
+        first = self.last_trans_id + 1
+        tid = first
+        for record in records:
+            self._entries.append(Entry(tid, vote_id, record))
+            tid += 1
+        self._evict()
+        return first, tid - 1
+
+    def commit_to(self, trans_id: int) -> None:
+        """Mark everything up to trans_id committed; never moves back, never past the last entry."""
+        target = min(trans_id, self.last_trans_id)
+        if target > self._commit:
+            self._commit = target
+            self._evict()
+
+    def accept(self, prev_trans_id: int, prev_vote_id: int, entries: Sequence[Entry]) -> bool:
+        """Follower: take entries that follow (prev_trans_id, prev_vote_id) in the leader's log.
+
+        False (nothing changes) if this log has no entry matching prev: the caller should pull.
+        Entries already held are kept; at the first conflicting one the (uncommitted) suffix from
+        there is dropped and the rest appended. Entries must be consecutive after prev_trans_id."""
+        for i, entry in enumerate(entries):
+            if entry.trans_id != prev_trans_id + 1 + i:
+                raise ValueError("entries must have consecutive trans_ids following prev_trans_id")
+            if entry.vote_id < (entries[i - 1].vote_id if i else prev_vote_id):
+                raise ValueError("entries' vote_ids must not decrease")
+        if prev_trans_id > self.last_trans_id:
+            return False
+        if prev_trans_id < self._commit:
+            # Committed entries equal the leader's (a leader holds every committed entry), so the
+            # part of the batch up to our commit point is already here, even if no longer kept.
+            skip = self._commit - prev_trans_id
+            if skip >= len(entries):
+                return True
+            entries = entries[skip:]
+            prev_trans_id = self._commit
+        elif self.term_at(prev_trans_id) != prev_vote_id:
+            return False
+        last = self.last_trans_id
+        for i, entry in enumerate(entries):
+            if entry.trans_id > last:
+                self._extend(entries[i:])
+                break
+            if self.term_at(entry.trans_id) != entry.vote_id:
+                self.truncate_after(entry.trans_id - 1)
+                self._extend(entries[i:])
+                break
+        self._evict()
+        return True
+
+    def truncate_after(self, trans_id: int) -> list[Entry]:
+        """Drop the (uncommitted) entries after trans_id and return them, oldest first."""
+        assert trans_id >= self._commit, (
+            f"truncate_after({trans_id}) would drop committed entries (commit {self._commit})")
+        if trans_id >= self.last_trans_id:
+            return []
+        cut = self._head + (trans_id - self._base_trans_id)
+        dropped = self._entries[cut:]
+        del self._entries[cut:]
+        return dropped
+
+    def reset(self, trans_id: int, vote_id: int) -> None:
+        """Forget every entry: the log restarts after a snapshot at (trans_id, vote_id), which
+        counts as committed."""
+        if trans_id < 0 or vote_id < 0:
+            raise ValueError("trans_id and vote_id must not be negative")
+        self._entries = []
+        self._head = 0
+        self._base_trans_id = trans_id
+        self._base_vote_id = vote_id
+        self._commit = trans_id
+
+    # ----------------------------------------------------------------- internals
+
+    def _get(self, trans_id: int) -> Entry | None:
+        offset = trans_id - self._base_trans_id - 1
+        if offset < 0 or offset >= len(self._entries) - self._head:
+            return None
+        return self._entries[self._head + offset]
+
+    def _extend(self, entries: Sequence[Entry]) -> None:
+        # Copies, so that a caller mutating its list (or a shared Entry) cannot change our log.
+        self._entries.extend(Entry(e.trans_id, e.vote_id, e.record) for e in entries)
+
+    def _evict(self) -> None:
+        """Drop committed entries from the front while more than capacity are kept."""
+        excess = len(self) - self.capacity
+        if excess <= 0:
+            return
+        droppable = self._commit - self._base_trans_id
+        n = min(excess, droppable)
+        if n <= 0:
+            return
+        last_dropped = self._entries[self._head + n - 1]
+        self._base_trans_id = last_dropped.trans_id
+        self._base_vote_id = last_dropped.vote_id
+        self._head += n
+        if self._head >= _COMPACT_MIN and self._head * 2 >= len(self._entries):
+            del self._entries[:self._head]
+            self._head = 0

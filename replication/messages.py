@@ -1,0 +1,124 @@
+"""Replication messages between nodes and the actions the replication cores return.
+
+Like the election messages each carries ``vote_id`` (the sender's term) and ``src``, and says who
+sends it (``SENDER``), so that election/state.py learns about leaders and acks from them too.
+replication/wire.py puts them on the wire (protobuf).
+A node hands a replication message to its replication core only when the message's vote_id equals
+its own vote_id after the election has seen the message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from election.messages import Send
+from replication.log import Entry
+
+__all__ = [
+    "AppendAck",
+    "AppendEntries",
+    "ApplySnapshot",
+    "Commit",
+    "Discarded",
+    "InstallSnapshot",
+    "Pull",
+    "Send",
+    "SendSnapshot",
+]
+
+
+# ------------------------------------------------------------------ messages
+
+
+@dataclass(frozen=True, slots=True)
+class AppendEntries:
+    """Leader -> follower: entries that follow (prev_trans_id, prev_vote_id) in the leader's log
+    (a push of new entries, or a catch-up batch), and the leader's commit point."""
+
+    SENDER: ClassVar[str] = "leader"
+    vote_id: int
+    src: int
+    prev_trans_id: int
+    prev_vote_id: int
+    entries: tuple[Entry, ...]
+    commit_trans_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class AppendAck:
+    """Follower -> leader: the follower's log equals the leader's up to match_trans_id."""
+
+    SENDER: ClassVar[str] = "follower"
+    vote_id: int
+    src: int
+    match_trans_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class Pull:
+    """Follower -> leader: send me what follows my entry (last_trans_id, last_vote_id) -- my last
+    one, or where a rejected push suggests our logs may still agree. Entries up to
+    commit_trans_id are known to be the leader's."""
+
+    SENDER: ClassVar[str] = "follower"
+    vote_id: int
+    src: int
+    last_trans_id: int
+    last_vote_id: int
+    commit_trans_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class InstallSnapshot:
+    """Leader -> follower: the whole state as of (trans_id, trans_vote_id), a committed point.
+    `data` is opaque here (the process builds and applies it)."""
+
+    SENDER: ClassVar[str] = "leader"
+    vote_id: int
+    src: int
+    trans_id: int
+    trans_vote_id: int
+    data: object
+
+
+REPLICATION_MESSAGES = (AppendEntries, AppendAck, Pull, InstallSnapshot)
+
+
+# ------------------------------------------------------------------ actions
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """The log is committed up to trans_id; `entries` are the newly committed ones, oldest first
+    (taken before the log may drop them). A follower applies them; a leader may now answer the
+    clients whose writes are at or below trans_id."""
+
+    trans_id: int
+    entries: tuple[Entry, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SendSnapshot:
+    """Leader: follower `to` needs entries the log no longer keeps. Send it an InstallSnapshot
+    of the state at a committed point (at or after log.base_trans_id)."""
+
+    to: int
+
+
+@dataclass(frozen=True, slots=True)
+class ApplySnapshot:
+    """Follower: replace the whole state with the snapshot's data. The log was reset to
+    (trans_id, vote_id), which is now committed and applied (no Commit follows for it)."""
+
+    trans_id: int
+    vote_id: int
+    data: object
+
+
+@dataclass(frozen=True, slots=True)
+class Discarded:
+    """Follower: uncommitted entries were dropped from the log because the leader's history
+    differs. A node that had already applied them (it was a leader) must rebuild its state."""
+
+    entries: tuple[Entry, ...]

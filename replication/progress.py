@@ -1,0 +1,295 @@
+"""Leader side of replication: what each follower holds, what to send it, what is committed.
+
+Pure logic (time is an argument). One LeaderReplication lives for one term of leadership: make it
+on BecomeLeader, drop it on BecomeFollower. Each follower is in one of three states:
+
+* PROBE: where the follower's log matches ours is being found out or it is catching up; one
+  AppendEntries batch at a time, each answered before the next, paced by the catch-up rate limit
+  (queue_sync_rate records/s, one token bucket for the whole leader).
+* REPLICATE: the follower is up to date; new entries are pushed as they are appended, up to
+  max_inflight unanswered pushes, with no rate limit.
+* SNAPSHOT: it needs entries older than the log keeps; a SendSnapshot action was returned and the
+  leader waits for the follower's ack (or snapshot_timeout, then tries again).
+
+Commit (Raft's rule): the highest trans_id held by a majority of the cluster, leader included,
+whose entry was written in the leader's own term.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from election.messages import HeartbeatAck, Send
+from replication.log import ChangeLog
+from replication.messages import AppendAck, AppendEntries, Commit, Pull, SendSnapshot
+
+Action = Send | Commit | SendSnapshot
+
+
+class FollowerState(str, Enum):
+    PROBE = "probe"
+    REPLICATE = "replicate"
+    SNAPSHOT = "snapshot"
+
+
+@dataclass(slots=True)
+class Progress:
+    """The leader's view of one follower."""
+
+    match_trans_id: int = 0  # the follower's log is known to equal ours up to here
+    next_trans_id: int = 1  # the next entry to send it
+    state: FollowerState = FollowerState.PROBE
+    inflight: deque = field(default_factory=deque)  # REPLICATE: last trans_id of each unacked push
+    probe_prev: int = 0  # PROBE: prev_trans_id of the batch awaiting an answer
+    probe_end: int | None = None  # PROBE: last trans_id of that batch (None: no batch out)
+    sent_at: float = float("-inf")  # PROBE / SNAPSHOT: when the batch or snapshot went out
+    waiting: bool = True  # PROBE: a batch is due (not sent yet, or held back by the rate limit)
+
+
+class TokenBucket:
+    """rate tokens per second, holding at most `burst`. rate <= 0: unlimited."""
+
+    def __init__(self, rate: float, burst: float, now: float) -> None:
+        self.rate = rate
+        self.burst = max(burst, 1.0)
+        self.tokens = self.burst
+        self.stamp = now
+
+    def available(self, now: float) -> int:
+        """Whole tokens available at `now`."""
+        if self.rate <= 0:
+            return 1 << 62
+        if now > self.stamp:
+            self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+            self.stamp = now
+        return int(self.tokens)
+
+    def take(self, n: int) -> None:
+        if self.rate > 0:
+            self.tokens -= n
+
+
+class LeaderReplication:
+    """Replication from this node, the leader of term vote_id, to its followers."""
+
+    def __init__(
+        self,
+        node_id: int,
+        members: Iterable[int],
+        log: ChangeLog,
+        vote_id: int,
+        now: float,
+        *,
+        max_batch: int = 1000,
+        max_inflight: int = 64,
+        sync_rate: float = 3000.0,
+        resend_interval: float = 0.5,
+        snapshot_timeout: float = 10.0,
+    ) -> None:
+        """members: the whole cluster. sync_rate: catch-up records per second (queue_sync_rate,
+        <= 0 for unlimited). resend_interval: a catch-up batch unanswered this long is sent again."""
+        self.node_id = node_id
+        self.members = tuple(sorted(set(members) | {node_id}))
+        self.quorum = len(self.members) // 2 + 1
+        self.log = log
+        self.vote_id = vote_id
+        self.max_batch = max_batch
+        self.max_inflight = max_inflight
+        self.resend_interval = resend_interval
+        self.snapshot_timeout = snapshot_timeout
+        self.bucket = TokenBucket(sync_rate, max(sync_rate, max_batch), now)
+        self.progress: dict[int, Progress] = {
+            p: Progress(next_trans_id=log.last_trans_id + 1) for p in self.members if p != node_id
+        }
+
+    # ----------------------------------------------------------------- inputs
+
+    def replicate(self, now: float) -> list[Action]:
+        """Send what is new in the log (call after log.append). Commits at once in a cluster of
+        one."""
+        actions: list[Action] = []
+        for peer, pr in self.progress.items():
+            self._send(peer, pr, now, actions)
+        self._maybe_commit(actions)
+        return actions
+
+    def tick(self, now: float) -> list[Action]:
+        """Send catch-up batches the rate limit held back, and again what went unanswered."""
+        actions: list[Action] = []
+        for peer, pr in self.progress.items():
+            if pr.state is FollowerState.PROBE:
+                if pr.probe_end is not None and now - pr.sent_at >= self.resend_interval:
+                    self._probe(pr, max(pr.probe_prev, pr.match_trans_id))
+                if pr.waiting:
+                    self._send(peer, pr, now, actions)
+            elif pr.state is FollowerState.SNAPSHOT and now - pr.sent_at >= self.snapshot_timeout:
+                self._probe(pr, pr.match_trans_id)
+                self._send(peer, pr, now, actions)
+        return actions
+
+    def on_message(self, msg: object, now: float) -> list[Action]:
+        """Dispatch AppendAck, Pull and HeartbeatAck of this term; others are ignored."""
+        if getattr(msg, "vote_id", None) != self.vote_id or msg.src not in self.progress:
+            return []
+        if isinstance(msg, AppendAck):
+            return self.on_ack(msg, now)
+        if isinstance(msg, Pull):
+            return self.on_pull(msg, now)
+        if isinstance(msg, HeartbeatAck):
+            return self.on_heartbeat_ack(msg, now)
+        return []
+
+    def on_ack(self, m: AppendAck, now: float) -> list[Action]:
+        """The follower holds our log up to m.match_trans_id: advance it, commit, send more."""
+        pr = self.progress[m.src]
+        actions: list[Action] = []
+        self._advance(m.src, pr, m.match_trans_id, now, actions)
+        return actions
+
+    def on_pull(self, m: Pull, now: float) -> list[Action]:
+        """The follower wants what follows its last entry: find where its log matches ours and
+        send batches from there (or a snapshot)."""
+        pr = self.progress[m.src]
+        actions: list[Action] = []
+        if pr.state is FollowerState.SNAPSHOT and now - pr.sent_at < self.snapshot_timeout:
+            return actions
+        log = self.log
+        if m.commit_trans_id > log.last_trans_id:
+            return actions  # it claims more committed entries than we have: a stale message
+        if m.last_trans_id <= log.last_trans_id and log.term_at(m.last_trans_id) == m.last_vote_id:
+            start = verified = m.last_trans_id  # log matching: equal up to there
+        else:
+            # Equal up to its commit point. Probe from our last entry at or before its position
+            # that is no newer than its entry there (a newer one cannot be in its log).
+            verified = m.commit_trans_id
+            start = min(m.last_trans_id, log.last_trans_id)
+            while start > verified and (log.term_at(start) or 0) > m.last_vote_id:
+                start -= 1
+        # Trust what the follower says it has now, even below an earlier match: a node may have
+        # lost the unsynced tail of its log in a crash. A lower match only delays commits.
+        pr.match_trans_id = verified
+        if (pr.state is FollowerState.PROBE and pr.probe_end is not None and pr.probe_prev == start
+                and now - pr.sent_at < self.resend_interval):
+            return actions  # that batch is on its way
+        self._probe(pr, start)
+        self._send(m.src, pr, now, actions)
+        self._maybe_commit(actions)
+        return actions
+
+    def on_heartbeat_ack(self, m: HeartbeatAck, now: float) -> list[Action]:
+        """A heartbeat answer tells where the follower's log ends: if that entry is ours, the
+        follower matches up to there (covers lost acks)."""
+        pr = self.progress[m.src]
+        actions: list[Action] = []
+        log = self.log
+        if (m.last_trans_id > pr.match_trans_id and m.last_trans_id <= log.last_trans_id
+                and log.term_at(m.last_trans_id) == m.last_vote_id):
+            self._advance(m.src, pr, m.last_trans_id, now, actions)
+        return actions
+
+    # ----------------------------------------------------------------- state
+
+    @property
+    def commit_trans_id(self) -> int:
+        return self.log.commit_trans_id
+
+    def match_of(self, peer: int) -> int:
+        return self.progress[peer].match_trans_id
+
+    # ----------------------------------------------------------------- internals
+
+    def _advance(self, peer: int, pr: Progress, match: int, now: float, actions: list[Action]) -> None:
+        """The follower holds our log up to `match`: move on, send more, commit."""
+        self._matched(pr, match)
+        if pr.state is FollowerState.SNAPSHOT:
+            if match >= self.log.base_trans_id:
+                self._probe(pr, match)
+        elif pr.state is FollowerState.PROBE and pr.probe_end is not None and match >= pr.probe_end:
+            pr.probe_end = None
+            pr.waiting = True
+        self._send(peer, pr, now, actions)
+        self._maybe_commit(actions)
+
+    def _probe(self, pr: Progress, after: int) -> None:
+        """Restart catch-up for this follower from entry after+1."""
+        pr.state = FollowerState.PROBE
+        pr.next_trans_id = after + 1
+        pr.inflight.clear()
+        pr.probe_end = None
+        pr.waiting = True
+
+    def _matched(self, pr: Progress, match: int) -> None:
+        pr.match_trans_id = max(pr.match_trans_id, match)
+        if pr.next_trans_id <= match:
+            pr.next_trans_id = match + 1
+        while pr.inflight and pr.inflight[0] <= pr.match_trans_id:
+            pr.inflight.popleft()
+
+    def _send(self, peer: int, pr: Progress, now: float, actions: list[Action]) -> None:
+        """Send this follower whatever its state allows."""
+        log = self.log
+        if pr.state is FollowerState.SNAPSHOT:
+            return
+        if pr.state is FollowerState.PROBE:
+            if pr.probe_end is not None:
+                return  # a batch is out: wait for its answer
+            if pr.next_trans_id > log.last_trans_id and pr.match_trans_id >= pr.next_trans_id - 1:
+                pr.state = FollowerState.REPLICATE  # known to hold all we have: push from now on
+                pr.waiting = False
+                return
+            if not pr.waiting:
+                return
+            limit = min(self.max_batch, self.bucket.available(now))
+            if limit <= 0 and pr.next_trans_id <= log.last_trans_id:
+                pr.waiting = True
+                return
+            batch = self._batch(peer, pr, limit, actions, now)
+            if batch is None:
+                return
+            self.bucket.take(len(batch.entries))
+            pr.waiting = False
+            pr.probe_prev = batch.prev_trans_id
+            pr.probe_end = batch.prev_trans_id + len(batch.entries)
+            pr.sent_at = now
+            pr.next_trans_id = pr.probe_end + 1
+            actions.append(Send(peer, batch))
+            return
+        # REPLICATE
+        while pr.next_trans_id <= log.last_trans_id and len(pr.inflight) < self.max_inflight:
+            batch = self._batch(peer, pr, self.max_batch, actions, now)
+            if batch is None or not batch.entries:
+                return
+            end = batch.prev_trans_id + len(batch.entries)
+            pr.inflight.append(end)
+            pr.next_trans_id = end + 1
+            actions.append(Send(peer, batch))
+
+    def _batch(self, peer: int, pr: Progress, limit: int, actions: list[Action], now: float) -> AppendEntries | None:
+        """The AppendEntries from pr.next_trans_id, or None after switching to SNAPSHOT."""
+        prev = pr.next_trans_id - 1
+        entries = self.log.entries_after(prev, limit)
+        prev_vote = self.log.term_at(prev)
+        if entries is None or prev_vote is None:
+            pr.state = FollowerState.SNAPSHOT
+            pr.inflight.clear()
+            pr.probe_end = None
+            pr.waiting = False
+            pr.sent_at = now
+            actions.append(SendSnapshot(peer))
+            return None
+        return AppendEntries(self.vote_id, self.node_id, prev, prev_vote, tuple(entries),
+                             self.log.commit_trans_id)
+
+    def _maybe_commit(self, actions: list[Action]) -> None:
+        log = self.log
+        matches = sorted([log.last_trans_id] + [pr.match_trans_id for pr in self.progress.values()],
+                         reverse=True)
+        candidate = matches[self.quorum - 1]
+        before = log.commit_trans_id
+        if candidate > before and log.term_at(candidate) == self.vote_id:
+            entries = tuple(log.entries_after(before, candidate - before) or ())
+            log.commit_to(candidate)
+            actions.append(Commit(candidate, entries))

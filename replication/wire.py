@@ -1,0 +1,108 @@
+"""The peer wire: election and replication messages (and forwarded client requests) to and from
+protobuf bytes (replication/peer.proto). Records and snapshots travel as their JSON inside it."""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import orjson
+
+from election.messages import Heartbeat, HeartbeatAck, VoteReply, VoteRequest
+from replication import peer_pb2 as pb
+from replication.log import Entry
+from replication.messages import AppendAck, AppendEntries, InstallSnapshot, Pull
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Follower -> leader: client requests to serve, each with the follower's forward id."""
+
+    vote_id: int
+    src: int
+    requests: tuple[tuple[int, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardReply:
+    """Leader -> follower: the replies to forwarded requests, by forward id."""
+
+    vote_id: int
+    src: int
+    replies: tuple[tuple[int, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A decoded peer message with its sender's client address."""
+
+    msg: object
+    client_host: str
+    client_port: int
+
+
+# Each message class and its field in PeerMessage's `body`.
+_BODIES: dict[type, str] = {
+    VoteRequest: "vote_request",
+    VoteReply: "vote_reply",
+    Heartbeat: "heartbeat",
+    HeartbeatAck: "heartbeat_ack",
+    AppendEntries: "append_entries",
+    AppendAck: "append_ack",
+    Pull: "pull",
+    InstallSnapshot: "install_snapshot",
+    Forward: "forward",
+    ForwardReply: "forward_reply",
+}
+_CLASSES = {name: cls for cls, name in _BODIES.items()}
+# The fields of each class after vote_id and src, which the envelope carries.
+_FIELDS = {cls: [f.name for f in fields(cls)][2:] for cls in _BODIES}
+
+
+def encode(msg: object, client_host: str = "", client_port: int = 0) -> bytes:
+    """The protobuf bytes of a peer message."""
+    name = _BODIES.get(type(msg))
+    if name is None:
+        raise TypeError(f"not a peer message: {type(msg).__name__}")
+    out = pb.PeerMessage(vote_id=msg.vote_id, src=msg.src, client_host=client_host, client_port=client_port)
+    body = getattr(out, name)
+    body.SetInParent()
+    dumps = orjson.dumps
+    for field in _FIELDS[type(msg)]:
+        value = getattr(msg, field)
+        if field == "entries":
+            body.entries.extend(pb.Entry(trans_id=e.trans_id, vote_id=e.vote_id, record=dumps(e.record)) for e in value)
+        elif field == "data":
+            body.data = dumps(value)
+        elif field == "requests":
+            body.requests.extend(pb.ForwardedRequest(forward_id=i, request=r) for i, r in value)
+        elif field == "replies":
+            body.replies.extend(pb.ForwardedReply(forward_id=i, reply=r) for i, r in value)
+        else:
+            setattr(body, field, value)
+    return out.SerializeToString()
+
+
+def decode(data: bytes) -> Envelope:
+    """The peer message in `data`. Raises ValueError if it is not one."""
+    m = pb.PeerMessage()
+    try:
+        m.ParseFromString(data)
+        name = m.WhichOneof("body")
+        cls = _CLASSES[name]
+        body = getattr(m, name)
+        loads = orjson.loads
+        values = []
+        for field in _FIELDS[cls]:
+            value = getattr(body, field)
+            if field == "entries":
+                value = tuple(Entry(e.trans_id, e.vote_id, loads(e.record)) for e in value)
+            elif field == "data":
+                value = loads(value)
+            elif field == "requests":
+                value = tuple((r.forward_id, r.request) for r in value)
+            elif field == "replies":
+                value = tuple((r.forward_id, r.reply) for r in value)
+            values.append(value)
+        msg = cls(m.vote_id, m.src, *values)
+    except Exception as exc:  # protobuf's DecodeError, a missing body, bad JSON inside
+        raise ValueError(f"bad peer message: {exc!r}") from None
+    return Envelope(msg, m.client_host, m.client_port)

@@ -1,0 +1,40 @@
+"""The peer wire codec: every peer message survives protobuf encoding; garbage is a ValueError."""
+from __future__ import annotations
+
+import pytest
+
+from election.messages import Heartbeat, HeartbeatAck, VoteReply, VoteRequest
+from replication import wire
+from replication.log import Entry
+from replication.messages import AppendAck, AppendEntries, InstallSnapshot, Pull
+
+MESSAGES = [
+    VoteRequest(3, 1, 10, 2, True),
+    VoteReply(3, 2, True),
+    Heartbeat(3, 1, 5, 2, 9, 3),
+    HeartbeatAck(3, 2, 4, 1),
+    AppendEntries(3, 1, 4, 2, (Entry(5, 3, {"op": "produce", "queue": "q", "data": "é"}),), 4),
+    AppendAck(3, 2, 5),
+    Pull(3, 2, 4, 2, 3),
+    InstallSnapshot(3, 1, 9, 3, {"q": {"next_id": 2, "messages": [[1, "x"]]}}),
+    wire.Forward(3, 2, ((1, b'{"action":1}'), (2, b"{}"))),
+    wire.ForwardReply(3, 1, ((1, b'{"code":0}\n'),)),
+]
+
+
+@pytest.mark.parametrize("msg", MESSAGES, ids=lambda m: type(m).__name__)
+def test_round_trip(msg):
+    env = wire.decode(wire.encode(msg, "10.0.0.1", 1111))
+    assert env.msg == msg
+    assert (env.client_host, env.client_port) == ("10.0.0.1", 1111)
+
+
+@pytest.mark.parametrize("data", [b"", b"\xff\xff\xff", b"not protobuf at all"])
+def test_garbage_is_a_value_error(data):
+    with pytest.raises(ValueError):
+        wire.decode(data)
+
+
+def test_not_a_peer_message():
+    with pytest.raises(TypeError):
+        wire.encode(object())
