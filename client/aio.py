@@ -340,7 +340,9 @@ class AsyncQueueClient:
                         redirects += 1
                         self._move(epoch, target)
                         continue
-                raise p.error_from_reply(reply)
+                if not p.try_elsewhere(reply) or len(self._host_set) < 2:
+                    raise p.error_from_reply(reply)
+                failure, last_timed_out = p.error_from_reply(reply), False
             if gen != self._close_gen:
                 raise QueueError(p.CODE_ERROR, "client closed") from None
             if failed is None:
@@ -516,11 +518,18 @@ class AsyncQueueClient:
         ttl: float | None = None,
         retry: float | None = 0,
         priority: int | None = None,
+        producer: str | None = None,
+        sequence: int | None = None,
     ) -> int | dict[str, int]:
-        """Store one message; its msg_id (a virtual queue: {real queue: msg_id})."""
+        """Store one message; its msg_id (a virtual queue: {real queue: msg_id}).
+
+        With `producer` and `sequence` the produce is idempotent: a retry the queue still
+        remembers stores nothing and returns the original id(s).
+        """
         if not isinstance(data, str):
             raise TypeError("data must be a str (use produce_batch for several)")
-        return p.produced_ids(await self.request(p.produce_request(queue, data, delay, ttl, retry, priority)))
+        req = p.produce_request(queue, data, delay, ttl, retry, priority, producer, sequence)
+        return p.produced_ids(await self.request(req))
 
     async def produce_batch(
         self,
@@ -531,37 +540,105 @@ class AsyncQueueClient:
         ttl: float | None = None,
         retry: float | None = 0,
         priority: int | None = None,
+        producer: str | None = None,
+        sequence: int | None = None,
     ) -> list[int] | dict[str, list[int]]:
-        """Store several messages, all or none; their msg_ids in order (virtual: per real queue)."""
+        """Store several messages, all or none; their msg_ids in order (virtual: per real queue).
+
+        `producer` and `sequence` make it idempotent, as for produce().
+        """
         if isinstance(data, str):
             raise TypeError("data must be a sequence of str")
-        return p.produced_ids(await self.request(p.produce_request(queue, data, delay, ttl, retry, priority)))
+        req = p.produce_request(queue, data, delay, ttl, retry, priority, producer, sequence)
+        return p.produced_ids(await self.request(req))
 
-    async def consume(self, queue: str, *, wait: float | None = None) -> Message | None:
-        """The next ready message, or None (after up to `wait` seconds of long poll over TCP)."""
-        return p.message_from_reply(queue, await self.request(p.consume_request(queue, None, wait)))
+    async def consume(
+        self,
+        queue: str,
+        *,
+        wait: float | None = None,
+        lease: float | None = None,
+        token: str | None = None,
+        times: bool = False,
+    ) -> Message | None:
+        """The next ready message, or None (after up to `wait` seconds of long poll over TCP).
 
-    async def consume_batch(self, queue: str, count: int, *, wait: float | None = None) -> list[Message]:
-        """Up to `count` (1..1000) ready messages, possibly none."""
-        return p.messages_from_reply(queue, await self.request(p.consume_request(queue, count, wait)))
+        `lease` leases it for that many seconds whatever its retry; `token` binds the lease to
+        a name, so that a retry with the same token returns the same message; `times` fills in
+        the message's ready, ttl and lease_until.
+        """
+        req = p.consume_request(queue, None, wait, lease, token, times)
+        return p.message_from_reply(queue, await self.request(req))
 
-    async def confirm(self, queue: str, msg_id: int) -> bool:
-        """Delete a consumed message; False if it was no longer there."""
-        reply = await self.request(p.ids_request(p.CONFIRM, queue, msg_id))
+    async def consume_batch(
+        self,
+        queue: str,
+        count: int,
+        *,
+        wait: float | None = None,
+        lease: float | None = None,
+        token: str | None = None,
+        times: bool = False,
+    ) -> list[Message]:
+        """Up to `count` (1..1000) ready messages, possibly none (`lease`, `token`, `times` as
+        for consume())."""
+        req = p.consume_request(queue, count, wait, lease, token, times)
+        return p.messages_from_reply(queue, await self.request(req))
+
+    async def confirm(
+        self, queue: str, msg_id: int, *, token: str | None = None, delivery_count: int | None = None
+    ) -> bool:
+        """Delete a consumed message; False if it was no longer there (or, with `token` or
+        `delivery_count`, no longer leased under that token / delivered again since)."""
+        req = p.ids_request(p.CONFIRM, queue, msg_id, token=token, delivery_count=delivery_count)
+        reply = await self.request(req)
         return bool(reply.get("confirmed", 1))  # the original server sends no count
 
-    async def confirm_many(self, queue: str, msg_ids: Iterable[int]) -> int:
-        """Delete consumed messages; how many were still there."""
-        reply = await self.request(p.ids_request(p.CONFIRM, queue, list(msg_ids)))
-        return p.count_from_reply(reply, "confirmed")
+    async def confirm_many(
+        self,
+        queue: str,
+        msg_ids: Iterable[int] | None = None,
+        *,
+        token: str | None = None,
+        tokens: Iterable[str] | None = None,
+        token_prefix: str | None = None,
+        delivery_counts: Iterable[int] | None = None,
+    ) -> int:
+        """Delete consumed messages, by id and/or by lease token; how many were deleted."""
+        req = p.ids_request(p.CONFIRM, queue, None if msg_ids is None else list(msg_ids), token=token,
+                            tokens=tokens, token_prefix=token_prefix, delivery_counts=delivery_counts)
+        return p.count_from_reply(await self.request(req), "confirmed")
 
-    async def release(self, queue: str, msg_ids: int | Iterable[int]) -> int:
-        """Give leases back (the messages are ready again at once); how many were leased."""
-        return p.count_from_reply(await self.request(p.ids_request(p.RELEASE, queue, msg_ids)), "released")
+    async def release(
+        self,
+        queue: str,
+        msg_ids: int | Iterable[int] | None = None,
+        *,
+        token: str | None = None,
+        tokens: Iterable[str] | None = None,
+        token_prefix: str | None = None,
+        delivery_counts: Iterable[int] | None = None,
+    ) -> int:
+        """Give leases back (the messages are ready again at once), by id and/or token; how
+        many were leased."""
+        req = p.ids_request(p.RELEASE, queue, msg_ids, token=token, tokens=tokens,
+                            token_prefix=token_prefix, delivery_counts=delivery_counts)
+        return p.count_from_reply(await self.request(req), "released")
 
-    async def extend(self, queue: str, msg_ids: int | Iterable[int], retry: float) -> int:
-        """Make leases end `retry` seconds from now; how many were leased."""
-        req = p.ids_request(p.EXTEND, queue, msg_ids, retry=retry)
+    async def extend(
+        self,
+        queue: str,
+        msg_ids: int | Iterable[int] | None,
+        retry: float,
+        *,
+        token: str | None = None,
+        tokens: Iterable[str] | None = None,
+        token_prefix: str | None = None,
+        delivery_counts: Iterable[int] | None = None,
+    ) -> int:
+        """Make leases end `retry` seconds from now, by id and/or token; how many were leased."""
+        req = p.ids_request(p.EXTEND, queue, msg_ids, retry=retry, token=token, tokens=tokens,
+                            token_prefix=token_prefix, delivery_counts=delivery_counts)
         return p.count_from_reply(await self.request(req), "extended")
 
     async def monitor(self, queue: str | None = None, *, local: bool = False) -> dict[str, Any]:

@@ -62,7 +62,9 @@ def _common_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     )
 
 
-def _ids(values: list[int]) -> int | list[int]:
+def _ids(values: list[int]) -> int | list[int] | None:
+    if not values:
+        return None
     return values[0] if len(values) == 1 else values
 
 
@@ -84,14 +86,28 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--ttl", type=_number, metavar="T", help="expiry: unix time, or seconds from now")
     cmd.add_argument("--retry", type=_number, metavar="S", help="lease seconds (0: at most once)")
     cmd.add_argument("--priority", type=int, metavar="N", help="higher first (default 0)")
+    cmd.add_argument("--producer", metavar="ID", help="idempotent produce: producer id (with --sequence)")
+    cmd.add_argument("--sequence", type=int, metavar="N", help="idempotent produce: sequence number")
     cmd.set_defaults(build=lambda a: p.produce_request(
-        a.queue, a.data[0] if len(a.data) == 1 else a.data, a.delay, a.ttl, a.retry, a.priority))
+        a.queue, a.data[0] if len(a.data) == 1 else a.data, a.delay, a.ttl, a.retry, a.priority,
+        a.producer, a.sequence))
 
     cmd = command("consume", "take ready messages")
     cmd.add_argument("queue", metavar="QUEUE")
     cmd.add_argument("--count", type=int, metavar="N", help="take up to N messages (1..1000) as a batch")
     cmd.add_argument("--wait", type=_number, metavar="S", help="long poll: wait up to S seconds for a message")
-    cmd.set_defaults(build=lambda a: p.consume_request(a.queue, a.count, a.wait))
+    cmd.add_argument("--lease", type=_number, metavar="S", help="lease what is delivered for S seconds")
+    cmd.add_argument("--token", metavar="T", help="bind the lease to token T (a retry returns the same)")
+    cmd.add_argument("--times", action="store_true", help="add ready, ttl and lease_until")
+    cmd.set_defaults(build=lambda a: p.consume_request(a.queue, a.count, a.wait, a.lease, a.token, a.times))
+
+    def by_token(cmd: argparse.ArgumentParser) -> None:
+        cmd.add_argument("msg_ids", nargs="*", type=int, metavar="MSG_ID")
+        cmd.add_argument("--token", metavar="T", help="messages leased under token T")
+        cmd.add_argument("--token-prefix", metavar="P", help="messages leased under tokens starting with P")
+
+    def selection(a: argparse.Namespace) -> dict[str, Any]:
+        return {"token": a.token, "token_prefix": a.token_prefix}
 
     for name, action, help_text in (
         ("confirm", p.CONFIRM, "delete consumed messages"),
@@ -99,14 +115,16 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         cmd = command(name, help_text)
         cmd.add_argument("queue", metavar="QUEUE")
-        cmd.add_argument("msg_ids", nargs="+", type=int, metavar="MSG_ID")
-        cmd.set_defaults(build=lambda a, action=action: p.ids_request(action, a.queue, _ids(a.msg_ids)))
+        by_token(cmd)
+        cmd.set_defaults(build=lambda a, action=action: p.ids_request(
+            action, a.queue, _ids(a.msg_ids), **selection(a)))
 
     cmd = command("extend", "make leases end S seconds from now")
     cmd.add_argument("queue", metavar="QUEUE")
-    cmd.add_argument("msg_ids", nargs="+", type=int, metavar="MSG_ID")
+    by_token(cmd)
     cmd.add_argument("--retry", type=_number, required=True, metavar="S")
-    cmd.set_defaults(build=lambda a: p.ids_request(p.EXTEND, a.queue, _ids(a.msg_ids), retry=a.retry))
+    cmd.set_defaults(build=lambda a: p.ids_request(
+        p.EXTEND, a.queue, _ids(a.msg_ids), retry=a.retry, **selection(a)))
 
     cmd = command("monitor", "statistics of a queue, or of the node")
     cmd.add_argument("queue", nargs="?", metavar="QUEUE")

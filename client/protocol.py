@@ -25,6 +25,7 @@ from server.protocol import (  # noqa: F401  (re-exported: one vocabulary for se
     LIST,
     LOCAL_LIST,
     LOCAL_MONITOR,
+    MAX_BATCH,
     MONITOR,
     PRODUCE,
     RELEASE,
@@ -43,12 +44,16 @@ _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
 
 @dataclass(slots=True)
 class Message:
-    """One consumed message."""
+    """One consumed message. The times (unix seconds) are set when the consume asked for them
+    (`times=True`): its ready time, its ttl, and the lease deadline (None: not leased)."""
 
     queue: str
     msg_id: int
     data: str
     delivery_count: int
+    ready: float | None = None
+    ttl: float | None = None
+    lease_until: float | None = None
 
 
 # ------------------------------------------------------------------ hosts
@@ -133,8 +138,11 @@ def produce_request(
     ttl: float | None = None,
     retry: float | None = 0,
     priority: int | None = None,
+    producer: str | None = None,
+    sequence: int | None = None,
 ) -> dict[str, Any]:
-    """A produce request (a list of strings as `data` makes it a batch)."""
+    """A produce request (a list of strings as `data` makes it a batch); `producer` and
+    `sequence` make it idempotent."""
     req: dict[str, Any] = {"action": PRODUCE, "queue": queue}
     req["data"] = data if isinstance(data, str) else list(data)
     if delay is not None:
@@ -145,27 +153,50 @@ def produce_request(
         req["retry"] = retry
     if priority is not None:
         req["priority"] = priority
+    if producer is not None:
+        req["producer"] = producer
+    if sequence is not None:
+        req["sequence"] = sequence
     return req
 
 
-def consume_request(queue: str, count: int | None = None, wait: float | None = None) -> dict[str, Any]:
-    """A consume request (`count` given makes it a batch)."""
+def consume_request(
+    queue: str,
+    count: int | None = None,
+    wait: float | None = None,
+    lease: float | None = None,
+    token: str | None = None,
+    times: bool = False,
+) -> dict[str, Any]:
+    """A consume request (`count` given makes it a batch; `lease`, `token`, `times` as in
+    docs/protocol.md)."""
     req: dict[str, Any] = {"action": CONSUME, "queue": queue}
     if count is not None:
         req["count"] = count
     if wait is not None:
         req["wait"] = wait
+    if lease is not None:
+        req["lease"] = lease
+    if token is not None:
+        req["token"] = token
+    if times:
+        req["times"] = True
     return req
 
 
-def ids_request(action: int, queue: str, msg_ids: int | Iterable[int], **extra: Any) -> dict[str, Any]:
-    """A confirm/release/extend request for one id (`msg_id`) or several (`msg_ids`)."""
+def ids_request(
+    action: int, queue: str, msg_ids: int | Iterable[int] | None, **extra: Any
+) -> dict[str, Any]:
+    """A confirm/release/extend request for one id (`msg_id`), several (`msg_ids`) or none
+    (select by token); `extra` fields set to None are left out."""
     req: dict[str, Any] = {"action": action, "queue": queue}
     if isinstance(msg_ids, int):
         req["msg_id"] = msg_ids
-    else:
+    elif msg_ids is not None:
         req["msg_ids"] = list(msg_ids)
-    req.update(extra)
+    for key, value in extra.items():
+        if value is not None:
+            req[key] = list(value) if key in ("tokens", "delivery_counts") else value
     return req
 
 
@@ -242,13 +273,15 @@ def message_from_reply(queue: str, reply: dict[str, Any]) -> Message | None:
     msg_id = reply.get("msg_id")
     if msg_id is None:
         return None
-    return Message(queue, msg_id, reply.get("data", ""), reply.get("delivery_count", 1))
+    return Message(queue, msg_id, reply.get("data", ""), reply.get("delivery_count", 1),
+                   reply.get("ready"), reply.get("ttl"), reply.get("lease_until"))
 
 
 def messages_from_reply(queue: str, reply: dict[str, Any]) -> list[Message]:
     """A batch consume reply's messages (possibly none)."""
     return [
-        Message(queue, m["msg_id"], m.get("data", ""), m.get("delivery_count", 1))
+        Message(queue, m["msg_id"], m.get("data", ""), m.get("delivery_count", 1),
+                m.get("ready"), m.get("ttl"), m.get("lease_until"))
         for m in reply.get("messages") or ()
     ]
 
@@ -259,3 +292,9 @@ def count_from_reply(reply: dict[str, Any], field: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise QueueError(CODE_ERROR, f"bad reply from server: no {field}", reply)
     return value
+
+
+def try_elsewhere(reply: dict) -> bool:
+    """Whether an error reply means "this node cannot serve anyone now" (it knows no leader), so
+    another host of the list should be tried. Nothing was applied."""
+    return reply.get("code") == CODE_ERROR and reply.get("reason") == "no leader"

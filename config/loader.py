@@ -268,6 +268,8 @@ _KEYS: tuple[_Key, ...] = (
     _Key("replication", "quorum", _choice("quorum", "async"), "reply after a quorum has the write, or at once"),
     _Key("fsync", "everysec", _choice("always", "everysec", "no"), "when the change log is synced to disk"),
     _Key("in_memory", False, _bool, "true: keep nothing on disk"),
+    _Key("snapshot_every", 100000, _int(1), "write a snapshot after this many committed records"),
+    _Key("repair", False, _bool, "true: cut a log corrupt in the middle at the damage (losing what follows)"),
     _Key("metrics_port", 0, _int(0, 65535), "HTTP metrics port; 0 = off"),
     _Key("election_timeout_ms", 300, _int(10, 60000), "follower waits this long without a leader before voting"),
     _Key("heartbeat_ms", 50, _int(1, 10000), "leader heartbeat interval (below election_timeout_ms)"),
@@ -300,6 +302,8 @@ class NodeConfig:
     replication: str
     fsync: str
     in_memory: bool
+    snapshot_every: int
+    repair: bool
     metrics_port: int
     election_timeout_ms: int
     heartbeat_ms: int
@@ -486,6 +490,8 @@ DEFAULT_CONFIG_TEXT = """\
     "replication" : "quorum",       // "quorum": reply once a majority has the write; "async"
     "fsync" : "everysec",           // "always", "everysec" or "no"
     "in_memory" : false,            // true: keep nothing on disk
+    "snapshot_every" : 100000,      // write a snapshot after this many committed records
+    "repair" : false,               // true: cut a log corrupt in the middle at the damage (losing what follows)
     "metrics_port" : 0,             // HTTP metrics port; 0 = off
     "election_timeout_ms" : 300,
     "heartbeat_ms" : 50

@@ -69,7 +69,8 @@ def encode(msg: object, client_host: str = "", client_port: int = 0) -> bytes:
     for field in _FIELDS[type(msg)]:
         value = getattr(msg, field)
         if field == "entries":
-            body.entries.extend(pb.Entry(trans_id=e.trans_id, vote_id=e.vote_id, record=dumps(e.record)) for e in value)
+            body.vote_ids.extend([e.vote_id for e in value])
+            body.records = dumps([e.record for e in value])
         elif field == "data":
             body.data = dumps(value)
         elif field == "requests":
@@ -92,9 +93,13 @@ def decode(data: bytes) -> Envelope:
         loads = orjson.loads
         values = []
         for field in _FIELDS[cls]:
-            value = getattr(body, field)
+            value = getattr(body, field, None)
             if field == "entries":
-                value = tuple(Entry(e.trans_id, e.vote_id, loads(e.record)) for e in value)
+                records = loads(body.records) if body.records else []
+                if len(records) != len(body.vote_ids):
+                    raise ValueError("entries: records and vote_ids differ in length")
+                first = body.prev_trans_id + 1
+                value = tuple(map(Entry, range(first, first + len(records)), body.vote_ids, records))
             elif field == "data":
                 value = loads(value)
             elif field == "requests":

@@ -17,7 +17,8 @@ from server import ipc
 from server import protocol as p
 from server.child import start
 from server.framing import FrameDecoder, FramingError
-from server.router import Router
+from server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_one, enabled as metrics_enabled
+from server.router import SCATTER_ACTIONS, Router
 
 _DUMPS = orjson.dumps
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
@@ -27,7 +28,9 @@ UDP = 0  # the connection id of every UDP request
 HIGH_WATER = 4096
 LOW_WATER = 1024
 MAX_DRAIN = 512
-_SCATTER_ACTIONS = frozenset({p.MONITOR, p.LOCAL_MONITOR, p.LIST, p.LOCAL_LIST})
+# This node's role, as the coordinator last reported it.
+LEADER, FOLLOWER, NONE = "leader", "follower", "none"
+NO_LEADER = "no leader"
 
 
 def _echoed(reply: Any) -> dict:
@@ -158,7 +161,12 @@ class Acceptor:
         self.router = Router(config.workers, [(v.name, v.queue_list) for v in config.virtual_queue_list])
         self.workers = [ipc.outbox(ctx, run_dir, ipc.worker_name(i)) for i in range(config.workers)]
         self.inbox = ipc.inbox(ctx, run_dir, "acceptor")
+        self.coordinator = ipc.outbox(ctx, run_dir, "coordinator")
         self.pending: list[list] = [[] for _ in range(config.workers)]
+        self.forwarding: list = []
+        self.role = NONE  # until the coordinator's first status
+        self.epoch = b"0"  # of the workers' mode, as last reported (see ClusterNode.epoch)
+        self.ready = asyncio.Event()
         self.flush_requests_scheduled = False
         self.dirty: list[Connection] = []
         self.flush_output_scheduled = False
@@ -168,6 +176,8 @@ class Acceptor:
         self.next_udp = 0
         self.next_gather = 0
         self.udp_transport: asyncio.DatagramTransport | None = None
+        self.metrics = AcceptorMetrics()
+        self.closed_requests = 0  # requests read on TCP connections since closed
         self.leader = {
             "leader_node_id": config.node_id,
             "leader_host": config.host,
@@ -183,6 +193,8 @@ class Acceptor:
 
     def unregister(self, conn: Connection) -> None:
         self.conns.pop(conn.conn_id, None)
+        self.closed_requests += conn.next_no
+        self.metrics.drop_probe(conn.conn_id)
         if conn.long_polls:
             message = [ipc.CLOSE, _DUMPS(conn.conn_id)]
             for sock in self.workers:
@@ -196,55 +208,55 @@ class Acceptor:
 
     # ----------------------------------------------------------------- requests
     def submit(self, conn_id: int, req_no: int, value: Any) -> None:
-        """Route one decoded request (or answer it here if it cannot be routed)."""
-        if type(value) is dict:
-            action = value.get("action")
-            if type(action) is not int:
-                action = p.resolve_action(action)
-            if action in p.QUEUE_ACTIONS:
-                queue = value.get("queue")
-                if type(queue) is str:
-                    self.pending[self.router.worker_for(queue)].append((conn_id, req_no, value))
-                    if not self.flush_requests_scheduled:
-                        self.flush_requests_scheduled = True
-                        self.loop.call_soon(self.flush_requests)
-                    return
-                reason = "queue: missing" if queue is None else "queue: must be a string"
-            elif action in _SCATTER_ACTIONS:
-                self.scatter(conn_id, req_no, value)
-                return
-            elif action == p.LEADER:
-                reply = p.echo(value)
-                reply.update(code=p.CODE_OK, node_id=self.config.node_id, **self.leader)
-                self.reply(conn_id, req_no, reply)
-                return
-            elif value.get("action") is None:
-                reason = "action: missing"
-            else:
-                reason = "action: unknown"
-            self.reply(conn_id, req_no, p.error_reply(value, reason, self.config.node_id))
-        elif isinstance(value, FramingError):
+        """Route one decoded request: to the workers (this node leads, or the action is local),
+        to the leader (forwarded through the coordinator, or a code -2 redirect), or answer it
+        here."""
+        if isinstance(value, FramingError):
             self.reply(conn_id, req_no, p.error_reply(None, value.reason, self.config.node_id))
+            return
+        action = p.request_action(value)
+        if type(action) is str:
+            self.reply(conn_id, req_no, p.error_reply(value, action, self.config.node_id))
+        elif action == p.LEADER:
+            self.answer_leader(conn_id, req_no, value)
+        elif self.role == LEADER or action in p.LOCAL_ACTIONS:
+            self.route(action, value, conn_id, req_no)
+        elif self.role == FOLLOWER:
+            if self.config.forward_request:
+                self.forwarding.append((conn_id, req_no, value))
+                self.schedule_requests()
+            else:
+                reply = p.echo(value)
+                reply.update(code=p.CODE_REDIRECT, node_id=self.config.node_id, **self.leader)
+                self.reply(conn_id, req_no, reply)
         else:
-            self.reply(conn_id, req_no, p.error_reply(None, "request: must be a JSON object", self.config.node_id))
+            self.reply(conn_id, req_no, p.error_reply(value, NO_LEADER, self.config.node_id))
 
-    def scatter(self, conn_id: int, req_no: int, request: dict) -> None:
-        """Send a monitor/list request to the worker(s) that hold its answer; the coordinator
-        merges their parts."""
-        queue = request.get("queue")
-        action = p.resolve_action(request.get("action"))
-        if action in (p.MONITOR, p.LOCAL_MONITOR) and queue is not None:
-            if type(queue) is not str:
-                self.reply(conn_id, req_no, p.error_reply(request, "queue: must be a string", self.config.node_id))
-                return
-            targets = [self.router.worker_for(queue)]
-        else:
-            targets = list(range(len(self.workers)))
-        gather_id = self.next_gather
-        self.next_gather += 1
-        tag = [gather_id, conn_id, req_no, len(targets), request]
-        for index in targets:
-            self.pending[index].append((conn_id, req_no, request, tag))
+    def route(self, action: int, value: dict, conn_id: int, req_no: int) -> None:
+        """Queue the request for the worker(s) that serve it."""
+        gather_id = 0
+        if action in SCATTER_ACTIONS:
+            gather_id = self.next_gather
+            self.next_gather += 2  # even: the coordinator numbers its own gathers odd
+        plan = self.router.plan(action, value, conn_id, req_no, gather_id)
+        if type(plan) is str:
+            self.reply(conn_id, req_no, p.error_reply(value, plan, self.config.node_id))
+            return
+        pending = self.pending
+        for index, item in plan:
+            pending[index].append(item)
+        self.schedule_requests()
+
+    def answer_leader(self, conn_id: int, req_no: int, value: dict) -> None:
+        """Action 8: the leader's client address."""
+        if self.role == NONE:
+            self.reply(conn_id, req_no, p.error_reply(value, NO_LEADER, self.config.node_id))
+            return
+        reply = p.echo(value)
+        reply.update(code=p.CODE_OK, node_id=self.config.node_id, **self.leader)
+        self.reply(conn_id, req_no, reply)
+
+    def schedule_requests(self) -> None:
         if not self.flush_requests_scheduled:
             self.flush_requests_scheduled = True
             self.loop.call_soon(self.flush_requests)
@@ -254,12 +266,18 @@ class Acceptor:
         self.flush_requests_scheduled = False
         for index, items in enumerate(self.pending):
             if items:
-                self.workers[index].send_multipart([ipc.REQ, _DUMPS(items)], zmq.NOBLOCK)
+                if self.metrics.probe_no < 0:
+                    self.metrics.start_probe(items[0])
+                self.workers[index].send_multipart([ipc.REQ, _DUMPS(items), self.epoch], zmq.NOBLOCK)
                 items.clear()
+        if self.forwarding:
+            self.coordinator.send_multipart([ipc.FORWARD, _DUMPS(self.forwarding)], zmq.NOBLOCK)
+            self.forwarding.clear()
 
     # ----------------------------------------------------------------- replies
     def reply(self, conn_id: int, req_no: int, reply: dict) -> None:
         """Answer a request from the acceptor itself."""
+        count_one(self.metrics.counts, reply)
         self.deliver(conn_id, req_no, _DUMPS(reply, option=_NEWLINE))
         self.schedule_output()
 
@@ -312,6 +330,7 @@ class Acceptor:
         """Drain reply batches and status messages from the coordinator."""
         inbox = self.inbox
         deliver = self.deliver
+        metrics = self.metrics
         for _ in range(MAX_DRAIN):
             try:
                 frames = inbox.recv_multipart(zmq.NOBLOCK)
@@ -320,28 +339,46 @@ class Acceptor:
             if frames[0] == ipc.REP:
                 blob = memoryview(frames[2])
                 start = 0
+                probe_no = metrics.probe_no
                 for conn_id, req_no, end in _LOADS(frames[1]):
                     deliver(conn_id, req_no, blob[start:end])
                     start = end
+                    if req_no == probe_no:
+                        metrics.end_probe(conn_id)
             elif frames[0] == ipc.STATUS:
-                self.leader.update(_LOADS(frames[1]))
+                status = _LOADS(frames[1])
+                self.role = status.pop("role")
+                self.epoch = b"%d" % status.pop("epoch")
+                self.leader.update(status)
+                self.ready.set()
         else:
             self.loop.call_soon(self.on_inbox)  # more may be waiting: the fd is edge-triggered
         self.schedule_output()
+
+    def fold_metrics(self) -> None:
+        """Publish the metrics counted since the last call; repeats every FOLD_INTERVAL."""
+        conns = self.conns
+        tcp_requests = self.closed_requests + sum(c.next_no for c in conns.values())
+        self.metrics.fold(len(conns), tcp_requests, self.next_udp, self.next_conn - 1)
+        self.loop.call_later(FOLD_INTERVAL, self.fold_metrics)
 
     # ----------------------------------------------------------------- start
     async def serve(self) -> None:
         """Listen on TCP and UDP at the configured host:port, then serve forever."""
         cfg = self.config
         loop = self.loop
+        loop.add_reader(self.inbox.getsockopt(zmq.FD), self.on_inbox)
+        self.on_inbox()
+        # Clients are let in once the coordinator has recovered and said who leads, so that no
+        # request reaches a worker before the stored queues are back.
+        await self.ready.wait()
         server = await loop.create_server(lambda: Connection(self), cfg.host, cfg.port, backlog=1024, reuse_address=True)
         port = server.sockets[0].getsockname()[1]
         self.udp_transport, _ = await loop.create_datagram_endpoint(
             lambda: Datagrams(self), local_addr=(cfg.host, port), family=socket.AF_INET
         )
-        self.leader["leader_port"] = port
-        loop.add_reader(self.inbox.getsockopt(zmq.FD), self.on_inbox)
-        self.on_inbox()
+        if metrics_enabled():
+            self.fold_metrics()
         self.log.info("listening on tcp+udp %s:%d", cfg.host, port)
         await asyncio.Event().wait()
 

@@ -1,87 +1,209 @@
-"""The coordinator process: the node's serialization point. It gives every change record from the
-workers the next trans_id, appends it to the change log, and releases each batch's replies to the
-acceptor once the batch is committed. It also finishes scattered monitor/list requests."""
+"""The coordinator process: the node's serialization point and its link to the other nodes. It
+moves bytes between the workers, the acceptor, the peers' coordinators (ZeroMQ over TCP, protobuf
+messages: replication/peer.proto) and the ClusterNode that decides everything (server/cluster.py).
+"""
 from __future__ import annotations
 
+import socket
 import sys
+import time
 
 import orjson
 import zmq
 
 from config.loader import NodeConfig
-from replication.log import ChangeLog
-from server import gather, ipc
+from replication import wire
+from election.messages import HeartbeatAck
+from replication.datadir import DataDirLocked
+from replication.messages import AppendAck
+from replication.storage import Storage, StorageError
+from replication.wal import CorruptLog
+from server import ipc
 from server.child import start
+from server.cluster import ClusterNode
 
+# Messages queued for a peer that is not answering are dropped past this many: the election and
+# replication resend what matters.
+PEER_HWM = 10000
+# Peer messages that tell the leader how far this node's log reaches: not sent while the disk
+# refuses the log.
+_CLAIMS_LOG = (AppendAck, HeartbeatAck)
 
 
 class Coordinator:
-    """Assigns trans_ids, keeps the change log, and forwards committed replies."""
+    """The I/O around one ClusterNode."""
 
-    def __init__(self, config: NodeConfig, inbox: zmq.Socket, acceptor: zmq.Socket, log) -> None:
+    def __init__(self, config: NodeConfig, ctx: zmq.Context, run_dir: str, log, storage: Storage | None) -> None:
         self.config = config
-        self.inbox = inbox
-        self.acceptor = acceptor
         self.log = log
-        self.changes = ChangeLog(config.queue_log_size)
-        self.vote_id = 1
-        self.gatherer = gather.Gatherer()
+        self.storage = storage
+        recovered = storage.recover() if storage is not None else None
+        if recovered is not None:
+            log.info("recovered: snapshot at trans_id %d, %d log records after it, %d queues",
+                     recovered.trans_id, len(recovered.entries), len(recovered.state))
+        self.node = ClusterNode(config, time.time(), recovered=recovered)
+        self.inbox = ipc.inbox(ctx, run_dir, "coordinator")
+        self.acceptor = ipc.outbox(ctx, run_dir, "acceptor")
+        self.workers = [ipc.outbox(ctx, run_dir, ipc.worker_name(i)) for i in range(config.workers)]
+        self.peers: dict[int, zmq.Socket] = {}
+        self.router: zmq.Socket | None = None
+        me = config.self_node if config.is_cluster else None
+        if me is not None:
+            self.router = ctx.socket(zmq.ROUTER)
+            self.router.setsockopt(zmq.LINGER, 0)
+            self.router.setsockopt(zmq.RCVHWM, 0)
+            self.router.bind(f"tcp://{socket.gethostbyname(me.host)}:{me.port}")
+            for node in config.cluster_node_list:
+                if node.node_id == config.node_id:
+                    continue
+                sock = ctx.socket(zmq.DEALER)
+                sock.setsockopt(zmq.IDENTITY, str(config.node_id).encode())
+                sock.setsockopt(zmq.LINGER, 0)
+                sock.setsockopt(zmq.SNDHWM, PEER_HWM)
+                sock.setsockopt(zmq.IMMEDIATE, 1)
+                sock.setsockopt(zmq.RECONNECT_IVL, 50)
+                sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+                sock.connect(f"tcp://{node.host}:{node.port}")
+                self.peers[node.node_id] = sock
+        self.client = (config.host, config.port)
+        self.last_role = None
 
     def run(self) -> None:
         """Serve until terminated."""
-        ipc.serve(self.inbox, self.dispatch, lambda: None, lambda: None)
+        poller = zmq.Poller()
+        poller.register(self.inbox, zmq.POLLIN)
+        if self.router is not None:
+            poller.register(self.router, zmq.POLLIN)
+        node = self.node
+        node.tick(time.time())
+        self.flush()
+        while True:
+            wake = node.wake_at()
+            if self.storage is not None:
+                sync_at = self.storage.sync_deadline()
+                if sync_at is not None:
+                    wake = min(wake, sync_at)
+            timeout = max(0.0, min(wake - time.time(), 1.0))
+            events = dict(poller.poll(timeout * 1000 + 0.5))
+            # Peers first: elections are the most sensitive to delay. The time is read per
+            # message, and timers run between messages, so that a long backlog never makes a
+            # leader's messages look late or hides a heartbeat that is due.
+            if self.router is not None and self.router in events:
+                for _ in range(ipc.MAX_DRAIN):
+                    try:
+                        _, data = self.router.recv_multipart(zmq.NOBLOCK)
+                    except (zmq.Again, ValueError):
+                        break
+                    try:
+                        env = wire.decode(data)
+                    except ValueError as exc:
+                        self.log.warning("dropped a bad peer message: %s", exc)
+                        continue
+                    now = time.time()
+                    node.on_peer(env.msg, (env.client_host, env.client_port), now)
+                    if now >= node.wake_at():
+                        node.tick(now)
+                        self.flush()
+            if self.inbox in events:
+                for _ in range(ipc.MAX_DRAIN):
+                    try:
+                        frames = self.inbox.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    now = time.time()
+                    self.dispatch(frames, now)
+                    if now >= node.wake_at():
+                        node.tick(now)
+                        self.flush()
+            node.tick(time.time())
+            self.flush()
 
-    def dispatch(self, frames: list[bytes]) -> None:
-        """Handle one inbox message."""
-        if frames[0] == ipc.BATCH:
+    def dispatch(self, frames: list[bytes], now: float) -> None:
+        """Handle one message from the acceptor or a worker."""
+        kind = frames[0]
+        if kind == ipc.BATCH:
             _, records, header, blob, partials = frames
-            if records != ipc.EMPTY_LIST:
-                changes = self.changes
-                _, last = changes.append(self.vote_id, orjson.loads(records))
-                changes.commit_to(last)  # single node: a logged record is committed
-            if header != ipc.EMPTY_LIST:
-                self.acceptor.send_multipart([ipc.REP, header, blob])
-            if partials != ipc.EMPTY_LIST:
-                self.gather(orjson.loads(partials))
+            self.node.on_batch(records, header, blob, partials, now)
+        elif kind == ipc.FORWARD:
+            self.node.on_forward_requests(orjson.loads(frames[1]), now)
         else:
-            self.log.warning("unknown message kind %r", frames[0])
+            self.log.warning("unknown message kind %r", kind)
 
-    def node_fields(self) -> dict:
-        """The node's own fields in a monitor reply."""
-        return {
-            "node_id": self.config.node_id,
-            "leader_node_id": self.config.node_id,
-            "trans_id": self.changes.last_trans_id,
-            "log_size": len(self.changes),
-            "max_log_size": self.config.queue_log_size,
-        }
-
-    def gather(self, partials: list) -> None:
-        """Add workers' parts of scattered requests; reply to those now complete."""
-        finished = []
-        for tag, part in partials:
-            done = self.gatherer.add(tag, part)
-            if done is not None:
-                conn, req_no, request, parts = done
-                finished.append((conn, req_no, gather.merge(request, parts, self.node_fields())))
-        if finished:
-            header, blob = ipc.encode_replies(finished)
-            self.acceptor.send_multipart([ipc.REP, header, blob])
+    def flush(self) -> None:
+        """Write the log and the vote to disk, then send everything the node decided: nothing
+        that depends on a record leaves before the record is on disk."""
+        node = self.node
+        storage = self.storage
+        if storage is not None:
+            try:
+                node.set_durable(storage.write(node.log, node.truncated_to, time.time()))
+                node.truncated_to = None
+            except StorageError:
+                node.storage_ok = False
+                node.to_peers = [(to, m) for to, m in node.to_peers if type(m) not in _CLAIMS_LOG]
+            if node.persist is not None:
+                try:
+                    storage.save_vote(*node.persist)
+                    node.persist = None
+                except StorageError as exc:
+                    self.log.error("could not store the vote: %s", exc)
+                    node.to_peers.clear()  # a vote not on disk must not be acted on
+        node.persist = None
+        for index, frames in node.to_workers:
+            self.workers[index].send_multipart(frames)
+        node.to_workers.clear()
+        for frames in node.to_acceptor:
+            self.acceptor.send_multipart(frames)
+        node.to_acceptor.clear()
+        for target, msg in node.to_peers:
+            sock = self.peers.get(target)
+            if sock is None:
+                continue
+            try:
+                sock.send(wire.encode(msg, *self.client), zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # not connected, or too far behind: the protocol resends what matters
+        node.to_peers.clear()
+        every = self.config.snapshot_every
+        if node.snapshot_now:
+            self.log.info("installed a snapshot from the leader at trans_id %d", node.state_trans_id)
+            node.snapshot_now = False
+            every = 0
+        if storage is not None:
+            storage.maybe_snapshot(node.state_trans_id, node.log.term_at(node.state_trans_id) or 0,
+                                   node.state.snapshot, every)
+        role = node.role
+        if role != self.last_role:
+            self.log.info("role: %s (vote_id %d, leader %s, trans_id %d)", role, node.election.vote_id,
+                          node.election.leader_id, node.log.last_trans_id)
+            self.last_role = role
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the coordinator process."""
     info = start("coordinator", argv)
+    cfg = info.config
+    storage = None
+    if not cfg.in_memory:
+        try:
+            storage = Storage(cfg.queue_data_dir, cfg.fsync, repair=cfg.repair, log=info.log)
+        except DataDirLocked as exc:
+            info.log.error("%s", exc)
+            sys.exit(3)
     ctx = zmq.Context()
-    inbox = ipc.inbox(ctx, info.run_dir, "coordinator")
-    acceptor = ipc.outbox(ctx, info.run_dir, "acceptor")
-    info.log.info("coordinator ready")
     try:
-        Coordinator(info.config, inbox, acceptor, info.log).run()
+        coordinator = Coordinator(cfg, ctx, info.run_dir, info.log, storage)
+        info.log.info("coordinator ready")
+        coordinator.run()
+    except CorruptLog as exc:
+        info.log.error("%s; start with --repair to cut the log there (losing what follows)", exc)
+        sys.exit(4)
     except KeyboardInterrupt:
         pass
     finally:
         ctx.destroy(linger=0)
+        if storage is not None:
+            storage.close()
 
 
 if __name__ == "__main__":

@@ -14,13 +14,16 @@ _NEWLINE = orjson.OPT_APPEND_NEWLINE
 MAX_DRAIN = 256
 
 # Message kinds (first frame of every multipart message).
-REQ = b"req"  # acceptor -> worker: [REQ, json [[conn, req_no, request] | [conn, req_no, request, gather], ...]]
+REQ = b"req"  # -> worker: [REQ, json [[conn, req_no, request] | [conn, req_no, request, gather], ...], epoch]
 CLOSE = b"close"  # acceptor -> worker: [CLOSE, json conn]
 UNDELIVER = b"undeliver"  # acceptor -> worker: [UNDELIVER, json [queue, [msg_id, ...]]]
 APPLY = b"apply"  # coordinator -> worker: [APPLY, json [record, ...]] (replicas replay the leader's log)
 BATCH = b"batch"  # worker -> coordinator: [BATCH, records json, reply header json, reply blob, partials json]
 REP = b"rep"  # coordinator -> acceptor: [REP, reply header json [[conn, req_no, end], ...], reply blob]
-STATUS = b"status"  # coordinator -> acceptor: [STATUS, json {leader, role, ...}]
+STATUS = b"status"  # coordinator -> acceptor: [STATUS, json {role, leader_node_id, leader_host, leader_port}]
+FORWARD = b"forward"  # acceptor -> coordinator: [FORWARD, json [[conn, req_no, request], ...]] for the leader
+MODE = b"mode"  # coordinator -> worker: [MODE, json [accepting, epoch]] whether to accept queue requests
+RESET = b"reset"  # coordinator -> worker: [RESET, json {queue: snapshot}] replace all queues
 
 EMPTY_LIST = b"[]"
 

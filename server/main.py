@@ -16,7 +16,7 @@ import time
 import orjson
 
 from config.loader import ConfigError, NodeConfig, load_config
-from server import logs
+from server import logs, metrics
 from server.child import CONFIG_FILE
 
 STOP_GRACE = 5.0
@@ -42,6 +42,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--node-id", type=int, help="this node's id in cluster_node_list")
     parser.add_argument("--workers", type=int, help="number of worker processes")
     parser.add_argument("--data-dir", help="queue_data_dir")
+    parser.add_argument("--in-memory", action="store_true", default=None, help="keep nothing on disk")
+    parser.add_argument("--repair", action="store_true", default=None,
+                        help="cut a change log that is corrupt in the middle at the damage, losing what follows")
     return parser.parse_args(argv)
 
 
@@ -53,6 +56,8 @@ def overrides_from(args: argparse.Namespace) -> dict:
         "node_id": args.node_id,
         "workers": args.workers,
         "queue_data_dir": args.data_dir,
+        "in_memory": args.in_memory,
+        "repair": args.repair,
     }
     return {k: v for k, v in pairs.items() if v is not None}
 
@@ -76,18 +81,38 @@ class Supervisor:
         self.log = log
         self.run_dir = tempfile.mkdtemp(prefix="queue-server-")
         self.children: dict[int, tuple[str, subprocess.Popen]] = {}
+        self.metrics_server = None
 
     def start(self) -> None:
         """Write the resolved config to the run directory and start every child."""
         with open(os.path.join(self.run_dir, CONFIG_FILE), "wb") as f:
             f.write(orjson.dumps(self.config.to_dict()))
+        env = self.start_metrics()
         for name, argv in child_commands(self.config, self.run_dir):
-            proc = subprocess.Popen(argv, start_new_session=True)
+            proc = subprocess.Popen(argv, start_new_session=True, env=env)
             self.children[proc.pid] = (name, proc)
         self.log.info(
             "node %d starting on %s:%d with %d workers (run dir %s)",
             self.config.node_id, self.config.host, self.config.port, self.config.workers, self.run_dir,
         )
+
+    def start_metrics(self) -> dict[str, str] | None:
+        """With metrics_port set: serve /metrics and return the children's environment (their
+        prometheus_client multi-process directory). OSError if the port cannot be bound."""
+        cfg = self.config
+        if not cfg.metrics_port:
+            return None
+        env = metrics.child_env(self.run_dir)
+        registry = metrics.registry_for(
+            env[metrics.ENV], cfg.node_id, cfg.node_type,
+            lambda: {name: pid for pid, (name, _) in list(self.children.items())},
+        )
+        try:
+            self.metrics_server = metrics.serve(cfg.host, cfg.metrics_port, registry)
+        except OSError as exc:
+            raise OSError(f"metrics_port {cfg.metrics_port}: {exc.strerror or exc}") from None
+        self.log.info("metrics on http://%s:%d/metrics", cfg.host, cfg.metrics_port)
+        return env
 
     def watch(self) -> int:
         """Block until a signal asks us to stop (exit status 0) or a child dies (1)."""
@@ -115,6 +140,9 @@ class Supervisor:
                 proc.kill()
                 proc.wait()
         self.children.clear()
+        if self.metrics_server is not None:
+            self.metrics_server.shutdown()
+            self.metrics_server.server_close()
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
@@ -144,6 +172,9 @@ def main(argv: list[str] | None = None) -> int:
         status = supervisor.watch()
     except _Shutdown as exc:
         log.info("signal %d: stopping", exc.args[0])
+    except OSError as exc:
+        log.error("cannot start: %s", exc)
+        status = 2
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)

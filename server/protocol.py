@@ -97,3 +97,16 @@ def error_reply(request: Any, reason: str, node_id: int | None = None) -> dict:
 def absolute_time(value: float, now: float) -> float:
     """A delay/ttl value as an absolute unix time (the original's clients send timestamps)."""
     return float(value) if value >= ABSOLUTE_TIME_THRESHOLD else now + value
+
+
+def request_action(value: Any) -> int | str:
+    """The action of a decoded request, or the reason it has none we know."""
+    if type(value) is not dict:
+        return "request: must be a JSON object"
+    action = value.get("action")
+    if type(action) is int and action in ACTIONS:
+        return action
+    resolved = resolve_action(action)
+    if resolved is None:
+        return "action: missing" if action is None else "action: unknown"
+    return resolved

@@ -60,7 +60,8 @@ class NodeProcess:
 
     def __init__(self, workdir: str, config: dict | None = None, name: str = "node") -> None:
         self.workdir = workdir
-        self.config = {"host": "127.0.0.1", "port": free_port(), "workers": 2, "log_level": 3}
+        self.config = {"host": "127.0.0.1", "port": free_port(), "workers": 2, "log_level": 3,
+                       "queue_data_dir": os.path.join(workdir, f"{name}-data")}
         self.config.update(config or {})
         self.name = name
         self.proc: subprocess.Popen | None = None
@@ -195,3 +196,156 @@ def udp_call(host: str, port: int, request: dict | bytes, timeout: float = 5.0) 
         s.sendto(data, (host, port))
         reply, _ = s.recvfrom(1 << 16)
     return orjson.loads(reply)
+
+
+class LinkProxy:
+    """A TCP proxy for one directed link between two nodes' internal ports, that a test can cut
+    (existing connections dropped, new ones refused) and heal."""
+
+    def __init__(self, target_port: int) -> None:
+        import asyncio
+        import threading
+
+        self.target_port = target_port
+        self.port = free_port()
+        self.cut_off = False
+        self._writers: set = set()
+        self._loop = asyncio.new_event_loop()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        self._ready.wait(10)
+
+    def _run(self) -> None:
+        import asyncio
+
+        asyncio.set_event_loop(self._loop)
+
+        async def pipe(reader, writer) -> None:
+            try:
+                while not self.cut_off:
+                    data = await reader.read(65536)
+                    if not data:
+                        break
+                    writer.write(data)
+                    await writer.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                writer.close()
+
+        async def handle(reader, writer) -> None:
+            if self.cut_off:
+                writer.close()
+                return
+            try:
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+            except OSError:
+                writer.close()
+                return
+            self._writers.update((writer, up_writer))
+            await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+            self._writers.difference_update((writer, up_writer))
+
+        async def main() -> None:
+            self._server = await asyncio.start_server(handle, "127.0.0.1", self.port)
+            self._ready.set()
+
+        self._loop.run_until_complete(main())
+        self._loop.run_forever()
+
+    def cut(self) -> None:
+        """Drop the link: close its connections, refuse new ones."""
+        def do() -> None:
+            self.cut_off = True
+            for w in list(self._writers):
+                w.transport.abort()
+            self._writers.clear()
+        self._loop.call_soon_threadsafe(do)
+
+    def heal(self) -> None:
+        def do() -> None:
+            self.cut_off = False
+        self._loop.call_soon_threadsafe(do)
+
+    def close(self) -> None:
+        self.cut()
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+
+
+class Cluster:
+    """An n-node cluster of real nodes on loopback ports chosen at run time; with `proxied`,
+    every link between two nodes goes through a LinkProxy the test can cut."""
+
+    def __init__(self, workdir: str, n: int = 3, proxied: bool = False, **config) -> None:
+        from server.devcluster import cluster_configs
+
+        self.workdir = workdir
+        os.makedirs(workdir, exist_ok=True)
+        clients = [free_port() for _ in range(n)]
+        internals = [free_port() for _ in range(n)]
+        self.proxies: dict[tuple[int, int], LinkProxy] = {}
+        if proxied:
+            for i in range(1, n + 1):
+                for j in range(1, n + 1):
+                    if i != j:
+                        self.proxies[(i, j)] = LinkProxy(internals[j - 1])
+        peer_ports = {k: v.port for k, v in self.proxies.items()} or None
+        config.setdefault("workers", 2)
+        configs = cluster_configs(n, workdir, clients, internals, peer_ports, **config)
+        self.nodes = {c["node_id"]: NodeProcess(workdir, c, name=f"node{c['node_id']}") for c in configs}
+
+    @property
+    def hosts(self) -> str:
+        return ",".join(n.hosts for n in self.nodes.values())
+
+    def start(self, wait: bool = True) -> "Cluster":
+        for node in self.nodes.values():
+            node.start(wait=False)
+        if wait:
+            for node in self.nodes.values():
+                node.wait_ready()
+        return self
+
+    def ask(self, node_id: int, request: dict) -> dict | None:
+        """One request to one node, or None if it does not answer within a second."""
+        try:
+            conn = RawTcp(*self.nodes[node_id].address, timeout=1.0)
+            try:
+                return conn.call(request)
+            finally:
+                conn.close()
+        except (OSError, ValueError):
+            return None
+
+    def leader_view(self, node_id: int) -> int | None:
+        """Who node_id says leads (None if it knows no leader or does not answer)."""
+        reply = self.ask(node_id, {"action": 8})
+        return reply.get("leader_node_id") if reply and reply.get("code") == 0 else None
+
+    def role(self, node_id: int) -> str | None:
+        """The role node_id reports for itself (monitor's `role`), or None."""
+        reply = self.ask(node_id, {"action": 104})
+        return reply.get("role") if reply else None
+
+    def wait_leader(self, timeout: float = 15.0, among: list[int] | None = None, exclude: int | None = None) -> int:
+        """Wait until every node in `among` names the same leader (not `exclude`), which says it
+        leads."""
+        ids = among or list(self.nodes)
+
+        def agreed() -> int | None:
+            views = {self.leader_view(i) for i in ids}
+            if len(views) != 1:
+                return None
+            leader = views.pop()
+            if leader and leader != exclude and self.role(leader) == "leader":
+                return leader
+            return None
+        return wait_for(agreed, timeout, "the nodes to agree on a leader")
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node.stop()
+        for proxy in self.proxies.values():
+            proxy.close()

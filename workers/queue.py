@@ -7,11 +7,15 @@ build the record and then `apply` it, the same code a replica runs, so the two c
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from sortedcontainers import SortedList
+from sortedcontainers import SortedDict, SortedList
 
 MAX_MSG_ID = 2**63 - 1
+# How many idempotent produces (producer, sequence) a queue remembers, oldest forgotten first.
+DEDUPE_WINDOW = 10_000
 
 _INF = float("inf")
 
@@ -32,29 +36,44 @@ class Message:
     priority: int = 0  # higher first among ready messages
     delivery_count: int = 0
     lease: float | None = None  # lease deadline while in flight, else None
+    token: str | None = None  # the lease token it is leased under, else None
 
 
 class Queue:
     """One queue's messages, ordered for delivery, with leases, retries and ttl.
 
     Each stored message is in exactly one ordering:
-    delayed ``(ready, msg_id)``, ready ``(-priority, ready, msg_id)`` or leased ``(lease, msg_id)``.
+    delayed ``(ready, msg_id)``, ready ``(-priority, ready, msg_id)`` or leased (by lease
+    deadline, then msg_id).
     A delayed message whose time has come may sit in `delayed` until the next consume or
     expire_due; every query accounts for that, so where a message sits is never observable.
+
+    Two pieces of state besides the messages are replicated with them: lease tokens (which
+    leased messages a token holds; carried by consume records) and the dedupe window of
+    idempotent produces (carried by produce records).
     """
 
-    __slots__ = ("name", "max_size", "next_id", "_index", "_delayed", "_ready", "_leased")
+    __slots__ = ("name", "max_size", "next_id", "dedupe_window", "_index", "_delayed", "_ready",
+                 "_leased", "_n_leased", "_tokens", "_dedupe")
 
-    def __init__(self, name: str, max_size: int, next_id: int = 1) -> None:
+    def __init__(
+        self, name: str, max_size: int, next_id: int = 1, dedupe_window: int = DEDUPE_WINDOW
+    ) -> None:
         if not 1 <= next_id <= MAX_MSG_ID + 1:
             raise ValueError(f"next_id out of range: {next_id}")
         self.name = name
         self.max_size = max_size
         self.next_id = next_id
+        self.dedupe_window = dedupe_window
         self._index: dict[int, Message] = {}
         self._delayed = SortedList()
         self._ready = SortedList()
-        self._leased = SortedList()
+        # Leased messages by lease deadline: {deadline: {msg_id: None}}. A batch leased together
+        # shares one deadline, so it is one entry here, not one per message.
+        self._leased: SortedDict = SortedDict()
+        self._n_leased = 0
+        self._tokens: SortedDict = SortedDict()  # token -> set of msg_ids leased under it
+        self._dedupe: OrderedDict[tuple[str, int], list[int]] = OrderedDict()  # -> [first id, count]
 
     def __len__(self) -> int:
         """Stored messages: delayed + ready + leased."""
@@ -71,37 +90,42 @@ class Queue:
     # ------------------------------------------------------------------ leader side
 
     def produce(
-        self, data: str, ready: float, ttl: float, retry: float, priority: int, now: float
+        self,
+        data: str,
+        ready: float,
+        ttl: float,
+        retry: float,
+        priority: int,
+        now: float,
+        producer: str | None = None,
+        sequence: int | None = None,
     ) -> dict:
-        """Store a new message; return its produce record. Raises QueueFull, OverflowError."""
-        if len(self._index) >= self.max_size:
-            raise QueueFull(self.name)
-        msg_id = self.next_id
-        if msg_id > MAX_MSG_ID:
-            raise OverflowError(f"message ids exhausted in queue {self.name!r}")
-        record = {
-            "op": "produce",
-            "queue": self.name,
-            "msg_id": msg_id,
-            "ready": ready,
-            "ttl": ttl,
-            "retry": retry,
-            "priority": priority,
-            "data": data,
-            "delivery_count": 0,
-        }
-        self.apply(record, now)
-        return record
+        """Store a new message; return its produce record. Raises QueueFull, OverflowError.
+
+        With `producer` and `sequence` the produce is remembered in the dedupe window (see
+        produced()); a key already remembered raises ValueError.
+        """
+        return self.produce_many([(data, ready, ttl, retry, priority)], now, producer, sequence)[0]
 
     def produce_many(
-        self, items: list[tuple[str, float, float, float, int]], now: float
+        self,
+        items: list[tuple[str, float, float, float, int]],
+        now: float,
+        producer: str | None = None,
+        sequence: int | None = None,
     ) -> list[dict]:
-        """Store (data, ready, ttl, retry, priority) items, all or none; return their records."""
+        """Store (data, ready, ttl, retry, priority) items, all or none; return their records.
+
+        The items get consecutive msg_ids. With `producer` and `sequence` the batch is
+        remembered in the dedupe window; a key already remembered raises ValueError.
+        """
         if len(self._index) + len(items) > self.max_size:
             raise QueueFull(self.name)
         first = self.next_id
         if items and first + len(items) - 1 > MAX_MSG_ID:
             raise OverflowError(f"message ids exhausted in queue {self.name!r}")
+        if producer is not None and (producer, sequence) in self._dedupe:
+            raise ValueError(f"produce {producer!r}/{sequence} already stored in {self.name!r}")
         name = self.name
         # Every record is built before any is applied, so a malformed item changes nothing.
         records = [
@@ -118,13 +142,25 @@ class Queue:
             }
             for i, (data, ready, ttl, retry, priority) in enumerate(items)
         ]
+        if producer is not None:
+            for record in records:
+                record["producer"] = producer
+                record["sequence"] = sequence
         apply = self.apply
         for record in records:
             apply(record, now)
         return records
 
-    def consume(self, now: float, count: int = 1) -> tuple[list[Message], list[dict]]:
+    def consume(
+        self, now: float, count: int = 1, lease: float | None = None, token: str | None = None
+    ) -> tuple[list[Message], list[dict]]:
         """Deliver up to `count` ready messages, best first.
+
+        `lease` (seconds) leases every delivered message until now + lease, at-most-once ones
+        included, instead of each message's own retry. `token` binds the leased messages to it;
+        if the token already holds messages, nothing new is delivered: those messages are
+        returned again (msg_id order, delivery_count unchanged; with `lease` their leases are
+        renewed), see held().
 
         Returns the delivered messages (their state at delivery, delivery_count already
         incremented; never aliased with stored state) and the records: first those of leases
@@ -132,17 +168,29 @@ class Queue:
         """
         records: list[dict] = []
         self._settle(now, records)
+        if token is not None and token in self._tokens:
+            return self._redeliver(token, now, lease, records), records
         ready = self._ready
         if not ready or count <= 0:
             return [], records
         index = self._index
+        if lease is not None:
+            # One record for the whole batch: every message gets the same lease and token.
+            ids = [key[2] for key in ready.islice(0, count)]
+            record = {"op": "consume", "queue": self.name, "msg_ids": ids, "lease": now + lease,
+                      "delivery_counts": [index[i].delivery_count + 1 for i in ids]}
+            if token is not None:
+                record["token"] = token
+            self.apply(record, now)
+            records.append(record)
+            return [_copy(index[i]) for i in ids], records
         name = self.name
         apply = self.apply
         delivered: list[Message] = []
         while count > 0 and ready:
             msg_id = ready[0][2]
             m = index[msg_id]
-            retry = m.retry
+            retry = m.retry if lease is None else lease
             if retry > 0:
                 record = {
                     "op": "consume",
@@ -151,11 +199,10 @@ class Queue:
                     "lease": now + retry,
                     "delivery_count": m.delivery_count + 1,
                 }
+                if token is not None:
+                    record["token"] = token
                 apply(record, now)
-                delivered.append(
-                    Message(msg_id, m.data, m.ready, m.ttl, retry, m.priority,
-                            m.delivery_count, m.lease)
-                )
+                delivered.append(_copy(m))
             else:
                 record = {
                     "op": "consume",
@@ -170,21 +217,44 @@ class Queue:
             count -= 1
         return delivered, records
 
-    def confirm(self, msg_id: int) -> dict | None:
-        """Delete a stored message (leased or not); its confirm record, or None if not stored."""
-        if msg_id not in self._index:
+    def _redeliver(
+        self, token: str, now: float, lease: float | None, records: list[dict]
+    ) -> list[Message]:
+        """The messages `token` holds, their leases renewed to now + lease when `lease` is given."""
+        index = self._index
+        ids = sorted(self._tokens[token])
+        if lease is not None:
+            record = {"op": "consume", "queue": self.name, "msg_ids": ids, "lease": now + lease,
+                      "delivery_counts": [index[i].delivery_count for i in ids], "token": token}
+            self.apply(record)
+            records.append(record)
+        return [_copy(index[i]) for i in ids]
+
+    def confirm(
+        self, msg_id: int, token: str | None = None, delivery_count: int | None = None
+    ) -> dict | None:
+        """Delete a stored message (leased or not); its confirm record, or None if not stored.
+
+        Guards: with `token`, only a message leased under that token; with `delivery_count`,
+        only if the message has not been delivered again since (None when a guard fails).
+        """
+        m = self._index.get(msg_id)
+        if m is None or not _passes(m, token, delivery_count):
             return None
         record = {"op": "confirm", "queue": self.name, "msg_id": msg_id}
         self.apply(record)
         return record
 
-    def release(self, msg_id: int, now: float) -> dict | None:
+    def release(
+        self, msg_id: int, now: float, token: str | None = None, delivery_count: int | None = None
+    ) -> dict | None:
         """Give a lease back: the message is ready again at `now`, delivery_count unchanged.
 
-        Returns the release record, or None if the message is not leased.
+        Returns the release record, or None if the message is not leased (or a guard fails,
+        as for confirm).
         """
         m = self._index.get(msg_id)
-        if m is None or m.lease is None:
+        if m is None or m.lease is None or not _passes(m, token, delivery_count):
             return None
         record = {
             "op": "release",
@@ -196,19 +266,92 @@ class Queue:
         self.apply(record, now)
         return record
 
-    def extend(self, msg_id: int, lease_until: float) -> dict | None:
-        """Move a lease deadline; a consume record with the new lease, or None if not leased."""
+    def extend(
+        self,
+        msg_id: int,
+        lease_until: float,
+        token: str | None = None,
+        delivery_count: int | None = None,
+    ) -> dict | None:
+        """Move a lease deadline (the token binding is kept); a consume record with the new
+        lease, or None if not leased (or a guard fails, as for confirm)."""
         m = self._index.get(msg_id)
-        if m is None or m.lease is None:
+        if m is None or m.lease is None or not _passes(m, token, delivery_count):
             return None
+        record = self._lease_record(m, lease_until)
+        self.apply(record)
+        return record
+
+    def confirm_many(self, targets: Iterable[tuple[int, str | None, int | None]]) -> dict | None:
+        """Confirm (msg_id, token guard, delivery_count guard) targets as in confirm(); one
+        record for all that pass (single form when one does), or None if none does."""
+        index = self._index
+        ids = []
+        for msg_id, token, delivery_count in targets:
+            m = index.get(msg_id)
+            if m is not None and _passes(m, token, delivery_count):
+                ids.append(msg_id)
+        ids = list(dict.fromkeys(ids))
+        if not ids:
+            return None
+        if len(ids) == 1:
+            record = {"op": "confirm", "queue": self.name, "msg_id": ids[0]}
+        else:
+            record = {"op": "confirm", "queue": self.name, "msg_ids": ids}
+        self.apply(record)
+        return record
+
+    def release_many(
+        self, targets: Iterable[tuple[int, str | None, int | None]], now: float
+    ) -> dict | None:
+        """Release targets as in release(); one record for all leases given back, or None."""
+        index = self._index
+        ids = []
+        for msg_id, token, delivery_count in targets:
+            m = index.get(msg_id)
+            if m is not None and m.lease is not None and _passes(m, token, delivery_count):
+                ids.append(msg_id)
+        ids = list(dict.fromkeys(ids))
+        if len(ids) <= 1:
+            return self.release(ids[0], now) if ids else None
+        record = {"op": "release", "queue": self.name, "msg_ids": ids, "ready": now}
+        self.apply(record, now)
+        return record
+
+    def extend_many(
+        self, targets: Iterable[tuple[int, str | None, int | None]], lease_until: float
+    ) -> list[dict]:
+        """Extend targets as in extend(); one record per token among the leases moved."""
+        index = self._index
+        by_token: dict[str | None, dict[int, None]] = {}
+        for msg_id, token, delivery_count in targets:
+            m = index.get(msg_id)
+            if m is not None and m.lease is not None and _passes(m, token, delivery_count):
+                by_token.setdefault(m.token, {})[msg_id] = None
+        records = []
+        for token, chosen in by_token.items():
+            ids = list(chosen)
+            if len(ids) == 1:
+                record = self._lease_record(index[ids[0]], lease_until)
+            else:
+                record = {"op": "consume", "queue": self.name, "msg_ids": ids, "lease": lease_until,
+                          "delivery_counts": [index[i].delivery_count for i in ids]}
+                if token is not None:
+                    record["token"] = token
+            self.apply(record)
+            records.append(record)
+        return records
+
+    def _lease_record(self, m: Message, lease_until: float) -> dict:
         record = {
             "op": "consume",
             "queue": self.name,
-            "msg_id": msg_id,
+            "msg_id": m.msg_id,
             "lease": lease_until,
             "delivery_count": m.delivery_count,
         }
-        self.apply(record)
+        if m.token is not None:
+            record["token"] = m.token
         return record
 
     def restore(self, message: Message) -> dict:
@@ -264,10 +407,8 @@ class Queue:
                     t = delayed[i][0]
         leased = self._leased
         if leased:
-            head = leased[0][0]
-            if head <= now:
-                i = leased.bisect_right((now, _INF))
-                head = leased[i][0] if i < len(leased) else None
+            i = leased.bisect_right(now)
+            head = leased.keys()[i] if i < len(leased) else None
             if head is not None and (t is None or head < t):
                 t = head
         return t
@@ -280,6 +421,33 @@ class Queue:
         if delayed and delayed[0][0] <= now:
             return True
         return self._due_requeues(now) > 0 if self._leased else False
+
+    def held(self, token: str) -> list[int]:
+        """msg_ids leased under `token`, ascending (empty if the token holds none)."""
+        ids = self._tokens.get(token)
+        return sorted(ids) if ids else []
+
+    def token_of(self, msg_id: int) -> str | None:
+        """The token a message is leased under, or None."""
+        m = self._index.get(msg_id)
+        return None if m is None else m.token
+
+    def tokens(self, prefix: str = "") -> list[str]:
+        """Tokens holding messages whose name starts with `prefix`, in sorted order."""
+        tokens = self._tokens
+        if not prefix:
+            return list(tokens)
+        found = []
+        for token in tokens.irange(minimum=prefix):
+            if not token.startswith(prefix):
+                break
+            found.append(token)
+        return found
+
+    def produced(self, producer: str, sequence: int) -> tuple[int, int] | None:
+        """(first msg_id, count) of the idempotent produce (producer, sequence), if remembered."""
+        entry = self._dedupe.get((producer, sequence))
+        return None if entry is None else (entry[0], entry[1])
 
     def stats(self, now: float) -> dict:
         """Counts as a consume at `now` would see them.
@@ -296,7 +464,7 @@ class Queue:
             "size": len(self._index),
             "ready": len(self._ready) + due + requeues,
             "delayed": len(delayed) - due,
-            "in_flight": len(self._leased) - requeues,
+            "in_flight": self._n_leased - requeues,
             "max_id": self.next_id - 1,
             "max_size": self.max_size,
         }
@@ -337,40 +505,144 @@ class Queue:
             self._delayed.add((m.ready, msg_id))
         if msg_id >= self.next_id:
             self.next_id = msg_id + 1
+        producer = record.get("producer")
+        if producer is not None:
+            self._remember(producer, record["sequence"], msg_id)
+
+    def _remember(self, producer: str, sequence: int, msg_id: int) -> None:
+        """Add msg_id to the dedupe entry of (producer, sequence); the oldest entries go first."""
+        key = (producer, sequence)
+        dedupe = self._dedupe
+        entry = dedupe.get(key)
+        if entry is None:
+            dedupe[key] = [msg_id, 1]
+            while len(dedupe) > self.dedupe_window:
+                dedupe.popitem(last=False)
+        elif msg_id == entry[0] + entry[1]:
+            entry[1] += 1
+        else:
+            raise ValueError(f"produce {producer!r}/{sequence}: msg_id {msg_id} not consecutive")
 
     def _apply_consume(self, record: dict, now: float | None) -> None:
-        msg_id = record["msg_id"]
+        ids = record.get("msg_ids")
+        if ids is None:
+            self._lease(record["msg_id"], record["lease"], record["delivery_count"], record.get("token"))
+            return
+        lease = record["lease"]
+        if lease is None:
+            raise ValueError("a consume record with msg_ids needs a lease")
+        counts = record["delivery_counts"]
+        if len(counts) != len(ids) or len(set(ids)) != len(ids):
+            raise ValueError("a consume record needs distinct msg_ids, one delivery_count each")
+        index = self._index
+        ms = [index[i] for i in ids]
+        self._unlink_many(ms)
+        token = record.get("token")
+        tokens = self._tokens
+        for m, delivery_count in zip(ms, counts):
+            m.delivery_count = delivery_count
+            m.lease = lease
+            if m.token != token:
+                if m.token is not None:
+                    self._unbind(m)
+                if token is not None:
+                    m.token = token
+                    held = tokens.get(token)
+                    if held is None:
+                        tokens[token] = {m.msg_id}
+                    else:
+                        held.add(m.msg_id)
+        self._lease_add(lease, ids)
+
+    def _lease(self, msg_id: int, lease: float | None, delivery_count: int, token: str | None) -> None:
+        """Lease a message until `lease` under `token` (None: delete it, an at-most-once delivery)."""
         m = self._index[msg_id]
         self._unlink(m)
-        m.delivery_count = record["delivery_count"]
-        lease = record["lease"]
+        m.delivery_count = delivery_count
+        if m.token != token:
+            if m.token is not None:
+                self._unbind(m)
+            if token is not None:
+                if lease is None:
+                    raise ValueError(f"msg_id {msg_id}: a token needs a lease")
+                m.token = token
+                held = self._tokens.get(token)
+                if held is None:
+                    self._tokens[token] = {msg_id}
+                else:
+                    held.add(msg_id)
         if lease is None:
             del self._index[msg_id]
         else:
             m.lease = lease
-            self._leased.add((lease, msg_id))
+            self._lease_add(lease, (msg_id,))
+
+    def _unbind(self, m: Message) -> None:
+        """Take `m` out of its token; a token left with no message is forgotten."""
+        held = self._tokens[m.token]
+        held.discard(m.msg_id)
+        if not held:
+            del self._tokens[m.token]
+        m.token = None
 
     def _apply_delete(self, record: dict, now: float | None) -> None:
-        self._unlink(self._index.pop(record["msg_id"]))
+        ids = record.get("msg_ids")
+        if ids is None:
+            m = self._index.pop(record["msg_id"])
+            self._unlink(m)
+            if m.token is not None:
+                self._unbind(m)
+            return
+        index = self._index
+        if len(set(ids)) != len(ids) or any(i not in index for i in ids):
+            raise KeyError(f"confirm record names msg_ids not stored (or twice) in {self.name!r}")
+        ms = [index.pop(i) for i in ids]
+        self._unlink_many(ms)
+        for m in ms:
+            if m.token is not None:
+                self._unbind(m)
 
     def _apply_release(self, record: dict, now: float | None) -> None:
-        msg_id = record["msg_id"]
+        ids = record.get("msg_ids")
+        if ids is None:
+            self._release(record["msg_id"], record["ready"], record["delivery_count"], now)
+        else:
+            for msg_id in ids:
+                self._release(msg_id, record["ready"], None, now)
+
+    def _release(self, msg_id: int, ready: float, delivery_count: int | None, now: float | None) -> None:
         m = self._index[msg_id]
         if m.lease is None:
             raise ValueError(f"msg_id {msg_id} is not leased in queue {self.name!r}")
         self._unlink(m)
+        if m.token is not None:
+            self._unbind(m)
         m.lease = None
-        m.ready = ready = record["ready"]
-        m.delivery_count = record["delivery_count"]
+        m.ready = ready
+        if delivery_count is not None:
+            m.delivery_count = delivery_count
         if now is not None and ready <= now:
             self._ready.add((-m.priority, ready, msg_id))
         else:
             self._delayed.add((ready, msg_id))
 
+    def _unlink_many(self, ms: list[Message]) -> None:
+        """Take messages out of their orderings; a run of neighbours goes as one slice."""
+        leased = [(m.lease, m.msg_id) for m in ms if m.lease is not None]
+        waiting = [m for m in ms if m.lease is None]
+        for lease, msg_id in leased:
+            self._lease_remove(lease, msg_id)
+        if waiting:
+            keys = [(-m.priority, m.ready, m.msg_id) for m in waiting]
+            if not _remove_run(self._ready, keys) and not _remove_run(
+                    self._delayed, [(m.ready, m.msg_id) for m in waiting]):
+                for m in waiting:
+                    self._unlink(m)
+
     def _unlink(self, m: Message) -> None:
         """Take `m` out of whichever ordering holds it."""
         if m.lease is not None:
-            self._leased.remove((m.lease, m.msg_id))
+            self._lease_remove(m.lease, m.msg_id)
             return
         key = (-m.priority, m.ready, m.msg_id)
         ready = self._ready
@@ -393,11 +665,13 @@ class Queue:
             index = self._index
             self._ready.update([(-index[msg_id].priority, t, msg_id) for t, msg_id in due])
         leased = self._leased
-        if leased and leased[0][0] <= now:
+        if leased and leased.keys()[0] <= now:
             index = self._index
             name = self.name
             apply = self.apply
-            for lease, msg_id in leased[: leased.bisect_right((now, _INF))]:
+            due = [(lease, msg_id) for lease in list(leased.irange(maximum=now))
+                   for msg_id in sorted(leased[lease])]
+            for lease, msg_id in due:
                 m = index[msg_id]
                 if lease >= m.ttl:
                     record = {"op": "expire", "queue": name, "msg_id": msg_id}
@@ -415,54 +689,108 @@ class Queue:
     def _due_requeues(self, now: float) -> int:
         """Leases ended by `now` whose message will be ready again (not expired)."""
         leased = self._leased
-        if not leased or leased[0][0] > now:
+        if not leased or leased.keys()[0] > now:
             return 0
         index = self._index
         return sum(
             1
-            for lease, msg_id in leased.islice(0, leased.bisect_right((now, _INF)))
+            for lease in leased.irange(maximum=now)
+            for msg_id in leased[lease]
             if lease < index[msg_id].ttl
         )
+
+    def _lease_add(self, lease: float, ids: Iterable[int]) -> None:
+        group = self._leased.get(lease)
+        if group is None:
+            group = self._leased[lease] = {}
+        before = len(group)
+        group.update(dict.fromkeys(ids))
+        self._n_leased += len(group) - before
+
+    def _lease_remove(self, lease: float, msg_id: int) -> None:
+        group = self._leased[lease]
+        del group[msg_id]
+        self._n_leased -= 1
+        if not group:
+            del self._leased[lease]
 
     # ------------------------------------------------------------------ snapshots
 
     def snapshot(self) -> dict:
-        """Full state, JSON-able: name, max_size, next_id and every message by msg_id.
+        """Full state, JSON-able: name, max_size, next_id, every message by msg_id, and the
+        dedupe window when it is not empty.
 
         Each message is a list in Message field order:
-        [msg_id, data, ready, ttl, retry, priority, delivery_count, lease].
+        [msg_id, data, ready, ttl, retry, priority, delivery_count, lease], plus the token as
+        a ninth item when the message is leased under one. The dedupe window ("dedupe") is a
+        list of [producer, sequence, first msg_id, count], oldest first.
         """
         index = self._index
-        return {
+        snap = {
             "name": self.name,
             "max_size": self.max_size,
             "next_id": self.next_id,
             "messages": [
                 [m.msg_id, m.data, m.ready, m.ttl, m.retry, m.priority, m.delivery_count, m.lease]
+                if m.token is None else
+                [m.msg_id, m.data, m.ready, m.ttl, m.retry, m.priority, m.delivery_count, m.lease,
+                 m.token]
                 for m in (index[msg_id] for msg_id in sorted(index))
             ],
         }
+        if self._dedupe:
+            snap["dedupe"] = [[p, s, first, n] for (p, s), (first, n) in self._dedupe.items()]
+        return snap
 
     @classmethod
     def from_snapshot(cls, snap: dict) -> Queue:
         """A queue with exactly the state of `snapshot()`."""
         q = cls(snap["name"], snap["max_size"], snap["next_id"])
         index = q._index
+        tokens = q._tokens
         delayed = []
-        leased = []
         for row in snap["messages"]:
             m = Message(*row)
             if m.msg_id in index or not 0 < m.msg_id < q.next_id:
                 raise ValueError(f"bad msg_id in snapshot: {m.msg_id}")
             index[m.msg_id] = m
             if m.lease is None:
+                if m.token is not None:
+                    raise ValueError(f"msg_id {m.msg_id}: a token without a lease in snapshot")
                 delayed.append((m.ready, m.msg_id))
             else:
-                leased.append((m.lease, m.msg_id))
+                q._lease_add(m.lease, (m.msg_id,))
+                if m.token is not None:
+                    tokens.setdefault(m.token, set()).add(m.msg_id)
+        for producer, sequence, first, count in snap.get("dedupe", ()):
+            q._dedupe[(producer, sequence)] = [first, count]
         # Without a clock every unleased message starts as delayed; the first consume sorts it out.
         q._delayed.update(delayed)
-        q._leased.update(leased)
         return q
+
+
+def _remove_run(sl: SortedList, keys: list) -> bool:
+    """Remove `keys` from `sl` if they are neighbours there (one slice); False otherwise."""
+    keys.sort()
+    i = sl.bisect_left(keys[0])
+    j = i + len(keys)
+    if j > len(sl) or sl[j - 1] != keys[-1] or sl[i:j] != keys:
+        return False
+    del sl[i:j]
+    return True
+
+
+def _copy(m: Message) -> Message:
+    """A copy of a stored message, for a reply (never aliased with stored state)."""
+    return Message(m.msg_id, m.data, m.ready, m.ttl, m.retry, m.priority, m.delivery_count,
+                   m.lease, m.token)
+
+
+def _passes(m: Message, token: str | None, delivery_count: int | None) -> bool:
+    """Whether `m` satisfies the guards of a confirm/release/extend (None: no guard)."""
+    if token is not None and (m.token != token or m.lease is None):
+        return False
+    return delivery_count is None or m.delivery_count == delivery_count
 
 
 _APPLY = {

@@ -14,6 +14,10 @@ from workers.queue import Message, Queue
 RESTORE_CACHE_SIZE = 65536
 # How often leased messages whose ttl has passed are swept out (seconds).
 EXPIRE_SWEEP_INTERVAL = 1.0
+# Longest lease token and producer id, in UTF-8 bytes.
+MAX_TOKEN_BYTES = 256
+# Request fields that replies do not echo: the protocol's bulky ones, and our list selectors.
+_NOT_ECHOED = p.NOT_ECHOED | {"tokens", "delivery_counts"}
 
 
 class BadRequest(Exception):
@@ -29,6 +33,9 @@ class Waiter:
     request: dict
     count: int | None
     deadline: float
+    lease: float | None = None
+    token: str | None = None
+    times: bool = False
 
 
 def _number(req: dict, key: str, default: float | None) -> float | None:
@@ -49,18 +56,98 @@ def _int(req: dict, key: str, default: int | None) -> int | None:
     return value
 
 
-def _msg_ids(req: dict) -> list[int]:
-    ids = req.get("msg_ids")
+def _name(req: dict, key: str) -> str | None:
+    """A token or producer field: a non-empty string of at most MAX_TOKEN_BYTES."""
+    value = req.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise BadRequest(f"{key}: must be a non-empty string")
+    if len(value) > MAX_TOKEN_BYTES or len(value.encode("utf-8", "surrogatepass")) > MAX_TOKEN_BYTES:
+        raise BadRequest(f"{key}: longer than {MAX_TOKEN_BYTES} bytes")
+    return value
+
+
+def _int_list(req: dict, key: str) -> list[int] | None:
+    value = req.get(key)
+    if value is None:
+        return None
+    if type(value) is not list or any(type(i) is not int for i in value):
+        raise BadRequest(f"{key}: must be a list of integers")
+    return value
+
+
+def _msg_ids(req: dict) -> list[int] | None:
+    ids = _int_list(req, "msg_ids")
     if ids is None:
         one = req.get("msg_id")
         if one is None:
-            raise BadRequest("msg_id: missing")
+            return None
         if type(one) is not int:
             raise BadRequest("msg_id: must be an integer")
         return [one]
-    if type(ids) is not list or any(type(i) is not int for i in ids):
-        raise BadRequest("msg_ids: must be a list of integers")
     return ids
+
+
+@dataclass(slots=True)
+class Selection:
+    """Which messages a confirm/release/extend names: ids, tokens, or ids guarded by tokens."""
+
+    ids: list[int] | None
+    delivery_counts: list[int] | None
+    tokens: list[str] | None
+    prefix: str | None
+
+    @classmethod
+    def parse(cls, req: dict) -> Selection:
+        """The selection of a request; BadRequest names the offending field."""
+        ids = _msg_ids(req)
+        counts = None
+        if req.get("delivery_counts") is not None:
+            counts = _int_list(req, "delivery_counts")
+            if req.get("msg_ids") is None or len(counts) != len(ids):
+                raise BadRequest("delivery_counts: must be as long as msg_ids")
+        elif req.get("delivery_count") is not None:
+            one = _int(req, "delivery_count", None)
+            if req.get("msg_ids") is not None or ids is None:
+                raise BadRequest("delivery_count: goes with msg_id (use delivery_counts)")
+            counts = [one]
+        token = _name(req, "token")
+        prefix = req.get("token_prefix")
+        if prefix is not None and not isinstance(prefix, str):
+            raise BadRequest("token_prefix: must be a string")
+        tokens = req.get("tokens")
+        if tokens is not None:
+            if type(tokens) is not list or not all(isinstance(t, str) and t for t in tokens):
+                raise BadRequest("tokens: must be a list of non-empty strings")
+        if (token is not None) + (tokens is not None) + (prefix is not None) > 1:
+            raise BadRequest("token: give only one of token, tokens, token_prefix")
+        if token is not None:
+            tokens = [token]
+        if ids is None and tokens is None and prefix is None:
+            raise BadRequest("msg_id: missing")
+        return cls(ids, counts, tokens, prefix)
+
+    def targets(self, q: Queue) -> list[tuple[int, str | None, int | None]]:
+        """(msg_id, token guard, delivery_count guard) for each message to act on in `q`."""
+        if self.ids is None:
+            names = self.tokens if self.tokens is not None else q.tokens(self.prefix)
+            return [(msg_id, token, None) for token in names for msg_id in q.held(token)]
+        counts = self.delivery_counts or [None] * len(self.ids)
+        if self.tokens is None and self.prefix is None:
+            return [(msg_id, None, dc) for msg_id, dc in zip(self.ids, counts)]
+        allowed = set(self.tokens) if self.tokens is not None else None
+        found = []
+        for msg_id, dc in zip(self.ids, counts):
+            token = q.token_of(msg_id)
+            if token is None:
+                continue
+            if allowed is not None and token not in allowed:
+                continue
+            if self.prefix is not None and not token.startswith(self.prefix):
+                continue
+            found.append((msg_id, token, dc))
+        return found
 
 
 class PartitionService:
@@ -81,6 +168,7 @@ class PartitionService:
         self.queue_size = queue_size
         self.virtual_queues = dict(virtual_queues or {})
         self.max_wait = max_wait
+        self.accepting = True  # False on a follower: its queues change only by replayed records
         self.queues: dict[str, Queue] = {}
         self.waiters: dict[str, deque[Waiter]] = {}
         self.replies: list[tuple[int, int, dict]] = []
@@ -109,6 +197,8 @@ class PartitionService:
             handler = self._handlers.get(action)
             if handler is None:
                 raise BadRequest("action: not a queue action")
+            if not self.accepting:
+                raise BadRequest("not leader: this node is not leading; retry on the leader")
             reply = handler(req, conn, req_no, now, udp)
         except BadRequest as exc:
             reply = p.error_reply(req, str(exc), self.node_id)
@@ -119,7 +209,7 @@ class PartitionService:
             self.replies.append((conn, req_no, reply))
 
     def _ok(self, req: dict) -> dict:
-        reply = {k: v for k, v in req.items() if k not in p.NOT_ECHOED}
+        reply = {k: v for k, v in req.items() if k not in _NOT_ECHOED}
         reply["code"] = p.CODE_OK
         reply["node_id"] = self.node_id
         return reply
@@ -166,31 +256,76 @@ class PartitionService:
         if not -(2**31) <= priority < 2**31:
             raise BadRequest("priority: out of range")
 
+        producer = _name(req, "producer")
+        sequence = _int(req, "sequence", None)
+        if producer is not None and sequence is None:
+            raise BadRequest("sequence: missing (producer needs a sequence)")
+        if sequence is not None:
+            if producer is None:
+                raise BadRequest("producer: missing (sequence needs a producer)")
+            if not 0 <= sequence < 2**63:
+                raise BadRequest("sequence: out of range (0 .. 2**63-1)")
+
         members = self.virtual_queues.get(name) if isinstance(name, str) else None
         targets = members if members is not None else (self._check_queue(name),)
         n = 1 if batch is None else len(batch)
+        if producer is not None:
+            seen = self._produced(targets, producer, sequence, n)
+            if seen is not None:
+                return self._produce_reply(req, members, targets, batch, seen, duplicate=True)
         queues = [self._queue(t) for t in targets]
         if any(q.free() < n for q in queues):
             raise BadRequest("queue full")
-        ids: dict[str, Any] = {}
+        ids: dict[str, tuple[int, int]] = {}
+        items = [(d, ready, ttl, retry, priority) for d in batch] if batch is not None else None
         for q in queues:
-            if batch is None:
-                rec = q.produce(data, ready, ttl, retry, priority, now)
-                self.records.append(rec)
-                ids[q.name] = rec["msg_id"]
+            if items is None:
+                recs = [q.produce(data, ready, ttl, retry, priority, now, producer, sequence)]
             else:
-                recs = q.produce_many([(d, ready, ttl, retry, priority) for d in batch], now)
-                self.records.extend(recs)
-                ids[q.name] = [r["msg_id"] for r in recs]
+                recs = q.produce_many(items, now, producer, sequence)
+            self.records.extend(recs)
+            ids[q.name] = (recs[0]["msg_id"], len(recs))
             if q.name in self.waiters:
                 self._serve_waiters(q, now)
+        return self._produce_reply(req, members, targets, batch, ids, duplicate=False)
+
+    def _produced(
+        self, targets: tuple[str, ...], producer: str, sequence: int, n: int
+    ) -> dict[str, tuple[int, int]] | None:
+        """The remembered ids of an idempotent produce, per real queue that still remembers it;
+        None if no target queue remembers it (a new produce)."""
+        seen: dict[str, tuple[int, int]] = {}
+        for target in targets:
+            q = self.queues.get(target)
+            entry = q.produced(producer, sequence) if q is not None else None
+            if entry is not None:
+                if entry[1] != n:
+                    raise BadRequest(
+                        f"sequence: already used by this producer for {entry[1]} message(s), not {n}")
+                seen[target] = entry
+        return seen or None
+
+    def _produce_reply(
+        self,
+        req: dict,
+        members: tuple[str, ...] | None,
+        targets: tuple[str, ...],
+        batch: list | None,
+        ids: dict[str, tuple[int, int]],
+        duplicate: bool,
+    ) -> dict:
+        def listed(first: int, count: int) -> int | list[int]:
+            return first if batch is None else list(range(first, first + count))
+
         reply = self._ok(req)
         if members is not None:
-            reply["msg_ids"] = ids
+            reply["msg_ids"] = {q: listed(*entry) for q, entry in ids.items()}
         elif batch is None:
-            reply["msg_id"] = ids[targets[0]]
+            reply["msg_id"] = ids[targets[0]][0]
         else:
-            reply["msg_ids"] = ids[targets[0]]
+            reply["msg_ids"] = listed(*ids[targets[0]])
+        if duplicate:
+            reply["duplicate"] = True
         return reply
 
     def _reject_virtual(self, name: Any) -> str:
@@ -206,12 +341,20 @@ class PartitionService:
         wait = _number(req, "wait", 0)
         if wait < 0:
             raise BadRequest("wait: must be >= 0")
+        lease = _number(req, "lease", None)
+        if lease is not None and not lease > 0:
+            raise BadRequest("lease: must be > 0")
+        token = _name(req, "token")
+        times = req.get("times", False)
+        if type(times) is not bool:
+            raise BadRequest("times: must be true or false")
         q = self.queues.get(name)
-        if q is not None and q.has_ready(now):
-            return self._deliver(q, req, count, now)
+        if q is not None and (q.has_ready(now) or (token is not None and q.held(token))):
+            return self._deliver(q, req, count, now, lease, token, times)
         if wait > 0 and not udp:
             deadline = now + min(wait, self.max_wait)
-            self.waiters.setdefault(name, deque()).append(Waiter(conn, req_no, req, count, deadline))
+            self.waiters.setdefault(name, deque()).append(
+                Waiter(conn, req_no, req, count, deadline, lease, token, times))
             return None
         return self._empty(req, count)
 
@@ -221,8 +364,21 @@ class PartitionService:
             reply["messages"] = []
         return reply
 
-    def _deliver(self, q: Queue, req: dict, count: int | None, now: float) -> dict:
-        messages, records = q.consume(now, count or 1)
+    def _deliver(
+        self,
+        q: Queue,
+        req: dict,
+        count: int | None,
+        now: float,
+        lease: float | None = None,
+        token: str | None = None,
+        times: bool = False,
+    ) -> dict:
+        replayed = False
+        if token is not None:
+            self.records.extend(q.expire_due(now))  # so that a token whose leases ended is new
+            replayed = bool(q.held(token))
+        messages, records = q.consume(now, count or 1, lease, token)
         self.records.extend(records)
         for m in messages:
             if m.lease is None:
@@ -234,10 +390,22 @@ class PartitionService:
                 reply["msg_id"] = m.msg_id
                 reply["data"] = m.data
                 reply["delivery_count"] = m.delivery_count
+                if times:
+                    reply["ready"] = m.ready
+                    reply["ttl"] = m.ttl
+                    reply["lease_until"] = m.lease
+        elif times:
+            reply["messages"] = [
+                {"msg_id": m.msg_id, "data": m.data, "delivery_count": m.delivery_count,
+                 "ready": m.ready, "ttl": m.ttl, "lease_until": m.lease}
+                for m in messages
+            ]
         else:
             reply["messages"] = [
                 {"msg_id": m.msg_id, "data": m.data, "delivery_count": m.delivery_count} for m in messages
             ]
+        if replayed:
+            reply["replayed"] = True
         return reply
 
     def _remember(self, queue: str, message: Message) -> None:
@@ -246,31 +414,30 @@ class PartitionService:
         if len(cache) > RESTORE_CACHE_SIZE:
             cache.popitem(last=False)
 
-    def _by_ids(self, req: dict, op: Callable[[Queue, int], dict | None]) -> int:
+    def _selected(self, req: dict) -> tuple[Queue | None, list[tuple[int, str | None, int | None]]]:
+        """The queue a confirm/release/extend names, and its (msg_id, token, delivery_count)
+        targets."""
         name = self._reject_virtual(req.get("queue"))
-        ids = _msg_ids(req)
+        selection = Selection.parse(req)
         q = self.queues.get(name)
-        done = 0
-        if q is not None:
-            for msg_id in ids:
-                rec = op(q, msg_id)
-                if rec is not None:
-                    self.records.append(rec)
-                    done += 1
-        return done
+        return q, (selection.targets(q) if q is not None else [])
 
     def _confirm(self, req: dict, conn: int, req_no: int, now: float, udp: bool) -> dict:
-        done = self._by_ids(req, lambda q, i: q.confirm(i))
+        q, targets = self._selected(req)
+        rec = q.confirm_many(targets) if targets else None
+        if rec is not None:
+            self.records.append(rec)
         reply = self._ok(req)
-        reply["confirmed"] = done
+        reply["confirmed"] = _count(rec)
         return reply
 
     def _release(self, req: dict, conn: int, req_no: int, now: float, udp: bool) -> dict:
-        done = self._by_ids(req, lambda q, i: q.release(i, now))
+        q, targets = self._selected(req)
+        rec = q.release_many(targets, now) if targets else None
         reply = self._ok(req)
-        reply["released"] = done
-        if done:
-            q = self.queues[req["queue"]]
+        reply["released"] = _count(rec)
+        if rec is not None:
+            self.records.append(rec)
             if q.name in self.waiters:
                 self._serve_waiters(q, now)
         return reply
@@ -281,9 +448,11 @@ class PartitionService:
             raise BadRequest("retry: missing")
         if retry <= 0:
             raise BadRequest("retry: must be > 0")
-        done = self._by_ids(req, lambda q, i: q.extend(i, now + retry))
+        q, targets = self._selected(req)
+        recs = q.extend_many(targets, now + retry) if targets else []
+        self.records.extend(recs)
         reply = self._ok(req)
-        reply["extended"] = done
+        reply["extended"] = sum(_count(r) for r in recs)
         return reply
 
     # ----------------------------------------------------------------------------- scatter
@@ -360,7 +529,8 @@ class PartitionService:
         waiting = self.waiters.get(q.name)
         while waiting and q.has_ready(now):
             w = waiting.popleft()
-            self.replies.append((w.conn, w.req_no, self._deliver(q, w.request, w.count, now)))
+            reply = self._deliver(q, w.request, w.count, now, w.lease, w.token, w.times)
+            self.replies.append((w.conn, w.req_no, reply))
         if not waiting:
             self.waiters.pop(q.name, None)
 
@@ -394,17 +564,29 @@ class PartitionService:
     # ----------------------------------------------------------------------------- replicas
     def apply(self, record: dict) -> None:
         """Replay a change record decided by the leader."""
-        self._queue(record["queue"]).apply(record)
+        if record["op"] != "noop":
+            self._queue(record["queue"]).apply(record)
 
     def snapshot(self) -> dict:
         """The state of every queue, JSON-able."""
         return {name: q.snapshot() for name, q in self.queues.items()}
 
     def load_snapshot(self, state: dict) -> None:
-        """Replace all queues with a snapshot's."""
+        """Replace all queues with a snapshot's. Parked long polls are answered empty."""
         self.queues = {name: Queue.from_snapshot(s) for name, s in state.items()}
+        for waiting in self.waiters.values():
+            for w in waiting:
+                self.replies.append((w.conn, w.req_no, self._empty(w.request, w.count)))
         self.waiters.clear()
         self._restorable.clear()
+
+
+def _count(record: dict | None) -> int:
+    """How many messages a (single or list form) record changed."""
+    if record is None:
+        return 0
+    ids = record.get("msg_ids")
+    return 1 if ids is None else len(ids)
 
 
 def _empty_stats(max_size: int) -> dict:

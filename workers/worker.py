@@ -11,6 +11,7 @@ import zmq
 
 from server import ipc
 from server.child import start
+from server.metrics import WorkerMetrics, count_replies
 from workers.service import PartitionService
 
 _DUMPS = orjson.dumps
@@ -19,11 +20,15 @@ _DUMPS = orjson.dumps
 class Worker:
     """The I/O around one PartitionService."""
 
-    def __init__(self, service: PartitionService, inbox: zmq.Socket, coordinator: zmq.Socket, log) -> None:
+    def __init__(self, service: PartitionService, inbox: zmq.Socket, coordinator: zmq.Socket, log, index: int = 0) -> None:
         self.service = service
         self.inbox = inbox
         self.coordinator = coordinator
         self.log = log
+        self.epoch = 0  # of the last mode change received (see ClusterNode.epoch)
+        self.held: list[list[bytes]] = []
+        self.index = index
+        self.metrics = WorkerMetrics()
 
     def run(self) -> None:
         """Serve until terminated."""
@@ -37,21 +42,32 @@ class Worker:
 
     def after(self) -> None:
         """Run timers, then send on what the service produced."""
-        self.service.tick(time.time())
+        now = time.time()
+        self.service.tick(now)
         self.flush()
+        if self.metrics.due(time.monotonic()):
+            self.metrics.fold(lambda: self.service._totals(now))
 
     def dispatch(self, frames: list[bytes], now: float) -> None:
         """Handle one inbox message."""
         kind = frames[0]
         service = self.service
         if kind == ipc.REQ:
+            if int(frames[2]) > self.epoch:
+                # Sent after a mode change this worker has not received yet (it comes from the
+                # coordinator on another pipe): hold it until then.
+                self.held.append(frames)
+                return
+            started = time.perf_counter()
             handle = service.handle
-            for item in orjson.loads(frames[1]):
+            items = orjson.loads(frames[1])
+            for item in items:
                 if len(item) == 3:
                     conn, req_no, req = item
                     handle(req, conn, req_no, now, conn == 0)
                 else:
                     service.partial(item[3], item[2], now)
+            self.metrics.batch(time.perf_counter() - started, len(items))
         elif kind == ipc.CLOSE:
             service.cancel(orjson.loads(frames[1]))
         elif kind == ipc.UNDELIVER:
@@ -60,6 +76,13 @@ class Worker:
         elif kind == ipc.APPLY:
             for record in orjson.loads(frames[1]):
                 service.apply(record)
+        elif kind == ipc.MODE:
+            service.accepting, self.epoch = orjson.loads(frames[1])
+            held, self.held = self.held, []
+            for message in held:
+                self.dispatch(message, now)
+        elif kind == ipc.RESET:
+            service.load_snapshot(orjson.loads(frames[1]))
         else:
             self.log.warning("unknown message kind %r", kind)
 
@@ -71,6 +94,9 @@ class Worker:
         service.errors.clear()
         if not (service.replies or service.records or service.partials):
             return
+        count_replies(self.metrics.counts, service.replies)
+        if service.partials:
+            self.metrics.count_partials(service.partials, self.index)
         header, blob = ipc.encode_replies(service.replies)
         records = _DUMPS(service.records) if service.records else ipc.EMPTY_LIST
         partials = _DUMPS(service.partials) if service.partials else ipc.EMPTY_LIST
@@ -93,9 +119,10 @@ def main(argv: list[str] | None = None) -> None:
     ctx = zmq.Context()
     inbox = ipc.inbox(ctx, ctx_info.run_dir, ipc.worker_name(ctx_info.index))
     coordinator = ipc.outbox(ctx, ctx_info.run_dir, "coordinator")
+    service.accepting = False  # until the coordinator has restored the queues and leads
     ctx_info.log.info("worker %d ready", ctx_info.index)
     try:
-        Worker(service, inbox, coordinator, ctx_info.log).run()
+        Worker(service, inbox, coordinator, ctx_info.log, ctx_info.index).run()
     except KeyboardInterrupt:
         pass
     finally:

@@ -53,7 +53,7 @@ def test_a_killed_supervisor_leaves_no_orphans(tmp_path):
         conn.close()
         node.signal(signal.SIGKILL)
         node.proc.wait(10)
-        wait_for(lambda: not any(alive(pid) for pid in roles.values()), 10, "children to exit")
+        wait_for(lambda: not any(alive(pid) for pid in roles.values()), 30, "children to exit")
     finally:
         node.stop()
 

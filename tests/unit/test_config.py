@@ -22,7 +22,7 @@ DEFAULTS = {
     "forward_request": True, "cluster_node_list": (), "virtual_queue_list": (),
     "queue_data_dir": "./queue_data", "workers": 2, "max_request_size": 1048576,
     "udp_max_response": 60000, "max_wait": 30.0, "replication": "quorum", "fsync": "everysec",
-    "in_memory": False, "metrics_port": 0, "election_timeout_ms": 300, "heartbeat_ms": 50,
+    "in_memory": False, "snapshot_every": 100000, "repair": False, "metrics_port": 0, "election_timeout_ms": 300, "heartbeat_ms": 50,
 }
 
 THREE = [
@@ -150,6 +150,8 @@ INVALID: dict[str, list[object]] = {
     "replication": ["sync", "", 1, None, "QUORUM"],
     "fsync": ["sometimes", 1, True, None],
     "in_memory": [0, 1, "true", None],
+    "snapshot_every": [0, -5, 1.5, "10"],
+    "repair": [0, 1, "yes", None],
     "metrics_port": [-1, 65536, "9100", 9100.0, True],
     "election_timeout_ms": [0, 5, 60001, "300", 300.5],
     "heartbeat_ms": [0, 10001, "50", 50.5],

@@ -28,19 +28,25 @@ def take(q: Queue, now: float, count: int = 1) -> list[str]:
 
 
 def check_invariants(q: Queue) -> None:
-    """Every stored message is in exactly one ordering, under the key its fields give."""
+    """Every stored message is in exactly one ordering, under the key its fields give; a
+    message is leased under a token exactly when the token lists it."""
     delayed = {mid for _, mid in q._delayed}
     ready = {mid for *_, mid in q._ready}
-    leased = {mid for _, mid in q._leased}
+    leased = {mid for group in q._leased.values() for mid in group}
+    assert all(q._leased.values()) and q._n_leased == len(leased)
     assert len(delayed) + len(ready) + len(leased) == len(q)
     assert delayed | ready | leased == set(q._index)
     for mid, m in q._index.items():
         assert mid == m.msg_id < q.next_id
         if mid in leased:
-            assert (m.lease, mid) in q._leased
+            assert mid in q._leased[m.lease]
         else:
-            assert m.lease is None
+            assert m.lease is None and m.token is None
             assert (m.ready, mid) in q._delayed or (-m.priority, m.ready, mid) in q._ready
+        if m.token is not None:
+            assert mid in q._tokens[m.token]
+    for token, held in q._tokens.items():
+        assert held and all(q._index[mid].token == token for mid in held)
 
 
 # ---------------------------------------------------------------- delay and ordering
@@ -352,6 +358,198 @@ def test_has_ready_ignores_leases_that_will_expire():
     assert q.has_ready(T0 + 11)
 
 
+# ---------------------------------------------------------------- lease tokens
+
+def test_lease_param_leases_at_most_once_messages_too():
+    q = make()
+    mid = put(q, "once", retry=0)
+    msgs, records = q.consume(T0, 1, lease=30)
+    assert [(m.msg_id, m.lease, m.retry) for m in msgs] == [(mid, T0 + 30, 0)]
+    assert records == [{"op": "consume", "queue": "q", "msg_ids": [mid], "lease": T0 + 30,
+                        "delivery_counts": [1]}]  # a consume with a lease: one record per batch
+    assert take(q, T0 + 29) == []
+    assert take(q, T0 + 30) == ["once"]  # the lease ended: ready again, then at most once
+    assert len(q) == 0
+
+
+def test_token_consume_binds_and_a_retry_returns_the_same_messages():
+    q = make()
+    ids = [put(q, f"m{i}", retry=5) for i in range(5)]
+    msgs, records = q.consume(T0, 3, lease=60, token="t")
+    assert [m.msg_id for m in msgs] == ids[:3]
+    assert records == [{"op": "consume", "queue": "q", "msg_ids": ids[:3], "lease": T0 + 60,
+                        "delivery_counts": [1, 1, 1], "token": "t"}]
+    assert q.held("t") == ids[:3] and q.tokens() == ["t"]
+    assert all(q.token_of(i) == "t" for i in ids[:3]) and q.token_of(ids[3]) is None
+    # The retry: the same messages, not new ones; no record without a lease to renew.
+    again, records = q.consume(T0 + 1, 3, token="t")
+    assert [(m.msg_id, m.delivery_count, m.lease) for m in again] == [(i, 1, T0 + 60) for i in ids[:3]]
+    assert records == []
+    # With a lease the retry renews the leases (same delivery_count, token kept).
+    again, records = q.consume(T0 + 2, 3, lease=100, token="t")
+    assert [m.lease for m in again] == [T0 + 102] * 3
+    assert records == [{"op": "consume", "queue": "q", "msg_ids": ids[:3], "lease": T0 + 102,
+                        "delivery_counts": [1, 1, 1], "token": "t"}]
+    assert take(q, T0 + 3, count=10) == ["m3", "m4"]
+
+
+def test_token_loses_messages_whose_lease_ended_and_is_forgotten_when_empty():
+    q = make()
+    a, b = put(q, "a", retry=5), put(q, "b", retry=5)
+    q.consume(T0, 1, lease=10, token="t")
+    q.extend(a, T0 + 50)                  # by id: the token binding is kept
+    assert q.token_of(a) == "t"
+    q.consume(T0, 1, lease=10, token="u")
+    assert q.held("u") == [b]
+    q.expire_due(T0 + 10)                 # u's lease ended: b is ready again, u is forgotten
+    assert q.held("u") == [] and q.tokens() == ["t"]
+    msgs, _ = q.consume(T0 + 11, 5, lease=10, token="u")  # a new consume under the same token
+    assert [(m.msg_id, m.delivery_count) for m in msgs] == [(b, 2)]
+    assert q.release(a, T0 + 12) is not None
+    assert q.tokens() == ["u"] and q.token_of(a) is None
+
+
+def test_token_without_lease_binds_only_leased_messages():
+    q = make()
+    put(q, "once", retry=0)
+    leased = put(q, "least", retry=9)
+    msgs, records = q.consume(T0, 5, token="t")
+    assert [m.data for m in msgs] == ["once", "least"]
+    assert "token" not in records[0] and records[1]["token"] == "t"
+    assert q.held("t") == [leased]
+
+
+def test_guards_stop_a_stale_client_from_touching_a_redelivered_message():
+    q = make()
+    mid = put(q, "m", retry=10)
+    [first], _ = q.consume(T0, 1, token="old")
+    # old's lease ends; someone else gets the message
+    [second], _ = q.consume(T0 + 10, 1, token="new")
+    assert second.delivery_count == 2
+    assert q.confirm(mid, token="old") is None
+    assert q.release(mid, T0 + 11, token="old") is None
+    assert q.extend(mid, T0 + 99, token="old") is None
+    assert q.confirm(mid, delivery_count=first.delivery_count) is None
+    assert q.extend(mid, T0 + 99, delivery_count=1) is None
+    assert q.token_of(mid) == "new" and len(q) == 1
+    assert q.extend(mid, T0 + 30, token="new", delivery_count=2)["token"] == "new"
+    assert q.confirm(mid, token="new", delivery_count=2) == {"op": "confirm", "queue": "q",
+                                                             "msg_id": mid}
+    assert q.tokens() == []
+
+
+def test_token_guard_needs_a_lease_but_delivery_count_guard_does_not():
+    q = make()
+    mid = put(q, "m", retry=10)
+    q.consume(T0, 1)
+    q.release(mid, T0 + 1)                # ready again, delivery_count stays 1
+    assert q.confirm(mid, token="t") is None
+    assert q.confirm(mid, delivery_count=1) is not None  # processed, not redelivered: fine
+
+
+def test_tokens_by_prefix():
+    q = make()
+    for i in range(6):
+        put(q, f"m{i}", retry=5)
+    for token in ("s1/r1/0", "s1/r1/1", "s1/r10/0", "s2/r1/0", "s1/r2/0"):
+        q.consume(T0, 1, lease=60, token=token)
+    assert q.tokens("s1/r1/") == ["s1/r1/0", "s1/r1/1"]
+    assert q.tokens("s1/") == ["s1/r1/0", "s1/r1/1", "s1/r10/0", "s1/r2/0"]
+    assert q.tokens("zzz") == [] and len(q.tokens()) == 5
+
+
+def test_token_records_replay_and_snapshot():
+    q = make()
+    for i in range(4):
+        put(q, f"m{i}", retry=5)
+    replica = Queue.from_snapshot(orjson.loads(orjson.dumps(q.snapshot())))
+    _, records = q.consume(T0, 2, lease=30, token="t")
+    _, more = q.consume(T0, 1, lease=30)
+    for rec in records + more:
+        replica.apply(orjson.loads(orjson.dumps(rec)))
+    snap = q.snapshot()
+    assert snap["messages"][0] == [1, "m0", T0, T0 + HOUR, 5, 0, 1, T0 + 30, "t"]
+    assert snap["messages"][2] == [3, "m2", T0, T0 + HOUR, 5, 0, 1, T0 + 30]  # no token: 8 items
+    assert replica.snapshot() == snap
+    copy = Queue.from_snapshot(orjson.loads(orjson.dumps(snap)))
+    assert copy.held("t") == [1, 2] and copy.snapshot() == snap
+    check_invariants(copy)
+    with pytest.raises(ValueError):
+        q.apply({"op": "consume", "queue": "q", "msg_id": 4, "lease": None,
+                 "delivery_count": 1, "token": "x"})
+
+
+def test_bulk_confirm_release_extend_make_one_record_each():
+    q = make()
+    ids = [put(q, f"m{i}", retry=5) for i in range(6)]
+    q.consume(T0, 3, lease=30, token="a")
+    q.consume(T0, 2, lease=30, token="b")
+    targets = [(i, None, None) for i in ids[:5]]
+    recs = q.extend_many(targets + [(999, None, None)], T0 + 90)
+    assert recs == [
+        {"op": "consume", "queue": "q", "msg_ids": ids[:3], "lease": T0 + 90,
+         "delivery_counts": [1, 1, 1], "token": "a"},
+        {"op": "consume", "queue": "q", "msg_ids": ids[3:5], "lease": T0 + 90,
+         "delivery_counts": [1, 1], "token": "b"},
+    ]
+    assert q.held("a") == ids[:3]  # extending keeps the tokens
+    rec = q.release_many([(i, "a", None) for i in ids[:5]], T0 + 1)  # only a's leases
+    assert rec == {"op": "release", "queue": "q", "msg_ids": ids[:3], "ready": T0 + 1}
+    assert q.tokens() == ["b"]
+    assert q.release_many([(ids[5], None, None)], T0 + 1) is None  # not leased
+    rec = q.confirm_many([(i, None, None) for i in ids] + [(ids[0], None, None)])
+    assert rec == {"op": "confirm", "queue": "q", "msg_ids": ids}  # each id once
+    assert len(q) == 0 and q.tokens() == []
+    assert q.confirm_many([(ids[0], None, None)]) is None
+
+
+def test_list_form_records_replay_like_single_ones():
+    q = make()
+    ids = [put(q, f"m{i}", retry=5) for i in range(4)]
+    replica = Queue.from_snapshot(orjson.loads(orjson.dumps(q.snapshot())))
+    records = q.consume(T0, 4, lease=10, token="t")[1]
+    records += q.extend_many([(i, None, None) for i in ids[:2]], T0 + 50)
+    records.append(q.release_many([(i, None, None) for i in ids[2:]], T0 + 2))
+    records.append(q.confirm_many([(i, "t", 1) for i in ids]))
+    for rec in records:
+        replica.apply(orjson.loads(orjson.dumps(rec)))
+    assert replica.snapshot() == q.snapshot() and len(q) == 2
+    assert q.confirm_many([(i, None, None) for i in ids]) == {"op": "confirm", "queue": "q",
+                                                               "msg_ids": ids[2:]}
+    with pytest.raises(ValueError):
+        q.apply({"op": "consume", "queue": "q", "msg_ids": [1], "lease": None, "delivery_counts": [1]})
+
+
+# ---------------------------------------------------------------- idempotent produce
+
+def test_idempotent_produce_is_remembered_and_replicated():
+    q = make()
+    records = q.produce_many([("a", T0, T0 + HOUR, 0.0, 0), ("b", T0, T0 + HOUR, 0.0, 0)], T0,
+                             "p", 7)
+    assert all(r["producer"] == "p" and r["sequence"] == 7 for r in records)
+    single = q.produce("c", T0, T0 + HOUR, 0.0, 0, T0, "p", 8)
+    assert q.produced("p", 7) == (1, 2) and q.produced("p", 8) == (single["msg_id"], 1)
+    assert q.produced("p", 9) is None and q.produced("other", 7) is None
+    with pytest.raises(ValueError):
+        q.produce("dup", T0, T0 + HOUR, 0.0, 0, T0, "p", 7)
+    assert len(q) == 3
+    replica = make()
+    for rec in records + [single]:
+        replica.apply(orjson.loads(orjson.dumps(rec)))
+    assert replica.produced("p", 7) == (1, 2) and replica.snapshot() == q.snapshot()
+    assert q.snapshot()["dedupe"] == [["p", 7, 1, 2], ["p", 8, 3, 1]]
+    take(q, T0, count=5)                  # consuming does not forget: a retry is still a duplicate
+    assert Queue.from_snapshot(q.snapshot()).produced("p", 7) == (1, 2)
+
+
+def test_dedupe_window_forgets_the_oldest_first():
+    q = Queue("q", 100, dedupe_window=3)
+    for s in range(5):
+        assert q.produce(f"m{s}", T0, T0 + HOUR, 0.0, 0, T0, "p", s)["msg_id"] == s + 1
+    assert [q.produced("p", s) for s in range(5)] == [None, None, (3, 1), (4, 1), (5, 1)]
+    assert "dedupe" not in make().snapshot()
+
+
 # ---------------------------------------------------------------- snapshots and replay
 
 def busy_queue() -> Queue:
@@ -403,32 +601,52 @@ def random_step(a: Queue, rng: random.Random, now: float, delivered: list[Messag
     """One random leader operation on `a`; the records it produced."""
     roll = rng.random()
     ids = list(a._index) or [1]
-    if roll < 0.30:
+    tokens = a.tokens() or ["t0"]
+    if roll < 0.24:
         try:
             return [a.produce(f"d{rng.random():.6f}", now + rng.choice([0, 0, -1, 3, 8]),
                               now + rng.choice([2, 10, 40]), rng.choice([0, 0, 4, 9]),
                               rng.choice([0, 0, 1, 5]), now)]
         except QueueFull:
             return []
-    if roll < 0.38:
+    if roll < 0.32:
         items = [(f"b{i}", now + rng.choice([0, 2]), now + 30, rng.choice([0, 5]), 0)
                  for i in range(rng.randint(1, 4))]
+        key = (rng.choice(["p1", "p2"]), rng.randrange(30)) if rng.random() < 0.5 else (None, None)
+        if key[0] is not None and a.produced(*key):
+            return []
         try:
-            return a.produce_many(items, now)
+            return a.produce_many(items, now, *key)
         except QueueFull:
             return []
-    if roll < 0.60:
+    if roll < 0.48:
         msgs, records = a.consume(now, rng.randint(1, 3))
         delivered.extend(m for m in msgs if m.retry == 0)
         return records
-    if roll < 0.70:
-        r = a.confirm(rng.choice(ids + [10**6]))
+    if roll < 0.56:
+        lease = rng.choice([None, 3, 12])
+        msgs, records = a.consume(now, rng.randint(1, 3), lease, f"t{rng.randrange(6)}")
+        delivered.extend(m for m in msgs if m.lease is None)
+        return records
+    if roll < 0.64:
+        guard = rng.choice([None, rng.choice(tokens)])
+        r = a.confirm(rng.choice(ids + [10**6]), guard, rng.choice([None, None, 1, 2]))
         return [r] if r else []
-    if roll < 0.77:
-        r = a.release(rng.choice(ids), now)
+    if roll < 0.68:
+        targets = [(i, t, None) for t in rng.sample(tokens, min(2, len(tokens))) for i in a.held(t)]
+        targets += [(rng.choice(ids), None, rng.choice([None, 1])) for _ in range(rng.randint(0, 2))]
+        rng.shuffle(targets)
+        bulk = rng.choice(["confirm", "release", "extend"])
+        if bulk == "confirm":
+            return [r] if (r := a.confirm_many(targets)) else []
+        if bulk == "release":
+            return [r] if (r := a.release_many(targets, now)) else []
+        return a.extend_many(targets, now + rng.choice([2, 9]))
+    if roll < 0.74:
+        r = a.release(rng.choice(ids), now, rng.choice([None, rng.choice(tokens)]))
         return [r] if r else []
-    if roll < 0.84:
-        r = a.extend(rng.choice(ids), now + rng.choice([1, 5, 20]))
+    if roll < 0.82:
+        r = a.extend(rng.choice(ids), now + rng.choice([1, 5, 20]), rng.choice([None, rng.choice(tokens)]))
         return [r] if r else []
     if roll < 0.90 and delivered:
         m = delivered.pop(rng.randrange(len(delivered)))
@@ -439,22 +657,35 @@ def random_step(a: Queue, rng: random.Random, now: float, delivered: list[Messag
 @pytest.mark.parametrize("seed", range(5))
 def test_replica_replaying_records_matches_leader(seed):
     rng = random.Random(seed)
-    a = make(max_size=25)
-    b = make(max_size=25)
+    a = Queue("q", 25, dedupe_window=8)  # small, so that the window's eviction is replayed too
+    b = Queue("q", 25, dedupe_window=8)
     now = T0
     delivered: list[Message] = []
     ops_seen = set()
+    tokens_seen = dedupe_seen = False
+    list_forms_seen: set[str] = set()
     for _ in range(1500):
         now += rng.choice([0, 0, 0.5, 1, 2, 7])
         for record in random_step(a, rng, now, delivered):
             ops_seen.add(record["op"])
+            if "msg_ids" in record:
+                list_forms_seen.add(record["op"])
             b.apply(orjson.loads(orjson.dumps(record)))
         assert a.snapshot() == b.snapshot()
+        assert a.tokens() == b.tokens()
+        assert all(a.held(t) == b.held(t) for t in a.tokens())
+        tokens_seen = tokens_seen or bool(a.tokens())
+        dedupe_seen = dedupe_seen or "dedupe" in a.snapshot()
         assert a.stats(now) == b.stats(now)
         assert a.next_event(now) == b.next_event(now)
     check_invariants(a)
     check_invariants(b)
     assert ops_seen == {"produce", "consume", "confirm", "expire", "release", "restore"}
+    assert tokens_seen and dedupe_seen and list_forms_seen >= {"consume", "confirm", "release"}
+    # A replica built from the leader's snapshot is the same queue too.
+    c = Queue.from_snapshot(orjson.loads(orjson.dumps(a.snapshot())))
+    check_invariants(c)
+    assert c.snapshot() == a.snapshot() and c.tokens() == a.tokens()
     # The replica taking over as leader delivers exactly what the old leader would.
     for later in (now + 5, now + 50, now + 500):
         assert a.consume(later, 100) == b.consume(later, 100)

@@ -263,3 +263,139 @@ def test_router_is_stable_and_keeps_virtual_groups_together():
     assert Router(4).worker_for("some-queue") == Router(4).worker_for("some-queue")
     spread = {Router(4).worker_for(f"q{i}") for i in range(100)}
     assert spread == {0, 1, 2, 3}
+
+
+# ---------------------------------------------------------------- lease tokens (protocol extension)
+
+def test_token_consume_retry_returns_the_same_messages_with_times():
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": ["a", "b", "c"], "delay": 0, "ttl": 600})
+    r = t.call({"action": 2, "queue": "q", "count": 2, "token": "job/1", "lease": 30, "times": True})
+    assert [(m["data"], m["delivery_count"], m["ready"], m["ttl"], m["lease_until"])
+            for m in r["messages"]] == [("a", 1, T0, T0 + 600, T0 + 30), ("b", 1, T0, T0 + 600, T0 + 30)]
+    assert "replayed" not in r and r["token"] == "job/1"
+    t.now += 5
+    again = t.call({"action": 2, "queue": "q", "count": 2, "token": "job/1", "lease": 30})
+    assert again["replayed"] is True
+    assert [(m["msg_id"], m["delivery_count"]) for m in again["messages"]] == [(1, 1), (2, 1)]
+    assert t.s.queues["q"]._index[1].lease == T0 + 35  # renewed
+    assert t.call({"action": 2, "queue": "q", "token": "other", "lease": 30})["data"] == "c"
+    assert t.replica.snapshot() == t.s.snapshot()
+
+
+def test_token_retry_is_answered_even_when_nothing_is_ready_and_over_long_poll():
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": "x"})
+    first = t.call({"action": 2, "queue": "q", "token": "t", "lease": 10, "wait": 5}, conn=3)
+    again = t.call({"action": 2, "queue": "q", "token": "t", "lease": 10, "wait": 5}, conn=4)
+    assert (again["msg_id"], again["data"], again["replayed"]) == (first["msg_id"], "x", True)
+    # A new token on an empty queue parks; the produce that serves it binds to the token.
+    assert t.call({"action": 2, "queue": "q", "count": 3, "token": "u", "lease": 10, "wait": 5}, conn=5) is None
+    t.n += 1
+    t.s.handle({"action": 1, "queue": "q", "data": "y"}, 6, t.n, t.now)
+    served = [r for c, _, r in t.drain() if c == 5][0]
+    assert [m["data"] for m in served["messages"]] == ["y"]
+    assert t.s.queues["q"].held("u") == [served["messages"][0]["msg_id"]]
+    assert t.replica.snapshot() == t.s.snapshot()
+
+
+def test_confirm_release_extend_by_token_tokens_and_prefix():
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": [f"m{i}" for i in range(6)]})
+    for token in ("s/1/a", "s/1/b", "s/2/a"):
+        t.call({"action": 2, "queue": "q", "count": 2, "token": token, "lease": 30})
+    r = t.call({"action": 6, "queue": "q", "token_prefix": "s/1/", "retry": 100})
+    assert r["extended"] == 4
+    assert t.call({"action": 5, "queue": "q", "token": "s/2/a"})["released"] == 2
+    r = t.call({"action": 3, "queue": "q", "tokens": ["s/1/a", "s/1/b", "nope"]})
+    assert r["confirmed"] == 4 and "tokens" not in r
+    assert t.call({"action": 3, "queue": "q", "token": "s/1/a"})["confirmed"] == 0
+    assert t.s.queues["q"].tokens() == [] and len(t.s.queues["q"]) == 2
+    assert t.replica.snapshot() == t.s.snapshot()
+
+
+def test_ids_with_a_token_act_only_on_messages_leased_under_it():
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": ["a", "b"], "retry": 5})
+    mine = t.call({"action": 2, "queue": "q", "token": "mine", "lease": 10})["msg_id"]
+    theirs = t.call({"action": 2, "queue": "q"})["msg_id"]
+    r = t.call({"action": 3, "queue": "q", "msg_ids": [mine, theirs], "token": "mine"})
+    assert r["confirmed"] == 1 and theirs in t.s.queues["q"]
+
+
+def test_expired_lease_holder_cannot_confirm_extend_or_release_the_next_delivery():
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": "x", "retry": 5})
+    stale = t.call({"action": 2, "queue": "q"})
+    t.now += 5                                        # the lease ends; another client takes it
+    fresh = t.call({"action": 2, "queue": "q", "token": "B", "lease": 30})
+    assert fresh["delivery_count"] == 2
+    mid, dc = stale["msg_id"], stale["delivery_count"]
+    assert t.call({"action": 3, "queue": "q", "msg_id": mid, "delivery_count": dc})["confirmed"] == 0
+    assert t.call({"action": 6, "queue": "q", "msg_ids": [mid], "delivery_counts": [dc], "retry": 9})["extended"] == 0
+    assert t.call({"action": 5, "queue": "q", "msg_id": mid, "token": "A"})["released"] == 0
+    assert t.call({"action": 3, "queue": "q", "msg_id": mid, "delivery_count": 2})["confirmed"] == 1
+
+
+@pytest.mark.parametrize(
+    "req,field",
+    [
+        ({"action": 2, "queue": "q", "lease": 0}, "lease"),
+        ({"action": 2, "queue": "q", "lease": "5"}, "lease"),
+        ({"action": 2, "queue": "q", "token": ""}, "token"),
+        ({"action": 2, "queue": "q", "token": 5}, "token"),
+        ({"action": 2, "queue": "q", "token": "x" * 257}, "token"),
+        ({"action": 2, "queue": "q", "times": 1}, "times"),
+        ({"action": 3, "queue": "q", "tokens": ["a", 1]}, "tokens"),
+        ({"action": 3, "queue": "q", "tokens": "a"}, "tokens"),
+        ({"action": 3, "queue": "q", "token_prefix": 3}, "token_prefix"),
+        ({"action": 3, "queue": "q", "token": "a", "tokens": ["b"]}, "token"),
+        ({"action": 3, "queue": "q", "msg_ids": [1, 2], "delivery_counts": [1]}, "delivery_counts"),
+        ({"action": 3, "queue": "q", "msg_id": 1, "delivery_counts": [1]}, "delivery_counts"),
+        ({"action": 3, "queue": "q", "delivery_counts": None}, "msg_id"),
+        ({"action": 3, "queue": "q", "msg_ids": [1], "delivery_counts": "1"}, "delivery_counts"),
+        ({"action": 3, "queue": "q", "msg_ids": [1], "delivery_count": 1}, "delivery_count"),
+        ({"action": 3, "queue": "q", "msg_id": 1, "delivery_count": "1"}, "delivery_count"),
+        ({"action": 5, "queue": "q"}, "msg_id"),
+        ({"action": 1, "queue": "q", "data": "x", "producer": "p"}, "sequence"),
+        ({"action": 1, "queue": "q", "data": "x", "sequence": 1}, "producer"),
+        ({"action": 1, "queue": "q", "data": "x", "producer": "p", "sequence": -1}, "sequence"),
+        ({"action": 1, "queue": "q", "data": "x", "producer": "p", "sequence": 1.5}, "sequence"),
+        ({"action": 1, "queue": "q", "data": "x", "producer": 7, "sequence": 1}, "producer"),
+    ],
+)
+def test_bad_extension_fields_get_one_error_naming_the_field(req, field):
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": "kept"})
+    r = t.call(req)
+    assert r["code"] == -1 and r["reason"].startswith(field + ":"), r
+    assert len(t.s.queues["q"]) == 1
+
+
+# ---------------------------------------------------------------- idempotent produce
+
+def test_idempotent_produce_retry_returns_the_original_ids_and_stores_nothing():
+    t = Svc(queue_size=5)
+    r = t.call({"action": 1, "queue": "q", "data": ["a", "b"], "producer": "w/3", "sequence": 0})
+    assert r["msg_ids"] == [1, 2] and "duplicate" not in r
+    again = t.call({"action": 1, "queue": "q", "data": ["a", "b"], "producer": "w/3", "sequence": 0})
+    assert again["msg_ids"] == [1, 2] and again["duplicate"] is True
+    one = t.call({"action": 1, "queue": "q", "data": "c", "producer": "w/3", "sequence": 1})
+    assert t.call({"action": 1, "queue": "q", "data": "c", "producer": "w/3", "sequence": 1})["msg_id"] == one["msg_id"]
+    assert len(t.s.queues["q"]) == 3
+    r = t.call({"action": 1, "queue": "q", "data": ["a"], "producer": "w/3", "sequence": 0})
+    assert r["code"] == -1 and r["reason"].startswith("sequence:")
+    t.call({"action": 1, "queue": "q", "data": ["x", "y"]})  # now full
+    full = t.call({"action": 1, "queue": "q", "data": ["a", "b"], "producer": "w/3", "sequence": 0})
+    assert full["code"] == 0 and full["duplicate"] is True  # a duplicate is not refused as full
+    assert t.replica.snapshot() == t.s.snapshot()
+
+
+def test_idempotent_produce_to_a_virtual_queue():
+    t = Svc(virtual_queues={"v": ("a", "b")})
+    r = t.call({"action": 1, "queue": "v", "data": ["x", "y"], "producer": "p", "sequence": 9})
+    assert r["msg_ids"] == {"a": [1, 2], "b": [1, 2]}
+    again = t.call({"action": 1, "queue": "v", "data": ["x", "y"], "producer": "p", "sequence": 9})
+    assert again["msg_ids"] == {"a": [1, 2], "b": [1, 2]} and again["duplicate"] is True
+    assert len(t.s.queues["a"]) == len(t.s.queues["b"]) == 2
+    assert t.replica.snapshot() == t.s.snapshot()

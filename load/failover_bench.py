@@ -1,0 +1,101 @@
+"""Cluster timings on a real 3-node loopback cluster: time to a new leader after kill -9 of the
+leader and after pausing it (SIGSTOP), and a follower's catch-up rate over the change log.
+A benchmark, not a test; prints its figures and the machine.
+
+    python load/failover_bench.py --records 1000000
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from client import QueueClient  # noqa: E402
+from load.bench import machine  # noqa: E402
+from tests.harness import Cluster, NodeProcess, RawTcp, wait_for  # noqa: E402
+
+
+def _signal_node(node: NodeProcess, sig: int) -> None:
+    for pid in node.child_pids() + [node.proc.pid]:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def time_to_new_leader(workdir: str, sig: int, rounds: int) -> list[float]:
+    """Seconds from signalling the leader until both others agree on a new one."""
+    times = []
+    for r in range(rounds):
+        c = Cluster(os.path.join(workdir, f"{sig}-{r}")).start()
+        try:
+            leader = c.wait_leader()
+            others = [i for i in c.nodes if i != leader]
+            start = time.monotonic()
+            _signal_node(c.nodes[leader], sig)
+            c.wait_leader(among=others, exclude=leader, timeout=30)
+            times.append(time.monotonic() - start)
+            if sig == signal.SIGSTOP:
+                _signal_node(c.nodes[leader], signal.SIGCONT)
+        finally:
+            c.stop()
+    return times
+
+
+def catch_up(workdir: str, records: int, batch: int) -> tuple[float, float]:
+    """Produce `records` messages while a follower is down, restart it, time its catch-up.
+    Returns (seconds to produce, seconds to catch up)."""
+    c = Cluster(os.path.join(workdir, "catchup"), queue_log_size=records + 1000, queue_size=records + 1000,
+                in_memory=True).start()
+    try:
+        leader = c.wait_leader()
+        follower = next(i for i in c.nodes if i != leader)
+        c.nodes[follower].stop()
+        start = time.monotonic()
+        with QueueClient(c.nodes[leader].hosts, timeout=30) as q:
+            for i in range(0, records, batch):
+                q.produce_batch("catchup", ["x" * 32] * min(batch, records - i))
+        produced = time.monotonic() - start
+        node = c.nodes[follower]
+        c.nodes[follower] = node = NodeProcess(node.workdir, node.config, name=node.name)
+        start = time.monotonic()
+        node.start()
+
+        def done() -> bool:
+            conn = RawTcp(*node.address)
+            try:
+                return conn.call({"action": 104, "queue": "catchup"}).get("size") == records
+            finally:
+                conn.close()
+        wait_for(done, 600, "the follower to catch up")
+        return produced, time.monotonic() - start
+    finally:
+        c.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args(argv)
+    info = machine()
+    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['memory']}, Python {info['python']}")
+    with tempfile.TemporaryDirectory() as tmp:
+        kill = time_to_new_leader(tmp, signal.SIGKILL, args.rounds)
+        print(f"new leader after kill -9: min {min(kill):.3f} s, max {max(kill):.3f} s over {len(kill)} rounds", flush=True)
+        pause = time_to_new_leader(tmp, signal.SIGSTOP, args.rounds)
+        print(f"new leader after SIGSTOP: min {min(pause):.3f} s, max {max(pause):.3f} s over {len(pause)} rounds", flush=True)
+        produced, caught = catch_up(tmp, args.records, args.batch)
+        print(f"produced {args.records:,} records in {produced:.1f} s ({args.records / produced:,.0f}/s) with a follower down")
+        print(f"follower catch-up: {args.records:,} records in {caught:.1f} s ({args.records / caught:,.0f} records/s, "
+              f"including its start-up)")
+
+
+if __name__ == "__main__":
+    main()

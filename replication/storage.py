@@ -1,0 +1,153 @@
+"""A node's disk: the data dir lock, the change log written ahead to segment files (group
+commit, fsync by policy), snapshots taken in a forked child so requests do not stall, and
+recovery from the newest valid snapshot plus the log after it. Used by the coordinator only."""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Callable
+
+import orjson
+
+from replication.datadir import DataDir
+from replication.log import ChangeLog, Entry
+from replication.snapshot import read_latest_snapshot, snapshot_trans_ids, write_snapshot
+from replication.wal import StorageError, SyncPolicy, WalWriter, read_wal
+
+__all__ = ["Recovered", "Storage", "StorageError"]
+
+
+@dataclass
+class Recovered:
+    """What a node finds on its disk at start."""
+
+    trans_id: int = 0  # the snapshot's point (0: none)
+    vote_id: int = 0
+    state: dict = field(default_factory=dict)  # queue name -> queue snapshot
+    entries: list[Entry] = field(default_factory=list)  # the log after the snapshot
+    vote: tuple[int, int | None] = (0, None)
+
+
+class Storage:
+    """The coordinator's disk."""
+
+    def __init__(self, path: str, fsync: str = "everysec", *, repair: bool = False,
+                 log: logging.Logger | None = None, segment_bytes: int = 64 << 20) -> None:
+        self.log = log or logging.getLogger(__name__)
+        self.datadir = DataDir(path)
+        self.repair = repair
+        self.policy = SyncPolicy(fsync)
+        self.segment_bytes = segment_bytes
+        self.wal: WalWriter | None = None
+        self.snapshot_pid: int | None = None
+        self.snapshot_at = 0  # trans_id of the newest snapshot written or being written
+        self.failed = False
+
+    # ----------------------------------------------------------------- start
+    def recover(self) -> Recovered:
+        """Read the newest valid snapshot and the log after it; open the log for writing."""
+        found = Recovered(vote=self.datadir.load_vote_state())
+        latest = read_latest_snapshot(self.datadir.snapshot_dir, warn=self.log.warning)
+        if latest is not None:
+            found.trans_id, found.vote_id, found.state = latest
+        loads = orjson.loads
+        for trans_id, vote_id, payload in read_wal(self.datadir.wal_dir, after=found.trans_id,
+                                                   repair=self.repair, warn=self.log.warning):
+            found.entries.append(Entry(trans_id, vote_id, loads(payload)))
+        self.wal = WalWriter(self.datadir.wal_dir, segment_bytes=self.segment_bytes)
+        if self.wal.last_trans_id < found.trans_id:
+            self.wal.reset(found.trans_id)  # the snapshot is newer than what the log kept
+        self.snapshot_at = found.trans_id
+        return found
+
+    # ----------------------------------------------------------------- the log
+    def write(self, log: ChangeLog, truncated_to: int | None, now: float) -> int:
+        """Bring the log on disk in line with `log` (dropping a discarded tail first), write it to
+        the OS and fsync by policy. Returns the trans_id up to which records are safe from a
+        process crash ("always": from power loss). Raises StorageError; a later call retries."""
+        wal = self.wal
+        assert wal is not None
+        try:
+            if truncated_to is not None:
+                if truncated_to < log.base_trans_id or log.last_trans_id < truncated_to:
+                    wal.reset(log.base_trans_id)  # a snapshot was installed in place of the log
+                elif truncated_to < wal.last_trans_id:
+                    wal.truncate_after(truncated_to)
+            if log.last_trans_id > wal.last_trans_id:
+                entries = log.entries_after(wal.last_trans_id, 1 << 62)
+                if entries is None:  # what the disk lacks fell off the log: start after a snapshot
+                    wal.reset(log.base_trans_id)
+                    entries = log.entries_after(log.base_trans_id, 1 << 62) or []
+                dumps = orjson.dumps
+                wal.append((e.trans_id, e.vote_id, dumps(e.record)) for e in entries)
+                sync = self.policy.after_append(now)
+            else:
+                sync = self.policy.due(now)
+            if sync or wal.pending_count:
+                wal.flush(sync)
+                if sync:
+                    self.policy.synced(now)
+        except StorageError as exc:
+            if not self.failed:
+                self.log.error("storage unavailable: %s", exc)
+            self.failed = True
+            raise
+        if self.failed:
+            self.log.warning("storage available again")
+            self.failed = False
+        return wal.synced_trans_id if self.policy.mode == "always" else wal.flushed_trans_id
+
+    def sync_deadline(self) -> float | None:
+        """When the log next needs an fsync if nothing else happens."""
+        return self.policy.deadline()
+
+    def save_vote(self, vote_id: int, voted_for: int | None) -> None:
+        """Store the election's durable state (before any message that depends on it)."""
+        self.datadir.save_vote_state(vote_id, voted_for)
+
+    # ----------------------------------------------------------------- snapshots
+    def maybe_snapshot(self, trans_id: int, vote_id: int, state: Callable[[], dict], every: int) -> None:
+        """Start a snapshot of the state at trans_id in a forked child when `every` records have
+        been committed since the last one, so the serving process does not stall."""
+        self.reap()
+        if self.snapshot_pid is not None or trans_id - self.snapshot_at < every:
+            return
+        pid = os.fork()
+        if pid == 0:  # the child: write and leave, touching nothing else of the parent's
+            status = 0
+            try:
+                write_snapshot(self.datadir.snapshot_dir, trans_id, vote_id, state())
+            except BaseException:
+                status = 1
+            os._exit(status)
+        self.snapshot_pid = pid
+        self.snapshot_at = trans_id
+
+    def reap(self) -> None:
+        """Finish a snapshot whose child has exited: drop the log segments it made redundant."""
+        if self.snapshot_pid is None:
+            return
+        pid, status = os.waitpid(self.snapshot_pid, os.WNOHANG)
+        if pid == 0:
+            return
+        self.snapshot_pid = None
+        if os.waitstatus_to_exitcode(status) != 0:
+            self.log.error("snapshot at trans_id %d failed; the log keeps everything", self.snapshot_at)
+            return
+        kept = snapshot_trans_ids(self.datadir.snapshot_dir)
+        if kept and self.wal is not None:
+            # Keep the log after the older of the two kept snapshots, in case the newer is bad.
+            removed = self.wal.remove_segments_before(kept[0])
+            self.log.info("snapshot at trans_id %d written; %d old log segments removed", self.snapshot_at, removed)
+
+    def close(self) -> None:
+        if self.snapshot_pid is not None:
+            os.waitpid(self.snapshot_pid, 0)
+            self.snapshot_pid = None
+        if self.wal is not None:
+            try:
+                self.wal.close()
+            except StorageError as exc:
+                self.log.error("could not write the log's last records: %s", exc)
+        self.datadir.close()

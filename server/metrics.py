@@ -1,0 +1,470 @@
+"""A node's Prometheus metrics (prometheus_client in its multi-process mode).
+
+With config ``metrics_port`` set (default 0: off), the supervisor makes ``<run dir>/metrics``,
+passes it to every child as PROMETHEUS_MULTIPROC_DIR, and serves ``GET /metrics`` on
+``host:metrics_port`` from a registry that merges what every child wrote there (:func:`serve`).
+
+The hot paths never touch prometheus_client. Each process counts in plain Python (dict counters,
+:class:`LocalHistogram`) and :meth:`fold`\\ s those counts into the shared metrics about once a
+second; with metrics off the folds do nothing and the counting costs a dict update per reply in
+the workers and an integer compare per reply in the acceptor.
+
+Who owns what:
+
+* :class:`AcceptorMetrics` -- server/acceptor.py: requests received per transport, TCP
+  connections, replies the acceptor makes itself (errors it catches, ``leader``), and request
+  latency sampled by following one request at a time through the node.
+* :class:`WorkerMetrics` -- workers/worker.py: replies per action and code, the time a worker
+  spends on one request batch and the batch sizes, and queue sizes (ready, delayed, in flight).
+* :class:`CoordinatorMetrics` -- server/coordinator.py (wired by the cluster work): trans_id,
+  role and term, elections, replication lag per follower, change-log fsync time.
+* :func:`serve` -- server/main.py: the HTTP endpoint, the node's identity and each child's CPU
+  time and memory.
+"""
+from __future__ import annotations
+
+import os
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.multiprocess import MultiProcessCollector
+
+from server import protocol as p
+
+ENV = "PROMETHEUS_MULTIPROC_DIR"
+FOLD_INTERVAL = 1.0  # seconds between folds of local counts into the shared metrics
+PROBE_GIVE_UP = 10.0  # a sampled request still unanswered after this long stops being followed
+PREFIX = "queue_server_"
+
+# Seconds. Fine at the low end: a request through an idle node takes ~100-300 us.
+LATENCY_BUCKETS = (
+    0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0,
+)
+BATCH_SECONDS_BUCKETS = (
+    0.00002, 0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5,
+)
+BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
+FSYNC_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0)
+ROLES = ("leader", "follower", "candidate")
+
+_ACTION_BY_NUMBER = {number: name for name, number in p.ACTION_NAMES.items()}
+
+
+def enabled() -> bool:
+    """Whether this process writes metrics for a scraper (the supervisor set ENV)."""
+    return bool(os.environ.get(ENV))
+
+
+def action_label(action: Any) -> str:
+    """A request's `action` value (number or name, as the client sent it) as a label."""
+    if type(action) is int:
+        return _ACTION_BY_NUMBER.get(action, "unknown")
+    if type(action) is str:
+        return action if action in p.ACTION_NAMES else "unknown"
+    return "missing" if action is None else "unknown"
+
+
+def code_label(code: Any) -> str:
+    """A reply's `code` as a label."""
+    return str(code) if type(code) is int else "none"
+
+
+class LocalHistogram:
+    """Observations bucketed in this process, added to a prometheus Histogram now and then.
+
+    `bounds` must be the buckets of the Histogram it is drained into.
+    """
+
+    __slots__ = ("bounds", "counts", "total")
+
+    def __init__(self, bounds: Sequence[float]) -> None:
+        self.bounds = tuple(float(b) for b in bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.total = 0.0
+
+    def observe(self, value: float) -> None:
+        """Record one observation."""
+        self.counts[bisect_left(self.bounds, value)] += 1
+        self.total += value
+
+    def drain_into(self, child: Any) -> None:
+        """Add the observations to `child` (a labelled Histogram) and start again from zero."""
+        counts = self.counts
+        if not any(counts):
+            return
+        # Histogram has no public "add n observations"; its per-bucket values (non-cumulative,
+        # one per bound plus +Inf) and its sum are what observe() increments.
+        buckets = child._buckets
+        for i, n in enumerate(counts):
+            if n:
+                buckets[i].inc(n)
+        child._sum.inc(self.total)
+        self.counts = [0] * len(counts)
+        self.total = 0.0
+
+
+def _fold_counts(counts: dict, counter: Counter) -> None:
+    """Add {(action, code): n} to `counter` (labels action, code) and clear `counts`."""
+    if not counts:
+        return
+    folded: dict[tuple[str, str], int] = {}
+    for (action, code), n in counts.items():
+        key = (action_label(action), code_label(code))
+        folded[key] = folded.get(key, 0) + n
+    counts.clear()
+    for (action, code), n in folded.items():
+        counter.labels(action=action, code=code).inc(n)
+
+
+def count_replies(counts: dict, replies: Iterable[tuple[Any, Any, Any]]) -> None:
+    """Count (conn, req_no, reply dict) triples by the reply's (action, code) into `counts`."""
+    for _, _, reply in replies:
+        try:
+            key = (reply.get("action"), reply.get("code"))
+            counts[key] = counts.get(key, 0) + 1
+        except TypeError:  # an unhashable action echoed from a bad request
+            count_one(counts, reply)
+
+
+def count_one(counts: dict, reply: Any) -> None:
+    """Count one reply dict by its (action, code)."""
+    if type(reply) is not dict:
+        key: tuple[Any, Any] = ("unknown", "none")
+    else:
+        action, code = reply.get("action"), reply.get("code")
+        key = (action if type(action) in (int, str) or action is None else "unknown", code if type(code) is int else None)
+    counts[key] = counts.get(key, 0) + 1
+
+
+# ----------------------------------------------------------------------------- metric factories
+
+
+class _Metrics:
+    """The prometheus metrics of one kind of process, registered in `registry`."""
+
+    def __init__(self, registry: CollectorRegistry | None) -> None:
+        from prometheus_client import REGISTRY
+
+        self.registry = registry if registry is not None else REGISTRY
+        self.next_fold = time.monotonic() + FOLD_INTERVAL if enabled() or registry is not None else float("inf")
+
+    def _counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
+        return Counter(PREFIX + name, doc, labels, registry=self.registry)
+
+    def _gauge(self, name: str, doc: str, labels: Sequence[str] = (), mode: str = "livesum") -> Gauge:
+        return Gauge(PREFIX + name, doc, labels, registry=self.registry, multiprocess_mode=mode)  # type: ignore[arg-type]
+
+    def _histogram(self, name: str, doc: str, buckets: Sequence[float], labels: Sequence[str] = ()) -> Histogram:
+        return Histogram(PREFIX + name, doc, labels, registry=self.registry, buckets=buckets)
+
+    def due(self, now: float) -> bool:
+        """Whether a fold is due at monotonic time `now` (and schedule the next one)."""
+        if now < self.next_fold:
+            return False
+        self.next_fold = now + FOLD_INTERVAL
+        return True
+
+
+def _requests_counter(m: _Metrics) -> Counter:
+    return m._counter("requests", "Requests answered, by action and reply code (0 ok, -1 error, -2 redirect).", ("action", "code"))
+
+
+class AcceptorMetrics(_Metrics):
+    """The acceptor's metrics (server/acceptor.py).
+
+    Latency is sampled: one request at a time is followed from the moment the acceptor decoded
+    it to the moment its reply came back to the acceptor (queueing, worker, coordinator and
+    ZeroMQ hops included; writing to the socket not). Under load that is about one request per
+    round trip through the node; long polls (`wait`) are never sampled.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__(registry)
+        self.counts: dict[tuple[Any, Any], int] = {}
+        self.latency: dict[str, LocalHistogram] = {}
+        self.requests = _requests_counter(self)
+        self.latency_seconds = self._histogram(
+            "request_latency_seconds",
+            "Time from a request decoded by the acceptor to its reply back in the acceptor (sampled: one request in flight at a time; long polls excluded).",
+            LATENCY_BUCKETS, ("action",),
+        )
+        self.received = self._counter("received_requests", "Requests received, by transport.", ("transport",))
+        self.connections = self._gauge("tcp_connections", "Open client TCP connections.")
+        self.connections_opened = self._counter("tcp_connections_opened", "Client TCP connections accepted.")
+        self._sent = {"tcp": 0, "udp": 0, "opened": 0}
+        self.probe_conn = -1
+        self.probe_no = -1
+        self.probe_action = ""
+        self.probe_started = 0.0
+
+    def start_probe(self, item: Sequence[Any]) -> None:
+        """Follow request `item` ((conn_id, req_no, request) as queued for a worker) if nothing is
+        being followed and it is not a long poll."""
+        if len(item) != 3:
+            return
+        request = item[2]
+        if type(request) is not dict or request.get("wait"):
+            return
+        self.probe_conn = item[0]
+        self.probe_no = item[1]
+        self.probe_action = action_label(request.get("action"))
+        self.probe_started = time.perf_counter()
+
+    def end_probe(self, conn_id: int) -> None:
+        """The reply to request number `probe_no` came back; if it belongs to `conn_id`, it is the
+        followed request."""
+        if conn_id != self.probe_conn:
+            return
+        elapsed = time.perf_counter() - self.probe_started
+        hist = self.latency.get(self.probe_action)
+        if hist is None:
+            hist = self.latency[self.probe_action] = LocalHistogram(LATENCY_BUCKETS)
+        hist.observe(elapsed)
+        self.probe_no = -1
+
+    def drop_probe(self, conn_id: int) -> None:
+        """Connection `conn_id` closed: its followed request, if any, will never be answered."""
+        if conn_id == self.probe_conn:
+            self.probe_no = -1
+
+    def fold(self, open_connections: int, tcp_requests: int, udp_requests: int, connections_opened: int) -> None:
+        """Add what was counted since the last fold to the shared metrics. The arguments are the
+        acceptor's running totals."""
+        if self.probe_no >= 0 and time.perf_counter() - self.probe_started > PROBE_GIVE_UP:
+            self.probe_no = -1
+        _fold_counts(self.counts, self.requests)
+        for action, hist in self.latency.items():
+            hist.drain_into(self.latency_seconds.labels(action=action))
+        sent = self._sent
+        for label, total in (("tcp", tcp_requests), ("udp", udp_requests)):
+            if total > sent[label]:
+                self.received.labels(transport=label).inc(total - sent[label])
+                sent[label] = total
+        if connections_opened > sent["opened"]:
+            self.connections_opened.inc(connections_opened - sent["opened"])
+            sent["opened"] = connections_opened
+        self.connections.set(open_connections)
+
+
+class WorkerMetrics(_Metrics):
+    """A worker's metrics (workers/worker.py): replies per action and code, batch time and size,
+    and the sizes of the queues it owns."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__(registry)
+        self.counts: dict[tuple[Any, Any], int] = {}
+        self.batch_time = LocalHistogram(BATCH_SECONDS_BUCKETS)
+        self.batch_size = LocalHistogram(BATCH_SIZE_BUCKETS)
+        self.requests = _requests_counter(self)
+        self.batch_seconds = self._histogram(
+            "worker_batch_seconds", "Time a worker spends serving one batch of requests from the acceptor.", BATCH_SECONDS_BUCKETS)
+        self.batch_requests = self._histogram(
+            "worker_batch_requests", "Requests per batch a worker receives from the acceptor.", BATCH_SIZE_BUCKETS)
+        self.messages = self._gauge("messages", "Stored messages, by state (ready, delayed, in_flight).", ("state",))
+        self.queues = self._gauge("queues", "Queues that exist.")
+        self.waiters = self._gauge("long_poll_waiters", "Consume requests parked in a long poll.")
+        self.next_sizes = 0.0
+
+    def batch(self, seconds: float, requests: int) -> None:
+        """One request batch was served in `seconds`."""
+        self.batch_time.observe(seconds)
+        self.batch_size.observe(requests)
+
+    def count_partials(self, partials: Iterable[Sequence[Any]], index: int) -> None:
+        """Count scattered monitor/list requests once per node: the worker that got the request
+        alone counts it, or worker 0 when every worker got it."""
+        counts = self.counts
+        for tag, part in partials:
+            if tag[3] == 1 or index == 0:
+                request = tag[4]
+                key = (request.get("action") if type(request.get("action")) in (int, str) else "unknown",
+                       p.CODE_ERROR if "error" in part else p.CODE_OK)
+                counts[key] = counts.get(key, 0) + 1
+
+    def fold(self, totals: Callable[[], Mapping[str, int]]) -> None:
+        """Add what was counted since the last fold. `totals()` returns the worker's queue totals
+        (ready, delayed, in_flight, queue_count, waiters); it visits every queue, so it is called
+        less often when it is slow (at most ~1% of the worker's time)."""
+        _fold_counts(self.counts, self.requests)
+        self.batch_time.drain_into(self.batch_seconds)
+        self.batch_size.drain_into(self.batch_requests)
+        started = time.monotonic()
+        if started < self.next_sizes:
+            return
+        sizes = totals()
+        self.next_sizes = started + 100 * (time.monotonic() - started)
+        for state in ("ready", "delayed", "in_flight"):
+            self.messages.labels(state=state).set(sizes.get(state, 0))
+        self.queues.set(sizes.get("queue_count", 0))
+        self.waiters.set(sizes.get("waiters", 0))
+
+
+class CoordinatorMetrics(_Metrics):
+    """The coordinator's metrics. Ready to call; wiring them is part of the cluster work.
+
+    Belongs in server/coordinator.py, one instance per coordinator process
+    (``self.metrics = CoordinatorMetrics()``), and:
+
+    * after each appended batch: ``set_trans_id(changes.last_trans_id, changes.commit_id)``;
+    * on every role change (and once at start: a single node is ``"leader"``):
+      ``set_role(role, vote_id)`` with role one of ``ROLES``;
+    * when this node starts an election (becomes candidate): ``election_started()``;
+    * on the leader, whenever a follower's acknowledged trans_id moves (or on each heartbeat):
+      ``set_follower_lag(node_id, last_trans_id - follower_match)``; ``forget_follower(node_id)``
+      when this node stops leading;
+    * around each fsync of the change log (replication/wal.py's group commit):
+      ``observe_fsync(seconds)``;
+    * for every reply the coordinator makes itself (a forwarded request that failed, "leader
+      changed", ...): ``replied(reply)``, so that requests_total counts it;
+    * in the process loop's ``after`` callback: ``maybe_fold()`` (cheap when nothing is due).
+
+    Setters only store numbers; :meth:`fold` publishes them about once a second.
+    """
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        super().__init__(registry)
+        self.trans_id = 0
+        self.commit_id = 0
+        self.role = ""
+        self.term = 0
+        self.elections = 0
+        self.lag: dict[int, int] = {}
+        self._forgotten: set[int] = set()
+        self.fsync = LocalHistogram(FSYNC_BUCKETS)
+        self._elections_sent = 0
+        self.counts: dict[tuple[Any, Any], int] = {}
+        self.requests = _requests_counter(self)
+        self.trans_id_gauge = self._gauge("trans_id", "Last trans_id appended to the change log.", mode="livemax")
+        self.commit_gauge = self._gauge("commit_trans_id", "Last trans_id known committed (replicated to a quorum).", mode="livemax")
+        self.role_gauge = self._gauge("role", "1 for this node's current role (leader, follower, candidate), 0 for the others.", ("role",), mode="livemax")
+        self.term_gauge = self._gauge("term", "Current election term (vote_id).", mode="livemax")
+        self.elections_counter = self._counter("elections", "Elections this node started (as a candidate).")
+        self.lag_gauge = self._gauge("replication_lag_records", "Records the leader has that a follower has not acknowledged, per follower node_id.", ("follower",), mode="livemax")
+        self.fsync_seconds = self._histogram("log_fsync_seconds", "Time of one fsync of the change log.", FSYNC_BUCKETS)
+
+    def set_trans_id(self, last: int, committed: int | None = None) -> None:
+        """The log's last trans_id (and the last committed one, if known)."""
+        self.trans_id = last
+        if committed is not None:
+            self.commit_id = committed
+
+    def set_role(self, role: str, term: int | None = None) -> None:
+        """This node's role: one of ROLES; and the term it is in."""
+        if role not in ROLES:
+            raise ValueError(f"role must be one of {ROLES}, not {role!r}")
+        self.role = role
+        if term is not None:
+            self.term = term
+
+    def election_started(self) -> None:
+        """This node became a candidate."""
+        self.elections += 1
+
+    def set_follower_lag(self, node_id: int, records: int) -> None:
+        """How many records follower `node_id` is behind this leader."""
+        self.lag[node_id] = max(0, records)
+        self._forgotten.discard(node_id)
+
+    def forget_follower(self, node_id: int) -> None:
+        """Follower `node_id` no longer has a lag to report (this node stopped leading); it then
+        reads 0."""
+        if self.lag.pop(node_id, None) is not None:
+            self._forgotten.add(node_id)
+
+    def observe_fsync(self, seconds: float) -> None:
+        """One fsync of the change log took `seconds`."""
+        self.fsync.observe(seconds)
+
+    def replied(self, reply: dict) -> None:
+        """The coordinator answered a request itself with `reply` (a dict with action and code)."""
+        count_one(self.counts, reply)
+
+    def maybe_fold(self) -> None:
+        """Fold if a fold is due; for the process loop."""
+        if self.due(time.monotonic()):
+            self.fold()
+
+    def fold(self) -> None:
+        """Publish the current values."""
+        self.trans_id_gauge.set(self.trans_id)
+        self.commit_gauge.set(self.commit_id)
+        self.term_gauge.set(self.term)
+        if self.role:
+            for role in ROLES:
+                self.role_gauge.labels(role=role).set(1 if role == self.role else 0)
+        if self.elections > self._elections_sent:
+            self.elections_counter.inc(self.elections - self._elections_sent)
+            self._elections_sent = self.elections
+        for node_id, records in self.lag.items():
+            self.lag_gauge.labels(follower=str(node_id)).set(records)
+        for node_id in self._forgotten:  # multi-process mode cannot unpublish a label: it reads 0
+            self.lag_gauge.labels(follower=str(node_id)).set(0)
+        self._forgotten.clear()
+        self.fsync.drain_into(self.fsync_seconds)
+        _fold_counts(self.counts, self.requests)
+
+
+# ----------------------------------------------------------------------------- the supervisor
+
+
+def multiproc_dir(run_dir: str) -> str:
+    """Where a node's processes write their metrics."""
+    return os.path.join(run_dir, "metrics")
+
+
+def child_env(run_dir: str) -> dict[str, str]:
+    """The environment for a node's children with metrics on (makes the directory)."""
+    directory = multiproc_dir(run_dir)
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    env = dict(os.environ)
+    env[ENV] = directory
+    return env
+
+
+class _NodeCollector:
+    """The supervisor's own samples: the node's identity and each child's CPU time and memory."""
+
+    def __init__(self, node_id: int, node_type: int, children: Callable[[], Mapping[str, int]]) -> None:
+        self.node_id = str(node_id)
+        self.node_type = str(node_type)
+        self.children = children
+        self.tick = os.sysconf("SC_CLK_TCK")
+        self.page = os.sysconf("SC_PAGE_SIZE")
+
+    def collect(self) -> Iterable[Any]:
+        info = GaugeMetricFamily(PREFIX + "node_info", "This node's identity (value 1).", labels=("node_id", "node_type"))
+        info.add_metric((self.node_id, self.node_type), 1)
+        yield info
+        cpu = CounterMetricFamily(PREFIX + "process_cpu_seconds", "CPU time (user + system) of each process of the node.", labels=("process",))
+        rss = GaugeMetricFamily(PREFIX + "process_resident_memory_bytes", "Resident memory of each process of the node.", labels=("process",))
+        for name, pid in sorted(self.children().items()):
+            try:
+                with open(f"/proc/{pid}/stat", "rb") as f:
+                    fields = f.read().rsplit(b")", 1)[1].split()
+            except OSError:
+                continue
+            cpu.add_metric((name,), (int(fields[11]) + int(fields[12])) / self.tick)
+            rss.add_metric((name,), int(fields[21]) * self.page)
+        yield cpu
+        yield rss
+
+
+def registry_for(directory: str, node_id: int, node_type: int, children: Callable[[], Mapping[str, int]]) -> CollectorRegistry:
+    """The registry the supervisor serves: every child's metrics merged, plus its own."""
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=directory)
+    registry.register(_NodeCollector(node_id, node_type, children))  # type: ignore[arg-type]
+    return registry
+
+
+def serve(host: str, port: int, registry: CollectorRegistry) -> Any:
+    """Serve `registry` at http://host:port/metrics from a daemon thread; returns the server
+    (``.shutdown()`` stops it). OSError if the port cannot be bound."""
+    from prometheus_client import start_http_server
+
+    server, _thread = start_http_server(port, addr=host, registry=registry)
+    return server

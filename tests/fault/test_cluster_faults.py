@@ -1,0 +1,222 @@
+"""Fault tests on real 3-node clusters: kill -9 of the leader under load, a paused leader, the
+leader cut off from both followers, a follower left far behind, simultaneous starts. Each checks
+the workload's history (tests/fault/history.py)."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from client import QueueClient
+from tests.fault.history import History, Workload, drain
+from tests.harness import Cluster, RawTcp, wait_for
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    clusters = []
+
+    def make(**kw) -> Cluster:
+        c = Cluster(str(tmp_path / f"c{len(clusters)}"), **kw)
+        os.makedirs(c.workdir, exist_ok=True)
+        clusters.append(c)
+        return c.start()
+
+    yield make
+    for c in clusters:
+        c.stop()
+
+
+def _all_pids(node) -> list[int]:
+    return node.child_pids() + [node.proc.pid]
+
+
+def _signal_node(node, sig: int) -> None:
+    for pid in _all_pids(node):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _wait_acks(history: History, n: int, timeout: float = 30.0) -> None:
+    start = history.acked_count()
+    wait_for(lambda: history.acked_count() >= start + n, timeout, f"{n} more acknowledged produces")
+
+
+def test_kill_leader_under_load(cluster):
+    c = cluster()
+    leader = c.wait_leader()
+    history = History()
+    work = Workload(c.hosts, history).start()
+    try:
+        _wait_acks(history, 200)
+        _signal_node(c.nodes[leader], signal.SIGKILL)
+        killed_at = time.monotonic()
+        survivors = [i for i in c.nodes if i != leader]
+        new_leader = c.wait_leader(among=survivors, exclude=leader)
+        print(f"new leader {new_leader} {time.monotonic() - killed_at:.3f} s after kill -9 of {leader}")
+        assert new_leader != leader
+        _wait_acks(history, 200)
+    finally:
+        work.stop()
+    drain(",".join(c.nodes[i].hosts for i in survivors), history)
+    history.check()
+
+
+def test_paused_leader_steps_down_and_no_two_leaders_accept_writes(cluster):
+    c = cluster()
+    leader = c.wait_leader()
+    history = History()
+    work = Workload(c.hosts, history).start()
+    try:
+        _wait_acks(history, 100)
+        _signal_node(c.nodes[leader], signal.SIGSTOP)
+        paused_at = time.monotonic()
+        others = [i for i in c.nodes if i != leader]
+        new_leader = c.wait_leader(among=others, exclude=leader)
+        print(f"new leader {new_leader} {time.monotonic() - paused_at:.3f} s after pausing {leader}")
+        _wait_acks(history, 100)
+        _signal_node(c.nodes[leader], signal.SIGCONT)
+        wait_for(lambda: c.role(leader) == "follower", 15, "the old leader to step down")
+        assert c.wait_leader() == new_leader
+        _wait_acks(history, 100)
+    finally:
+        _signal_node(c.nodes[leader], signal.SIGCONT)
+        work.stop()
+    drain(c.hosts, history)
+    history.check()
+
+
+def test_leader_cut_off_from_both_followers(cluster):
+    c = cluster(proxied=True)
+    leader = c.wait_leader()
+    history = History()
+    work = Workload(c.hosts, history).start()
+    others = [i for i in c.nodes if i != leader]
+    try:
+        _wait_acks(history, 100)
+        for (a, b), proxy in c.proxies.items():
+            if leader in (a, b):
+                proxy.cut()
+        new_leader = c.wait_leader(among=others, exclude=leader)
+        wait_for(lambda: c.role(leader) != "leader", 10, "the cut-off leader to step down")
+        isolated = RawTcp(*c.nodes[leader].address)
+        try:
+            r = isolated.call({"action": 1, "queue": "alo", "data": "isolated"})
+        finally:
+            isolated.close()
+        assert r["code"] == -1, r
+        _wait_acks(history, 100)
+        for proxy in c.proxies.values():
+            proxy.heal()
+        assert c.wait_leader(timeout=20) in others
+        _wait_acks(history, 100)
+    finally:
+        for proxy in c.proxies.values():
+            proxy.heal()
+        work.stop()
+    drain(c.hosts, history)
+    history.check()
+
+
+def test_follower_far_behind_catches_up_by_snapshot(cluster):
+    c = cluster(queue_log_size=500)
+    leader = c.wait_leader()
+    follower = next(i for i in c.nodes if i != leader)
+    c.nodes[follower].stop()
+    with QueueClient(c.nodes[leader].hosts) as q:
+        for i in range(30):
+            q.produce_batch("behind", [f"m{i}-{j}" for j in range(100)], retry=30)
+        size = q.monitor("behind")["size"]
+    assert size == 3000
+    started = time.monotonic()
+    c.nodes[follower].start()
+
+    def caught_up() -> bool:
+        conn = RawTcp(*c.nodes[follower].address)
+        try:
+            r = conn.call({"action": 104, "queue": "behind"})
+        finally:
+            conn.close()
+        return r.get("size") == 3000
+    wait_for(caught_up, 30, "the restarted follower to catch up")
+    print(f"follower {follower} caught up 3000 messages past a 500-record log in {time.monotonic() - started:.3f} s")
+    # the follower's copy is a real one: it can lead
+    _signal_node(c.nodes[leader], signal.SIGKILL)
+    rest = [i for i in c.nodes if i != leader]
+    new_leader = c.wait_leader(among=rest, exclude=leader)
+    with QueueClient(c.nodes[new_leader].hosts) as q:
+        got = q.consume_batch("behind", 1000)
+    assert len(got) == 1000 and got[0].data == "m0-0"
+
+
+def test_no_majority_answers_no_leader(cluster):
+    c = cluster()
+    leader = c.wait_leader()
+    for i in c.nodes:
+        if i != leader:
+            c.nodes[i].stop()
+    conn = RawTcp(*c.nodes[leader].address)
+    try:
+        def refused() -> bool:
+            r = conn.call({"action": 1, "queue": "q", "data": "x"})
+            return r["code"] == -1 and "leader" in r["reason"]
+        wait_for(refused, 10, "the lone node to refuse writes")
+        for req in ({"action": 2, "queue": "q"}, {"action": 3, "queue": "q", "msg_id": 1}, {"action": 4}, {"action": 8}):
+            r = conn.call(req)
+            assert r["code"] == -1 and r["reason"] == "no leader", r
+    finally:
+        conn.close()
+
+
+def test_redirect_when_forwarding_is_off(cluster):
+    c = cluster(forward_request=0)
+    leader = c.wait_leader()
+    follower = next(i for i in c.nodes if i != leader)
+    conn = RawTcp(*c.nodes[follower].address)
+    try:
+        r = conn.call({"action": 1, "queue": "q", "data": "x", "seq": 5})
+    finally:
+        conn.close()
+    assert r["code"] == -2 and r["seq"] == 5
+    assert (r["leader_node_id"], r["leader_port"]) == (leader, c.nodes[leader].config["port"])
+    with QueueClient(c.nodes[follower].hosts) as q:  # the client follows the redirect
+        assert isinstance(q.produce("q", "via redirect"), int)
+
+
+def test_forwarding_and_replicated_local_state(cluster):
+    c = cluster()
+    leader = c.wait_leader()
+    followers = [i for i in c.nodes if i != leader]
+    with QueueClient(c.nodes[followers[0]].hosts) as q:
+        ids = q.produce_batch("fwd", ["a", "b", "c"], retry=30)
+        assert q.consume("fwd").data == "a"
+        assert q.confirm("fwd", ids[0])
+        assert q.monitor("fwd")["size"] == 2
+        assert q.leader()["leader_node_id"] == leader
+
+    def replicated(node_id: int) -> bool:
+        conn = RawTcp(*c.nodes[node_id].address)
+        try:
+            r = conn.call({"action": 104, "queue": "fwd"})
+            lst = conn.call({"action": 107})
+        finally:
+            conn.close()
+        return r.get("size") == 2 and "fwd" in lst.get("queue_list", [])
+    for f in followers:
+        wait_for(lambda: replicated(f), 10, f"node {f} to replicate")
+
+
+def test_simultaneous_start_elects_exactly_one_leader(tmp_path):
+    for round_no in range(20):
+        c = Cluster(str(tmp_path / f"r{round_no}")).start()
+        try:
+            leader = c.wait_leader(timeout=20)
+            roles = [c.role(i) for i in c.nodes]
+            assert roles.count("leader") == 1, roles
+            assert all(c.leader_view(i) == leader for i in c.nodes)
+        finally:
+            c.stop()

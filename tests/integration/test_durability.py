@@ -1,0 +1,244 @@
+"""Durability on real nodes: kill -9 and restart, snapshots, a corrupt log, a full disk, the data
+dir lock, and a whole cluster restarted."""
+from __future__ import annotations
+
+import glob
+import os
+import signal
+import subprocess
+import threading
+
+import pytest
+
+from client import QueueClient, QueueError
+from tests.harness import Cluster, NodeProcess, RawTcp, wait_for
+
+
+def _kill_all(node: NodeProcess) -> None:
+    """kill -9 of every process of the node at once (a crash, not a shutdown)."""
+    pids = node.child_pids() + [node.proc.pid]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    node.proc.wait(10)
+    node.stop()
+
+
+def _restart(node: NodeProcess) -> NodeProcess:
+    fresh = NodeProcess(node.workdir, node.config, name=node.name)
+    fresh.log_path = node.log_path
+    return fresh.start()
+
+
+def test_acknowledged_messages_survive_kill_9_with_fsync_always(tmp_path):
+    node = NodeProcess(str(tmp_path), {"fsync": "always"}).start()
+    acked: list[tuple[str, int]] = []
+    stop = threading.Event()
+
+    def produce(t: int) -> None:
+        with QueueClient(node.hosts, timeout=2) as q:
+            i = 0
+            while not stop.is_set():
+                data = f"t{t}-{i}"
+                try:
+                    acked.append((data, q.produce("durable", data, retry=60)))
+                except QueueError:
+                    return
+                i += 1
+
+    threads = [threading.Thread(target=produce, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: len(acked) >= 2000, 60, "2000 acknowledged produces")
+    _kill_all(node)
+    stop.set()
+    for t in threads:
+        t.join()
+    node = _restart(node)
+    try:
+        with QueueClient(node.hosts) as q:
+            got = {}
+            while True:
+                batch = q.consume_batch("durable", 1000)
+                if not batch:
+                    break
+                got.update((m.data, m.msg_id) for m in batch)
+            missing = [d for d, _ in acked if d not in got]
+            assert not missing, f"{len(missing)} acknowledged messages lost: {missing[:5]}"
+            assert all(got[d] == i for d, i in acked)
+            new_id = q.produce("durable", "after restart")
+            assert new_id > max(i for _, i in acked)  # ids continue, never reused
+    finally:
+        node.stop()
+
+
+def test_restart_keeps_ids_times_leases_and_delivery_counts(tmp_path):
+    node = NodeProcess(str(tmp_path), {"snapshot_every": 50}).start()
+    with QueueClient(node.hosts) as q:
+        ids = q.produce_batch("state", [f"m{i}" for i in range(120)], retry=600)
+        delayed = q.produce("state", "later", delay=3600)
+        leased = q.consume_batch("state", 10)
+        assert [m.msg_id for m in leased] == ids[:10]
+        for m in leased[:5]:
+            q.confirm("state", m.msg_id)
+        before = q.monitor("state")
+    wait_for(lambda: glob.glob(str(tmp_path / "node-data/snapshots/*.snap")), 10, "a snapshot")
+    node.stop()
+    node = _restart(node)
+    try:
+        with QueueClient(node.hosts) as q:
+            after = q.monitor("state")
+            for key in ("size", "ready", "delayed", "in_flight", "max_id"):
+                assert after[key] == before[key], key
+            rest = q.consume_batch("state", 1000)
+            assert [m.msg_id for m in rest] == ids[10:]  # leased ones stay leased, delayed stays delayed
+            assert all(m.delivery_count == 1 for m in rest)
+            assert q.produce("state", "next") > delayed
+        assert "recovered: snapshot at trans_id" in node.log()
+    finally:
+        node.stop()
+
+
+def test_torn_tail_is_truncated_and_middle_corruption_stops_the_start(tmp_path):
+    node = NodeProcess(str(tmp_path), {"fsync": "always"}).start()
+    with QueueClient(node.hosts) as q:
+        for i in range(50):
+            q.produce("torn", f"m{i}")
+    node.stop()
+    segment = sorted(glob.glob(str(tmp_path / "node-data/wal/*.log")))[-1]
+    size = os.path.getsize(segment)
+    with open(segment, "r+b") as f:  # a torn last record
+        f.truncate(size - 7)
+    node = _restart(node)
+    with QueueClient(node.hosts) as q:
+        assert q.monitor("torn")["size"] == 49
+        q.produce("torn", "again")
+    node.stop()
+    assert "torn" in node.log().lower() or "truncat" in node.log().lower()
+    with open(segment, "r+b") as f:  # a flipped byte in the middle
+        f.seek(os.path.getsize(segment) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    broken = NodeProcess(node.workdir, node.config, name="broken")
+    broken.start(wait=False)
+    assert broken.proc.wait(30) != 0
+    assert "offset" in broken.log() and segment.rsplit("/", 1)[1] in broken.log()
+    broken.stop()
+    repaired = NodeProcess(node.workdir, dict(node.config, repair=True), name="repaired").start()
+    try:
+        with QueueClient(repaired.hosts) as q:
+            assert 0 < q.monitor("torn")["size"] < 50
+    finally:
+        repaired.stop()
+
+
+def test_second_node_on_the_same_data_dir_refuses_to_start(tmp_path):
+    first = NodeProcess(str(tmp_path)).start()
+    try:
+        second = NodeProcess(str(tmp_path), {"queue_data_dir": first.config["queue_data_dir"]}, name="second")
+        second.start(wait=False)
+        assert second.proc.wait(30) != 0
+        assert "in use" in second.log()
+        second.stop()
+        with QueueClient(first.hosts) as q:
+            q.produce("lock", "still fine")
+    finally:
+        first.stop()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_full_disk_refuses_writes_keeps_reads_and_recovers(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mnt)], check=True)
+    node = None
+    try:
+        node = NodeProcess(str(tmp_path), {"queue_data_dir": str(mnt / "data"), "fsync": "always"}).start()
+        with QueueClient(node.hosts) as q:
+            kept = q.produce("full", "before")
+            filler = mnt / "filler"
+            with open(filler, "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+            def refused() -> bool:
+                try:
+                    q.produce("full", "x" * 20000)
+                except QueueError as exc:
+                    return exc.reason == "storage unavailable"
+                return False
+            wait_for(refused, 10, "writes to be refused")
+            assert q.monitor("full")["size"] >= 1  # reads go on
+            os.remove(filler)
+            wait_for(lambda: _produces(q), 10, "writes to resume")
+        node.stop()
+        node = _restart(node)
+        with QueueClient(node.hosts) as q:
+            first = q.consume("full")
+            assert first.msg_id == kept and first.data == "before"
+    finally:
+        if node is not None:
+            node.stop()
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def _produces(q: QueueClient) -> bool:
+    try:
+        q.produce("full", "after")
+        return True
+    except QueueError:
+        return False
+
+
+def test_whole_cluster_killed_and_restarted(tmp_path):
+    c = Cluster(str(tmp_path), fsync="always").start()
+    try:
+        leader = c.wait_leader()
+        with QueueClient(c.hosts) as q:
+            ids = q.produce_batch("cluster", [f"m{i}" for i in range(500)], retry=60)
+        for node in c.nodes.values():
+            _kill_all(node)
+        for i, node in list(c.nodes.items()):
+            c.nodes[i] = NodeProcess(node.workdir, node.config, name=node.name)
+            c.nodes[i].log_path = node.log_path
+        c.start()
+        c.wait_leader(timeout=30)
+        with QueueClient(c.hosts) as q:
+            got = q.consume_batch("cluster", 1000)
+        assert [m.msg_id for m in got] == ids
+        assert leader  # the cluster had one before the crash
+    finally:
+        c.stop()
+
+
+def test_restarted_follower_pulls_only_the_gap(tmp_path):
+    c = Cluster(str(tmp_path)).start()
+    try:
+        leader = c.wait_leader()
+        follower = next(i for i in c.nodes if i != leader)
+        with QueueClient(c.nodes[leader].hosts) as q:
+            q.produce_batch("gap", [f"a{i}" for i in range(300)])
+        node = c.nodes[follower]
+
+        def has(n: int) -> bool:
+            conn = RawTcp(*node.address)
+            try:
+                return conn.call({"action": 104, "queue": "gap"}).get("size") == n
+            finally:
+                conn.close()
+        wait_for(lambda: has(300), 10, "the follower to replicate")
+        node.stop()
+        with QueueClient(c.nodes[leader].hosts) as q:
+            q.produce_batch("gap", [f"b{i}" for i in range(200)])
+        c.nodes[follower] = node = _restart(node)
+        wait_for(lambda: has(500), 20, "the follower to catch up")
+        log = node.log()
+        assert "recovered: snapshot at trans_id 0, " in log and "installed a snapshot" not in log
+    finally:
+        c.stop()

@@ -1,0 +1,158 @@
+"""The /metrics endpoint of a real node: Prometheus text format, counters that move with traffic,
+queue sizes, latency samples, and a clean start failure when metrics_port is taken."""
+from __future__ import annotations
+
+import os
+import re
+import socket
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.harness import NodeProcess, RawTcp, free_port, udp_call, wait_for
+
+Samples = dict[tuple[str, frozenset], float]
+
+
+def scrape(port: int) -> Samples:
+    """Every sample of http://127.0.0.1:port/metrics, by (name, labels)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        assert r.headers["Content-Type"].startswith("text/plain")
+        text = r.read().decode()
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+@pytest.fixture(scope="module")
+def metered(tmp_path_factory):
+    workdir = str(tmp_path_factory.mktemp("metrics"))
+    node = NodeProcess(workdir, {"metrics_port": free_port(), "workers": 2}).start()
+    wait_for(lambda: _reachable(node.config["metrics_port"]), 10, "the metrics endpoint")
+    yield node
+    node.stop()
+
+
+def _reachable(port: int) -> bool:
+    try:
+        scrape(port)
+        return True
+    except OSError:
+        return False
+
+
+def test_counters_move_after_traffic(metered):
+    port = metered.config["metrics_port"]
+    host, client_port = metered.address
+    before = scrape(port)
+    tcp = RawTcp(host, client_port)
+    try:
+        for i in range(5):
+            assert tcp.call({"action": 1, "queue": "m-a", "data": f"t{i}", "retry": 30})["code"] == 0
+        first = tcp.call({"action": 2, "queue": "m-a"})
+        tcp.call({"action": "consume", "queue": "m-a"})
+        assert tcp.call({"action": 3, "queue": "m-a", "msg_id": first["msg_id"]})["confirmed"] == 1
+        assert tcp.call({"action": 1, "queue": "m-b", "data": "later", "delay": 3600})["code"] == 0
+        assert tcp.call({"action": 99, "queue": "m-a"})["code"] == -1
+        assert tcp.call({"action": 1, "queue": "m-a", "data": 5})["code"] == -1
+        tcp.call({"action": 8})
+        tcp.call({"action": 4})
+        tcp.call({"action": 7})
+    finally:
+        tcp.close()
+    for i in range(3):
+        assert udp_call(host, client_port, {"action": 1, "queue": "m-a", "data": f"u{i}", "retry": 30})["code"] == 0
+
+    expected = {
+        ("queue_server_requests_total", (("action", "produce"), ("code", "0"))): 9,
+        ("queue_server_requests_total", (("action", "produce"), ("code", "-1"))): 1,
+        ("queue_server_requests_total", (("action", "consume"), ("code", "0"))): 2,
+        ("queue_server_requests_total", (("action", "confirm"), ("code", "0"))): 1,
+        ("queue_server_requests_total", (("action", "unknown"), ("code", "-1"))): 1,
+        ("queue_server_requests_total", (("action", "leader"), ("code", "0"))): 1,
+        ("queue_server_requests_total", (("action", "monitor"), ("code", "0"))): 1,
+        ("queue_server_requests_total", (("action", "list"), ("code", "0"))): 1,
+        ("queue_server_received_requests_total", (("transport", "tcp"),)): 14,
+        ("queue_server_received_requests_total", (("transport", "udp"),)): 3,
+        ("queue_server_tcp_connections_opened_total", ()): 1,
+    }
+
+    def moved() -> Samples | None:
+        now = scrape(port)
+        for (name, labels), delta in expected.items():
+            if value(now, name, **dict(labels)) - value(before, name, **dict(labels)) < delta:
+                return None
+        return now
+
+    after = wait_for(moved, 10, "the request counters to move")
+    assert value(after, "queue_server_request_latency_seconds_count", action="produce") > value(
+        before, "queue_server_request_latency_seconds_count", action="produce")
+    assert value(after, "queue_server_worker_batch_requests_count") > value(before, "queue_server_worker_batch_requests_count")
+    assert value(after, "queue_server_node_info", node_id="1", node_type="10") == 1
+    for process in ("acceptor", "coordinator", "worker-0", "worker-1"):
+        assert value(after, "queue_server_process_resident_memory_bytes", process=process) > 0
+
+
+def test_queue_sizes(metered):
+    port = metered.config["metrics_port"]
+    tcp = RawTcp(*metered.address)
+    try:
+        for i in range(4):
+            tcp.call({"action": 1, "queue": "sizes", "data": str(i), "retry": 30})
+        tcp.call({"action": 1, "queue": "sizes", "data": "d", "delay": 3600})
+        tcp.call({"action": 2, "queue": "sizes"})
+        totals = tcp.call({"action": 4})
+    finally:
+        tcp.close()
+    # The gauges sum every worker's queues; the node-wide monitor reply is the reference.
+    want = {state: totals[state] for state in ("ready", "delayed", "in_flight")}
+    assert want["in_flight"] >= 1 and want["delayed"] >= 1
+
+    def settled() -> bool:
+        s = scrape(port)
+        got = {state: value(s, "queue_server_messages", state=state) for state in want}
+        return got == want and value(s, "queue_server_queues") == totals["queue_count"]
+
+    wait_for(settled, 10, f"queue gauges to read {want}")
+
+
+def test_prometheus_text_format_is_well_formed(metered):
+    with urllib.request.urlopen(f"http://127.0.0.1:{metered.config['metrics_port']}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    assert "# TYPE queue_server_requests_total counter" in text
+    assert "# TYPE queue_server_request_latency_seconds histogram" in text
+    assert re.search(r'^queue_server_request_latency_seconds_bucket\{action="produce",le="\+Inf"\} \d', text, re.M)
+
+
+def test_a_taken_metrics_port_stops_the_start(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        node = NodeProcess(str(tmp_path), {"metrics_port": taken.getsockname()[1]})
+        node.start(wait=False)
+        try:
+            assert node.proc.wait(15) == 2
+        finally:
+            node.stop()
+    assert "metrics_port" in node.log()
+
+
+def test_metrics_are_off_by_default(tmp_path):
+    from config.loader import load_config
+
+    config, _ = load_config(None, {})
+    assert config.metrics_port == 0
+    node = NodeProcess(str(tmp_path)).start()
+    try:
+        run_dir = re.search(r"run dir (\S+)\)", wait_for(lambda: "run dir" in node.log() and node.log(), 10, "log")).group(1)
+        assert not os.path.exists(os.path.join(run_dir, "metrics"))
+        assert "metrics on" not in node.log()
+    finally:
+        node.stop()

@@ -1,0 +1,128 @@
+"""server/metrics.py without processes: local counts folded into a private registry."""
+from __future__ import annotations
+
+import pytest
+from prometheus_client import CollectorRegistry, Histogram
+
+from server import metrics as m
+
+
+def test_local_histogram_drains_like_direct_observations():
+    values = [0.00005, 0.0001, 0.0003, 0.002, 0.002, 0.7, 9.0]
+    registry = CollectorRegistry()
+    direct = Histogram("direct", "d", buckets=m.LATENCY_BUCKETS, registry=registry)
+    folded = Histogram("folded", "f", buckets=m.LATENCY_BUCKETS, registry=registry)
+    local = m.LocalHistogram(m.LATENCY_BUCKETS)
+    for v in values:
+        direct.observe(v)
+        local.observe(v)
+    local.drain_into(folded)
+    local.drain_into(folded)  # drained: adds nothing more
+    for bound in [*m.LATENCY_BUCKETS, float("inf")]:
+        le = "+Inf" if bound == float("inf") else str(float(bound))
+        assert registry.get_sample_value("folded_bucket", {"le": le}) == registry.get_sample_value("direct_bucket", {"le": le})
+    assert registry.get_sample_value("folded_count") == len(values)
+    assert registry.get_sample_value("folded_sum") == pytest.approx(sum(values))
+
+
+def test_reply_counts_fold_by_action_name_and_code():
+    registry = CollectorRegistry()
+    wm = m.WorkerMetrics(registry)
+    replies = [
+        (1, 0, {"action": 1, "code": 0}),
+        (1, 1, {"action": "produce", "code": 0}),
+        (1, 2, {"action": 2, "code": 0}),
+        (1, 3, {"action": [1], "code": -1}),  # unhashable, echoed from a bad request
+        (1, 4, {"action": 77, "code": -1}),
+        (1, 5, {"code": -1}),
+    ]
+    m.count_replies(wm.counts, replies)
+    wm.fold(lambda: {"ready": 3, "delayed": 2, "in_flight": 1, "queue_count": 4, "waiters": 5})
+    get = registry.get_sample_value
+    assert get("queue_server_requests_total", {"action": "produce", "code": "0"}) == 2
+    assert get("queue_server_requests_total", {"action": "consume", "code": "0"}) == 1
+    assert get("queue_server_requests_total", {"action": "unknown", "code": "-1"}) == 2
+    assert get("queue_server_requests_total", {"action": "missing", "code": "-1"}) == 1
+    assert get("queue_server_messages", {"state": "ready"}) == 3
+    assert get("queue_server_messages", {"state": "in_flight"}) == 1
+    assert get("queue_server_queues") == 4
+    assert get("queue_server_long_poll_waiters") == 5
+    assert wm.counts == {}
+
+
+def test_scattered_requests_count_once_per_node():
+    workers = [m.WorkerMetrics(CollectorRegistry()) for _ in range(3)]
+    everywhere = [7, 1, 1, 3, {"action": 7}]  # gather tag: [gather_id, conn, req_no, targets, request]
+    one_worker = [8, 1, 2, 1, {"action": 4, "queue": "q"}]
+    for index, wm in enumerate(workers):
+        wm.count_partials([(everywhere, {"queue_list": []})], index)
+    workers[2].count_partials([(one_worker, {"error": "queue: bad"})], 2)
+    totals: dict = {}
+    for wm in workers:
+        for key, n in wm.counts.items():
+            totals[key] = totals.get(key, 0) + n
+    assert totals == {(7, 0): 1, (4, -1): 1}
+
+
+def test_acceptor_probe_follows_one_request_at_a_time():
+    registry = CollectorRegistry()
+    am = m.AcceptorMetrics(registry)
+    am.start_probe((3, 10, {"action": 2, "queue": "q", "wait": 5}))
+    assert am.probe_no == -1  # long polls are not sampled
+    am.start_probe((3, 11, {"action": "produce", "queue": "q"}))
+    assert (am.probe_conn, am.probe_no) == (3, 11)
+    am.end_probe(4)  # the same req_no on another connection
+    assert am.probe_no == 11
+    am.end_probe(3)
+    assert am.probe_no == -1
+    am.start_probe((5, 1, {"action": 3}))
+    am.drop_probe(5)
+    assert am.probe_no == -1
+    am.fold(open_connections=2, tcp_requests=7, udp_requests=4, connections_opened=3)
+    am.fold(open_connections=1, tcp_requests=9, udp_requests=4, connections_opened=3)
+    get = registry.get_sample_value
+    assert get("queue_server_request_latency_seconds_count", {"action": "produce"}) == 1
+    assert get("queue_server_received_requests_total", {"transport": "tcp"}) == 9
+    assert get("queue_server_received_requests_total", {"transport": "udp"}) == 4
+    assert get("queue_server_tcp_connections_opened_total") == 3
+    assert get("queue_server_tcp_connections") == 1
+
+
+def test_coordinator_metrics_publish_on_fold():
+    registry = CollectorRegistry()
+    cm = m.CoordinatorMetrics(registry)
+    cm.set_trans_id(120, committed=118)
+    cm.set_role("leader", term=4)
+    cm.election_started()
+    cm.set_follower_lag(2, 5)
+    cm.set_follower_lag(3, 0)
+    cm.observe_fsync(0.003)
+    cm.replied({"action": 1, "code": -1, "reason": "leader changed"})
+    cm.fold()
+    get = registry.get_sample_value
+    assert get("queue_server_trans_id") == 120
+    assert get("queue_server_commit_trans_id") == 118
+    assert get("queue_server_role", {"role": "leader"}) == 1
+    assert get("queue_server_role", {"role": "follower"}) == 0
+    assert get("queue_server_term") == 4
+    assert get("queue_server_elections_total") == 1
+    assert get("queue_server_replication_lag_records", {"follower": "2"}) == 5
+    assert get("queue_server_log_fsync_seconds_count") == 1
+    assert get("queue_server_requests_total", {"action": "produce", "code": "-1"}) == 1
+    cm.set_role("follower")
+    cm.forget_follower(2)
+    cm.fold()
+    assert get("queue_server_role", {"role": "follower"}) == 1
+    assert get("queue_server_replication_lag_records", {"follower": "2"}) == 0
+    assert get("queue_server_elections_total") == 1
+    with pytest.raises(ValueError):
+        cm.set_role("king")
+
+
+def test_labels():
+    assert m.action_label(1) == "produce"
+    assert m.action_label("local_monitor") == "local_monitor"
+    assert m.action_label(55) == "unknown"
+    assert m.action_label(None) == "missing"
+    assert m.code_label(-2) == "-2"
+    assert m.code_label(None) == "none"
