@@ -1,9 +1,22 @@
-"""The benchmark: closed-loop produce -> consume -> confirm cycles against a real node and, in the
-same run with the same compiled client (load/cbench.c), against beanstalkd and redis when they
-are installed. Prints the machine, a table and writes a JSON file. A benchmark, not a test.
+"""The benchmark: closed-loop workloads against a real node and, in the same run with the same
+compiled client (load/cbench.c), against beanstalkd and redis when they are installed. Prints
+the machine, a table, and writes a JSON file. A benchmark, not a test.
 
-    python load/bench.py                 # 10 s per workload, 8 connections
-    python load/bench.py --seconds 3 --json bench.json
+Workloads (each on a freshly started server):
+
+  per-request   produce -> consume -> confirm cycles, one request in flight per connection
+  pipelined     the same cycles, --depth requests in flight per connection
+  batched       the same cycles with --batch messages per request (queue-server only)
+  long-poll     producer/consumer pairs, one queue each; consumers long-poll (wait) and confirm;
+                reports the delivery latency (produce sent -> message received) too
+  quorum        per-request and pipelined cycles against a 3-node cluster (replication quorum):
+                clients on the leader, then spread over the three nodes (followers forward);
+                skipped, with the reason, while the nodes do not form a cluster
+
+    python load/bench.py                        # every workload, 10 s each, 8 connections
+    python load/bench.py --seconds 3 --only per-request,pipelined --no-peers
+    python load/bench.py --metrics              # node with metrics_port on, scraped every second
+    python load/bench.py --repo /tmp/old-checkout --only pipelined --repeat 3   # another version
 """
 from __future__ import annotations
 
@@ -13,13 +26,18 @@ import os
 import platform
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+WORKLOADS = ("per-request", "pipelined", "batched", "long-poll", "quorum")
+PROTOCOLS = {"queue-server": "qs", "queue-server x3": "qs", "beanstalkd": "beanstalk", "redis": "redis"}
 
 
 def machine() -> dict:
@@ -45,18 +63,30 @@ def machine() -> dict:
         "memory": mem,
         "python": platform.python_version(),
         "kernel": platform.release(),
+        "load_average": os.getloadavg()[0],
     }
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A loopback port free for TCP and UDP."""
+    while True:
+        with socket.socket() as t:
+            t.bind(("127.0.0.1", 0))
+            port = t.getsockname()[1]
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+                try:
+                    u.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            return port
 
 
-def wait_port(port: int, timeout: float = 20.0) -> None:
+def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
+    """Wait until something accepts TCP connections on `port` (or `proc` died)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited with {proc.returncode} before listening on {port}")
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
             return
@@ -75,87 +105,361 @@ def build_client(workdir: str) -> str:
     return out
 
 
-def run_client(client: str, proto: str, port: int, conns: int, seconds: float, batch: int) -> dict:
-    """One closed-loop run; returns the client's figures."""
-    out = subprocess.run(
-        [client, proto, "127.0.0.1", str(port), str(conns), str(seconds), str(batch)],
-        check=True, capture_output=True, text=True, timeout=seconds + 60,
-    )
-    return json.loads(out.stdout)
-
-
 class Server:
-    """A server process started for the benchmark and stopped after it."""
+    """A server process started for one measurement and stopped after it."""
 
-    def __init__(self, argv: list[str], port: int, env: dict | None = None) -> None:
-        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=REPO, env=env)
+    def __init__(self, argv: list[str], port: int, cwd: str = REPO, log: str | None = None) -> None:
+        self.log_path = log
+        self.log = open(log, "ab") if log else subprocess.DEVNULL
+        self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd)
         self.port = port
-        wait_port(port)
+        self.addresses = [f"127.0.0.1:{port}"]
+        try:
+            wait_port(port, self.proc)
+        except Exception:
+            self.stop()
+            raise
 
     def stop(self) -> None:
-        self.proc.terminate()
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.log is not subprocess.DEVNULL:
+            self.log.close()
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU time (user + system) so far of the server process and each of its children, by
+        name (queue-server: acceptor, worker-0, ..., coordinator)."""
+        return process_cpu(self.proc.pid)
+
+    def log_tail(self, lines: int = 5) -> str:
+        """The end of the server's log, if it has one."""
+        if not self.log_path:
+            return ""
+        with open(self.log_path, "rb") as f:
+            return b"".join(f.readlines()[-lines:]).decode(errors="replace")
+
+
+class QueueServer(Server):
+    """A queue-server node from `repo` on free ports (with metrics_port when asked)."""
+
+    def __init__(self, repo: str, workdir: str, workers: int, metrics: bool, config: dict | None = None, name: str = "node") -> None:
+        port = free_port()
+        cfg = {"host": "127.0.0.1", "port": port, "workers": workers, "log_level": 1,
+               "queue_data_dir": tempfile.mkdtemp(prefix=f"{name}-data-", dir=workdir)}
+        if metrics:
+            cfg["metrics_port"] = free_port()
+        cfg.update(config or {})
+        self.config = cfg
+        path = os.path.join(workdir, f"{name}-{port}.json")
+        with open(path, "w") as f:
+            json.dump(cfg, f)
+        super().__init__([sys.executable, "-m", "server.main", "--config", path], port, cwd=repo,
+                         log=os.path.join(workdir, f"{name}-{port}.log"))
+        self.scraper = Scraper(cfg["metrics_port"]) if metrics else None
+
+    def stop(self) -> None:
+        if self.scraper is not None:
+            self.scraper.stop()
+        super().stop()
+
+
+class Scraper(threading.Thread):
+    """Scrapes /metrics once a second while a measurement runs (what a busy Prometheus does)."""
+
+    def __init__(self, port: int) -> None:
+        super().__init__(daemon=True)
+        self.url = f"http://127.0.0.1:{port}/metrics"
+        self.done = threading.Event()
+        self.scrapes = 0
+        self.start()
+
+    def run(self) -> None:
+        while not self.done.wait(1.0):
+            try:
+                with urllib.request.urlopen(self.url, timeout=5) as r:
+                    r.read()
+                self.scrapes += 1
+            except OSError:
+                pass
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join()
+
+
+class Cluster:
+    """Three queue-server nodes configured as one cluster (from config/examples/node1..3.json,
+    on free ports, with data directories in `workdir`)."""
+
+    def __init__(self, repo: str, workdir: str, workers: int, metrics: bool) -> None:
+        sys.path.insert(0, repo)
+        from config.loader import strip_comments
+
+        examples = []
+        for i in (1, 2, 3):
+            with open(os.path.join(repo, "config", "examples", f"node{i}.json")) as f:
+                examples.append(json.loads(strip_comments(f.read())))
+        internal = [free_port() for _ in examples]
+        node_list = [{"node_id": e["node_id"], "host": "127.0.0.1", "port": internal[i]} for i, e in enumerate(examples)]
+        self.nodes: list[QueueServer] = []
         try:
-            self.proc.wait(10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+            for i, example in enumerate(examples):
+                cfg = dict(example)
+                cfg.update(cluster_node_list=node_list, log_prefix="", log_level=1)
+                cfg.pop("queue_data_dir", None)
+                cfg.pop("port", None)
+                self.nodes.append(QueueServer(repo, workdir, workers, metrics, cfg, name=f"node{i + 1}"))
+        except Exception:
+            self.stop()
+            raise
+        self.addresses = [n.addresses[0] for n in self.nodes]
+
+    def leader(self, timeout: float = 15.0) -> str | None:
+        """The leader's client address once every node names the same one, else None."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            answers = set()
+            for addr in self.addresses:
+                try:
+                    reply = request(addr, {"action": 8})
+                    answers.add((reply.get("code"), reply.get("leader_node_id"), reply.get("leader_host"), reply.get("leader_port")))
+                except OSError:
+                    answers.add(None)
+            if len(answers) == 1:
+                answer = answers.pop()
+                if answer is not None and answer[0] == 0:
+                    return f"{answer[2]}:{answer[3]}"
+            time.sleep(0.2)
+        return None
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds of every process of the three nodes, by name."""
+        total: dict[str, float] = {}
+        for i, node in enumerate(self.nodes, 1):
+            for name, seconds in node.cpu_seconds().items():
+                total[f"node{i}/{name}"] = seconds
+        return total
+
+    def log_tail(self, lines: int = 5) -> str:
+        return "\n".join(f"node{i}: {n.log_tail(lines)}" for i, n in enumerate(self.nodes, 1))
 
 
-def queue_server(workers: int, extra: list[str] | None = None) -> Server:
-    port = free_port()
-    argv = [sys.executable, "-m", "server.main", "--port", str(port), "--workers", str(workers)] + (extra or [])
-    return Server(argv, port)
+_TICK = os.sysconf("SC_CLK_TCK")
+
+
+def process_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds of process `pid` and of its direct children, by name ("server" for `pid`
+    itself; a queue-server child by its module and index: acceptor, worker-0, coordinator)."""
+    found: dict[str, float] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                fields = f.read().rsplit(b")", 1)[1].split()
+            if int(entry) != pid and int(fields[1]) != pid:
+                continue
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+        except OSError:
+            continue
+        name = "server"
+        if int(entry) != pid:
+            module = argv[argv.index(b"-m") + 1].decode() if b"-m" in argv else argv[0].decode()
+            name = module.rsplit(".", 1)[-1]
+            if b"--index" in argv:
+                name += "-" + argv[argv.index(b"--index") + 1].decode()
+        found[name] = found.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / _TICK
+    if len(found) > 1 and "server" in found:
+        found["supervisor"] = found.pop("server")
+    return found
+
+
+def request(addr: str, req: dict, timeout: float = 2.0) -> dict:
+    """One request over a fresh TCP connection."""
+    host, port = addr.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=timeout) as s:
+        s.sendall(json.dumps(req).encode() + b"\n")
+        buf = b""
+        while not buf.endswith(b"\n"):
+            chunk = s.recv(65536)
+            if not chunk:
+                raise ConnectionError("closed")
+            buf += chunk
+    return json.loads(buf)
+
+
+def run_client(client: str, proto: str, addresses: list[str], args: argparse.Namespace, *, mode: str = "cycle",
+               batch: int = 1, depth: int = 1) -> dict:
+    """One closed-loop run of cbench; returns its figures."""
+    argv = [client, "-p", proto, "-a", ",".join(addresses), "-c", str(args.conns), "-t", str(args.seconds),
+            "-b", str(batch), "-d", str(depth), "-m", mode, "-s", str(args.payload)]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=args.seconds + 90)
+    if out.returncode != 0:
+        raise RuntimeError(f"cbench failed: {out.stderr.strip()}")
+    return json.loads(out.stdout)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=10.0)
-    parser.add_argument("--conns", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=100)
-    parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--json", default="bench-results.json")
+    parser.add_argument("--seconds", type=float, default=10.0, help="per measurement (default 10)")
+    parser.add_argument("--conns", type=int, default=8, help="connections (default 8; long-poll: 4 pairs)")
+    parser.add_argument("--depth", type=int, default=16, help="requests in flight per connection, pipelined (default 16)")
+    parser.add_argument("--batch", type=int, default=100, help="messages per request, batched (default 100)")
+    parser.add_argument("--payload", type=int, default=64, help="message bytes (default 64)")
+    parser.add_argument("--workers", type=int, default=2, help="queue-server workers (default 2)")
+    parser.add_argument("--only", default=",".join(WORKLOADS), help=f"comma-separated subset of {','.join(WORKLOADS)}")
     parser.add_argument("--no-peers", action="store_true", help="skip beanstalkd and redis")
+    parser.add_argument("--metrics", action="store_true", help="run queue-server with metrics_port on, scraped every second")
+    parser.add_argument("--repo", default=REPO, help="queue-server checkout to run (default: this one)")
+    parser.add_argument("--repeat", type=int, default=1, help="measure each workload N times, report the median ops/s")
+    parser.add_argument("--json", default="bench-results.json", help="where to write the results")
     args = parser.parse_args(argv)
+    only = [w.strip() for w in args.only.split(",") if w.strip()]
+    unknown = set(only) - set(WORKLOADS)
+    if unknown:
+        parser.error(f"unknown workload(s): {', '.join(sorted(unknown))}")
+    repo = os.path.abspath(args.repo)
 
     info = machine()
-    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['memory']}, Python {info['python']}, Linux {info['kernel']}")
-    print(f"client: load/cbench.c (compiled, epoll, one request in flight per connection), {args.conns} connections, {args.seconds:g} s per workload")
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
+    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['memory']}, Python {info['python']}, "
+          f"Linux {info['kernel']}, load average {info['load_average']:.2f} at start")
+    print(f"client: load/cbench.c (compiled, one thread, epoll), {args.conns} connections, {args.seconds:g} s per measurement"
+          + (f", median of {args.repeat}" if args.repeat > 1 else ""))
+    print(f"queue-server: {repo}, {args.workers} workers" + (", metrics on (scraped every second)" if args.metrics else ""))
+    rows: list[dict] = []
+    notes: list[str] = []
+    peers = []
+    if not args.no_peers:
+        if shutil.which("beanstalkd"):
+            peers.append("beanstalkd")
+        else:
+            notes.append("beanstalkd not installed (apt-get install beanstalkd): peer skipped")
+        if shutil.which("redis-server"):
+            peers.append("redis")
+        else:
+            notes.append("redis-server not installed (apt-get install redis-server): peer skipped")
+
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         client = build_client(tmp)
 
-        def measure(name: str, server: Server, proto: str, batch: int) -> None:
+        def start(server: str):
+            if server == "queue-server":
+                return QueueServer(repo, tmp, args.workers, args.metrics)
+            port = free_port()
+            if server == "beanstalkd":
+                return Server(["beanstalkd", "-l", "127.0.0.1", "-p", str(port)], port)
+            return Server(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"], port)
+
+        def measure(workload: str, server: str, what: str, starter, **kw) -> None:
+            runs = []
             try:
-                result = run_client(client, proto, server.port, args.conns, args.seconds, batch)
-            finally:
-                server.stop()
-            result.update(workload=name, batch=batch)
+                for _ in range(args.repeat):
+                    srv = starter()
+                    try:
+                        cpu_before = srv.cpu_seconds()
+                        run = run_client(client, PROTOCOLS[server], srv.addresses, args, **kw)
+                        cpu_after = srv.cpu_seconds()
+                        run["cpu_us_per_op"] = {
+                            name: round((cpu_after[name] - cpu_before.get(name, 0.0)) / max(1, run["ops"]) * 1e6, 2)
+                            for name in sorted(cpu_after)
+                        }
+                        runs.append(run)
+                    except RuntimeError as exc:
+                        raise RuntimeError(f"{exc}; server log: {srv.log_tail().strip() or '(empty)'}") from None
+                    finally:
+                        srv.stop()
+            except (RuntimeError, TimeoutError, OSError) as exc:
+                notes.append(f"{workload}, {server}, {what}: failed: {exc}")
+                print(f"  {workload:<12} {server:<14} {what:<42} FAILED: {exc}", flush=True)
+                return
+            result = sorted(runs, key=lambda r: r["ops_per_s"])[len(runs) // 2]
+            result.update(workload=workload, server=server, what=what, runs=[r["ops_per_s"] for r in runs])
             rows.append(result)
-            print(f"  {name:<40} {result['ops_per_s']:>10,.0f} ops/s {result['messages_per_s']:>10,.0f} msg/s  p50 {result['p50_ms']:.3f} ms  p99 {result['p99_ms']:.3f} ms", flush=True)
+            delivery = f"  delivery p50 {result['delivery_p50_ms']:.3f} p99 {result['delivery_p99_ms']:.3f} ms" if "delivery_p50_ms" in result else ""
+            print(f"  {workload:<12} {server:<14} {what:<42} {result['ops_per_s']:>9,.0f} ops/s {result['messages_per_s']:>9,.0f} msg/s"
+                  f"  p50 {result['p50_ms']:.3f} p99 {result['p99_ms']:.3f} ms{delivery}", flush=True)
+            cpu = result.get("cpu_us_per_op") or {}
+            if cpu:
+                by_node: dict[str, float] = {}
+                for name, us in cpu.items():
+                    if "/" in name:
+                        by_node[name.split("/")[0]] = by_node.get(name.split("/")[0], 0.0) + us
+                parts = by_node if by_node else {k: v for k, v in cpu.items() if k != "supervisor"}
+                print("      server CPU us/op: " + ", ".join(f"{k} {v:.1f}" for k, v in parts.items())
+                      + f"; total {sum(cpu.values()):.1f}", flush=True)
 
-        measure("queue-server, per request", queue_server(args.workers), "qs", 1)
-        measure(f"queue-server, batches of {args.batch}", queue_server(args.workers), "qs", args.batch)
-        if not args.no_peers:
-            if shutil.which("beanstalkd"):
-                port = free_port()
-                measure("beanstalkd (put/reserve/delete)", Server(["beanstalkd", "-l", "127.0.0.1", "-p", str(port)], port), "beanstalk", 1)
+        servers = ["queue-server"] + peers
+        what = {
+            "queue-server": ("produce/consume/confirm, retry 30", "consume wait 1 s, confirm"),
+            "beanstalkd": ("put/reserve-with-timeout 0/delete", "reserve-with-timeout 1, delete; tube per pair"),
+            "redis": ("LPUSH/LMOVE/LREM", "BLMOVE 1 s, LREM; list per pair"),
+        }
+        if "per-request" in only:
+            for s in servers:
+                measure("per-request", s, what[s][0], lambda s=s: start(s))
+        if "pipelined" in only:
+            for s in servers:
+                measure("pipelined", s, f"{what[s][0]}, depth {args.depth}", lambda s=s: start(s), depth=args.depth)
+        if "batched" in only:
+            measure("batched", "queue-server", f"{what['queue-server'][0]}, {args.batch} per request",
+                    lambda: start("queue-server"), batch=args.batch)
+            if peers:
+                notes.append("batched: the peers have no batch produce/consume/delete in their protocols; queue-server only")
+        if "long-poll" in only:
+            for s in servers:
+                measure("long-poll", s, what[s][1], lambda s=s: start(s), mode="longpoll")
+        if "quorum" in only:
+            cluster = Cluster(repo, tmp, args.workers, args.metrics)
+            leader = cluster.leader()
+            if leader is None:
+                cluster.stop()
+                notes.append("quorum: skipped -- the three nodes of config/examples/node1..3.json did not agree on one "
+                             "leader (the cluster is not built yet: each node answers itself as leader)")
+                print("  " + notes[-1])
             else:
-                print("  beanstalkd not installed (apt-get install beanstalkd): peer skipped")
-            if shutil.which("redis-server"):
-                port = free_port()
-                redis = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-                measure("redis (LPUSH/LMOVE/LREM)", Server(redis, port), "redis", 1)
-            else:
-                print("  redis-server not installed: peer skipped")
+                cluster.stop()
 
+                def started_cluster(on_leader: bool) -> Cluster:
+                    c = Cluster(repo, tmp, args.workers, args.metrics)
+                    lead = c.leader()
+                    if lead is None:
+                        c.stop()
+                        raise RuntimeError("the cluster elected no leader")
+                    if on_leader:
+                        c.addresses = [lead]
+                    return c
+
+                for label, depth in (("per request", 1), (f"depth {args.depth}", args.depth)):
+                    measure("quorum", "queue-server x3", f"clients on the leader, {label}",
+                            lambda: started_cluster(True), depth=depth)
+                    measure("quorum", "queue-server x3", f"clients spread over 3 nodes, {label}",
+                            lambda: started_cluster(False), depth=depth)
+
+    info["load_average_end"] = os.getloadavg()[0]
     print()
-    print(f"| workload | ops/s | messages/s | p50 ms | p99 ms |")
-    print(f"|---|---|---|---|---|")
+    print("| workload | server | what | ops/s | messages/s | p50 ms | p99 ms | delivery p50 / p99 ms | server CPU us/op |")
+    print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['workload']} | {r['ops_per_s']:,.0f} | {r['messages_per_s']:,.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} |")
+        delivery = f"{r['delivery_p50_ms']:.3f} / {r['delivery_p99_ms']:.3f}" if "delivery_p50_ms" in r else ""
+        cpu = f"{sum(r['cpu_us_per_op'].values()):.1f}" if r.get("cpu_us_per_op") else ""
+        print(f"| {r['workload']} | {r['server']} | {r['what']} | {r['ops_per_s']:,.0f} | {r['messages_per_s']:,.0f} | "
+              f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {delivery} | {cpu} |")
+    for note in notes:
+        print(f"\nnote: {note}")
+    print(f"\nload average at the end: {info['load_average_end']:.2f}")
     with open(args.json, "w") as f:
-        json.dump({"machine": info, "conns": args.conns, "seconds": args.seconds, "results": rows}, f, indent=2)
-    print(f"\nwrote {args.json}")
+        json.dump({"machine": info, "args": vars(args), "results": rows, "notes": notes}, f, indent=2)
+    print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -43,6 +44,7 @@ class Storage:
         self.snapshot_pid: int | None = None
         self.snapshot_at = 0  # trans_id of the newest snapshot written or being written
         self.failed = False
+        self.last_fsync: float | None = None  # seconds the last flush with an fsync took
 
     # ----------------------------------------------------------------- start
     def recover(self) -> Recovered:
@@ -85,8 +87,10 @@ class Storage:
             else:
                 sync = self.policy.due(now)
             if sync or wal.pending_count:
+                started = time.perf_counter()
                 wal.flush(sync)
                 if sync:
+                    self.last_fsync = time.perf_counter() - started
                     self.policy.synced(now)
         except StorageError as exc:
             if not self.failed:

@@ -4,6 +4,7 @@ and writes the replies that come back to the right connection, in request order.
 from __future__ import annotations
 
 import asyncio
+import signal
 import socket
 import sys
 from typing import Any
@@ -17,7 +18,7 @@ from server import ipc
 from server import protocol as p
 from server.child import start
 from server.framing import FrameDecoder, FramingError
-from server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_one, enabled as metrics_enabled
+from server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_one
 from server.router import SCATTER_ACTIONS, Router
 
 _DUMPS = orjson.dumps
@@ -377,8 +378,7 @@ class Acceptor:
         self.udp_transport, _ = await loop.create_datagram_endpoint(
             lambda: Datagrams(self), local_addr=(cfg.host, port), family=socket.AF_INET
         )
-        if metrics_enabled():
-            self.fold_metrics()
+        self.fold_metrics()
         self.log.info("listening on tcp+udp %s:%d", cfg.host, port)
         await asyncio.Event().wait()
 
@@ -390,9 +390,13 @@ def main(argv: list[str] | None = None) -> None:
     asyncio.set_event_loop(loop)
     ctx = zmq.Context()
     acceptor = Acceptor(info.config, ctx, info.run_dir, info.log, loop)
+    # SystemExit raised by a signal handler inside a uvloop callback would be logged and
+    # swallowed, leaving an orphan holding the port: stop the loop instead.
+    serving = loop.create_task(acceptor.serve())
+    loop.add_signal_handler(signal.SIGTERM, serving.cancel)
     try:
-        loop.run_until_complete(acceptor.serve())
-    except (KeyboardInterrupt, SystemExit):
+        loop.run_until_complete(serving)
+    except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):
         pass
     finally:
         ctx.destroy(linger=0)

@@ -20,7 +20,9 @@ from replication.storage import Storage, StorageError
 from replication.wal import CorruptLog
 from server import ipc
 from server.child import start
+from election.state import Role
 from server.cluster import ClusterNode
+from server.metrics import CoordinatorMetrics
 
 # Messages queued for a peer that is not answering are dropped past this many: the election and
 # replication resend what matters.
@@ -67,6 +69,8 @@ class Coordinator:
                 self.peers[node.node_id] = sock
         self.client = (config.host, config.port)
         self.last_role = None
+        self.metrics = CoordinatorMetrics()
+        self.last_election_role: Role | None = None
 
     def run(self) -> None:
         """Serve until terminated."""
@@ -172,11 +176,35 @@ class Coordinator:
         if storage is not None:
             storage.maybe_snapshot(node.state_trans_id, node.log.term_at(node.state_trans_id) or 0,
                                    node.state.snapshot, every)
+        self.observe()
         role = node.role
         if role != self.last_role:
             self.log.info("role: %s (vote_id %d, leader %s, trans_id %d)", role, node.election.vote_id,
                           node.election.leader_id, node.log.last_trans_id)
             self.last_role = role
+
+
+    def observe(self) -> None:
+        """Hand the node's figures to the metrics (published about once a second)."""
+        node, m = self.node, self.metrics
+        log = node.log
+        m.set_trans_id(log.last_trans_id, log.commit_trans_id)
+        role = node.election.role
+        if role is not self.last_election_role:
+            if role is Role.CANDIDATE:
+                m.election_started()
+            if role is not Role.LEADER and node.leader is None:
+                for peer in node.election.peers:
+                    m.forget_follower(peer)
+            self.last_election_role = role
+        m.set_role({"leader": "leader", "follower": "follower"}.get(node.role, "candidate"), node.election.vote_id)
+        if node.leader is not None:
+            for peer in node.election.peers:
+                m.set_follower_lag(peer, log.last_trans_id - node.leader.match_of(peer))
+        if self.storage is not None and self.storage.last_fsync is not None:
+            m.observe_fsync(self.storage.last_fsync)
+            self.storage.last_fsync = None
+        m.maybe_fold()
 
 
 def main(argv: list[str] | None = None) -> None:

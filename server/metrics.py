@@ -6,8 +6,8 @@ passes it to every child as PROMETHEUS_MULTIPROC_DIR, and serves ``GET /metrics`
 
 The hot paths never touch prometheus_client. Each process counts in plain Python (dict counters,
 :class:`LocalHistogram`) and :meth:`fold`\\ s those counts into the shared metrics about once a
-second; with metrics off the folds do nothing and the counting costs a dict update per reply in
-the workers and an integer compare per reply in the acceptor.
+second; with metrics off the folds only empty the local counts, and the counting costs a dict
+update per reply in the workers and an integer compare per reply in the acceptor.
 
 Who owns what:
 
@@ -150,7 +150,10 @@ class _Metrics:
         from prometheus_client import REGISTRY
 
         self.registry = registry if registry is not None else REGISTRY
-        self.next_fold = time.monotonic() + FOLD_INTERVAL if enabled() or registry is not None else float("inf")
+        # Inactive (metrics off), folds still run, to empty the local counts: their keys come
+        # from clients (an echoed unknown action), so they must not pile up.
+        self.active = enabled() or registry is not None
+        self.next_fold = time.monotonic() + FOLD_INTERVAL
 
     def _counter(self, name: str, doc: str, labels: Sequence[str] = ()) -> Counter:
         return Counter(PREFIX + name, doc, labels, registry=self.registry)
@@ -236,6 +239,10 @@ class AcceptorMetrics(_Metrics):
         acceptor's running totals."""
         if self.probe_no >= 0 and time.perf_counter() - self.probe_started > PROBE_GIVE_UP:
             self.probe_no = -1
+        if not self.active:
+            self.counts.clear()
+            self.latency.clear()
+            return
         _fold_counts(self.counts, self.requests)
         for action, hist in self.latency.items():
             hist.drain_into(self.latency_seconds.labels(action=action))
@@ -289,6 +296,11 @@ class WorkerMetrics(_Metrics):
         """Add what was counted since the last fold. `totals()` returns the worker's queue totals
         (ready, delayed, in_flight, queue_count, waiters); it visits every queue, so it is called
         less often when it is slow (at most ~1% of the worker's time)."""
+        if not self.active:
+            self.counts.clear()
+            self.batch_time = LocalHistogram(BATCH_SECONDS_BUCKETS)
+            self.batch_size = LocalHistogram(BATCH_SIZE_BUCKETS)
+            return
         _fold_counts(self.counts, self.requests)
         self.batch_time.drain_into(self.batch_seconds)
         self.batch_size.drain_into(self.batch_requests)
@@ -390,6 +402,10 @@ class CoordinatorMetrics(_Metrics):
 
     def fold(self) -> None:
         """Publish the current values."""
+        if not self.active:
+            self.counts.clear()
+            self.fsync = LocalHistogram(FSYNC_BUCKETS)
+            return
         self.trans_id_gauge.set(self.trans_id)
         self.commit_gauge.set(self.commit_id)
         self.term_gauge.set(self.term)

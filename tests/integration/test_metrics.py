@@ -156,3 +156,20 @@ def test_metrics_are_off_by_default(tmp_path):
         assert "metrics on" not in node.log()
     finally:
         node.stop()
+
+
+def test_coordinator_figures(metered):
+    port = metered.config["metrics_port"]
+    tcp = RawTcp(*metered.address)
+    try:
+        tcp.call({"action": 1, "queue": "coord", "data": "x"})
+        trans_id = tcp.call({"action": 4})["trans_id"]
+    finally:
+        tcp.close()
+
+    def published() -> bool:
+        s = scrape(port)
+        return (value(s, "queue_server_trans_id") >= trans_id
+                and value(s, "queue_server_role", role="leader") == 1
+                and value(s, "queue_server_term") >= 1)
+    wait_for(published, 10, "the coordinator's trans_id, role and term")

@@ -126,3 +126,13 @@ def test_labels():
     assert m.action_label(None) == "missing"
     assert m.code_label(-2) == "-2"
     assert m.code_label(None) == "none"
+
+
+def test_with_metrics_off_local_counts_do_not_pile_up(monkeypatch):
+    monkeypatch.delenv(m.ENV, raising=False)
+    wm = m.WorkerMetrics(CollectorRegistry())
+    wm.active = False  # as in a node without metrics_port
+    m.count_replies(wm.counts, [(1, i, {"action": f"bogus-{i}", "code": -1}) for i in range(1000)])
+    assert len(wm.counts) == 1000
+    wm.fold(lambda: pytest.fail("queue totals are not computed with metrics off"))
+    assert wm.counts == {}

@@ -1,0 +1,37 @@
+"""load/bench.py keeps working: a very short run of some workloads (and of the peers when they are
+installed) produces figures for every row. A benchmark run, not a performance test."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.harness import REPO
+
+pytestmark = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler for load/cbench.c")
+
+
+def test_short_benchmark_run(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "load/bench.py", "--seconds", "0.5", "--conns", "4", "--depth", "4", "--batch", "10",
+         "--only", "pipelined,batched,long-poll", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert not [n for n in report["notes"] if "failed" in n], report["notes"]
+    rows = {(r["workload"], r["server"]): r for r in report["results"]}
+    expected = {("pipelined", "queue-server"), ("batched", "queue-server"), ("long-poll", "queue-server")}
+    for peer, binary in (("beanstalkd", "beanstalkd"), ("redis", "redis-server")):
+        if shutil.which(binary):
+            expected |= {("pipelined", peer), ("long-poll", peer)}
+    assert expected <= set(rows), sorted(rows)
+    for row in rows.values():
+        assert row["ops"] > 0 and row["messages"] > 0, row
+    assert rows[("batched", "queue-server")]["messages"] >= 10 * rows[("batched", "queue-server")]["ops"] // 3
+    assert rows[("long-poll", "queue-server")]["delivery_p50_ms"] > 0
+    assert "| workload | server |" in proc.stdout
