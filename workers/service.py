@@ -117,9 +117,9 @@ class Selection:
         if prefix is not None and not isinstance(prefix, str):
             raise BadRequest("token_prefix: must be a string")
         tokens = req.get("tokens")
-        if tokens is not None:
-            if type(tokens) is not list or not all(isinstance(t, str) and t for t in tokens):
-                raise BadRequest("tokens: must be a list of non-empty strings")
+        if tokens is not None and (
+                type(tokens) is not list or not all(isinstance(t, str) and t for t in tokens)):
+            raise BadRequest("tokens: must be a list of non-empty strings")
         if (token is not None) + (tokens is not None) + (prefix is not None) > 1:
             raise BadRequest("token: give only one of token, tokens, token_prefix")
         if token is not None:

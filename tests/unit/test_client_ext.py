@@ -6,7 +6,7 @@ import asyncio
 import itertools
 import threading
 import time
-from typing import Any, Iterator
+from collections.abc import Iterator
 
 import orjson
 import pytest

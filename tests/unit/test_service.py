@@ -293,7 +293,7 @@ def test_token_retry_is_answered_even_when_nothing_is_ready_and_over_long_poll()
     assert t.call({"action": 2, "queue": "q", "count": 3, "token": "u", "lease": 10, "wait": 5}, conn=5) is None
     t.n += 1
     t.s.handle({"action": 1, "queue": "q", "data": "y"}, 6, t.n, t.now)
-    served = [r for c, _, r in t.drain() if c == 5][0]
+    served = next(r for c, _, r in t.drain() if c == 5)
     assert [m["data"] for m in served["messages"]] == ["y"]
     assert t.s.queues["q"].held("u") == [served["messages"][0]["msg_id"]]
     assert t.replica.snapshot() == t.s.snapshot()

@@ -1,0 +1,180 @@
+"""The options of the queue data source, parsed and checked once on the driver.
+
+Spark hands a data source its options as a case-insensitive dict of strings; every error names
+the option. The parsed objects are small frozen dataclasses, so that they pickle to executors.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from client.protocol import MAX_BATCH, parse_hosts
+
+DEFAULT_LEASE = 60.0
+DEFAULT_TIMEOUT = 30.0
+DEFAULT_STREAM_MAX_MESSAGES = 50_000
+DEFAULT_BATCH_SIZE = 1000
+# Below the server's default max_request_size (1 MiB), with room for the request's other fields.
+DEFAULT_MAX_REQUEST_BYTES = 900_000
+
+
+class OptionError(ValueError):
+    """An option is missing or invalid; the message names it."""
+
+
+def _lower(options: Mapping[str, str]) -> dict[str, str]:
+    """Option names are case-insensitive (Spark lower-cases them; a plain dict may not)."""
+    return {str(k).lower(): v for k, v in options.items()}
+
+
+def _get(options: Mapping[str, str], name: str) -> str | None:
+    value = options.get(name.lower())
+    return None if value is None else str(value)
+
+
+def _required(options: Mapping[str, str], name: str) -> str:
+    value = _get(options, name)
+    if value is None or not value.strip():
+        raise OptionError(f"option {name}: missing")
+    return value.strip()
+
+
+def _int(options: Mapping[str, str], name: str, default: int | None, low: int = 1,
+         high: int | None = None) -> int | None:
+    text = _get(options, name)
+    if text is None or text.strip() == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise OptionError(f"option {name}: must be an integer, not {text!r}") from None
+    if value < low or (high is not None and value > high):
+        bound = f"{low}..{high}" if high is not None else f">= {low}"
+        raise OptionError(f"option {name}: must be {bound}, not {value}")
+    return value
+
+
+def _float(options: Mapping[str, str], name: str, default: float | None,
+           positive: bool = True) -> float | None:
+    text = _get(options, name)
+    if text is None or text.strip() == "":
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        raise OptionError(f"option {name}: must be a number, not {text!r}") from None
+    if math.isnan(value) or value < 0 or (positive and value == 0):
+        raise OptionError(f"option {name}: must be {'> 0' if positive else '>= 0'}, not {text}")
+    return value
+
+
+def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
+    text = _get(options, name)
+    if text is None:
+        return default
+    lowered = text.strip().lower()
+    if lowered in ("true", "1", "yes"):
+        return True
+    if lowered in ("false", "0", "no"):
+        return False
+    raise OptionError(f"option {name}: must be true or false, not {text!r}")
+
+
+def _hosts(options: Mapping[str, str]) -> str:
+    hosts = _required(options, "hosts")
+    try:
+        parse_hosts(hosts)
+    except ValueError as exc:
+        raise OptionError(f"option hosts: {exc}") from None
+    return hosts
+
+
+def _plain_id(options: Mapping[str, str], name: str) -> str | None:
+    """An id that goes into lease tokens or producer ids: no '/', at most 100 characters."""
+    value = _get(options, name)
+    if value is None:
+        return None
+    if not value or "/" in value or len(value) > 100:
+        raise OptionError(f"option {name}: must be 1..100 characters without '/'")
+    return value
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """Options of spark.read / spark.readStream .format("queue")."""
+
+    hosts: str
+    queues: tuple[str, ...]
+    partitions_per_queue: int = 1
+    max_messages: int | None = None  # per partition (batch) / per partition and micro-batch (stream)
+    lease: float = DEFAULT_LEASE
+    timeout: float = DEFAULT_TIMEOUT
+    chunk: int = MAX_BATCH
+    confirm: bool = True  # batch only
+    read_id: str | None = None  # batch only
+    max_messages_per_trigger: int | None = None  # stream only
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], streaming: bool) -> ReadOptions:
+        """Check and convert the options; OptionError names the first bad one."""
+        options = _lower(options)
+        names = tuple(q.strip() for q in _required(options, "queues").split(",") if q.strip())
+        if not names:
+            raise OptionError("option queues: no queue named")
+        if len(set(names)) != len(names):
+            raise OptionError("option queues: a queue is named twice")
+        default_max = DEFAULT_STREAM_MAX_MESSAGES if streaming else None
+        opts = cls(
+            hosts=_hosts(options),
+            queues=names,
+            partitions_per_queue=_int(options, "partitionsPerQueue", 1, 1, 1000),
+            max_messages=_int(options, "maxMessages", default_max),
+            lease=_float(options, "leaseSeconds", DEFAULT_LEASE),
+            timeout=_float(options, "timeout", DEFAULT_TIMEOUT),
+            chunk=_int(options, "chunkSize", MAX_BATCH, 1, MAX_BATCH),
+            confirm=_bool(options, "confirm", True),
+            read_id=_plain_id(options, "readId"),
+            max_messages_per_trigger=_int(options, "maxMessagesPerTrigger", None),
+        )
+        if not streaming and not opts.confirm and opts.read_id is None:
+            raise OptionError("option readId: required with confirm=false (confirm_read() needs it)")
+        return opts
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    """Options of df.write / df.writeStream .format("queue")."""
+
+    hosts: str
+    queue: str
+    batch_size: int = DEFAULT_BATCH_SIZE
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    timeout: float = DEFAULT_TIMEOUT
+    delay: float | None = None
+    ttl: float | None = None
+    retry: float | None = None
+    priority: int | None = None
+    producer_id: str | None = None
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> WriteOptions:
+        """Check and convert the options; OptionError names the first bad one."""
+        options = _lower(options)
+        priority = _get(options, "priority")
+        try:
+            prio = None if priority is None else int(priority)
+        except ValueError:
+            raise OptionError(f"option priority: must be an integer, not {priority!r}") from None
+        return cls(
+            hosts=_hosts(options),
+            queue=_required(options, "queue"),
+            batch_size=_int(options, "batchSize", DEFAULT_BATCH_SIZE, 1, 100_000),
+            max_request_bytes=_int(options, "maxRequestBytes", DEFAULT_MAX_REQUEST_BYTES, 1024),
+            timeout=_float(options, "timeout", DEFAULT_TIMEOUT),
+            delay=_float(options, "delay", None, positive=False),
+            ttl=_float(options, "ttl", None),
+            retry=_float(options, "retry", None, positive=False),
+            priority=prio,
+            producer_id=_plain_id(options, "producerId"),
+        )
