@@ -155,6 +155,7 @@ class QueueServer(Server):
             cfg["metrics_port"] = free_port()
         cfg.update(config or {})
         self.config = cfg
+        self.scraper = None
         path = os.path.join(workdir, f"{name}-{port}.json")
         with open(path, "w") as f:
             json.dump(cfg, f)

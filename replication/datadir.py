@@ -56,6 +56,13 @@ class DataDir:
             self.close()
             raise
 
+    def release_in_child(self) -> None:
+        """In a forked child: drop this process's reference to the lock without unlocking it, so
+        the lock goes with the parent and never outlives it in the child."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
     def load_vote_state(self) -> tuple[int, int | None]:
         """(vote_id, voted_for) last saved; (0, None) for a new directory. A damaged file raises
         ValueError rather than forgetting a vote."""

@@ -12,6 +12,7 @@ from typing import Callable
 import orjson
 
 from replication.datadir import DataDir
+from server.child import die_with_parent
 from replication.log import ChangeLog, Entry
 from replication.snapshot import read_latest_snapshot, snapshot_trans_ids, write_snapshot
 from replication.wal import StorageError, SyncPolicy, WalWriter, read_wal
@@ -121,6 +122,8 @@ class Storage:
         if pid == 0:  # the child: write and leave, touching nothing else of the parent's
             status = 0
             try:
+                self.datadir.release_in_child()
+                die_with_parent()
                 write_snapshot(self.datadir.snapshot_dir, trans_id, vote_id, state())
             except BaseException:
                 status = 1
@@ -146,6 +149,7 @@ class Storage:
             self.log.info("snapshot at trans_id %d written; %d old log segments removed", self.snapshot_at, removed)
 
     def close(self) -> None:
+        """Let a snapshot being written finish, write the log's last records, unlock."""
         if self.snapshot_pid is not None:
             os.waitpid(self.snapshot_pid, 0)
             self.snapshot_pid = None

@@ -1,0 +1,95 @@
+"""Durability figures: throughput and p99 of produce -> consume -> confirm cycles with fsync
+"always", "everysec", "no" and in memory, beside beanstalkd with its binlog (-b) driven by the
+same compiled client in the same run; p99 while a snapshot is being written; and the restart time
+of a node holding 1,000,000 messages. A benchmark, not a test.
+
+    python load/durability_bench.py --seconds 5 --messages 1000000
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from client import QueueClient  # noqa: E402
+from load.bench import REPO, QueueServer, Server, build_client, free_port, machine, run_client  # noqa: E402
+
+
+def restart_time(workdir: str, messages: int, batch: int) -> tuple[float, float]:
+    """Store `messages` messages, stop the node, start it again: (seconds to store, seconds from
+    start until it answers with every message back)."""
+    node = QueueServer(REPO, workdir, 2, False, {"queue_size": messages + 1, "snapshot_every": messages // 2},
+                       name="restart")
+    try:
+        start = time.monotonic()
+        with QueueClient(node.addresses[0], timeout=60) as q:
+            for i in range(0, messages, batch):
+                q.produce_batch("stored", ["x" * 48] * min(batch, messages - i), retry=60)
+        stored = time.monotonic() - start
+    finally:
+        node.stop()
+    start = time.monotonic()
+    same_disk = {k: v for k, v in node.config.items() if k != "port"}
+    node = QueueServer(REPO, workdir, 2, False, same_disk, name="restart")
+    try:
+        with QueueClient(node.addresses[0], timeout=60) as q:
+            while q.monitor("stored")["size"] != messages:
+                time.sleep(0.05)
+        return stored, time.monotonic() - start
+    finally:
+        node.stop()
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--conns", type=int, default=8)
+    parser.add_argument("--payload", type=int, default=64)
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--batch", type=int, default=1000)
+    args = parser.parse_args(argv)
+    info = machine()
+    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['memory']}, Python {info['python']}")
+    print(f"client: load/cbench.c, {args.conns} connections, one request in flight each, {args.seconds:g} s per row")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        client = build_client(tmp)
+
+        def measure(name: str, server: Server, proto: str = "qs") -> None:
+            try:
+                r = run_client(client, proto, server.addresses, args)
+            finally:
+                server.stop()
+            rows.append((name, r))
+            print(f"  {name:<44} {r['ops_per_s']:>9,.0f} ops/s  p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms", flush=True)
+
+        for mode in ("always", "everysec", "no"):
+            measure(f"queue-server fsync {mode}", QueueServer(REPO, tmp, 2, False, {"fsync": mode}, name=mode))
+        measure("queue-server in memory", QueueServer(REPO, tmp, 2, False, {"in_memory": True}, name="mem"))
+        measure("queue-server everysec, a snapshot every 20k records",
+                QueueServer(REPO, tmp, 2, False, {"snapshot_every": 20000}, name="snap"))
+        if shutil.which("beanstalkd"):
+            for fsync_ms in ("0", None):
+                binlog = tempfile.mkdtemp(dir=tmp)
+                port = free_port()
+                argv = ["beanstalkd", "-l", "127.0.0.1", "-p", str(port), "-b", binlog]
+                label = "beanstalkd -b (fsync every write, -f0)" if fsync_ms else "beanstalkd -b (no fsync)"
+                if fsync_ms:
+                    argv += ["-f", fsync_ms]
+                measure(label, Server(argv, port), "beanstalk")
+        else:
+            print("  beanstalkd not installed (apt-get install beanstalkd): peer skipped")
+        stored, restarted = restart_time(tmp, args.messages, args.batch)
+    print(f"\nstored {args.messages:,} messages in {stored:.1f} s; restart until all are back: {restarted:.1f} s")
+    print("\n| workload | ops/s | p50 ms | p99 ms |\n|---|---|---|---|")
+    for name, r in rows:
+        print(f"| {name} | {r['ops_per_s']:,.0f} | {r['p50_ms']:.3f} | {r['p99_ms']:.3f} |")
+
+
+if __name__ == "__main__":
+    main()
