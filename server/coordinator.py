@@ -27,6 +27,8 @@ from server.metrics import CoordinatorMetrics
 # Messages queued for a peer that is not answering are dropped past this many: the election and
 # replication resend what matters.
 PEER_HWM = 10000
+# How often the node's figures are handed to the metrics (they are published once a second).
+OBSERVE_INTERVAL = 0.2
 # Peer messages that tell the leader how far this node's log reaches: not sent while the disk
 # refuses the log.
 _CLAIMS_LOG = (AppendAck, HeartbeatAck)
@@ -70,6 +72,7 @@ class Coordinator:
         self.client = (config.host, config.port)
         self.last_role = None
         self.metrics = CoordinatorMetrics()
+        self.next_observe = 0.0
         self.last_election_role: Role | None = None
 
     def run(self) -> None:
@@ -119,7 +122,9 @@ class Coordinator:
                     if now >= node.wake_at():
                         node.tick(now)
                         self.flush()
-            node.tick(time.time())
+            now = time.time()
+            if now >= node.wake_at():
+                node.tick(now)
             self.flush()
 
     def dispatch(self, frames: list[bytes], now: float) -> None:
@@ -156,9 +161,10 @@ class Coordinator:
         for index, frames in node.to_workers:
             self.workers[index].send_multipart(frames)
         node.to_workers.clear()
-        for frames in node.to_acceptor:
-            self.acceptor.send_multipart(frames)
-        node.to_acceptor.clear()
+        if node.to_acceptor:
+            for frames in _merged(node.to_acceptor):
+                self.acceptor.send_multipart(frames)
+            node.to_acceptor.clear()
         for target, msg in node.to_peers:
             sock = self.peers.get(target)
             if sock is None:
@@ -176,7 +182,9 @@ class Coordinator:
         if storage is not None:
             storage.maybe_snapshot(node.state_trans_id, node.log.term_at(node.state_trans_id) or 0,
                                    node.state.snapshot, every)
-        self.observe()
+        if time.monotonic() >= self.next_observe:
+            self.next_observe = time.monotonic() + OBSERVE_INTERVAL
+            self.observe()
         role = node.role
         if role != self.last_role:
             self.log.info("role: %s (vote_id %d, leader %s, trans_id %d)", role, node.election.vote_id,
@@ -205,6 +213,21 @@ class Coordinator:
             m.observe_fsync(self.storage.last_fsync)
             self.storage.last_fsync = None
         m.maybe_fold()
+
+
+def _merged(messages: list[list[bytes]]) -> list[list[bytes]]:
+    """The messages for the acceptor with all reply batches joined into one (each ZeroMQ send
+    costs a wake-up of two I/O threads; a loop turn often releases several batches)."""
+    replies = [m for m in messages if m[0] == ipc.REP]
+    if len(replies) < 2:
+        return messages
+    header: list = []
+    offset = 0
+    for _, head, blob in replies:
+        header.extend((conn, req_no, end + offset) for conn, req_no, end in orjson.loads(head))
+        offset += len(blob)
+    joined = [ipc.REP, orjson.dumps(header), b"".join(m[2] for m in replies)]
+    return [m for m in messages if m[0] != ipc.REP] + [joined]
 
 
 def main(argv: list[str] | None = None) -> None:
