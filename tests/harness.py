@@ -55,6 +55,10 @@ def can_connect(host: str, port: int) -> bool:
         return False
 
 
+# Every node a test started, so that the session can stop whatever a failing test left running.
+STARTED: list["NodeProcess"] = []
+
+
 class NodeProcess:
     """A `queue-server` node started as a subprocess with a config written to `workdir`."""
 
@@ -85,6 +89,7 @@ class NodeProcess:
             [sys.executable, "-m", "server.main", "--config", path],
             cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
         )
+        STARTED.append(self)
         if wait:
             self.wait_ready()
         return self

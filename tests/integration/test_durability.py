@@ -51,11 +51,13 @@ def test_acknowledged_messages_survive_kill_9_with_fsync_always(tmp_path):
     threads = [threading.Thread(target=produce, args=(t,)) for t in range(4)]
     for t in threads:
         t.start()
-    wait_for(lambda: len(acked) >= 2000, 60, "2000 acknowledged produces")
-    _kill_all(node)
-    stop.set()
-    for t in threads:
-        t.join()
+    try:
+        wait_for(lambda: len(acked) >= 2000, 60, "2000 acknowledged produces")
+    finally:
+        _kill_all(node)
+        stop.set()
+        for t in threads:
+            t.join()
     node = _restart(node)
     try:
         with QueueClient(node.hosts) as q:
@@ -76,13 +78,12 @@ def test_acknowledged_messages_survive_kill_9_with_fsync_always(tmp_path):
 
 def test_restart_keeps_ids_times_leases_and_delivery_counts(tmp_path):
     node = NodeProcess(str(tmp_path), {"snapshot_every": 50}).start()
+    try:
+        _fill_and_lease(node)
+    except BaseException:
+        node.stop()
+        raise
     with QueueClient(node.hosts) as q:
-        ids = q.produce_batch("state", [f"m{i}" for i in range(120)], retry=600)
-        delayed = q.produce("state", "later", delay=3600)
-        leased = q.consume_batch("state", 10)
-        assert [m.msg_id for m in leased] == ids[:10]
-        for m in leased[:5]:
-            q.confirm("state", m.msg_id)
         before = q.monitor("state")
     wait_for(lambda: glob.glob(str(tmp_path / "node-data/snapshots/*.snap")), 10, "a snapshot")
     node.stop()
@@ -93,12 +94,23 @@ def test_restart_keeps_ids_times_leases_and_delivery_counts(tmp_path):
             for key in ("size", "ready", "delayed", "in_flight", "max_id"):
                 assert after[key] == before[key], key
             rest = q.consume_batch("state", 1000)
-            assert [m.msg_id for m in rest] == ids[10:]  # leased ones stay leased, delayed stays delayed
+            assert [m.msg_id for m in rest] == list(range(11, 121))  # leased stay leased, delayed stays delayed
             assert all(m.delivery_count == 1 for m in rest)
-            assert q.produce("state", "next") > delayed
+            assert q.produce("state", "next") > 121
         assert "recovered: snapshot at trans_id" in node.log()
     finally:
         node.stop()
+
+
+def _fill_and_lease(node: NodeProcess) -> None:
+    with QueueClient(node.hosts) as q:
+        ids = q.produce_batch("state", [f"m{i}" for i in range(120)], retry=600)
+        assert ids == list(range(1, 121))
+        assert q.produce("state", "later", delay=3600) == 121
+        leased = q.consume_batch("state", 10)
+        assert [m.msg_id for m in leased] == ids[:10]
+        for m in leased[:5]:
+            q.confirm("state", m.msg_id)
 
 
 def test_torn_tail_is_truncated_and_middle_corruption_stops_the_start(tmp_path):
