@@ -26,7 +26,6 @@ import os
 import platform
 import shutil
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +35,9 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+
+from tests.harness import free_port  # noqa: E402  (one definition for tests and benchmarks)
 WORKLOADS = ("per-request", "pipelined", "batched", "long-poll", "quorum")
 PROTOCOLS = {"queue-server": "qs", "queue-server x3": "qs", "beanstalkd": "beanstalk", "redis": "redis"}
 
@@ -66,19 +68,6 @@ def machine() -> dict:
         "load_average": os.getloadavg()[0],
     }
 
-
-def free_port() -> int:
-    """A loopback port free for TCP and UDP."""
-    while True:
-        with socket.socket() as t:
-            t.bind(("127.0.0.1", 0))
-            port = t.getsockname()[1]
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-                try:
-                    u.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            return port
 
 
 def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:

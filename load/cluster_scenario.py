@@ -33,24 +33,12 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
 from config.loader import strip_comments  # noqa: E402
+from tests.harness import free_port  # noqa: E402
 
 
 class ScenarioError(Exception):
     """The scenario could not run."""
 
-
-def free_port() -> int:
-    """A loopback port free for TCP and UDP."""
-    while True:
-        with socket.socket() as t:
-            t.bind(("127.0.0.1", 0))
-            port = t.getsockname()[1]
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-                try:
-                    u.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            return port
 
 
 def ask(addr: str, req: dict, timeout: float = 1.0) -> dict | None:

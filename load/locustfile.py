@@ -39,7 +39,7 @@ import os
 import random
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 import orjson
 from locust import User, events, task

@@ -27,22 +27,10 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from tests.harness import free_port  # noqa: E402
+
 from client import AsyncQueueClient, QueueClient
 
-
-def free_port() -> int:
-    """A loopback port free for TCP and UDP right now."""
-    for _ in range(100):
-        with socket.socket() as t:
-            t.bind(("127.0.0.1", 0))
-            port = t.getsockname()[1]
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-                try:
-                    u.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            return port
-    raise RuntimeError("no free port")
 
 
 class Node:
