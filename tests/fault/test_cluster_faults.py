@@ -101,7 +101,7 @@ def test_leader_cut_off_from_both_followers(cluster):
         for (a, b), proxy in c.proxies.items():
             if leader in (a, b):
                 proxy.cut()
-        new_leader = c.wait_leader(among=others, exclude=leader)
+        c.wait_leader(among=others, exclude=leader)  # the other two elect one of themselves
         wait_for(lambda: c.role(leader) != "leader", 10, "the cut-off leader to step down")
         isolated = RawTcp(*c.nodes[leader].address)
         try:
