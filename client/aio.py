@@ -260,13 +260,8 @@ class AsyncQueueClient:
         max_redirects: int = 3,
         max_idle_wait_connections: int = 8,
     ) -> None:
-        if transport not in ("tcp", "udp"):
-            raise ValueError(f"transport must be 'tcp' or 'udp', not {transport!r}")
-        if timeout <= 0:
-            raise ValueError("timeout must be > 0")
-        self.hosts: list[Address] = p.parse_hosts(hosts)
-        self.transport = transport
-        self.timeout = float(timeout)
+        self.hosts: list[Address]
+        self.hosts, self.transport, self.timeout = p.client_settings(hosts, transport, timeout)
         self.follow_redirects = follow_redirects
         self.max_redirects = max_redirects
         self.max_idle_wait_connections = max_idle_wait_connections

@@ -298,3 +298,12 @@ def try_elsewhere(reply: dict) -> bool:
     """Whether an error reply means "this node cannot serve anyone now" (it knows no leader), so
     another host of the list should be tried. Nothing was applied."""
     return reply.get("code") == CODE_ERROR and reply.get("reason") == "no leader"
+
+
+def client_settings(hosts: Any, transport: str, timeout: float) -> tuple[list[Address], str, float]:
+    """A client's validated host list, transport and timeout (both clients share these rules)."""
+    if transport not in ("tcp", "udp"):
+        raise ValueError(f"transport must be 'tcp' or 'udp', not {transport!r}")
+    if timeout <= 0:
+        raise ValueError("timeout must be > 0")
+    return parse_hosts(hosts), transport, float(timeout)

@@ -56,13 +56,8 @@ class QueueClient:
         follow_redirects: bool = True,
         max_redirects: int = 3,
     ) -> None:
-        if transport not in ("tcp", "udp"):
-            raise ValueError(f"transport must be 'tcp' or 'udp', not {transport!r}")
-        if timeout <= 0:
-            raise ValueError("timeout must be > 0")
-        self.hosts: list[Address] = p.parse_hosts(hosts)
-        self.transport = transport
-        self.timeout = float(timeout)
+        self.hosts: list[Address]
+        self.hosts, self.transport, self.timeout = p.client_settings(hosts, transport, timeout)
         self.follow_redirects = follow_redirects
         self.max_redirects = max_redirects
         self._udp = transport == "udp"

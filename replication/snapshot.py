@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import orjson
 
-from replication.wal import StorageError, fsync_dir
+from replication.wal import StorageError, fsync_dir, numbered_files
 
 _log = logging.getLogger(__name__)
 
@@ -42,17 +42,7 @@ def snapshot_name(trans_id: int) -> str:
 
 
 def _snapshots(directory: str) -> list[tuple[int, str]]:
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    found = []
-    for name in names:
-        m = _NAME_RE.fullmatch(name)
-        if m:
-            found.append((int(m.group(1)), os.path.join(directory, name)))
-    found.sort()
-    return found
+    return numbered_files(directory, _NAME_RE)
 
 
 def snapshot_trans_ids(directory: str) -> list[int]:

@@ -101,19 +101,25 @@ def _valid_record_after(data: bytes, pos: int, above: int) -> bool:
     return False
 
 
-def list_segments(directory: str) -> list[tuple[int, str]]:
-    """(first trans_id, path) of every segment, oldest first."""
+def numbered_files(directory: str, pattern: re.Pattern) -> list[tuple[int, str]]:
+    """(number, path) of every file in `directory` whose name matches `pattern` (one group: the
+    number), in number order; [] if the directory does not exist."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
     found = []
     for name in names:
-        m = _SEGMENT_RE.fullmatch(name)
+        m = pattern.fullmatch(name)
         if m:
             found.append((int(m.group(1)), os.path.join(directory, name)))
     found.sort()
     return found
+
+
+def list_segments(directory: str) -> list[tuple[int, str]]:
+    """(first trans_id, path) of every segment, oldest first."""
+    return numbered_files(directory, _SEGMENT_RE)
 
 
 def fsync_dir(directory: str) -> None:
