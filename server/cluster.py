@@ -35,6 +35,7 @@ from replication.wire import Forward, ForwardReply
 from server import gather, ipc
 from server import protocol as p
 from server.router import SCATTER_ACTIONS, Router
+from workers.queue import StateQueue
 from workers.service import PartitionService
 
 NOOP = {"op": "noop"}
@@ -74,7 +75,8 @@ class ClusterNode:
         self.router = Router(config.workers, virtual)
         # The committed state, replayed from the log: what a follower's snapshot is made of and
         # what the workers are reset to when this node stops leading.
-        self.state = PartitionService(self.node_id, config.queue_size, dict((n, tuple(m)) for n, m in virtual))
+        self.state = PartitionService(self.node_id, config.queue_size, dict((n, tuple(m)) for n, m in virtual),
+                                      queue_class=StateQueue)
         self.state_trans_id = found.trans_id
         self.workers_trans_id = found.trans_id  # the workers reflect the log up to here
         # Replies wait until their records are on disk (process-crash safe) as well as committed.

@@ -801,3 +801,45 @@ _APPLY = {
     "release": Queue._apply_release,
     "restore": Queue._apply_produce,
 }
+
+
+class _NoOrdering:
+    """Stands in for an ordering a StateQueue does not keep: every change is dropped."""
+
+    __slots__ = ()
+
+    def add(self, key: object) -> None:
+        pass
+
+    def update(self, keys: object) -> None:
+        pass
+
+    def __len__(self) -> int:
+        return 0
+
+
+_NO_ORDERING = _NoOrdering()
+
+
+class StateQueue(Queue):
+    """A queue kept only to be snapshotted: the coordinator's committed copy of the state.
+
+    It replays records exactly as Queue does (same index, ids, tokens and dedupe window, so the
+    same snapshot()) but keeps no delayed, ready or leased ordering, which is most of the cost of
+    a replay. It is never consumed from: load it into a Queue (from_snapshot) to serve."""
+
+    def __init__(self, name: str, max_size: int, next_id: int = 1, dedupe_window: int = DEDUPE_WINDOW) -> None:
+        super().__init__(name, max_size, next_id, dedupe_window)
+        self._delayed = self._ready = _NO_ORDERING  # type: ignore[assignment]
+
+    def _unlink(self, m: Message) -> None:
+        pass
+
+    def _unlink_many(self, ms: list[Message]) -> None:
+        pass
+
+    def _lease_add(self, lease: float, ids: Iterable[int]) -> None:
+        pass
+
+    def _lease_remove(self, lease: float, msg_id: int) -> None:
+        pass

@@ -163,8 +163,11 @@ class PartitionService:
         queue_size: int,
         virtual_queues: dict[str, tuple[str, ...]] | None = None,
         max_wait: float = 30.0,
+        queue_class: type[Queue] = Queue,
     ) -> None:
+        """queue_class: StateQueue for a copy that only replays records and takes snapshots."""
         self.node_id = node_id
+        self.queue_class = queue_class
         self.queue_size = queue_size
         self.virtual_queues = dict(virtual_queues or {})
         self.max_wait = max_wait
@@ -225,7 +228,7 @@ class PartitionService:
     def _queue(self, name: str) -> Queue:
         q = self.queues.get(name)
         if q is None:
-            q = self.queues[name] = Queue(name, self.queue_size)
+            q = self.queues[name] = self.queue_class(name, self.queue_size)
         return q
 
     def _produce(self, req: dict, conn: int, req_no: int, now: float, udp: bool) -> dict:
@@ -573,7 +576,7 @@ class PartitionService:
 
     def load_snapshot(self, state: dict) -> None:
         """Replace all queues with a snapshot's. Parked long polls are answered empty."""
-        self.queues = {name: Queue.from_snapshot(s) for name, s in state.items()}
+        self.queues = {name: self.queue_class.from_snapshot(s) for name, s in state.items()}
         for waiting in self.waiters.values():
             for w in waiting:
                 self.replies.append((w.conn, w.req_no, self._empty(w.request, w.count)))
