@@ -165,9 +165,13 @@ class ClusterNode:
             if self.leader is None or not self.storage_ok:
                 # The worker changed its queues just before it learnt we stopped leading, or the
                 # disk refuses writes: undo its changes and say why.
-                reason = "storage unavailable" if self.leader is not None else "not leader: leadership changed; retry"
-                self._refuse(header, blob, reason)
-                self._reset_workers()
+                if self.leader is not None:
+                    self._refuse(header, blob, "storage unavailable")
+                    self._reset_workers()
+                else:
+                    # No reset needed: the worker made these changes before it read the mode
+                    # change that stopped it, and the reset sent with that change follows it.
+                    self._refuse(header, blob, "not leader: leadership changed; retry")
                 header = ipc.EMPTY_LIST
             else:
                 _, last = self.log.append(self.election.vote_id, orjson.loads(records))

@@ -31,7 +31,7 @@ ACTION_NAMES: dict[str, int] = {
 ACTIONS: frozenset[int] = frozenset(ACTION_NAMES.values())
 # Actions that name one queue and are served by the worker owning it.
 QUEUE_ACTIONS: frozenset[int] = frozenset({PRODUCE, CONSUME, CONFIRM, RELEASE, EXTEND})
-# Actions whose reply changes stored state (a follower forwards them to the leader).
+# Actions a node answers from its own state, leader or not (never forwarded).
 LOCAL_ACTIONS: frozenset[int] = frozenset({LOCAL_MONITOR, LOCAL_LIST})
 
 CODE_OK = 0
@@ -45,7 +45,7 @@ MAX_BATCH = 1000
 DEFAULT_TTL = 3600.0
 
 # Request fields that are not echoed in replies (bulky or replaced by the result).
-NOT_ECHOED = frozenset({"data", "msg_ids"})
+NOT_ECHOED = frozenset({"data", "msg_ids", "tokens", "delivery_counts"})
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # Unicode category Cc
 

@@ -17,7 +17,6 @@ EXPIRE_SWEEP_INTERVAL = 1.0
 # Longest lease token and producer id, in UTF-8 bytes.
 MAX_TOKEN_BYTES = 256
 # Request fields that replies do not echo: the protocol's bulky ones, and our list selectors.
-_NOT_ECHOED = p.NOT_ECHOED | {"tokens", "delivery_counts"}
 
 
 class BadRequest(Exception):
@@ -212,7 +211,7 @@ class PartitionService:
             self.replies.append((conn, req_no, reply))
 
     def _ok(self, req: dict) -> dict:
-        reply = {k: v for k, v in req.items() if k not in _NOT_ECHOED}
+        reply = p.echo(req)
         reply["code"] = p.CODE_OK
         reply["node_id"] = self.node_id
         return reply
@@ -512,8 +511,9 @@ class PartitionService:
                 self.waiters.pop(name, None)
         if now >= self._next_sweep:
             self._next_sweep = now + EXPIRE_SWEEP_INTERVAL
-            for q in self.queues.values():
-                self.records.extend(q.expire_due(now))
+            if self.accepting:  # a follower's queues change only by the leader's records
+                for q in self.queues.values():
+                    self.records.extend(q.expire_due(now))
 
     def next_deadline(self, now: float) -> float:
         """When tick() next has something to do."""

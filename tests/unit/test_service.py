@@ -399,3 +399,18 @@ def test_idempotent_produce_to_a_virtual_queue():
     assert again["msg_ids"] == {"a": [1, 2], "b": [1, 2]} and again["duplicate"] is True
     assert len(t.s.queues["a"]) == len(t.s.queues["b"]) == 2
     assert t.replica.snapshot() == t.s.snapshot()
+
+
+def test_a_follower_does_not_expire_leases_itself():
+    """Expiry is the leader's decision; a follower's queues change only by its records."""
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": "x", "retry": 5, "ttl": 3})
+    t.call({"action": 2, "queue": "q"})
+    t.s.accepting = False
+    t.now += 5
+    t.s.tick(t.now)
+    assert t.s.records == [] and len(t.s.queues["q"]) == 1
+    t.s.accepting = True
+    t.now += 1  # the next sweep
+    t.tick()
+    assert len(t.s.queues["q"]) == 0
