@@ -169,9 +169,10 @@ class ClusterNode:
                     self._refuse(header, blob, "storage unavailable")
                     self._reset_workers()
                 else:
-                    # No reset needed: the worker made these changes before it read the mode
-                    # change that stopped it, and the reset sent with that change follows it.
+                    # The worker made these changes before it read the mode change that stopped
+                    # it; the reset sent with that change follows them, and this one makes sure.
                     self._refuse(header, blob, "not leader: leadership changed; retry")
+                    self._reset_workers()
                 header = ipc.EMPTY_LIST
             else:
                 _, last = self.log.append(self.election.vote_id, orjson.loads(records))

@@ -492,7 +492,14 @@ class PartitionService:
 
     # ----------------------------------------------------------------------------- time
     def tick(self, now: float) -> None:
-        """Serve or time out parked long polls, and sweep leases that ran past their ttl."""
+        """Serve or time out parked long polls, and sweep leases that ran past their ttl. A
+        worker that is not accepting (its node does not lead) decides nothing: its polls are
+        answered empty."""
+        if not self.accepting and self.waiters:
+            for waiting in self.waiters.values():
+                for w in waiting:
+                    self.replies.append((w.conn, w.req_no, self._empty(w.request, w.count)))
+            self.waiters.clear()
         for name in list(self.waiters):
             q = self.queues.get(name)
             if q is not None:
@@ -551,8 +558,8 @@ class PartitionService:
         """Take back messages whose consume reply could not be delivered: leases are released
         and at-most-once messages restored, so they are not lost."""
         q = self.queues.get(queue)
-        if q is None:
-            return
+        if q is None or not self.accepting:
+            return  # giving a message back is a write: only the leader decides it
         for msg_id in msg_ids:
             rec = q.release(msg_id, now)
             if rec is None:

@@ -414,3 +414,15 @@ def test_a_follower_does_not_expire_leases_itself():
     t.now += 1  # the next sweep
     t.tick()
     assert len(t.s.queues["q"]) == 0
+
+
+def test_a_follower_neither_gives_messages_back_nor_holds_polls():
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": "once"})
+    m = t.call({"action": 2, "queue": "q"})
+    assert t.call({"action": 2, "queue": "q", "wait": 10}, conn=5) is None
+    t.s.accepting = False
+    t.s.undeliver("q", [m["msg_id"]], t.now)
+    assert t.s.records == [] and len(t.s.queues["q"]) == 0
+    replies = t.tick()
+    assert [(c, "msg_id" in r) for c, _, r in replies] == [(5, False)] and not t.s.waiters
