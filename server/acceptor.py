@@ -32,12 +32,21 @@ MAX_DRAIN = 512
 # This node's role, as the coordinator last reported it.
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
 NO_LEADER = "no leader"
+UDP_TOO_LARGE = "response too large for UDP, use TCP"
 
 
-def _echoed(reply: Any) -> dict:
+def _echoed(reply: dict) -> dict:
     """The request fields a too-large reply repeated, for the error that replaces it."""
-    full = _LOADS(reply)
-    return {k: full[k] for k in ("action", "queue", "seq") if k in full}
+    return {k: reply[k] for k in ("action", "queue", "seq") if k in reply}
+
+
+def _decoded(data: Any) -> dict | None:
+    """An encoded reply as a dict, or None if it is not one."""
+    try:
+        reply = _LOADS(data)
+    except orjson.JSONDecodeError:
+        return None
+    return reply if type(reply) is dict else None
 
 
 class Connection(asyncio.Protocol):
@@ -62,19 +71,32 @@ class Connection(asyncio.Protocol):
         self.conn_id = self.acceptor.register(self)
 
     def data_received(self, data: bytes) -> None:
-        submit = self.acceptor.submit
-        conn_id = self.conn_id
-        for value, _raw in self.decoder.feed(data):
-            req_no = self.next_no
-            self.next_no = req_no + 1
-            if type(value) is dict and value.get("wait"):
-                self.long_polls = True
-            submit(conn_id, req_no, value)
+        self._submit(self.decoder.feed(data))
         if self.decoder.closed:
             self.close_after = self.next_no - 1
             self._pause()
         elif self.next_no - self.next_out >= HIGH_WATER:
             self._pause()
+
+    def eof_received(self) -> bool:
+        """The client shut its write side (a half-close): answer every request it sent, in
+        order, then close. Returns True: the transport stays open for those replies."""
+        self._submit(self.decoder.finish())  # a request the stream ended without a newline
+        if self.close_after is None:
+            self.close_after = self.next_no - 1
+        self.flush()  # closes at once when nothing is owed
+        return True
+
+    def _submit(self, items: list[tuple[object, bytes]]) -> None:
+        """Number the decoded requests and hand them to the acceptor."""
+        submit = self.acceptor.submit
+        conn_id = self.conn_id
+        for value, _raw in items:
+            req_no = self.next_no
+            self.next_no = req_no + 1
+            if type(value) is dict and value.get("wait"):
+                self.long_polls = True
+            submit(conn_id, req_no, value)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.acceptor.unregister(self)
@@ -120,9 +142,12 @@ class Connection(asyncio.Protocol):
         return True
 
     def flush(self) -> None:
-        """Write what is queued, then close if the framing was lost and all is answered."""
+        """Write what is queued, then close if the connection is ending (framing lost, or the
+        client half-closed) and all is answered."""
         transport = self.transport
-        if self.out and transport is not None:
+        if self.out and transport is not None and not transport.is_closing():
+            # (a closing transport would drop them: they stay queued, and are given back when
+            # the connection is lost)
             transport.write(b"".join(self.out))
             self.out.clear()
         if self.close_after is not None and self.next_out > self.close_after:
@@ -193,7 +218,15 @@ class Acceptor:
         return conn_id
 
     def unregister(self, conn: Connection) -> None:
+        """Forget a lost connection. Replies it was still owed and had not been written (held
+        behind an earlier one, e.g. a long poll) cannot be delivered: they are undelivered."""
         self.conns.pop(conn.conn_id, None)
+        for data in conn.out:
+            self.undeliver(data)
+        for data in conn.waiting.values():
+            self.undeliver(data)
+        conn.out.clear()
+        conn.waiting.clear()
         self.closed_requests += conn.next_no
         self.metrics.drop_probe(conn.conn_id)
         if conn.long_polls:
@@ -283,13 +316,21 @@ class Acceptor:
         self.schedule_output()
 
     def deliver(self, conn_id: int, req_no: int, data: Any) -> None:
-        """Hand one encoded reply to its connection (or UDP address)."""
+        """Hand one encoded reply to its connection (or UDP address). A consume reply that
+        cannot be delivered gives its messages back (undeliver)."""
         if conn_id == UDP:
             addr = self.udp_addrs.pop(req_no, None)
-            if addr is not None and self.udp_transport is not None:
-                if len(data) > self.config.udp_max_response:
-                    data = _DUMPS(p.error_reply(_echoed(data), "response too large for UDP, use TCP", self.config.node_id))
-                self.udp_transport.sendto(data, addr)
+            if addr is None or self.udp_transport is None:
+                self.undeliver(data)
+                return
+            if len(data) > self.config.udp_max_response:
+                # Last resort: the worker refuses a consume whose reply would not fit before
+                # taking anything, so this fires only for replies it could not foresee. A
+                # consume's messages are given back, not lost with the reply.
+                reply = _decoded(data) or {}
+                self._give_back(reply)
+                data = _DUMPS(p.error_reply(_echoed(reply), UDP_TOO_LARGE, self.config.node_id), option=_NEWLINE)
+            self.udp_transport.sendto(data, addr)
             return
         conn = self.conns.get(conn_id)
         if conn is None:
@@ -298,11 +339,14 @@ class Acceptor:
             self.dirty.append(conn)
 
     def undeliver(self, data: Any) -> None:
-        """A consume reply whose connection is gone: hand its messages back to their worker."""
-        try:
-            reply = _LOADS(data)
-        except orjson.JSONDecodeError:
-            return
+        """A consume reply that cannot be delivered: hand its messages back to their worker."""
+        reply = _decoded(data)
+        if reply is not None:
+            self._give_back(reply)
+
+    def _give_back(self, reply: dict) -> None:
+        """Send the messages of a successful consume reply back to the worker owning its queue
+        (leases released, at-most-once messages restored); any other reply is ignored."""
         if p.resolve_action(reply.get("action")) != p.CONSUME or reply.get("code") != p.CODE_OK:
             return
         queue = reply.get("queue")

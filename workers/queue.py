@@ -7,6 +7,7 @@ build the record and then `apply` it, the same code a replica runs, so the two c
 
 from __future__ import annotations
 
+import heapq
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -426,6 +427,59 @@ class Queue:
         """msg_ids leased under `token`, ascending (empty if the token holds none)."""
         ids = self._tokens.get(token)
         return sorted(ids) if ids else []
+
+    def held_at(self, token: str, now: float) -> list[int]:
+        """msg_ids a consume at `now` would find leased under `token` (those whose lease has not
+        ended by `now`), ascending; nothing is changed."""
+        ids = self._tokens.get(token)
+        if not ids:
+            return []
+        index = self._index
+        return sorted(i for i in ids if index[i].lease > now)
+
+    def peek(
+        self, now: float, count: int = 1, lease: float | None = None, token: str | None = None
+    ) -> list[Message]:
+        """The messages consume(now, count, lease, token) would return, exactly as it would
+        return them (delivery_count, lease and token as after that consume). Nothing is changed:
+        a caller can check what a consume would deliver before deciding to make it."""
+        index = self._index
+        if token is not None:
+            ids = self.held_at(token, now)
+            if ids:
+                out = [_copy(index[i]) for i in ids]
+                if lease is not None:
+                    for m in out:
+                        m.lease = now + lease
+                return out
+        if count <= 0:
+            return []
+        # Every key the ready ordering would hold after settling at `now`: the ready ones, the
+        # due delayed ones and the leases ended by `now` that do not expire (ready again at
+        # their lease deadline).
+        keys = list(self._ready.islice(0, count))
+        delayed = self._delayed
+        if delayed and delayed[0][0] <= now:
+            n = delayed.bisect_right((now, _INF))
+            keys.extend((-index[i].priority, t, i) for t, i in delayed.islice(0, n))
+        leased = self._leased
+        if leased and leased.keys()[0] <= now:
+            for deadline in leased.irange(maximum=now):
+                for i in leased[deadline]:
+                    m = index[i]
+                    if deadline < m.ttl:
+                        keys.append((-m.priority, deadline, i))
+        out = []
+        for _, ready, i in heapq.nsmallest(count, keys):
+            m = index[i]
+            retry = m.retry if lease is None else lease
+            if retry > 0:
+                out.append(Message(i, m.data, ready, m.ttl, m.retry, m.priority,
+                                   m.delivery_count + 1, now + retry, token))
+            else:
+                out.append(Message(i, m.data, ready, m.ttl, m.retry, m.priority,
+                                   m.delivery_count + 1))
+        return out
 
     def token_of(self, msg_id: int) -> str | None:
         """The token a message is leased under, or None."""

@@ -6,6 +6,8 @@ from collections import OrderedDict, deque
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import orjson
+
 from server import protocol as p
 from workers.queue import Message, Queue
 
@@ -16,6 +18,9 @@ RESTORE_CACHE_SIZE = 65536
 EXPIRE_SWEEP_INTERVAL = 1.0
 # Longest lease token and producer id, in UTF-8 bytes.
 MAX_TOKEN_BYTES = 256
+# Largest UDP reply in bytes (config udp_max_response's default).
+DEFAULT_UDP_MAX_RESPONSE = 60000
+UDP_TOO_LARGE = "response too large for UDP, use TCP"
 # Request fields that replies do not echo: the protocol's bulky ones, and our list selectors.
 
 
@@ -163,9 +168,13 @@ class PartitionService:
         virtual_queues: dict[str, tuple[str, ...]] | None = None,
         max_wait: float = 30.0,
         queue_class: type[Queue] = Queue,
+        udp_max_response: int = DEFAULT_UDP_MAX_RESPONSE,
     ) -> None:
-        """queue_class: StateQueue for a copy that only replays records and takes snapshots."""
+        """queue_class: StateQueue for a copy that only replays records and takes snapshots.
+        udp_max_response: the largest reply (bytes, newline included) a UDP request may get; a
+        UDP consume whose reply would be larger is refused before anything is taken."""
         self.node_id = node_id
+        self.udp_max_response = udp_max_response
         self.queue_class = queue_class
         self.queue_size = queue_size
         self.virtual_queues = dict(virtual_queues or {})
@@ -352,6 +361,8 @@ class PartitionService:
             raise BadRequest("times: must be true or false")
         q = self.queues.get(name)
         if q is not None and (q.has_ready(now) or (token is not None and q.held(token))):
+            if udp and self._too_large_for_udp(q, req, count, now, lease, token, times):
+                return self._udp_too_large(req)
             return self._deliver(q, req, count, now, lease, token, times)
         if wait > 0 and not udp:
             deadline = now + min(wait, self.max_wait)
@@ -385,6 +396,37 @@ class PartitionService:
         for m in messages:
             if m.lease is None:
                 self._remember(q.name, m)
+        return self._consume_reply(req, count, messages, times, replayed)
+
+    def _too_large_for_udp(
+        self,
+        q: Queue,
+        req: dict,
+        count: int | None,
+        now: float,
+        lease: float | None,
+        token: str | None,
+        times: bool,
+    ) -> bool:
+        """Whether the reply of this consume would exceed udp_max_response (nothing is taken)."""
+        messages = q.peek(now, count or 1, lease, token)
+        replayed = token is not None and bool(q.held_at(token, now))
+        reply = self._consume_reply(req, count, messages, times, replayed)
+        return len(orjson.dumps(reply, option=orjson.OPT_APPEND_NEWLINE)) > self.udp_max_response
+
+    def _udp_too_large(self, req: dict) -> dict:
+        """The refusal of a UDP consume whose reply would not fit a datagram: it echoes only
+        action, queue and seq, as the acceptor's own size error does, so that it fits."""
+        reply = {k: req[k] for k in ("action", "queue", "seq") if k in req}
+        reply["code"] = p.CODE_ERROR
+        reply["reason"] = UDP_TOO_LARGE
+        reply["node_id"] = self.node_id
+        return reply
+
+    def _consume_reply(
+        self, req: dict, count: int | None, messages: list[Message], times: bool, replayed: bool
+    ) -> dict:
+        """The reply of a consume that delivers `messages`."""
         reply = self._ok(req)
         if count is None:
             if messages:

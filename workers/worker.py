@@ -115,6 +115,7 @@ def main(argv: list[str] | None = None) -> None:
         queue_size=cfg.queue_size,
         virtual_queues={v.name: tuple(v.queue_list) for v in cfg.virtual_queue_list},
         max_wait=cfg.max_wait,
+        udp_max_response=cfg.udp_max_response,
     )
     ctx = zmq.Context()
     inbox = ipc.inbox(ctx, ctx_info.run_dir, ipc.worker_name(ctx_info.index))

@@ -711,3 +711,73 @@ def test_state_queue_replays_to_the_same_snapshot(seed):
     assert StateQueue.from_snapshot(b.snapshot()).snapshot() == b.snapshot()
     for later in (now + 5, now + 50, now + 500):
         assert a.consume(later, 100) == c.consume(later, 100)
+
+
+# ---------------------------------------------------------------- peek: what a consume would take
+
+
+def _orderings(q: Queue) -> tuple:
+    """Everything a peek must leave alone, orderings and tokens included."""
+    return (q.snapshot(), list(q._delayed), list(q._ready),
+            [(k, dict(v)) for k, v in q._leased.items()], q._n_leased,
+            {t: set(ids) for t, ids in q._tokens.items()}, q.next_id)
+
+
+def test_peek_tells_what_consume_takes_and_changes_nothing():
+    q = make()
+    put(q, "late", ready=T0 + 5)                      # delayed, due at T0 + 5
+    put(q, "low", retry=10)
+    put(q, "high", retry=10, priority=3)
+    put(q, "once")
+    taken, _ = q.consume(T0, 1)                       # "high", leased until T0 + 10
+    assert [m.data for m in taken] == ["high"]
+    before = _orderings(q)
+    at = T0 + 10                                      # "late" is due, the lease of "high" ended
+    peeked = q.peek(at, 3)
+    assert _orderings(q) == before
+    assert [(m.data, m.delivery_count, m.lease, m.ready) for m in peeked] == [
+        ("high", 2, at + 10, T0 + 10), ("low", 1, at + 10, T0), ("once", 1, None, T0)]
+    msgs, _ = q.consume(at, 3)
+    assert msgs == peeked
+    assert q.peek(at, 5) == [Message(1, "late", T0 + 5, T0 + 5 + HOUR, 0, 0, 1)]
+
+
+def test_peek_with_lease_and_token_and_a_token_retry():
+    q = make()
+    ids = [put(q, f"m{i}", retry=0) for i in range(3)]
+    peeked = q.peek(T0, 2, lease=30, token="t")
+    assert [(m.msg_id, m.lease, m.token, m.delivery_count) for m in peeked] == [
+        (ids[0], T0 + 30, "t", 1), (ids[1], T0 + 30, "t", 1)]
+    assert q.consume(T0, 2, lease=30, token="t")[0] == peeked
+    assert q.held_at("t", T0 + 29) == ids[:2] and q.held_at("t", T0 + 30) == []
+    # A retry with the token: the held messages (leases renewed with `lease`), whatever count.
+    again = q.peek(T0 + 1, 1, lease=50, token="t")
+    assert [(m.msg_id, m.lease, m.delivery_count) for m in again] == [(i, T0 + 51, 1) for i in ids[:2]]
+    assert q.consume(T0 + 1, 1, lease=50, token="t")[0] == again
+    # Once the leases have ended the token holds nothing: a new consume, ended leases first.
+    assert q.peek(T0 + 60, 3, token="t") == q.consume(T0 + 60, 3, token="t")[0]
+    assert q.peek(T0 + 60, 0) == [] and make().peek(T0, 5) == []
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_peek_always_matches_the_consume_that_follows(seed):
+    rng = random.Random(seed)
+    q = Queue("q", 25, dedupe_window=8)
+    now = T0
+    delivered: list[Message] = []
+    checked = 0
+    for _ in range(1500):
+        now += rng.choice([0, 0, 0.5, 1, 2, 7])
+        random_step(q, rng, now, delivered)
+        if rng.random() < 0.3:
+            count = rng.randint(0, 4)
+            lease = rng.choice([None, None, 3, 12])
+            token = rng.choice([None, None, *q.tokens(), "t-new"])
+            before = _orderings(q)
+            peeked = q.peek(now, count, lease, token)
+            assert _orderings(q) == before
+            msgs, _ = q.consume(now, count, lease, token)
+            assert msgs == peeked
+            checked += bool(msgs)
+            check_invariants(q)
+    assert checked > 100

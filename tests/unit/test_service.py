@@ -426,3 +426,65 @@ def test_a_follower_neither_gives_messages_back_nor_holds_polls():
     assert t.s.records == [] and len(t.s.queues["q"]) == 0
     replies = t.tick()
     assert [(c, "msg_id" in r) for c, _, r in replies] == [(5, False)] and not t.s.waiters
+
+
+# ----------------------------------------------------------------------------- UDP size limit
+
+TOO_LARGE = "response too large for UDP, use TCP"
+
+
+@pytest.mark.parametrize("retry", [0, 30], ids=["at-most-once", "at-least-once"])
+@pytest.mark.parametrize("count", [None, 3], ids=["single", "count"])
+def test_udp_consume_too_large_for_a_datagram_takes_nothing(retry, count):
+    t = Svc(udp_max_response=1000)
+    t.call({"action": 1, "queue": "q", "data": ["x" * 600, "y" * 600, "z" * 600] if count else "x" * 1200,
+            "retry": retry})
+    before = t.s.snapshot()
+    req = {"action": 2, "queue": "q", "seq": [3, "mine"], "wait": 5, "times": True}
+    if count:
+        req["count"] = count
+    r = t.call(req, conn=0, udp=True)
+    assert r == {"action": 2, "queue": "q", "seq": [3, "mine"], "code": -1, "reason": TOO_LARGE, "node_id": 7}
+    assert t.s.snapshot() == before and t.s.records == [] and not t.s.waiters
+    # Over TCP the same consume takes the messages, delivered for the first time.
+    got = t.call(req)
+    messages = got["messages"] if count else [got]
+    assert [m["delivery_count"] for m in messages] == [1] * (count or 1)
+    # A UDP consume whose reply fits is served as before.
+    t.call({"action": 1, "queue": "q", "data": "small", "retry": retry})
+    assert t.call({"action": 2, "queue": "q"}, conn=0, udp=True)["data"] == "small"
+    assert t.replica.snapshot() == t.s.snapshot()
+
+
+def test_udp_size_limit_is_exactly_the_reply_as_encoded():
+    """The limit counts the reply's bytes as the worker sends them (newline included)."""
+    import orjson
+
+    def first_consume(limit: int) -> dict:
+        t = Svc(udp_max_response=limit)
+        t.call({"action": 1, "queue": "q", "data": "d" * 700, "retry": 9})
+        return t.call({"action": 2, "queue": "q", "times": True}, conn=0, udp=True)
+
+    size = len(orjson.dumps(first_consume(65507), option=orjson.OPT_APPEND_NEWLINE))
+    assert first_consume(size)["code"] == 0
+    assert first_consume(size - 1)["reason"] == TOO_LARGE
+
+
+def test_udp_token_retry_too_large_keeps_the_token_s_leases():
+    t = Svc(udp_max_response=800)
+    t.call({"action": 1, "queue": "q", "data": ["a" * 500, "b" * 500], "retry": 30})
+    first = t.call({"action": 2, "queue": "q", "count": 2, "token": "tk", "lease": 60})  # over TCP
+    assert len(first["messages"]) == 2
+    before = t.s.snapshot()
+    t.now += 1
+    r = t.call({"action": 2, "queue": "q", "count": 2, "token": "tk", "lease": 60}, conn=0, udp=True)
+    assert r["reason"] == TOO_LARGE and t.s.snapshot() == before  # leases not renewed
+    again = t.call({"action": 2, "queue": "q", "count": 2, "token": "tk"})
+    assert again["replayed"] is True and [m["msg_id"] for m in again["messages"]] == [1, 2]
+
+
+def test_udp_max_response_defaults_to_the_config_default():
+    from config.loader import parse_config
+
+    config, _ = parse_config("{}")
+    assert PartitionService(node_id=1, queue_size=10).udp_max_response == config.udp_max_response
