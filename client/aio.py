@@ -247,7 +247,7 @@ class AsyncQueueClient:
     Concurrent calls share one TCP connection (pipelined; replies come back in request order).
     A consume with `wait` uses a connection of its own, because the server answers a
     connection's requests in order and a waiting consume would hold back everything after it.
-    Fail-over, redirects and the at-least-once caveat for retried produces are as in QueueClient.
+    Fail-over, redirects and idempotent produces are as in QueueClient.
     """
 
     def __init__(
@@ -259,11 +259,14 @@ class AsyncQueueClient:
         follow_redirects: bool = True,
         max_redirects: int = 3,
         max_idle_wait_connections: int = 8,
+        idempotent: bool = True,
     ) -> None:
         self.hosts: list[Address]
         self.hosts, self.transport, self.timeout = p.client_settings(hosts, transport, timeout)
         self.follow_redirects = follow_redirects
         self.max_redirects = max_redirects
+        # Gives every produce a (producer, sequence): a retried produce is stored once.
+        self._producer = p.ProducerSequence() if idempotent else None
         self.max_idle_wait_connections = max_idle_wait_connections
         self._udp = transport == "udp"
         self._host_set = frozenset(self.hosts)
@@ -519,10 +522,13 @@ class AsyncQueueClient:
         """Store one message; its msg_id (a virtual queue: {real queue: msg_id}).
 
         With `producer` and `sequence` the produce is idempotent: a retry the queue still
-        remembers stores nothing and returns the original id(s).
+        remembers stores nothing and returns the original id(s). Without them the client gives
+        every produce its own (producer, sequence) unless it was made with idempotent=False.
         """
         if not isinstance(data, str):
             raise TypeError("data must be a str (use produce_batch for several)")
+        if producer is None and sequence is None and self._producer is not None:
+            producer, sequence = self._producer.next()
         req = p.produce_request(queue, data, delay, ttl, retry, priority, producer, sequence)
         return p.produced_ids(await self.request(req))
 
@@ -544,6 +550,8 @@ class AsyncQueueClient:
         """
         if isinstance(data, str):
             raise TypeError("data must be a sequence of str")
+        if producer is None and sequence is None and self._producer is not None:
+            producer, sequence = self._producer.next()
         req = p.produce_request(queue, data, delay, ttl, retry, priority, producer, sequence)
         return p.produced_ids(await self.request(req))
 

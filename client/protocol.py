@@ -5,6 +5,7 @@ See docs/protocol.md for the protocol itself.
 """
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -129,6 +130,23 @@ def reply_wait(req: dict[str, Any]) -> float:
     if wait is None or isinstance(wait, bool) or not isinstance(wait, (int, float)) or wait <= 0:
         return 0.0
     return float(wait)
+
+
+class ProducerSequence:
+    """A client's producer identity: a random producer id and the next sequence number. Every
+    produce a client sends carries the pair, so that a produce retried after a timeout or a lost
+    connection (when the first attempt may have been stored) is recognised by the queue and
+    stored once (see "Delivery semantics" in docs/protocol.md)."""
+
+    def __init__(self, producer: str | None = None) -> None:
+        self.producer = producer or "client-" + secrets.token_hex(8)
+        self.sequence = 0
+
+    def next(self) -> tuple[str, int]:
+        """The (producer, sequence) of the next produce."""
+        sequence = self.sequence
+        self.sequence = sequence + 1
+        return self.producer, sequence
 
 
 def produce_request(

@@ -24,6 +24,8 @@ _clients: weakref.WeakSet[QueueClient] = weakref.WeakSet()
 def _forget_inherited_connections() -> None:
     for client in list(_clients):
         client._close()
+        if client._producer is not None:  # the parent goes on producing under its own id
+            client._producer = p.ProducerSequence()
 
 
 os.register_at_fork(after_in_child=_forget_inherited_connections)
@@ -44,7 +46,9 @@ class QueueClient:
     to the current host; on a connect error, closed connection or timeout it tries the next host
     (each host at most once per call) and raises NoServerAvailable or QueueTimeout when all
     failed. A request retried after a timeout or lost connection may have been carried out
-    already: a produce can then be stored twice (produce is at least once on retry).
+    already; a produce is stored once all the same, since every produce carries this client's
+    (producer, sequence) and the queue remembers the last 10,000 of them (idempotent=False
+    turns that off: a retried produce may then be stored twice).
     """
 
     def __init__(
@@ -55,11 +59,14 @@ class QueueClient:
         timeout: float = 5.0,
         follow_redirects: bool = True,
         max_redirects: int = 3,
+        idempotent: bool = True,
     ) -> None:
         self.hosts: list[Address]
         self.hosts, self.transport, self.timeout = p.client_settings(hosts, transport, timeout)
         self.follow_redirects = follow_redirects
         self.max_redirects = max_redirects
+        # Gives every produce a (producer, sequence): a retried produce is stored once.
+        self._producer = p.ProducerSequence() if idempotent else None
         self._udp = transport == "udp"
         self._host_set = frozenset(self.hosts)
         self._index = 0
@@ -273,10 +280,13 @@ class QueueClient:
         """Store one message; its msg_id (a virtual queue: {real queue: msg_id}).
 
         With `producer` and `sequence` the produce is idempotent: a retry the queue still
-        remembers stores nothing and returns the original id(s).
+        remembers stores nothing and returns the original id(s). Without them the client gives
+        every produce its own (producer, sequence) unless it was made with idempotent=False.
         """
         if not isinstance(data, str):
             raise TypeError("data must be a str (use produce_batch for several)")
+        if producer is None and sequence is None and self._producer is not None:
+            producer, sequence = self._producer.next()
         req = p.produce_request(queue, data, delay, ttl, retry, priority, producer, sequence)
         return p.produced_ids(self.request(req))
 
@@ -298,6 +308,8 @@ class QueueClient:
         """
         if isinstance(data, str):
             raise TypeError("data must be a sequence of str")
+        if producer is None and sequence is None and self._producer is not None:
+            producer, sequence = self._producer.next()
         req = p.produce_request(queue, data, delay, ttl, retry, priority, producer, sequence)
         return p.produced_ids(self.request(req))
 

@@ -315,8 +315,11 @@ def test_sync_api_roundtrip(servers: Any) -> None:
     with QueueClient(server.addr) as c:
         first = c.produce("q", "hello", delay=1, ttl=120, retry=30, priority=2)
         assert isinstance(first, int)
-        assert server.requests[-1] == {
+        sent = server.requests[-1]
+        producer = sent.pop("producer")
+        assert producer.startswith("client-") and sent == {
             "action": 1, "queue": "q", "data": "hello", "delay": 1, "ttl": 120, "retry": 30, "priority": 2,
+            "sequence": 0,
         }
         ids = c.produce_batch("q", ["a", "b"])
         assert ids == [first + 1, first + 2]
