@@ -14,11 +14,11 @@ from replication.messages import AppendAck, AppendEntries, InstallSnapshot, Pull
 
 @dataclass(frozen=True, slots=True)
 class Forward:
-    """Follower -> leader: client requests to serve, each with the follower's forward id."""
+    """Follower -> leader: client requests to serve, each (forward id, request, came over UDP)."""
 
     vote_id: int
     src: int
-    requests: tuple[tuple[int, bytes], ...]
+    requests: tuple[tuple[int, bytes, bool], ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,6 +28,17 @@ class ForwardReply:
     vote_id: int
     src: int
     replies: tuple[tuple[int, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GiveBack:
+    """Follower -> leader: messages of a consume reply that could not be delivered."""
+
+    vote_id: int
+    src: int
+    queue: str
+    msg_ids: tuple[int, ...]
+    delivery_counts: tuple[int, ...]  # of the undelivered delivery, one per msg_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +62,7 @@ _BODIES: dict[type, str] = {
     InstallSnapshot: "install_snapshot",
     Forward: "forward",
     ForwardReply: "forward_reply",
+    GiveBack: "give_back",
 }
 _CLASSES = {name: cls for cls, name in _BODIES.items()}
 # The fields of each class after vote_id and src, which the envelope carries.
@@ -74,9 +86,11 @@ def encode(msg: object, client_host: str = "", client_port: int = 0) -> bytes:
         elif field == "data":
             body.data = dumps(value)
         elif field == "requests":
-            body.requests.extend(pb.ForwardedRequest(forward_id=i, request=r) for i, r in value)
+            body.requests.extend(pb.ForwardedRequest(forward_id=i, request=r, udp=u) for i, r, u in value)
         elif field == "replies":
             body.replies.extend(pb.ForwardedReply(forward_id=i, reply=r) for i, r in value)
+        elif field in ("msg_ids", "delivery_counts"):
+            getattr(body, field).extend(value)
         else:
             setattr(body, field, value)
     return out.SerializeToString()
@@ -103,9 +117,11 @@ def decode(data: bytes) -> Envelope:
             elif field == "data":
                 value = loads(value)
             elif field == "requests":
-                value = tuple((r.forward_id, r.request) for r in value)
+                value = tuple((r.forward_id, r.request, r.udp) for r in value)
             elif field == "replies":
                 value = tuple((r.forward_id, r.reply) for r in value)
+            elif field in ("msg_ids", "delivery_counts"):
+                value = tuple(value)
             values.append(value)
         msg = cls(m.vote_id, m.src, *values)
     except Exception as exc:  # protobuf's DecodeError, a missing body, bad JSON inside

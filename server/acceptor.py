@@ -14,17 +14,17 @@ import uvloop
 import zmq
 
 from config.loader import NodeConfig
-from server import ipc
+from server import ipc, replies
 from server import protocol as p
 from server.child import start
 from server.framing import FrameDecoder, FramingError
+from server.origin import Origin
 from server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_one
 from server.router import SCATTER_ACTIONS, Router
 
 _DUMPS = orjson.dumps
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
 _LOADS = orjson.loads
-UDP = 0  # the connection id of every UDP request
 # Per-connection pipelining window: stop reading a connection with this many replies owed.
 HIGH_WATER = 4096
 LOW_WATER = 1024
@@ -35,20 +35,6 @@ NO_LEADER = "no leader"
 UDP_TOO_LARGE = "response too large for UDP, use TCP"
 
 
-def _echoed(reply: dict) -> dict:
-    """The request fields a too-large reply repeated, for the error that replaces it."""
-    return {k: reply[k] for k in ("action", "queue", "seq") if k in reply}
-
-
-def _decoded(data: Any) -> dict | None:
-    """An encoded reply as a dict, or None if it is not one."""
-    try:
-        reply = _LOADS(data)
-    except orjson.JSONDecodeError:
-        return None
-    return reply if type(reply) is dict else None
-
-
 class Connection(asyncio.Protocol):
     """One client TCP connection: a frame decoder in, replies out in request order."""
 
@@ -56,6 +42,7 @@ class Connection(asyncio.Protocol):
         self.acceptor = acceptor
         self.decoder = FrameDecoder(acceptor.config.max_request_size)
         self.conn_id = 0
+        self.origin = Origin(0)
         self.transport: asyncio.Transport | None = None
         self.next_no = 0  # req_no of the next request read
         self.next_out = 0  # req_no of the next reply to write
@@ -69,6 +56,7 @@ class Connection(asyncio.Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport
         self.conn_id = self.acceptor.register(self)
+        self.origin = Origin(self.conn_id)
 
     def data_received(self, data: bytes) -> None:
         self._submit(self.decoder.feed(data))
@@ -90,13 +78,13 @@ class Connection(asyncio.Protocol):
     def _submit(self, items: list[tuple[object, bytes]]) -> None:
         """Number the decoded requests and hand them to the acceptor."""
         submit = self.acceptor.submit
-        conn_id = self.conn_id
+        origin = self.origin
         for value, _raw in items:
             req_no = self.next_no
             self.next_no = req_no + 1
             if type(value) is dict and value.get("wait"):
                 self.long_polls = True
-            submit(conn_id, req_no, value)
+            submit(origin, req_no, value)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.acceptor.unregister(self)
@@ -165,7 +153,7 @@ class Datagrams(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: Any) -> None:  # type: ignore[override]
         acceptor = self.acceptor
-        req_no = acceptor.udp_register(addr)
+        origin = Origin(acceptor.udp_register(addr), True)
         if len(data) > acceptor.config.max_request_size:
             value: Any = FramingError(f"request exceeds max_request_size ({acceptor.config.max_request_size} bytes)", False)
         else:
@@ -174,7 +162,7 @@ class Datagrams(asyncio.DatagramProtocol):
             except orjson.JSONDecodeError as exc:
                 reason = "invalid UTF-8" if "UTF-8" in str(exc) else f"malformed JSON: {exc}"
                 value = FramingError(reason, False)
-        acceptor.submit(UDP, req_no, value)
+        acceptor.submit(origin, 0, value)
 
 
 class Acceptor:
@@ -235,60 +223,61 @@ class Acceptor:
                 sock.send_multipart(message, zmq.NOBLOCK)
 
     def udp_register(self, addr: Any) -> int:
-        req_no = self.next_udp
-        self.next_udp = req_no + 1
-        self.udp_addrs[req_no] = addr
-        return req_no
+        """Number a datagram; its reply goes to `addr`."""
+        number = self.next_udp
+        self.next_udp = number + 1
+        self.udp_addrs[number] = addr
+        return number
 
     # ----------------------------------------------------------------- requests
-    def submit(self, conn_id: int, req_no: int, value: Any) -> None:
+    def submit(self, origin: Origin, req_no: int, value: Any) -> None:
         """Route one decoded request: to the workers (this node leads, or the action is local),
         to the leader (forwarded through the coordinator, or a code -2 redirect), or answer it
         here."""
         if isinstance(value, FramingError):
-            self.reply(conn_id, req_no, p.error_reply(None, value.reason, self.config.node_id))
+            self.reply(origin, req_no, p.error_reply(None, value.reason, self.config.node_id))
             return
         action = p.request_action(value)
         if type(action) is str:
-            self.reply(conn_id, req_no, p.error_reply(value, action, self.config.node_id))
+            self.reply(origin, req_no, p.error_reply(value, action, self.config.node_id))
         elif action == p.LEADER:
-            self.answer_leader(conn_id, req_no, value)
+            self.answer_leader(origin, req_no, value)
         elif self.role == LEADER or action in p.LOCAL_ACTIONS:
-            self.route(action, value, conn_id, req_no)
+            self.route(action, value, origin, req_no)
         elif self.role == FOLLOWER:
             if self.config.forward_request:
-                self.forwarding.append((conn_id, req_no, value))
+                self.forwarding.append((origin.wire(), req_no, value))
                 self.schedule_requests()
             else:
                 reply = p.echo(value)
                 reply.update(code=p.CODE_REDIRECT, node_id=self.config.node_id, **self.leader)
-                self.reply(conn_id, req_no, reply)
+                self.reply(origin, req_no, reply)
         else:
-            self.reply(conn_id, req_no, p.error_reply(value, NO_LEADER, self.config.node_id))
+            self.reply(origin, req_no, p.error_reply(value, NO_LEADER, self.config.node_id))
 
-    def route(self, action: int, value: dict, conn_id: int, req_no: int) -> None:
+    def route(self, action: int, value: dict, origin: Origin, req_no: int) -> None:
         """Queue the request for the worker(s) that serve it."""
         gather_id = 0
         if action in SCATTER_ACTIONS:
             gather_id = self.next_gather
             self.next_gather += 2  # even: the coordinator numbers its own gathers odd
-        plan = self.router.plan(action, value, conn_id, req_no, gather_id)
+        plan = self.router.plan(action, value, origin, req_no, gather_id)
         if type(plan) is str:
-            self.reply(conn_id, req_no, p.error_reply(value, plan, self.config.node_id))
+            self.reply(origin, req_no, p.error_reply(value, plan, self.config.node_id))
             return
         pending = self.pending
         for index, item in plan:
             pending[index].append(item)
         self.schedule_requests()
 
-    def answer_leader(self, conn_id: int, req_no: int, value: dict) -> None:
+    def answer_leader(self, origin: Origin, req_no: int, value: dict) -> None:
         """Action 8: the leader's client address."""
         if self.role == NONE:
-            self.reply(conn_id, req_no, p.error_reply(value, NO_LEADER, self.config.node_id))
+            self.reply(origin, req_no, p.error_reply(value, NO_LEADER, self.config.node_id))
             return
         reply = p.echo(value)
         reply.update(code=p.CODE_OK, node_id=self.config.node_id, **self.leader)
-        self.reply(conn_id, req_no, reply)
+        self.reply(origin, req_no, reply)
 
     def schedule_requests(self) -> None:
         if not self.flush_requests_scheduled:
@@ -309,17 +298,17 @@ class Acceptor:
             self.forwarding.clear()
 
     # ----------------------------------------------------------------- replies
-    def reply(self, conn_id: int, req_no: int, reply: dict) -> None:
+    def reply(self, origin: Origin, req_no: int, reply: dict) -> None:
         """Answer a request from the acceptor itself."""
         count_one(self.metrics.counts, reply)
-        self.deliver(conn_id, req_no, _DUMPS(reply, option=_NEWLINE))
+        self.deliver(origin, req_no, _DUMPS(reply, option=_NEWLINE))
         self.schedule_output()
 
-    def deliver(self, conn_id: int, req_no: int, data: Any) -> None:
+    def deliver(self, origin: Origin, req_no: int, data: Any) -> None:
         """Hand one encoded reply to its connection (or UDP address). A consume reply that
         cannot be delivered gives its messages back (undeliver)."""
-        if conn_id == UDP:
-            addr = self.udp_addrs.pop(req_no, None)
+        if origin.udp:
+            addr = self.udp_addrs.pop(origin.conn, None)
             if addr is None or self.udp_transport is None:
                 self.undeliver(data)
                 return
@@ -327,35 +316,28 @@ class Acceptor:
                 # Last resort: the worker refuses a consume whose reply would not fit before
                 # taking anything, so this fires only for replies it could not foresee. A
                 # consume's messages are given back, not lost with the reply.
-                reply = _decoded(data) or {}
+                reply = replies.decoded(data)
                 self._give_back(reply)
-                data = _DUMPS(p.error_reply(_echoed(reply), UDP_TOO_LARGE, self.config.node_id), option=_NEWLINE)
+                data = _DUMPS(p.error_reply(replies.naming(reply), UDP_TOO_LARGE, self.config.node_id), option=_NEWLINE)
             self.udp_transport.sendto(data, addr)
             return
-        conn = self.conns.get(conn_id)
+        conn = self.conns.get(origin.conn)
         if conn is None:
             self.undeliver(data)
         elif conn.put(req_no, data):
             self.dirty.append(conn)
 
     def undeliver(self, data: Any) -> None:
-        """A consume reply that cannot be delivered: hand its messages back to their worker."""
-        reply = _decoded(data)
-        if reply is not None:
-            self._give_back(reply)
+        """A consume reply that cannot be delivered: have its messages given back."""
+        self._give_back(replies.decoded(data))
 
-    def _give_back(self, reply: dict) -> None:
-        """Send the messages of a successful consume reply back to the worker owning its queue
-        (leases released, at-most-once messages restored); any other reply is ignored."""
-        if p.resolve_action(reply.get("action")) != p.CONSUME or reply.get("code") != p.CODE_OK:
-            return
-        queue = reply.get("queue")
-        ids = [m["msg_id"] for m in reply.get("messages", ())]
-        if "msg_id" in reply:
-            ids.append(reply["msg_id"])
-        if ids and isinstance(queue, str):
-            worker = self.workers[self.router.worker_for(queue)]
-            worker.send_multipart([ipc.UNDELIVER, _DUMPS([queue, ids])], zmq.NOBLOCK)
+    def _give_back(self, reply: Any) -> None:
+        """If `reply` is a successful consume reply, have its messages given back (leases
+        released, at-most-once messages restored) by the leader: the coordinator knows which
+        node that is (ClusterNode.on_undelivered)."""
+        given = p.delivered(reply)
+        if given is not None:
+            self.coordinator.send_multipart([ipc.UNDELIVER, _DUMPS(given)], zmq.NOBLOCK)
 
     def schedule_output(self) -> None:
         if not self.flush_output_scheduled:
@@ -382,14 +364,11 @@ class Acceptor:
             except zmq.Again:
                 break
             if frames[0] == ipc.REP:
-                blob = memoryview(frames[2])
-                start = 0
                 probe_no = metrics.probe_no
-                for conn_id, req_no, end in _LOADS(frames[1]):
-                    deliver(conn_id, req_no, blob[start:end])
-                    start = end
+                for origin, req_no, data in replies.decode(frames[1], memoryview(frames[2])):
+                    deliver(origin, req_no, data)
                     if req_no == probe_no:
-                        metrics.end_probe(conn_id)
+                        metrics.end_probe(origin.conn)
             elif frames[0] == ipc.STATUS:
                 status = _LOADS(frames[1])
                 self.role = status.pop("role")

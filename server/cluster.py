@@ -6,7 +6,7 @@ process (server/coordinator.py) feeds it messages and the time and moves its out
 from __future__ import annotations
 
 import random
-from collections import deque
+from collections import OrderedDict, deque
 from typing import Any
 
 import orjson
@@ -31,17 +31,21 @@ from replication.messages import (
 )
 from replication.progress import LeaderReplication
 from replication.storage import Recovered
-from replication.wire import Forward, ForwardReply
-from server import gather, ipc
+from replication.wire import Forward, ForwardReply, GiveBack
+from server import gather, ipc, replies
+from server.origin import Origin
 from server import protocol as p
 from server.router import SCATTER_ACTIONS, Router
 from workers.queue import StateQueue
 from workers.service import PartitionService
 
 NOOP = {"op": "noop"}
+_NEVER = float("inf")
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
 # A forwarded request not answered this long after its own wait is failed (the leader is gone).
 FORWARD_GRACE = 10.0
+# How many given-up forwards are remembered, so that a reply still on its way is given back.
+ABANDONED_KEPT = 65536
 _DUMPS = orjson.dumps
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
 
@@ -58,6 +62,7 @@ class ClusterNode:
         self.node_id = config.node_id
         self.members = [n.node_id for n in config.cluster_node_list] or [config.node_id]
         self.quorum_writes = config.replication == "quorum"
+        rng = rng or random.Random()
         found = recovered or Recovered()
         self.log = ChangeLog(config.queue_log_size, found.trans_id, found.vote_id)
         if found.entries:
@@ -65,7 +70,7 @@ class ClusterNode:
         vote = found.vote
         heartbeat = config.heartbeat_ms / 1000
         self.election = Election(
-            self.node_id, self.members, self.log, rng or random.Random(), now,
+            self.node_id, self.members, self.log, rng, now,
             election_timeout=config.election_timeout_ms / 1000, heartbeat_interval=heartbeat,
             vote_id=vote[0], voted_for=vote[1],
         )
@@ -87,8 +92,20 @@ class ClusterNode:
         self.pending: deque[tuple[int, bytes, bytes]] = deque()  # (needs trans_id, header, blob)
         self.gatherer = gather.Gatherer()
         self.next_gather = 1  # odd: the acceptor numbers its gathers even
-        self.forwards: dict[int, tuple[int, int, float]] = {}  # forward_id -> (conn, req_no, deadline)
-        self.next_forward = 1
+        # forward_id -> (conn, req_no, deadline, the request's echoed fields for an error reply)
+        self.forwards: dict[int, tuple[Origin, int, float, dict]] = {}
+        # Whether this leader has served requests other nodes forwarded (their replies go back
+        # over the peer wire): until then a reply batch is passed on without being read.
+        self.served_forwarded = False
+        # Forward ids start at random, so that a leader's late reply to a request this node
+        # forwarded before it restarted cannot be taken for the reply to a new one.
+        self.next_forward = rng.getrandbits(40) << 20
+        self.forwards_due = _NEVER  # no forward times out before this
+        self.unsent: list[Forward] = []  # forwards the coordinator could not send yet
+        # Forwards given up on (timed out, or failed by a change of leader), whose replies may
+        # still come: a consume's messages are then given back.
+        self.abandoned: OrderedDict[int, bool] = OrderedDict()
+        self.resend_at = _NEVER
         self.clients: dict[int, tuple[str, int]] = {self.node_id: (config.host, config.port)}
         self.status: dict | None = None
         # Counts changes of the workers' mode (MODE messages). The acceptor stamps requests with
@@ -128,15 +145,39 @@ class ClusterNode:
         self._run(self.election.tick(now), now)
         if self.leader is not None:
             self._run(self.leader.tick(now), now)
-        if self.forwards:
-            expired = [fid for fid, (_, _, deadline) in self.forwards.items() if deadline <= now]
+        if self.unsent and now >= self.resend_at:
+            self._resend_forwards(now)
+        if self.forwards and now >= self.forwards_due:
+            expired = [fid for fid, (_, _, deadline, _) in self.forwards.items() if deadline <= now]
             if expired:
                 self._fail_forwards(expired, "forwarded request timed out: the leader did not answer")
+            self.forwards_due = min((f[2] for f in self.forwards.values()), default=_NEVER)
         self._announce()
 
     def wake_at(self) -> float:
         """When tick() next has something to do."""
-        return self.election.wake_at
+        wake = self.election.wake_at
+        if self.forwards:
+            wake = min(wake, self.forwards_due)
+        if self.unsent:
+            wake = min(wake, self.resend_at)
+        return wake
+
+    def on_unsent(self, msg: object, now: float) -> None:
+        """A message to a peer could not be sent (its link is not up yet, or is too far behind).
+        The election and replication resend what matters; forwarded client requests are sent
+        again every heartbeat until their leader answers or they time out."""
+        if type(msg) is Forward:
+            if not self.unsent:
+                self.resend_at = now + self.config.heartbeat_ms / 1000
+            self.unsent.append(msg)
+
+    def _resend_forwards(self, now: float) -> None:
+        leader = self.election.leader_id
+        waiting = tuple(r for msg in self.unsent for r in msg.requests if r[0] in self.forwards)
+        self.unsent.clear()
+        if waiting and leader is not None and leader != self.node_id:
+            self.to_peers.append((leader, Forward(self.election.vote_id, self.node_id, waiting)))
 
     def on_peer(self, msg: object, client: tuple[str, int], now: float) -> None:
         """A message from another node."""
@@ -150,6 +191,9 @@ class ClusterNode:
             self._serve_forwarded(msg, now)
         elif kind is ForwardReply:
             self._forward_replies(msg)
+        elif kind is GiveBack:
+            if self.leader is not None:  # else the messages stay taken: never handed out twice
+                self.on_undelivered(msg.queue, [list(m) for m in zip(msg.msg_ids, msg.delivery_counts)])
         else:
             self._run(self.election.on_message(msg, now), now)
             if msg.vote_id == self.election.vote_id:
@@ -159,56 +203,75 @@ class ClusterNode:
                     self._run(self.follower.on_message(msg, now), now)
         self._announce()
 
-    def on_batch(self, records: bytes, header: bytes, blob: bytes, partials: bytes, now: float) -> None:
-        """A worker's batch: its change records, its replies, its parts of scattered requests."""
-        if records != ipc.EMPTY_LIST:
+    def on_batch(self, records: bytes, header: bytes, blob: bytes, partials: bytes, epoch: int,
+                 now: float) -> None:
+        """A worker's batch: its change records, its replies, its parts of scattered requests,
+        all decided under the workers' mode `epoch`.
+
+        A reply leaves once everything the worker had applied when it made it is committed and on
+        disk: its own records, and on a leader every record logged before it (a reply without
+        records of its own, such as an idempotent produce's "duplicate", may rest on them)."""
+        if epoch != self.epoch:
+            # Decided under a mode that is over: since then this node stopped leading (and
+            # maybe leads again), or its workers were reset. The reset that ended that mode
+            # wiped those changes in the worker, so they must not enter the log, and no reply
+            # may promise what they did.
+            if header != ipc.EMPTY_LIST:
+                self._refuse(header, blob, "not leader: leadership changed; retry"
+                             if self.leader is None else "not applied: the node changed mode; retry")
+            header = ipc.EMPTY_LIST
+        elif records != ipc.EMPTY_LIST:
             if self.leader is None or not self.storage_ok:
-                # The worker changed its queues just before it learnt we stopped leading, or the
-                # disk refuses writes: undo its changes and say why.
+                self._refuse(header, blob, "storage unavailable" if self.leader else "not leader: retry")
                 if self.leader is not None:
-                    self._refuse(header, blob, "storage unavailable")
-                    self._reset_workers()
-                else:
-                    # The worker made these changes before it read the mode change that stopped
-                    # it; the reset sent with that change follows them, and this one makes sure.
-                    self._refuse(header, blob, "not leader: leadership changed; retry")
-                    self._reset_workers()
+                    self._reset_workers()  # undo the changes in the workers too
                 header = ipc.EMPTY_LIST
             else:
                 _, last = self.log.append(self.election.vote_id, orjson.loads(records))
                 self.workers_trans_id = last
                 self._run(self.leader.replicate(now), now)
-                if header != ipc.EMPTY_LIST:
-                    if last > self._releasable():
-                        self.pending.append((last, header, blob))
-                    else:
-                        self._release(header, blob)
-                header = ipc.EMPTY_LIST
         if header != ipc.EMPTY_LIST:
-            self._release(header, blob)
+            need = self.log.last_trans_id if self.leader is not None else 0
+            if need > self._releasable():
+                self.pending.append((need, header, blob))
+            else:
+                self._release(header, blob)
         if partials != ipc.EMPTY_LIST:
             self._gather(orjson.loads(partials))
 
     def on_forward_requests(self, items: list, now: float) -> None:
-        """Client requests this follower's acceptor could not serve: send them to the leader."""
+        """Client requests this follower's acceptor could not serve ((origin, req_no, request),
+        origin in wire form): send them to the leader."""
         leader = self.election.leader_id
         if self.leader is not None:
-            for conn, req_no, request in items:
-                self._route(conn, req_no, request)
+            for origin, req_no, request in items:
+                self._route(Origin.from_wire(origin), req_no, request)
             return
         if leader is None:
-            self._reply_now([(conn, req_no, p.error_reply(request, "no leader", self.node_id))
-                             for conn, req_no, request in items])
+            self._reply_now([(Origin.from_wire(origin), req_no, p.error_reply(request, "no leader", self.node_id))
+                             for origin, req_no, request in items])
             return
         batch = []
-        for conn, req_no, request in items:
+        for origin, req_no, request in items:
             fid = self.next_forward
             self.next_forward += 1
             wait = request.get("wait") if type(request) is dict else None
             grace = FORWARD_GRACE + (min(wait, self.config.max_wait) if isinstance(wait, (int, float)) and wait > 0 else 0)
-            self.forwards[fid] = (conn, req_no, now + grace)
-            batch.append((fid, _DUMPS(request)))
+            where = Origin.from_wire(origin)
+            self.forwards[fid] = (where, req_no, now + grace, p.echo(request))
+            self.forwards_due = min(self.forwards_due, now + grace)
+            batch.append((fid, _DUMPS(request), where.udp))
         self.to_peers.append((leader, Forward(self.election.vote_id, self.node_id, tuple(batch))))
+
+    def on_undelivered(self, queue: str, given: list[list[int]]) -> None:
+        """The messages of a consume reply that could not be delivered ([msg_id, delivery_count]
+        each; the client left, or the reply came too late): the leader's worker gives them back
+        (leases released, at-most-once messages restored). A follower passes them to the leader."""
+        if self.leader is not None:
+            self.to_workers.append((self.router.worker_for(queue), [ipc.UNDELIVER, _DUMPS([queue, given])]))
+        elif self.election.leader_id is not None:
+            self.to_peers.append((self.election.leader_id, GiveBack(
+                self.election.vote_id, self.node_id, queue, tuple(m[0] for m in given), tuple(m[1] for m in given))))
 
     # ----------------------------------------------------------------- election and replication
     def _run(self, actions: list, now: float) -> None:
@@ -251,7 +314,6 @@ class ClusterNode:
         committed with this term's first), then let them accept writes."""
         self.follower.reset()
         self._fail_forwards(list(self.forwards), "leader changed: the request may or may not have been applied")
-        self.epoch += 1
         self.leader = LeaderReplication(
             self.node_id, self.members, self.log, vote_id, now,
             sync_rate=self.config.queue_sync_rate, max_batch=5000,
@@ -259,8 +321,7 @@ class ClusterNode:
         self._apply_to_workers(self.log.entries_after(self.workers_trans_id, 1 << 62) or [])
         self.log.append(vote_id, [NOOP])
         self.workers_trans_id = self.log.last_trans_id
-        for index in range(self.config.workers):
-            self.to_workers.append((index, [ipc.MODE, _DUMPS([True, self.epoch])]))
+        self._set_mode(True)
         self._run(self.leader.replicate(now), now)
 
     def _stop_leading(self) -> None:
@@ -272,9 +333,7 @@ class ClusterNode:
         if self.leader is None:
             return
         self.leader = None
-        self.epoch += 1
-        for index in range(self.config.workers):
-            self.to_workers.append((index, [ipc.MODE, _DUMPS([False, self.epoch])]))
+        self._set_mode(False)
         while self.pending:
             _, header, blob = self.pending.popleft()
             self._refuse(header, blob, "not leader: leadership lost before the write was committed; it may or may not take effect")
@@ -326,61 +385,59 @@ class ClusterNode:
         self.workers_trans_id = max(self.workers_trans_id, entries[-1].trans_id)
 
     def _reset_workers(self) -> None:
-        """Replace every worker's queues with the committed state."""
+        """Replace every worker's queues with the committed state and, on a leader, the log after
+        it. A leader's workers then start a new mode (epoch), so that batches they made before
+        the reset, on the state it wiped, are refused (on_batch)."""
         parts: list[dict] = [{} for _ in range(self.config.workers)]
         for name, snap in self.state.snapshot().items():
             parts[self.router.worker_for(name)][name] = snap
         for index, part in enumerate(parts):
             self.to_workers.append((index, [ipc.RESET, _DUMPS(part)]))
         self.workers_trans_id = self.state_trans_id
+        if self.leader is not None:
+            self._apply_to_workers(self.log.entries_after(self.state_trans_id, 1 << 62) or [])
+            self._set_mode(True)
+
+    def _set_mode(self, accepting: bool) -> None:
+        """Start a new mode of the workers: whether they accept queue requests."""
+        self.epoch += 1
+        for index in range(self.config.workers):
+            self.to_workers.append((index, [ipc.MODE, _DUMPS([accepting, self.epoch])]))
 
     # ----------------------------------------------------------------- replies
     def _release(self, header: bytes, blob: bytes) -> None:
         """Send replies on: to the acceptor, or back to the follower that forwarded them."""
-        if b"-" not in header:  # connection ids are negative only for forwarded requests
+        if not self.served_forwarded:
             self.to_acceptor.append([ipc.REP, header, blob])
             return
         local = []
         remote: dict[int, list[tuple[int, bytes]]] = {}
-        start = 0
-        chunks = []
-        for conn, req_no, end in orjson.loads(header):
-            if conn < 0:
-                remote.setdefault(-conn, []).append((req_no, blob[start:end]))
+        for origin, req_no, data in replies.decode(header, blob):
+            if origin.node:
+                remote.setdefault(origin.node, []).append((origin.conn, data))
             else:
-                chunks.append(blob[start:end])
-                local.append((conn, req_no, sum(len(c) for c in chunks)))
-            start = end
+                local.append((origin, req_no, data))
         if local:
-            self.to_acceptor.append([ipc.REP, _DUMPS(local), b"".join(chunks)])
-        for node, replies in remote.items():
-            self.to_peers.append((node, ForwardReply(self.election.vote_id, self.node_id, tuple(replies))))
+            self.to_acceptor.append([ipc.REP, *replies.encode_raw(local)])
+        for node, items in remote.items():
+            self.to_peers.append((node, ForwardReply(self.election.vote_id, self.node_id, tuple(items))))
 
-    def _reply_now(self, replies: list[tuple[int, int, dict]]) -> None:
-        if replies:
-            self._release(*ipc.encode_replies(replies))
+    def _reply_now(self, items: list[tuple[Origin, int, dict]]) -> None:
+        if items:
+            self._release(*replies.encode(items))
 
     def _refuse(self, header: bytes, blob: bytes, reason: str) -> None:
         """Answer every request of a batch with an error instead of its reply."""
-        out = []
-        start = 0
-        for conn, req_no, end in orjson.loads(header):
-            try:
-                original = orjson.loads(blob[start:end])
-            except orjson.JSONDecodeError:
-                original = {}
-            start = end
-            out.append((conn, req_no, p.error_reply({k: original[k] for k in ("action", "queue", "seq") if k in original},
-                                                     reason, self.node_id)))
-        self._reply_now(out)
+        self._reply_now([(origin, req_no, p.error_reply(replies.naming(replies.decoded(data)), reason, self.node_id))
+                         for origin, req_no, data in replies.decode(header, blob)])
 
     def _gather(self, partials: list) -> None:
         finished = []
         for tag, part in partials:
             done = self.gatherer.add(tag, part)
             if done is not None:
-                conn, req_no, request, parts = done
-                finished.append((conn, req_no, gather.merge(request, parts, self.node_fields())))
+                origin, req_no, request, parts = done
+                finished.append((origin, req_no, gather.merge(request, parts, self.node_fields())))
         self._reply_now(finished)
 
     def node_fields(self) -> dict:
@@ -396,63 +453,71 @@ class ClusterNode:
         }
 
     # ----------------------------------------------------------------- forwarding
-    def _route(self, conn: int, req_no: int, request: Any) -> None:
+    def _route(self, origin: Origin, req_no: int, request: Any) -> None:
         """Serve a request on this (leading) node's workers."""
         action = p.request_action(request)
         if type(action) is str:
-            self._reply_now([(conn, req_no, p.error_reply(request, action, self.node_id))])
+            self._reply_now([(origin, req_no, p.error_reply(request, action, self.node_id))])
             return
         if action == p.LEADER:
             reply = p.echo(request)
             reply.update(code=p.CODE_OK, node_id=self.node_id,
                          **{k: v for k, v in self.status_fields().items() if k.startswith("leader_")})
-            self._reply_now([(conn, req_no, reply)])
+            self._reply_now([(origin, req_no, reply)])
             return
         gather_id = 0
         if action in SCATTER_ACTIONS:
             gather_id = self.next_gather
             self.next_gather += 2
-        plan = self.router.plan(action, request, conn, req_no, gather_id)
+        plan = self.router.plan(action, request, origin, req_no, gather_id)
         if type(plan) is str:
-            self._reply_now([(conn, req_no, p.error_reply(request, plan, self.node_id))])
+            self._reply_now([(origin, req_no, p.error_reply(request, plan, self.node_id))])
             return
         for index, item in plan:
             self.to_workers.append((index, [ipc.REQ, _DUMPS([item]), b"%d" % self.epoch]))
 
     def _serve_forwarded(self, msg: Forward, now: float) -> None:
-        """A follower's clients' requests: serve them here, or say there is no leader here."""
+        """A follower's clients' requests: serve them here (each keeps its transport's rules), or
+        say there is no leader here."""
         if self.leader is None:
-            replies = tuple((fid, _DUMPS(p.error_reply(None, "not leader: leadership changed; retry", self.node_id),
-                                         option=_NEWLINE)) for fid, _ in msg.requests)
-            self.to_peers.append((msg.src, ForwardReply(self.election.vote_id, self.node_id, replies)))
+            refused = tuple((fid, _DUMPS(p.error_reply(replies.decoded(raw), "not leader: leadership changed; retry",
+                                                       self.node_id), option=_NEWLINE))
+                            for fid, raw, _ in msg.requests)
+            self.to_peers.append((msg.src, ForwardReply(self.election.vote_id, self.node_id, refused)))
             return
-        for fid, raw in msg.requests:
-            try:
-                request = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                request = None
-            self._route(-msg.src, fid, request)
+        self.served_forwarded = True
+        for fid, raw, udp in msg.requests:
+            self._route(Origin(fid, udp, msg.src), 0, replies.decoded(raw))
 
     def _forward_replies(self, msg: ForwardReply) -> None:
-        header = []
-        chunks = []
-        end = 0
+        """The leader's replies to requests this node forwarded: to their clients. A consume reply
+        whose request was already given up on (timed out, or failed by a change of leader) is
+        given back, never dropped with its messages."""
+        rows = []
         for fid, reply in msg.replies:
             target = self.forwards.pop(fid, None)
             if target is None:
-                continue  # already failed by a timeout or a leader change
-            end += len(reply)
-            chunks.append(reply)
-            header.append((target[0], target[1], end))
-        if header:
-            self.to_acceptor.append([ipc.REP, _DUMPS(header), b"".join(chunks)])
+                if self.abandoned.pop(fid, False):  # not a second copy of a delivered reply
+                    self._give_back(reply)
+                continue
+            rows.append((target[0], target[1], reply))
+        if rows:
+            self.to_acceptor.append([ipc.REP, *replies.encode_raw(rows)])
+
+    def _give_back(self, reply: bytes) -> None:
+        """If `reply` is a successful consume reply, give its messages back (on_undelivered)."""
+        given = p.delivered(replies.decoded(reply))
+        if given is not None:
+            self.on_undelivered(*given)
 
     def _fail_forwards(self, fids: list[int], reason: str) -> None:
-        replies = []
+        failed = []
         for fid in fids:
             target = self.forwards.pop(fid, None)
             if target is not None:
-                replies.append((target[0], target[1], p.error_reply(None, reason, self.node_id)))
-        if replies:
-            header, blob = ipc.encode_replies(replies)
-            self.to_acceptor.append([ipc.REP, header, blob])
+                failed.append((target[0], target[1], p.error_reply(target[3], reason, self.node_id)))
+                self.abandoned[fid] = True
+                if len(self.abandoned) > ABANDONED_KEPT:
+                    self.abandoned.popitem(last=False)
+        if failed:
+            self.to_acceptor.append([ipc.REP, *replies.encode(failed)])

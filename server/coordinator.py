@@ -18,7 +18,7 @@ from replication.datadir import DataDirLocked
 from replication.messages import AppendAck
 from replication.storage import Storage, StorageError
 from replication.wal import CorruptLog
-from server import ipc
+from server import ipc, replies
 from server.child import start
 from election.state import Role
 from server.cluster import ClusterNode
@@ -131,10 +131,11 @@ class Coordinator:
         """Handle one message from the acceptor or a worker."""
         kind = frames[0]
         if kind == ipc.BATCH:
-            _, records, header, blob, partials = frames
-            self.node.on_batch(records, header, blob, partials, now)
+            self.node.on_batch(*ipc.read_batch(frames), now)
         elif kind == ipc.FORWARD:
             self.node.on_forward_requests(orjson.loads(frames[1]), now)
+        elif kind == ipc.UNDELIVER:
+            self.node.on_undelivered(*orjson.loads(frames[1]))
         else:
             self.log.warning("unknown message kind %r", kind)
 
@@ -165,15 +166,18 @@ class Coordinator:
             for frames in _merged(node.to_acceptor):
                 self.acceptor.send_multipart(frames)
             node.to_acceptor.clear()
+        unsent = []
         for target, msg in node.to_peers:
             sock = self.peers.get(target)
             if sock is None:
                 continue
             try:
                 sock.send(wire.encode(msg, *self.client), zmq.NOBLOCK)
-            except zmq.Again:
-                pass  # not connected, or too far behind: the protocol resends what matters
+            except zmq.Again:  # not connected yet, or too far behind
+                unsent.append(msg)
         node.to_peers.clear()
+        for msg in unsent:
+            node.on_unsent(msg, time.time())
         every = self.config.snapshot_every
         if node.snapshot_now:
             self.log.info("installed a snapshot from the leader at trans_id %d", node.state_trans_id)
@@ -218,16 +222,10 @@ class Coordinator:
 def _merged(messages: list[list[bytes]]) -> list[list[bytes]]:
     """The messages for the acceptor with all reply batches joined into one (each ZeroMQ send
     costs a wake-up of two I/O threads; a loop turn often releases several batches)."""
-    replies = [m for m in messages if m[0] == ipc.REP]
-    if len(replies) < 2:
+    batches = [(m[1], m[2]) for m in messages if m[0] == ipc.REP]
+    if len(batches) < 2:
         return messages
-    header: list = []
-    offset = 0
-    for _, head, blob in replies:
-        header.extend((conn, req_no, end + offset) for conn, req_no, end in orjson.loads(head))
-        offset += len(blob)
-    joined = [ipc.REP, orjson.dumps(header), b"".join(m[2] for m in replies)]
-    return [m for m in messages if m[0] != ipc.REP] + [joined]
+    return [m for m in messages if m[0] != ipc.REP] + [[ipc.REP, *replies.join(batches)]]
 
 
 def main(argv: list[str] | None = None) -> None:

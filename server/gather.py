@@ -6,13 +6,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from server import protocol as p
+from server.origin import Origin
 
 _SUMMED = ("size", "ready", "delayed", "in_flight", "waiters", "queue_count", "max_id")
 
 
 @dataclass(slots=True)
 class _Pending:
-    conn: int
+    origin: Origin
     req_no: int
     expected: int
     request: dict
@@ -25,18 +26,18 @@ class Gatherer:
     def __init__(self) -> None:
         self._pending: dict[int, _Pending] = {}
 
-    def add(self, gather: list, part: dict) -> tuple[int, int, dict, list[dict]] | None:
-        """Add one worker's part. `gather` is [gather_id, conn, req_no, expected, request].
-        Returns (conn, req_no, request, parts) once the last part is in."""
-        gather_id, conn, req_no, expected, request = gather
+    def add(self, gather: list, part: dict) -> tuple[Origin, int, dict, list[dict]] | None:
+        """Add one worker's part. `gather` is [gather_id, origin (wire form), req_no, expected,
+        request]. Returns (origin, req_no, request, parts) once the last part is in."""
+        gather_id, origin, req_no, expected, request = gather
         pending = self._pending.get(gather_id)
         if pending is None:
-            pending = self._pending[gather_id] = _Pending(conn, req_no, expected, request)
+            pending = self._pending[gather_id] = _Pending(Origin.from_wire(origin), req_no, expected, request)
         pending.parts.append(part)
         if len(pending.parts) < pending.expected:
             return None
         del self._pending[gather_id]
-        return pending.conn, pending.req_no, pending.request, pending.parts
+        return pending.origin, pending.req_no, pending.request, pending.parts
 
     def __len__(self) -> int:
         return len(self._pending)

@@ -5,23 +5,21 @@ from __future__ import annotations
 import os
 from typing import Callable
 
-import orjson
 import zmq
 
-_dumps = orjson.dumps
-_NEWLINE = orjson.OPT_APPEND_NEWLINE
 # Most messages a process drains from its inbox before sending its outputs on.
 MAX_DRAIN = 256
 
 # Message kinds (first frame of every multipart message).
-REQ = b"req"  # -> worker: [REQ, json [[conn, req_no, request] | [conn, req_no, request, gather], ...], epoch]
-CLOSE = b"close"  # acceptor -> worker: [CLOSE, json conn]
-UNDELIVER = b"undeliver"  # acceptor -> worker: [UNDELIVER, json [queue, [msg_id, ...]]]
+REQ = b"req"  # -> worker: [REQ, json [[origin, req_no, request] | [origin, req_no, request, gather], ...], epoch]
+# (origin: server/origin.py Origin.wire(); replies travel as server/replies.py batches)
+CLOSE = b"close"  # acceptor -> worker: [CLOSE, json conn] (a TCP connection id)
+UNDELIVER = b"undeliver"  # acceptor -> coordinator -> leader's worker: [UNDELIVER, json [queue, [[msg_id, delivery_count], ...]]]
 APPLY = b"apply"  # coordinator -> worker: [APPLY, json [record, ...]] (replicas replay the leader's log)
-BATCH = b"batch"  # worker -> coordinator: [BATCH, records json, reply header json, reply blob, partials json]
-REP = b"rep"  # coordinator -> acceptor: [REP, reply header json [[conn, req_no, end], ...], reply blob]
+BATCH = b"batch"  # worker -> coordinator: [BATCH, records json, reply header json, reply blob, partials json, epoch]
+REP = b"rep"  # coordinator -> acceptor: [REP, reply header, reply blob] (server/replies.py)
 STATUS = b"status"  # coordinator -> acceptor: [STATUS, json {role, leader_node_id, leader_host, leader_port}]
-FORWARD = b"forward"  # acceptor -> coordinator: [FORWARD, json [[conn, req_no, request], ...]] for the leader
+FORWARD = b"forward"  # acceptor -> coordinator: [FORWARD, json [[origin, req_no, request], ...]] for the leader
 MODE = b"mode"  # coordinator -> worker: [MODE, json [accepting, epoch]] whether to accept queue requests
 RESET = b"reset"  # coordinator -> worker: [RESET, json {queue: snapshot}] replace all queues
 
@@ -57,18 +55,15 @@ def worker_name(index: int) -> str:
     return f"worker-{index}"
 
 
-def encode_replies(replies: list[tuple[int, int, dict]]) -> tuple[bytes, bytes]:
-    """Encode (conn, req_no, reply) triples as a REP/BATCH header and blob: the blob is the
-    newline-terminated JSON replies back to back, the header [[conn, req_no, end_offset], ...]."""
-    header = []
-    chunks = []
-    end = 0
-    for conn, req_no, reply in replies:
-        data = _dumps(reply, option=_NEWLINE)
-        end += len(data)
-        chunks.append(data)
-        header.append((conn, req_no, end))
-    return _dumps(header), b"".join(chunks)
+def batch_frames(records: bytes, header: bytes, blob: bytes, partials: bytes, epoch: int) -> list[bytes]:
+    """A worker's BATCH message: what it decided under mode `epoch` (see ClusterNode.epoch)."""
+    return [BATCH, records, header, blob, partials, b"%d" % epoch]
+
+
+def read_batch(frames: list[bytes]) -> tuple[bytes, bytes, bytes, bytes, int]:
+    """The (records, header, blob, partials, epoch) of a BATCH message."""
+    _, records, header, blob, partials, epoch = frames
+    return records, header, blob, partials, int(epoch)
 
 
 def serve(sock: zmq.Socket, dispatch: Callable[[list[bytes]], None], idle: Callable[[], float | None], after: Callable[[], None]) -> None:

@@ -205,14 +205,14 @@ class AcceptorMetrics(_Metrics):
         self.probe_started = 0.0
 
     def start_probe(self, item: Sequence[Any]) -> None:
-        """Follow request `item` ((conn_id, req_no, request) as queued for a worker) if nothing is
+        """Follow request `item` ((origin, req_no, request) as queued for a worker) if nothing is
         being followed and it is not a long poll."""
         if len(item) != 3:
             return
         request = item[2]
         if type(request) is not dict or request.get("wait"):
             return
-        self.probe_conn = item[0]
+        self.probe_conn = item[0][0]
         self.probe_no = item[1]
         self.probe_action = action_label(request.get("action"))
         self.probe_started = time.perf_counter()

@@ -94,6 +94,19 @@ def error_reply(request: Any, reason: str, node_id: int | None = None) -> dict:
     return reply
 
 
+def delivered(reply: Any) -> tuple[str, list[list[int]]] | None:
+    """(queue, [[msg_id, delivery_count], ...]) handed out by a successful consume reply (a
+    decoded dict), else None."""
+    if type(reply) is not dict or resolve_action(reply.get("action")) != CONSUME or reply.get("code") != CODE_OK:
+        return None
+    queue = reply.get("queue")
+    given = [[m["msg_id"], m.get("delivery_count", 0)] for m in reply.get("messages", ())
+             if type(m) is dict and "msg_id" in m]
+    if "msg_id" in reply:
+        given.append([reply["msg_id"], reply.get("delivery_count", 0)])
+    return (queue, given) if given and isinstance(queue, str) else None
+
+
 def absolute_time(value: float, now: float) -> float:
     """A delay/ttl value as an absolute unix time (the original's clients send timestamps)."""
     return float(value) if value >= ABSOLUTE_TIME_THRESHOLD else now + value

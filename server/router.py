@@ -7,6 +7,7 @@ import zlib
 from typing import Iterable
 
 from server import protocol as p
+from server.origin import Origin
 
 _MONITORS = frozenset({p.MONITOR, p.LOCAL_MONITOR})
 SCATTER_ACTIONS = frozenset({p.MONITOR, p.LOCAL_MONITOR, p.LIST, p.LOCAL_LIST})
@@ -33,15 +34,16 @@ class Router:
         return index
 
 
-    def plan(self, action: int, request: dict, conn: int, req_no: int, gather_id: int) -> list[tuple[int, tuple]] | str:
+    def plan(self, action: int, request: dict, origin: Origin, req_no: int, gather_id: int) -> list[tuple[int, tuple]] | str:
         """Where a queue or scatter request goes: (worker index, item for that worker's batch)
         pairs, or the reason it cannot be routed. A scatter item carries the gather tag the
         coordinator merges the workers' parts by."""
         queue = request.get("queue")
+        where = origin.wire()
         if action in p.QUEUE_ACTIONS:
             if type(queue) is not str:
                 return "queue: missing" if queue is None else "queue: must be a string"
-            return [(self.worker_for(queue), (conn, req_no, request))]
+            return [(self.worker_for(queue), (where, req_no, request))]
         if action in _MONITORS and queue is not None:
             if type(queue) is not str:
                 return "queue: must be a string"
@@ -49,8 +51,8 @@ class Router:
         else:
             targets = range(self.workers)
         targets = list(targets)
-        tag = [gather_id, conn, req_no, len(targets), request]
-        return [(index, (conn, req_no, request, tag)) for index in targets]
+        tag = [gather_id, where, req_no, len(targets), request]
+        return [(index, (where, req_no, request, tag)) for index in targets]
 
 
 def _group_keys(virtual_queues: Iterable[tuple[str, Iterable[str]]]) -> dict[str, str]:

@@ -9,6 +9,7 @@ from typing import Any, Callable
 import orjson
 
 from server import protocol as p
+from server.origin import Origin
 from workers.queue import Message, Queue
 
 # How many just-deleted at-most-once messages are kept to be restored if their reply cannot be
@@ -32,7 +33,7 @@ class BadRequest(Exception):
 class Waiter:
     """A long-poll consume parked until a message is ready or its deadline passes."""
 
-    conn: int
+    origin: Origin
     req_no: int
     request: dict
     count: int | None
@@ -157,7 +158,7 @@ class Selection:
 class PartitionService:
     """All queues of one worker, with the request semantics of the protocol (docs/protocol.md).
 
-    After each call, the caller drains `replies` ((conn, req_no, reply dict)), `records` (change
+    After each call, the caller drains `replies` ((origin, req_no, reply dict)), `records` (change
     records for the coordinator) and `partials` (contributions to scattered monitor/list requests).
     """
 
@@ -188,7 +189,7 @@ class PartitionService:
         self.errors: list[Exception] = []
         self._restorable: OrderedDict[tuple[str, int], Message] = OrderedDict()
         self._next_sweep = 0.0
-        self._handlers: dict[int, Callable[[dict, int, int, float, bool], dict | None]] = {
+        self._handlers: dict[int, Callable[[dict, Origin, int, float], dict | None]] = {
             p.PRODUCE: self._produce,
             p.CONSUME: self._consume,
             p.CONFIRM: self._confirm,
@@ -197,7 +198,7 @@ class PartitionService:
         }
 
     # ----------------------------------------------------------------------------- requests
-    def handle(self, req: Any, conn: int, req_no: int, now: float, udp: bool = False) -> None:
+    def handle(self, req: Any, origin: Origin, req_no: int, now: float) -> None:
         """Serve one queue request; its reply (unless parked as a long poll) goes to `replies`."""
         try:
             if type(req) is not dict:
@@ -210,14 +211,14 @@ class PartitionService:
                 raise BadRequest("action: not a queue action")
             if not self.accepting:
                 raise BadRequest("not leader: this node is not leading; retry on the leader")
-            reply = handler(req, conn, req_no, now, udp)
+            reply = handler(req, origin, req_no, now)
         except BadRequest as exc:
             reply = p.error_reply(req, str(exc), self.node_id)
         except Exception as exc:  # a bug must cost one request, never the process or its queues
             self.errors.append(exc)
             reply = p.error_reply(req, f"internal error: {type(exc).__name__}", self.node_id)
         if reply is not None:
-            self.replies.append((conn, req_no, reply))
+            self.replies.append((origin, req_no, reply))
 
     def _ok(self, req: dict) -> dict:
         reply = p.echo(req)
@@ -239,7 +240,7 @@ class PartitionService:
             q = self.queues[name] = self.queue_class(name, self.queue_size)
         return q
 
-    def _produce(self, req: dict, conn: int, req_no: int, now: float, udp: bool) -> dict:
+    def _produce(self, req: dict, origin: Origin, req_no: int, now: float) -> dict:
         name = req.get("queue")
         data = req.get("data")
         if isinstance(data, str):
@@ -344,7 +345,7 @@ class PartitionService:
             raise BadRequest("queue: a virtual queue only takes produce")
         return self._check_queue(name)
 
-    def _consume(self, req: dict, conn: int, req_no: int, now: float, udp: bool) -> dict | None:
+    def _consume(self, req: dict, origin: Origin, req_no: int, now: float) -> dict | None:
         name = self._reject_virtual(req.get("queue"))
         count = _int(req, "count", None)
         if count is not None and not 1 <= count <= p.MAX_BATCH:
@@ -361,13 +362,13 @@ class PartitionService:
             raise BadRequest("times: must be true or false")
         q = self.queues.get(name)
         if q is not None and (q.has_ready(now) or (token is not None and q.held(token))):
-            if udp and self._too_large_for_udp(q, req, count, now, lease, token, times):
+            if origin.udp and self._too_large_for_udp(q, req, count, now, lease, token, times):
                 return self._udp_too_large(req)
             return self._deliver(q, req, count, now, lease, token, times)
-        if wait > 0 and not udp:
+        if wait > 0 and not origin.udp:
             deadline = now + min(wait, self.max_wait)
             self.waiters.setdefault(name, deque()).append(
-                Waiter(conn, req_no, req, count, deadline, lease, token, times))
+                Waiter(origin, req_no, req, count, deadline, lease, token, times))
             return None
         return self._empty(req, count)
 
@@ -466,7 +467,7 @@ class PartitionService:
         q = self.queues.get(name)
         return q, (selection.targets(q) if q is not None else [])
 
-    def _confirm(self, req: dict, conn: int, req_no: int, now: float, udp: bool) -> dict:
+    def _confirm(self, req: dict, origin: Origin, req_no: int, now: float) -> dict:
         q, targets = self._selected(req)
         rec = q.confirm_many(targets) if targets else None
         if rec is not None:
@@ -475,7 +476,7 @@ class PartitionService:
         reply["confirmed"] = _count(rec)
         return reply
 
-    def _release(self, req: dict, conn: int, req_no: int, now: float, udp: bool) -> dict:
+    def _release(self, req: dict, origin: Origin, req_no: int, now: float) -> dict:
         q, targets = self._selected(req)
         rec = q.release_many(targets, now) if targets else None
         reply = self._ok(req)
@@ -486,7 +487,7 @@ class PartitionService:
                 self._serve_waiters(q, now)
         return reply
 
-    def _extend(self, req: dict, conn: int, req_no: int, now: float, udp: bool) -> dict:
+    def _extend(self, req: dict, origin: Origin, req_no: int, now: float) -> dict:
         retry = _number(req, "retry", None)
         if retry is None:
             raise BadRequest("retry: missing")
@@ -540,7 +541,7 @@ class PartitionService:
         if not self.accepting and self.waiters:
             for waiting in self.waiters.values():
                 for w in waiting:
-                    self.replies.append((w.conn, w.req_no, self._empty(w.request, w.count)))
+                    self.replies.append((w.origin, w.req_no, self._empty(w.request, w.count)))
             self.waiters.clear()
         for name in list(self.waiters):
             q = self.queues.get(name)
@@ -551,7 +552,7 @@ class PartitionService:
                 keep: deque[Waiter] = deque()
                 for w in waiting:
                     if w.deadline <= now:
-                        self.replies.append((w.conn, w.req_no, self._empty(w.request, w.count)))
+                        self.replies.append((w.origin, w.req_no, self._empty(w.request, w.count)))
                     else:
                         keep.append(w)
                 waiting = keep
@@ -582,28 +583,31 @@ class PartitionService:
         while waiting and q.has_ready(now):
             w = waiting.popleft()
             reply = self._deliver(q, w.request, w.count, now, w.lease, w.token, w.times)
-            self.replies.append((w.conn, w.req_no, reply))
+            self.replies.append((w.origin, w.req_no, reply))
         if not waiting:
             self.waiters.pop(q.name, None)
 
     # ----------------------------------------------------------------------------- connections
     def cancel(self, conn: int) -> None:
-        """Drop the long polls of a connection that closed."""
+        """Drop the long polls of this node's TCP connection `conn`, which closed."""
+        gone = Origin(conn)
         for name in list(self.waiters):
-            kept = deque(w for w in self.waiters[name] if w.conn != conn)
+            kept = deque(w for w in self.waiters[name] if w.origin != gone)
             if kept:
                 self.waiters[name] = kept
             else:
                 del self.waiters[name]
 
-    def undeliver(self, queue: str, msg_ids: list[int], now: float) -> None:
-        """Take back messages whose consume reply could not be delivered: leases are released
-        and at-most-once messages restored, so they are not lost."""
+    def undeliver(self, queue: str, given: list[list[int]], now: float) -> None:
+        """Take back messages whose consume reply could not be delivered ([msg_id,
+        delivery_count] of that delivery each): leases are released and at-most-once messages
+        restored, so they are not lost. A lease is released only if it is still that delivery's
+        (not one a later consumer holds)."""
         q = self.queues.get(queue)
         if q is None or not self.accepting:
             return  # giving a message back is a write: only the leader decides it
-        for msg_id in msg_ids:
-            rec = q.release(msg_id, now)
+        for msg_id, delivery_count in given:
+            rec = q.release(msg_id, now, delivery_count=delivery_count)
             if rec is None:
                 message = self._restorable.pop((queue, msg_id), None)
                 if message is not None:
@@ -628,7 +632,7 @@ class PartitionService:
         self.queues = {name: self.queue_class.from_snapshot(s) for name, s in state.items()}
         for waiting in self.waiters.values():
             for w in waiting:
-                self.replies.append((w.conn, w.req_no, self._empty(w.request, w.count)))
+                self.replies.append((w.origin, w.req_no, self._empty(w.request, w.count)))
         self.waiters.clear()
         self._restorable.clear()
 

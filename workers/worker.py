@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 import orjson
 import zmq
 
-from server import ipc
+from server import ipc, replies
 from server.child import start
 from server.metrics import WorkerMetrics, count_replies
+from server.origin import Origin
 from workers.service import PartitionService
 
 _DUMPS = orjson.dumps
@@ -20,7 +22,9 @@ _DUMPS = orjson.dumps
 class Worker:
     """The I/O around one PartitionService."""
 
-    def __init__(self, service: PartitionService, inbox: zmq.Socket, coordinator: zmq.Socket, log, index: int = 0) -> None:
+    def __init__(self, service: PartitionService, inbox: zmq.Socket | None, coordinator: Any, log: Any,
+                 index: int = 0, metrics: WorkerMetrics | None = None) -> None:
+        """coordinator: anything with send_multipart (a ZeroMQ PUSH socket, or a test's pipe)."""
         self.service = service
         self.inbox = inbox
         self.coordinator = coordinator
@@ -28,7 +32,7 @@ class Worker:
         self.epoch = 0  # of the last mode change received (see ClusterNode.epoch)
         self.held: list[list[bytes]] = []
         self.index = index
-        self.metrics = WorkerMetrics()
+        self.metrics = metrics if metrics is not None else WorkerMetrics()
 
     def run(self) -> None:
         """Serve until terminated."""
@@ -63,20 +67,23 @@ class Worker:
             items = orjson.loads(frames[1])
             for item in items:
                 if len(item) == 3:
-                    conn, req_no, req = item
-                    handle(req, conn, req_no, now, conn == 0)
+                    origin, req_no, req = item
+                    handle(req, Origin.from_wire(origin), req_no, now)
                 else:
                     service.partial(item[3], item[2], now)
             self.metrics.batch(time.perf_counter() - started, len(items))
         elif kind == ipc.CLOSE:
             service.cancel(orjson.loads(frames[1]))
         elif kind == ipc.UNDELIVER:
-            queue, msg_ids = orjson.loads(frames[1])
-            service.undeliver(queue, msg_ids, now)
+            queue, given = orjson.loads(frames[1])
+            service.undeliver(queue, given, now)
         elif kind == ipc.APPLY:
             for record in orjson.loads(frames[1]):
                 service.apply(record)
         elif kind == ipc.MODE:
+            # What was decided under the old mode leaves stamped with it (the coordinator refuses
+            # changes from a mode that is over: a reset has wiped them here).
+            self.flush()
             service.accepting, self.epoch = orjson.loads(frames[1])
             held, self.held = self.held, []
             for message in held:
@@ -97,13 +104,13 @@ class Worker:
         count_replies(self.metrics.counts, service.replies)
         if service.partials:
             self.metrics.count_partials(service.partials, self.index)
-        header, blob = ipc.encode_replies(service.replies)
+        header, blob = replies.encode(service.replies)
         records = _DUMPS(service.records) if service.records else ipc.EMPTY_LIST
         partials = _DUMPS(service.partials) if service.partials else ipc.EMPTY_LIST
         service.replies.clear()
         service.records.clear()
         service.partials.clear()
-        self.coordinator.send_multipart([ipc.BATCH, records, header, blob, partials])
+        self.coordinator.send_multipart(ipc.batch_frames(records, header, blob, partials, self.epoch))
 
 
 def main(argv: list[str] | None = None) -> None:

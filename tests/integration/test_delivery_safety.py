@@ -15,7 +15,8 @@ from prometheus_client import CollectorRegistry
 import server.acceptor as acceptor_module
 from config.loader import parse_config
 from server import ipc
-from server.acceptor import UDP, Acceptor
+from server.acceptor import Acceptor
+from server.origin import Origin
 from server.metrics import AcceptorMetrics
 from tests.harness import RawTcp, udp_call, wait_for
 
@@ -81,7 +82,8 @@ class _Datagrams:
 @pytest.mark.parametrize("batch", [False, True], ids=["single", "count"])
 def test_acceptor_last_resort_guard_gives_the_messages_back(tmp_path, monkeypatch, batch):
     """Should an oversize consume reply reach the acceptor anyway, the client gets the size
-    error and the messages go back to their worker (the undeliver path), not lost."""
+    error and the messages go back (the undeliver path: to the coordinator, which has the
+    leader's worker give them back), not lost."""
     # An acceptor in this process: its metrics go to a registry of its own, not the global one.
     monkeypatch.setattr(acceptor_module, "AcceptorMetrics", lambda: AcceptorMetrics(CollectorRegistry()))
     config, _ = parse_config('{"workers": 2, "udp_max_response": 600}')
@@ -89,7 +91,7 @@ def test_acceptor_last_resort_guard_gives_the_messages_back(tmp_path, monkeypatc
     loop = asyncio.new_event_loop()
     try:
         run_dir = str(tmp_path)
-        workers = [ipc.inbox(ctx, run_dir, ipc.worker_name(i)) for i in range(config.workers)]
+        coordinator = ipc.inbox(ctx, run_dir, "coordinator")
         acceptor = Acceptor(config, ctx, run_dir, logging.getLogger("test"), loop)
         transport = acceptor.udp_transport = _Datagrams()  # type: ignore[assignment]
         queue = "guarded"
@@ -100,23 +102,22 @@ def test_acceptor_last_resort_guard_gives_the_messages_back(tmp_path, monkeypatc
         else:
             reply = {"action": 2, "queue": queue, "seq": 5, "code": 0, "node_id": 1,
                      "msg_id": 3, "data": "x" * 800, "delivery_count": 1}
-        req_no = acceptor.udp_register(("127.0.0.1", 9))
-        acceptor.deliver(UDP, req_no, orjson.dumps(reply, option=orjson.OPT_APPEND_NEWLINE))
+        slot = acceptor.udp_register(("127.0.0.1", 9))
+        acceptor.deliver(Origin(slot, True), 0, orjson.dumps(reply, option=orjson.OPT_APPEND_NEWLINE))
 
         (data, addr), = transport.sent
         sent = orjson.loads(data)
         assert addr == ("127.0.0.1", 9)
         assert sent["code"] == -1 and sent["reason"] == TOO_LARGE and sent["seq"] == 5
-        owner = workers[acceptor.router.worker_for(queue)]
-        assert owner.poll(5000), "no undeliver reached the worker owning the queue"
-        kind, body = owner.recv_multipart()
+        assert coordinator.poll(5000), "no undeliver reached the coordinator"
+        kind, body = coordinator.recv_multipart()
         assert kind == ipc.UNDELIVER
-        assert orjson.loads(body) == [queue, [3, 4] if batch else [3]]
+        assert orjson.loads(body) == [queue, [[3, 1], [4, 1]] if batch else [[3, 1]]]
         # A reply that is not a consume's gives nothing back.
-        req_no = acceptor.udp_register(("127.0.0.1", 9))
-        acceptor.deliver(UDP, req_no, orjson.dumps({"action": 7, "code": 0, "queue_list": ["q" * 700]}))
+        slot = acceptor.udp_register(("127.0.0.1", 9))
+        acceptor.deliver(Origin(slot, True), 0, orjson.dumps({"action": 7, "code": 0, "queue_list": ["q" * 700]}))
         assert orjson.loads(transport.sent[-1][0])["reason"] == TOO_LARGE
-        assert not any(w.poll(0) for w in workers)
+        assert not coordinator.poll(0)
     finally:
         loop.close()
         ctx.destroy(linger=0)

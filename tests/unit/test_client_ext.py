@@ -15,6 +15,7 @@ from client import AsyncQueueClient, Message, QueueClient
 from client import protocol as p
 from client.cli import main
 from tests.unit.test_client import FakeTcpServer
+from server.origin import Origin
 from workers.service import PartitionService
 
 
@@ -29,7 +30,7 @@ class ServiceHandler:
     def __call__(self, req: dict, state: dict) -> dict:
         with self.lock:
             n = next(self.numbers)
-            self.service.handle(req, 1, n, time.time())
+            self.service.handle(req, Origin(1), n, time.time())
             replies = [r for _, req_no, r in self.service.replies if req_no == n]
             self.service.replies.clear()
             self.service.records.clear()

@@ -20,6 +20,7 @@ SIM_SEEDS=<n> runs more seeds; a failing seed is printed with its first violatio
 from __future__ import annotations
 
 from replication import wire
+from tests.unit import simulation
 
 import heapq
 import os
@@ -400,14 +401,7 @@ class Sim:
 
 
 def run_seeds(n: int, seeds: range) -> list[str]:
-    failures = []
-    for seed in seeds:
-        sim = Sim(seed, n)
-        try:
-            sim.run()
-        except AssertionError as exc:
-            failures.append(f"N={n} seed={seed} t={sim.now:.3f}: {exc}")
-    return failures
+    return simulation.run_seeds(Sim, n, seeds)
 
 
 def test_sim_three_nodes():

@@ -67,15 +67,15 @@ def test_scattered_requests_count_once_per_node():
 def test_acceptor_probe_follows_one_request_at_a_time():
     registry = CollectorRegistry()
     am = m.AcceptorMetrics(registry)
-    am.start_probe((3, 10, {"action": 2, "queue": "q", "wait": 5}))
+    am.start_probe(([3, False, 0], 10, {"action": 2, "queue": "q", "wait": 5}))
     assert am.probe_no == -1  # long polls are not sampled
-    am.start_probe((3, 11, {"action": "produce", "queue": "q"}))
+    am.start_probe(([3, False, 0], 11, {"action": "produce", "queue": "q"}))
     assert (am.probe_conn, am.probe_no) == (3, 11)
     am.end_probe(4)  # the same req_no on another connection
     assert am.probe_no == 11
     am.end_probe(3)
     assert am.probe_no == -1
-    am.start_probe((5, 1, {"action": 3}))
+    am.start_probe(([5, False, 0], 1, {"action": 3}))
     am.drop_probe(5)
     assert am.probe_no == -1
     am.fold(open_connections=2, tcp_requests=7, udp_requests=4, connections_opened=3)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 
 from server.gather import Gatherer, merge
+from server.origin import Origin
 from server.router import Router
 from workers.service import PartitionService
 
@@ -22,7 +23,7 @@ class Svc:
 
     def call(self, req: dict, conn: int = 1, udp: bool = False) -> dict | None:
         self.n += 1
-        self.s.handle(req, conn, self.n, self.now, udp)
+        self.s.handle(req, Origin(conn, udp), self.n, self.now)
         replies = self.drain()
         mine = [r for c, n, r in replies if n == self.n]
         return mine[0] if mine else None
@@ -153,9 +154,9 @@ def test_long_poll_is_served_by_a_later_produce():
     t = Svc()
     assert t.call({"action": 2, "queue": "q", "wait": 10}, conn=5) is None
     t.n += 1
-    t.s.handle({"action": 1, "queue": "q", "data": "late"}, 6, t.n, t.now)
+    t.s.handle({"action": 1, "queue": "q", "data": "late"}, Origin(6), t.n, t.now)
     replies = t.drain()
-    served = [r for c, n, r in replies if c == 5]
+    served = [r for c, n, r in replies if c == Origin(5)]
     assert served[0]["data"] == "late"
 
 
@@ -167,7 +168,7 @@ def test_long_poll_times_out_with_an_empty_reply_and_honours_max_wait():
     assert [r for _, _, r in t.tick() if r.get("action") == 2] == []
     t.now = T0 + 3
     replies = t.tick()
-    assert len(replies) == 1 and replies[0][0] == 5 and "msg_id" not in replies[0][2]
+    assert len(replies) == 1 and replies[0][0] == Origin(5) and "msg_id" not in replies[0][2]
 
 
 def test_long_poll_served_when_a_delayed_message_becomes_ready():
@@ -204,11 +205,23 @@ def test_undelivered_messages_come_back():
     t.call({"action": 1, "queue": "q", "data": "least", "retry": 60})
     a = t.call({"action": 2, "queue": "q"})
     b = t.call({"action": 2, "queue": "q"})
-    t.s.undeliver("q", [a["msg_id"], b["msg_id"]], t.now)
+    t.s.undeliver("q", [[a["msg_id"], 1], [b["msg_id"], 1]], t.now)
     t.drain()
     got = sorted(t.call({"action": 2, "queue": "q"})["data"] for _ in range(2))
     assert got == ["least", "once"]
     assert t.replica.snapshot() == t.s.snapshot()
+
+
+def test_a_late_give_back_leaves_a_later_lease_alone():
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": "least", "retry": 5})
+    first = t.call({"action": 2, "queue": "q"})
+    t.now += 6  # the lease ends; another consumer takes it
+    second = t.call({"action": 2, "queue": "q"})
+    assert second["delivery_count"] == 2
+    t.s.undeliver("q", [[first["msg_id"], first["delivery_count"]]], t.now)
+    assert t.s.records == []
+    assert "msg_id" not in t.call({"action": 2, "queue": "q"})  # still leased to the second
 
 
 def test_expired_leases_are_swept():
@@ -238,12 +251,12 @@ def test_partials_and_merge():
     t.call({"action": 1, "queue": "beta", "data": "y", "delay": 60})
     g = Gatherer()
     req = {"action": 7, "pattern": "a"}
-    t.s.partial([1, 3, 4, 1, req], req, t.now)
+    t.s.partial([1, [3, False, 0], 4, 1, req], req, t.now)
     conn, req_no, request, parts = g.add(*t.s.partials.pop())
     reply = merge(request, parts, {"node_id": 7})
     assert reply["queue_list"] == ["alpha", "beta"] and reply["queue_count"] == 2
     req = {"action": 4}
-    t.s.partial([2, 3, 5, 1, req], req, t.now)
+    t.s.partial([2, [3, False, 0], 5, 1, req], req, t.now)
     _, _, request, parts = g.add(*t.s.partials.pop())
     reply = merge(request, parts, {"node_id": 7, "trans_id": 2})
     assert (reply["size"], reply["ready"], reply["delayed"], reply["queue_count"], reply["trans_id"]) == (2, 1, 1, 2, 2)
@@ -251,7 +264,7 @@ def test_partials_and_merge():
 
 def test_gatherer_waits_for_every_part():
     g = Gatherer()
-    tag = [9, 1, 2, 2, {"action": 7}]
+    tag = [9, [1, False, 0], 2, 2, {"action": 7}]
     assert g.add(tag, {"queue_list": ["a"]}) is None
     assert g.add(tag, {"queue_list": ["b"]})[3] == [{"queue_list": ["a"]}, {"queue_list": ["b"]}]
     assert len(g) == 0
@@ -292,8 +305,8 @@ def test_token_retry_is_answered_even_when_nothing_is_ready_and_over_long_poll()
     # A new token on an empty queue parks; the produce that serves it binds to the token.
     assert t.call({"action": 2, "queue": "q", "count": 3, "token": "u", "lease": 10, "wait": 5}, conn=5) is None
     t.n += 1
-    t.s.handle({"action": 1, "queue": "q", "data": "y"}, 6, t.n, t.now)
-    served = next(r for c, _, r in t.drain() if c == 5)
+    t.s.handle({"action": 1, "queue": "q", "data": "y"}, Origin(6), t.n, t.now)
+    served = next(r for c, _, r in t.drain() if c == Origin(5))
     assert [m["data"] for m in served["messages"]] == ["y"]
     assert t.s.queues["q"].held("u") == [served["messages"][0]["msg_id"]]
     assert t.replica.snapshot() == t.s.snapshot()
@@ -422,10 +435,10 @@ def test_a_follower_neither_gives_messages_back_nor_holds_polls():
     m = t.call({"action": 2, "queue": "q"})
     assert t.call({"action": 2, "queue": "q", "wait": 10}, conn=5) is None
     t.s.accepting = False
-    t.s.undeliver("q", [m["msg_id"]], t.now)
+    t.s.undeliver("q", [[m["msg_id"], m["delivery_count"]]], t.now)
     assert t.s.records == [] and len(t.s.queues["q"]) == 0
     replies = t.tick()
-    assert [(c, "msg_id" in r) for c, _, r in replies] == [(5, False)] and not t.s.waiters
+    assert [(c, "msg_id" in r) for c, _, r in replies] == [(Origin(5), False)] and not t.s.waiters
 
 
 # ----------------------------------------------------------------------------- UDP size limit

@@ -17,7 +17,8 @@ MESSAGES = [
     AppendAck(3, 2, 5),
     Pull(3, 2, 4, 2, 3),
     InstallSnapshot(3, 1, 9, 3, {"q": {"next_id": 2, "messages": [[1, "x"]]}}),
-    wire.Forward(3, 2, ((1, b'{"action":1}'), (2, b"{}"))),
+    wire.Forward(3, 2, ((1, b'{"action":1}', False), (2, b"{}", True))),
+    wire.GiveBack(3, 2, "q", (1, 5, 2**63 - 1), (1, 2, 3)),
     wire.ForwardReply(3, 1, ((1, b'{"code":0}\n'),)),
 ]
 

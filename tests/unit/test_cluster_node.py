@@ -1,0 +1,202 @@
+"""ClusterNode (server/cluster.py) without sockets or processes: what it decides for worker
+batches from an old mode, resets of a leader's workers, forwarding and giving messages back."""
+from __future__ import annotations
+
+import random
+
+import orjson
+
+from config.loader import parse_config
+from election.messages import Heartbeat, VoteReply, VoteRequest
+from replication.storage import Recovered
+from replication.wire import Forward, ForwardReply, GiveBack
+from server import ipc, replies
+from server.cluster import FORWARD_GRACE, ClusterNode
+from server.origin import Origin
+
+T0 = 1_000_000.0
+
+
+def _config(n: int, node_id: int = 1):
+    nodes = [{"node_id": i, "host": "127.0.0.1", "port": 1100 + i} for i in range(1, n + 1)]
+    cfg, _ = parse_config(orjson.dumps({
+        "node_id": node_id, "workers": 2, "cluster_node_list": nodes if n > 1 else [],
+        "election_timeout_ms": 300, "heartbeat_ms": 50}).decode())
+    return cfg
+
+
+def _leader() -> ClusterNode:
+    """A single node that has elected itself."""
+    node = ClusterNode(_config(1), T0, recovered=Recovered(), rng=random.Random(1))
+    node.tick(T0 + 1)
+    assert node.role == "leader"
+    _drain(node)
+    return node
+
+
+def _leader_of_three() -> ClusterNode:
+    """Node 1 of three, elected with node 2's votes (node 3 never answers)."""
+    node = ClusterNode(_config(3), T0, recovered=Recovered(), rng=random.Random(1))
+    now = T0
+    while node.role != "leader":
+        now += 0.05
+        node.tick(now)
+        for to, msg in _drain(node)[2]:
+            if type(msg) is VoteRequest and to == 2:
+                node.on_peer(VoteReply(msg.vote_id, 2, True, msg.pre_vote), ("127.0.0.1", 2222), now)
+    _drain(node)
+    return node
+
+
+def _follower() -> ClusterNode:
+    """Node 1 of three, following node 2."""
+    node = ClusterNode(_config(3), T0, recovered=Recovered(), rng=random.Random(1))
+    node.on_peer(Heartbeat(1, 2, 0, 0, 0, 0), ("127.0.0.1", 2222), T0)
+    assert node.role == "follower"
+    _drain(node)
+    return node
+
+
+def _drain(node: ClusterNode) -> tuple[list, list, list]:
+    node.set_durable(node.log.last_trans_id)
+    out = (list(node.to_acceptor), list(node.to_workers), list(node.to_peers))
+    node.to_acceptor.clear()
+    node.to_workers.clear()
+    node.to_peers.clear()
+    return out
+
+
+def _replies(to_acceptor: list) -> list[tuple[Origin, int, dict]]:
+    return [(o, n, orjson.loads(bytes(d))) for kind, *rest in to_acceptor if kind == ipc.REP
+            for o, n, d in replies.decode(*rest)]
+
+
+def _batch(node: ClusterNode, epoch: int, records: list[dict], seq: int = 1):
+    header, blob = replies.encode([(Origin(7), seq, {"action": 1, "queue": "q", "seq": seq, "code": 0, "msg_id": 1})])
+    node.on_batch(orjson.dumps(records), header, blob, ipc.EMPTY_LIST, epoch, T0 + 2)
+
+
+PRODUCE = {"op": "produce", "queue": "q", "msg_id": 1, "ready": T0, "ttl": T0 + 60, "retry": 0,
+           "priority": 0, "data": "x", "delivery_count": 0}
+
+
+def test_a_batch_from_the_current_mode_is_logged_and_answered():
+    node = _leader()
+    last = node.log.last_trans_id
+    _batch(node, node.epoch, [PRODUCE])
+    assert node.log.last_trans_id == last + 1
+    (origin, seq, reply), = _replies(_drain(node)[0])
+    assert (origin, seq, reply["code"]) == (Origin(7), 1, 0)
+
+
+def test_a_batch_from_an_old_mode_is_refused_and_not_logged():
+    """A worker's changes made before a step-down and re-election (or a reset) were wiped in the
+    worker by that reset: logging them would promise what no state holds."""
+    node = _leader()
+    last = node.log.last_trans_id
+    _batch(node, node.epoch - 1, [PRODUCE], seq=4)
+    assert node.log.last_trans_id == last
+    (origin, seq, reply), = _replies(_drain(node)[0])
+    assert (origin, seq, reply["code"], reply["seq"]) == (Origin(7), 4, -1, 4)
+    assert "retry" in reply["reason"]
+
+
+def test_resetting_a_leaders_workers_keeps_the_log_tail_and_starts_a_new_mode():
+    node = _leader_of_three()
+    _batch(node, node.epoch, [PRODUCE])  # logged, not yet on disk: not committed
+    node.storage_ok = False
+    epoch = node.epoch
+    _batch(node, epoch, [dict(PRODUCE, msg_id=2)], seq=2)  # the disk refuses: undo in the workers
+    _, to_workers, _ = _drain(node)
+    kinds = [frames[0] for _, frames in to_workers]
+    assert kinds.index(ipc.RESET) < kinds.index(ipc.APPLY) < kinds.index(ipc.MODE)
+    applied = [r for _, f in to_workers if f[0] == ipc.APPLY for r in orjson.loads(f[1])]
+    assert [r["msg_id"] for r in applied] == [1]  # the logged produce survives the reset
+    assert node.epoch == epoch + 1
+    assert all(orjson.loads(f[1]) == [True, epoch + 1] for _, f in to_workers if f[0] == ipc.MODE)
+
+
+def test_a_follower_forwards_with_the_transport_and_echoes_failures():
+    node = _follower()
+    node.on_forward_requests([[[3, True, 0], 0, {"action": 2, "queue": "q", "wait": 5, "seq": 9}]], T0)
+    _, _, to_peers = _drain(node)
+    (to, msg), = to_peers
+    assert to == 2 and type(msg) is Forward and msg.requests[0][2] is True  # came over UDP
+    node.tick(T0 + FORWARD_GRACE + 5 + 0.1)
+    (origin, _, reply), = _replies(_drain(node)[0])
+    assert origin == Origin(3, True) and reply["code"] == -1 and reply["seq"] == 9
+
+
+def test_forwards_expire_while_the_leader_is_heard():
+    node = _follower()
+    node.on_forward_requests([[[3, False, 0], 1, {"action": 1, "queue": "q", "data": "x"}]], T0)
+    _drain(node)
+    assert node.wake_at() <= T0 + FORWARD_GRACE
+    now = T0
+    while now < T0 + FORWARD_GRACE + 1:  # heartbeats keep coming: the election never wakes it
+        now += 0.05
+        node.on_peer(Heartbeat(1, 2, 0, 0, 0, 0), ("127.0.0.1", 2222), now)
+        if now >= node.wake_at():
+            node.tick(now)
+    (_, _, reply), = _replies(_drain(node)[0])
+    assert reply["code"] == -1 and "timed out" in reply["reason"]
+
+
+def test_a_forward_that_could_not_be_sent_is_sent_again():
+    node = _follower()
+    node.on_forward_requests([[[3, False, 0], 1, {"action": 1, "queue": "q", "data": "x"}]], T0)
+    _, _, to_peers = _drain(node)
+    node.on_unsent(to_peers[0][1], T0)  # the link to the leader is not up yet
+    assert node.wake_at() <= T0 + 0.05
+    node.tick(T0 + 0.06)
+    _, _, again = _drain(node)
+    assert [(to, type(m), m.requests) for to, m in again] == [(2, Forward, to_peers[0][1].requests)]
+
+
+def test_a_late_forward_reply_gives_its_messages_back_to_the_leader():
+    node = _follower()
+    node.on_forward_requests([[[3, False, 0], 1, {"action": 2, "queue": "q"}]], T0)
+    (_, fwd), = _drain(node)[2]
+    node.tick(T0 + FORWARD_GRACE + 1)  # given up on
+    node.on_peer(Heartbeat(1, 2, 0, 0, 0, 0), ("127.0.0.1", 2222), T0 + 12)  # node 2 still leads
+    _drain(node)
+    late = orjson.dumps({"action": 2, "queue": "q", "code": 0, "msg_id": 5, "data": "x", "delivery_count": 1})
+    node.on_peer(ForwardReply(1, 2, ((fwd.requests[0][0], late),)), ("127.0.0.1", 2222), T0 + 12)
+    to_acceptor, _, to_peers = _drain(node)
+    assert _replies(to_acceptor) == []
+    (to, msg), = to_peers
+    assert to == 2 and msg == GiveBack(1, 1, "q", (5,), (1,))
+
+
+def test_the_leader_gives_back_what_a_follower_could_not_deliver():
+    node = _leader()
+    node.on_peer(GiveBack(node.election.vote_id, 2, "q", (5, 6), (1, 2)), ("", 0), T0 + 2)  # not a member: dropped
+    assert _drain(node)[1] == []
+    node.on_undelivered("q", [[5, 1], [6, 2]])
+    (index, frames), = _drain(node)[1]
+    assert frames == [ipc.UNDELIVER, orjson.dumps(["q", [[5, 1], [6, 2]]])]
+    assert index == node.router.worker_for("q")
+
+
+def test_forwarded_replies_go_back_to_their_node():
+    node = _leader()
+    node.served_forwarded = True
+    header, blob = replies.encode([(Origin(7), 1, {"code": 0, "seq": 1}), (Origin(42, True, 3), 0, {"code": 0})])
+    node.on_batch(ipc.EMPTY_LIST, header, blob, ipc.EMPTY_LIST, node.epoch, T0 + 2)
+    to_acceptor, _, to_peers = _drain(node)
+    assert [(o, n) for o, n, _ in _replies(to_acceptor)] == [(Origin(7), 1)]
+    assert [(to, type(m), m.replies[0][0]) for to, m in to_peers] == [(3, ForwardReply, 42)]
+
+
+def test_a_reply_without_records_waits_for_what_was_logged_before_it():
+    """An idempotent produce's "duplicate" reply (no record of its own) rests on the original
+    produce: it must not leave before that is committed, nor if it never is."""
+    node = _leader_of_three()
+    _batch(node, node.epoch, [PRODUCE], seq=1)
+    header, blob = replies.encode([(Origin(8), 2, {"action": 1, "seq": 2, "code": 0, "msg_id": 1, "duplicate": True})])
+    node.on_batch(ipc.EMPTY_LIST, header, blob, ipc.EMPTY_LIST, node.epoch, T0 + 2)
+    assert _replies(_drain(node)[0]) == []  # node 2 has not acknowledged the produce yet
+    node.on_peer(Heartbeat(node.election.vote_id + 1, 2, 0, 0, 0, 0), ("127.0.0.1", 2222), T0 + 3)
+    assert node.role == "follower"
+    answered = {n: r for _, n, r in _replies(_drain(node)[0])}
+    assert answered[1]["code"] == -1 and answered[2]["code"] == -1 and "duplicate" not in answered[2]
