@@ -349,6 +349,18 @@ class Cluster:
             return None
         return wait_for(agreed, timeout, "the nodes to agree on a leader")
 
+    def wait_forwarding(self, leader: int, timeout: float = 15.0) -> None:
+        """Wait until every other node relays a request to `leader` and brings its reply back
+        (a follower learns who leads from the leader's messages, but forwards over its own link
+        to the leader, which may still be connecting). The probe is a node-wide monitor (action
+        4): forwarded, answered by the leader, no side effect."""
+        def relays(node_id: int) -> bool:
+            reply = self.ask(node_id, {"action": 4})
+            return bool(reply) and reply.get("code") == 0 and reply.get("node_id") == leader
+        for node_id in self.nodes:
+            if node_id != leader:
+                wait_for(lambda: relays(node_id), timeout, f"node {node_id} to relay requests to node {leader}")
+
     def stop(self) -> None:
         for node in self.nodes.values():
             node.stop()

@@ -6,21 +6,27 @@ from __future__ import annotations
 import os
 import signal
 import time
+import urllib.request
 
 import pytest
 
 from client import QueueClient
+from server.cluster import FORWARD_GRACE
 from tests.fault.history import History, Workload, drain
-from tests.harness import Cluster, RawTcp, wait_for
+from tests.harness import Cluster, RawTcp, alive, can_connect, free_port, wait_for
 
 
 @pytest.fixture
 def cluster(tmp_path):
     clusters = []
 
-    def make(**kw) -> Cluster:
+    def make(metrics: bool = False, **kw) -> Cluster:
+        """Start a cluster; with `metrics`, every node serves /metrics on a port of its own."""
         c = Cluster(str(tmp_path / f"c{len(clusters)}"), **kw)
         os.makedirs(c.workdir, exist_ok=True)
+        if metrics:
+            for node in c.nodes.values():
+                node.config["metrics_port"] = free_port()
         clusters.append(c)
         return c.start()
 
@@ -41,24 +47,56 @@ def _signal_node(node, sig: int) -> None:
             pass
 
 
+def _scrape(node) -> dict[str, float]:
+    """The node's metrics (sample name with its labels -> value)."""
+    url = f"http://{node.config['host']}:{node.config['metrics_port']}/metrics"
+    with urllib.request.urlopen(url, timeout=2) as r:
+        text = r.read().decode()
+    samples = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
+def _leader_term(node, timeout: float = 10.0) -> int:
+    """The election term (vote_id) `node` leads in, from its metrics: waits until they say it
+    leads (published about once a second; the term is published before the role)."""
+    def leading() -> int | None:
+        m = _scrape(node)
+        return int(m["queue_server_term"]) if m.get('queue_server_role{role="leader"}') == 1 else None
+    return wait_for(leading, timeout, f"{node.name}'s metrics to say it leads")
+
+
 def _wait_acks(history: History, n: int, timeout: float = 30.0) -> None:
     start = history.acked_count()
     wait_for(lambda: history.acked_count() >= start + n, timeout, f"{n} more acknowledged produces")
 
 
 def test_kill_leader_under_load(cluster):
-    c = cluster()
+    c = cluster(metrics=True)
     leader = c.wait_leader()
+    old_term = _leader_term(c.nodes[leader])
     history = History()
     work = Workload(c.hosts, history).start()
     try:
         _wait_acks(history, 200)
+        pids = _all_pids(c.nodes[leader])
+        committed = wait_for(lambda: c.ask(leader, {"action": 104}), 5, "the leader's monitor")["commit_trans_id"]
         _signal_node(c.nodes[leader], signal.SIGKILL)
         killed_at = time.monotonic()
         survivors = [i for i in c.nodes if i != leader]
         new_leader = c.wait_leader(among=survivors, exclude=leader)
         print(f"new leader {new_leader} {time.monotonic() - killed_at:.3f} s after kill -9 of {leader}")
-        assert new_leader != leader
+        # the old leader is really gone: every process of it, and its client port
+        wait_for(lambda: not any(alive(pid) for pid in pids), 10, f"every process of node {leader} to die")
+        assert not can_connect(*c.nodes[leader].address)
+        # a new term, and a log holding every record the old leader had committed before the kill
+        new_term = _leader_term(c.nodes[new_leader])
+        assert new_term > old_term, f"node {new_leader} leads in term {new_term}, node {leader} led in {old_term}"
+        last = wait_for(lambda: c.ask(new_leader, {"action": 104}), 5, "the new leader's monitor")["trans_id"]
+        assert last >= committed, f"the new leader's log ends at {last}, before the old commit point {committed}"
         _wait_acks(history, 200)
     finally:
         work.stop()
@@ -190,6 +228,8 @@ def test_redirect_when_forwarding_is_off(cluster):
 def test_forwarding_and_replicated_local_state(cluster):
     c = cluster()
     leader = c.wait_leader()
+    # At once: a follower's own link to the leader may still be connecting (a forward it cannot
+    # send yet is sent again each heartbeat, ClusterNode.on_unsent).
     followers = [i for i in c.nodes if i != leader]
     with QueueClient(c.nodes[followers[0]].hosts) as q:
         ids = q.produce_batch("fwd", ["a", "b", "c"], retry=30)
@@ -208,6 +248,32 @@ def test_forwarding_and_replicated_local_state(cluster):
         return r.get("size") == 2 and "fwd" in lst.get("queue_list", [])
     for f in followers:
         wait_for(lambda: replicated(f), 10, f"node {f} to replicate")
+
+
+def test_follower_cut_off_from_the_leader_still_answers(cluster):
+    """Every request gets exactly one reply: a follower that hears the leader but cannot reach
+    it (the state a follower is in at a cluster's start while its link to the leader is still
+    reconnecting) must still answer a forwarded request -- the leader's reply, or an error to
+    retry elsewhere -- within FORWARD_GRACE."""
+    c = cluster(proxied=True)
+    leader = c.wait_leader()
+    c.wait_forwarding(leader)
+    follower = next(i for i in c.nodes if i != leader)
+    link = c.proxies[(follower, leader)]
+    link.cut()
+    wait_for(lambda: link.cut_off, 5, "the link to be cut")
+    assert c.leader_view(follower) == leader  # it still hears the leader over the other link
+    conn = RawTcp(*c.nodes[follower].address, timeout=FORWARD_GRACE + 5)
+    try:
+        conn.send({"action": 1, "queue": "q", "data": "x"})
+        try:
+            reply = conn.recv()
+        except TimeoutError:
+            pytest.fail(f"node {follower} never answered a forwarded request ({FORWARD_GRACE + 5} s)")
+    finally:
+        conn.close()
+        link.heal()
+    assert reply["code"] in (0, -1), reply  # served, or failed with a reason (code -1)
 
 
 def test_simultaneous_start_elects_exactly_one_leader(tmp_path):

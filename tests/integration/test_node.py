@@ -2,7 +2,10 @@
 long polls, and the bad-input battery."""
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import struct
 import threading
 import time
 
@@ -44,12 +47,23 @@ def test_at_most_once_is_deleted_on_consume(tcp, qname):
 
 
 def test_at_least_once_redelivered_after_retry(tcp, qname):
-    tcp.call({"action": 1, "queue": qname, "data": "again", "retry": 0.3})
+    """An unconfirmed at-least-once message comes back -- the same message, counted as delivered
+    twice -- once its retry interval has passed, and not before."""
+    retry = 1.0
+    produced = tcp.call({"action": 1, "queue": qname, "data": "again", "retry": retry})
+    leased_at = time.monotonic()  # the lease starts after this: when the worker takes the consume
     first = tcp.call({"action": 2, "queue": qname})
-    assert "msg_id" not in tcp.call({"action": 2, "queue": qname})
-    second = wait_for(lambda: tcp.call({"action": 2, "queue": qname}).get("msg_id") and True, 5, "redelivery")
-    assert second
-    assert first["delivery_count"] == 1
+    assert (first["msg_id"], first["data"], first["delivery_count"]) == (produced["msg_id"], "again", 1)
+
+    def redelivered() -> dict | None:
+        reply = tcp.call({"action": 2, "queue": qname})
+        return reply if "msg_id" in reply else None
+    # polled from right after the first delivery: an early redelivery is seen early
+    second = wait_for(redelivered, retry + 10, "the redelivery")
+    elapsed = time.monotonic() - leased_at
+    assert (second["msg_id"], second["data"], second["delivery_count"]) == (produced["msg_id"], "again", 2)
+    assert elapsed >= retry, f"redelivered {elapsed:.3f} s after the consume, before its {retry} s retry"
+    assert "msg_id" not in tcp.call({"action": 2, "queue": qname})  # leased again: not a third time
 
 
 def test_delay_and_priority(tcp, qname):
@@ -125,16 +139,102 @@ def test_long_poll_times_out_empty(tcp, qname):
     assert r["code"] == 0 and "msg_id" not in r and time.monotonic() - start >= 0.25
 
 
-def test_closed_connection_loses_no_message(node, qname):
+def test_closed_connection_drops_its_long_poll(node, qname):
+    """Closing a connection cancels its parked poll: a later produce is not handed to it."""
     poller = RawTcp(*node.address)
     poller.send({"action": 2, "queue": qname, "wait": 5})
     probe = RawTcp(*node.address)
-    wait_for(lambda: probe.call({"action": 4, "queue": qname})["waiters"] == 1, 5, "the poll to park")
-    poller.close()
-    wait_for(lambda: probe.call({"action": 4, "queue": qname})["waiters"] == 0, 5, "the poll to be cancelled")
-    probe.call({"action": 1, "queue": qname, "data": "kept"})
-    assert probe.call({"action": 2, "queue": qname})["data"] == "kept"
-    probe.close()
+    try:
+        wait_for(lambda: probe.call({"action": 4, "queue": qname})["waiters"] == 1, 5, "the poll to park")
+        poller.close()
+        wait_for(lambda: probe.call({"action": 4, "queue": qname})["waiters"] == 0, 5, "the poll to be cancelled")
+        probe.call({"action": 1, "queue": qname, "data": "kept"})
+        assert probe.call({"action": 2, "queue": qname})["data"] == "kept"
+    finally:
+        probe.close()
+
+
+def _acceptor_pid(node) -> int:
+    """The pid of the node's acceptor process."""
+    for pid in node.child_pids():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if b"server.acceptor" in f.read().split(b"\0"):
+                    return pid
+        except OSError:
+            continue
+    raise AssertionError(f"no acceptor among the children of {node.name}")
+
+
+def _process_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def _server_side(node, client_port: int) -> tuple[int, int] | None:
+    """(state, bytes not yet read) of the node's end of the TCP connection from local port
+    `client_port`, from /proc/net/tcp; None once the kernel has closed and dropped that end."""
+    local = "0100007F:%04X" % node.address[1]
+    remote = "0100007F:%04X" % client_port
+    with open("/proc/net/tcp") as f:
+        for line in f.readlines()[1:]:
+            fields = line.split()
+            if fields[1] == local and fields[2] == remote:
+                return int(fields[3], 16), int(fields[4].split(":")[1], 16)
+    return None
+
+
+@pytest.mark.parametrize("retry", [0, 60], ids=["at-most-once", "at-least-once"])
+def test_consume_reply_for_a_connection_gone_gives_the_message_back(node, qname, retry):
+    """A consume reply that reaches the acceptor after its connection is gone goes back to the
+    worker (acceptor `deliver` -> `undeliver`, worker `undeliver`): an at-most-once message is
+    restored, an at-least-once lease released, and the next consumer gets it -- once.
+
+    Made deterministic by pausing the acceptor (SIGSTOP) while a produce arrives on one
+    connection and, after it, an RST on the connection whose long poll the produce will serve.
+    Resumed, the acceptor reads both in one poll: it sends the produce to the worker, then
+    (connection lost) the cancel of that connection's polls, in this order on the same pipe. So
+    the worker serves the parked poll before it hears of the close, and the reply comes back to
+    an acceptor that has already forgotten the connection.
+    """
+    gone = socket.create_connection(node.address, timeout=10)
+    other = RawTcp(*node.address)
+    producer = RawTcp(*node.address)
+    probe = RawTcp(*node.address)
+    acceptor = _acceptor_pid(node)
+    gone_port = gone.getsockname()[1]
+    try:
+        gone.sendall(orjson.dumps({"action": 2, "queue": qname, "wait": 5, "seq": "gone"}) + b"\n")
+        wait_for(lambda: probe.call({"action": 4, "queue": qname})["waiters"] == 1, 5, "the first poll to park")
+        other.send({"action": 2, "queue": qname, "wait": 5, "seq": "other"})
+        wait_for(lambda: probe.call({"action": 4, "queue": qname})["waiters"] == 2, 5, "the second poll to park")
+
+        os.kill(acceptor, signal.SIGSTOP)
+        try:
+            wait_for(lambda: _process_state(acceptor) == "T", 5, "the acceptor to stop")
+            producer.send({"action": 1, "queue": qname, "data": "kept", "retry": retry})
+            producer_port = producer.sock.getsockname()[1]
+            wait_for(lambda: (_server_side(node, producer_port) or (0, 0))[1] > 0, 5, "the produce to arrive")
+            gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            gone.close()  # linger 0: an RST
+            wait_for(lambda: _server_side(node, gone_port) is None, 5, "the RST to close the node's end")
+        finally:
+            os.kill(acceptor, signal.SIGCONT)
+
+        got = other.recv()
+        assert got["seq"] == "other" and "msg_id" in got, f"the message was not given back: {got}"
+        produced = producer.recv()
+        # the message itself (not a copy), counted as never delivered (at most once: restored)
+        # or as delivered once before (at least once: its lease was released)
+        assert (got["msg_id"], got["data"], got["delivery_count"]) == (produced["msg_id"], "kept", 2 if retry else 1)
+        assert "msg_id" not in probe.call({"action": 2, "queue": qname}), "delivered twice"
+        stats = probe.call({"action": 4, "queue": qname})
+        assert (stats["size"], stats["in_flight"], stats["waiters"]) == ((1, 1, 0) if retry else (0, 0, 0))
+    finally:
+        os.kill(acceptor, signal.SIGCONT)
+        for conn in (other, producer, probe):
+            conn.close()
+        gone.close()
 
 
 def test_pipelining_keeps_reply_order_across_workers(tcp, qname):
