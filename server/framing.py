@@ -305,7 +305,8 @@ class FrameDecoder:
             bi += len(raw)
 
     def _emit(self, value: object, raw: bytes, terminated: bool, out: list) -> None:
-        if len(raw) > self.max_request_size:
+        # The limit is on the request, not on the blanks after it (a "\r\n" line end).
+        if len(raw) > self.max_request_size and len(raw.rstrip(b" \t\r\n")) > self.max_request_size:
             # Always fatal: a client that sends oversized requests is not one to keep reading.
             self._fail(_too_big(self.max_request_size), raw, False, out)
         else:
