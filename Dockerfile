@@ -2,6 +2,7 @@
 FROM python:3.11-slim
 WORKDIR /app
 COPY pyproject.toml README.md ./
+COPY queue_server ./queue_server
 COPY server ./server
 COPY workers ./workers
 COPY replication ./replication

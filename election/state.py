@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from enum import Enum
 from typing import Protocol
 
-from election.messages import (
+from queue_server.election.messages import (
     BecomeCandidate,
     BecomeFollower,
     BecomeLeader,

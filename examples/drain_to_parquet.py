@@ -18,7 +18,7 @@ import os
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-import spark as queue_spark
+import queue_server.spark as queue_spark
 
 
 def main() -> None:

@@ -1,7 +1,7 @@
 """An app producing into a virtual queue: every event is stored in each member queue, so that
 each pipeline reading one member gets all of them.
 
-    python -m server.main --config examples/virtual_queue.json &
+    queue-server --config examples/virtual_queue.json &
     python examples/fanout_app.py --events 10000
     python examples/fanout_job.py --queue events_billing --out /tmp/billing   # job 1
     python examples/fanout_job.py --queue events_search --out /tmp/search     # job 2
@@ -16,7 +16,7 @@ import argparse
 import json
 import random
 
-from client import QueueClient
+from queue_server.client import QueueClient
 
 
 def main() -> None:

@@ -148,7 +148,7 @@ class QueueServer(Server):
         path = os.path.join(workdir, f"{name}-{port}.json")
         with open(path, "w") as f:
             json.dump(cfg, f)
-        super().__init__([sys.executable, "-m", "server.main", "--config", path], port, cwd=repo,
+        super().__init__([sys.executable, "-m", "queue_server.server.main", "--config", path], port, cwd=repo,
                          log=os.path.join(workdir, f"{name}-{port}.log"))
         self.scraper = Scraper(cfg["metrics_port"]) if metrics else None
 
@@ -188,7 +188,7 @@ class Cluster:
 
     def __init__(self, repo: str, workdir: str, workers: int, metrics: bool) -> None:
         sys.path.insert(0, repo)
-        from config.loader import strip_comments
+        from queue_server.config.loader import strip_comments
 
         examples = []
         for i in (1, 2, 3):

@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
-from config.loader import strip_comments  # noqa: E402
+from queue_server.config.loader import strip_comments  # noqa: E402
 from tests.harness import free_port  # noqa: E402
 
 
@@ -102,7 +102,7 @@ class LocalNode:
 
     def start(self, timeout: float = 30.0) -> None:
         log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([sys.executable, "-m", "server.main", "--config", self.path],
+        self.proc = subprocess.Popen([sys.executable, "-m", "queue_server.server.main", "--config", self.path],
                                      cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         log.close()
         if not wait_until(lambda: self.proc.poll() is not None or ask(self.address, {"action": 104}) is not None, timeout):

@@ -16,7 +16,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from client import QueueClient  # noqa: E402
+from queue_server.client import QueueClient  # noqa: E402
 from load.bench import REPO, QueueServer, Server, build_client, free_port, machine, run_client  # noqa: E402
 
 

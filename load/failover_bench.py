@@ -15,7 +15,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from client import QueueClient  # noqa: E402
+from queue_server.client import QueueClient  # noqa: E402
 from load.bench import machine  # noqa: E402
 from tests.harness import Cluster, NodeProcess, RawTcp, wait_for  # noqa: E402
 

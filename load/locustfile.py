@@ -35,9 +35,7 @@ Custom arguments (also in the web UI; a master passes them to its workers):
 from __future__ import annotations
 
 import itertools
-import os
 import random
-import sys
 import time
 from typing import Any
 
@@ -45,13 +43,8 @@ import orjson
 from locust import User, events, task
 from locust.env import Environment
 
-try:
-    import client  # noqa: F401
-except ImportError:  # run from a checkout without `pip install -e .`
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from client import QueueClient, QueueError
-from client import protocol as p
+from queue_server.client import QueueClient, QueueError
+from queue_server.client import protocol as p
 
 # Replies larger than this cannot come back over UDP (the server's udp_max_response default).
 UDP_REPLY_BUDGET = 60000

@@ -29,7 +29,7 @@ sys.path.insert(0, REPO)
 
 from tests.harness import free_port  # noqa: E402
 
-from client import AsyncQueueClient, QueueClient
+from queue_server.client import AsyncQueueClient, QueueClient
 
 
 
@@ -45,7 +45,7 @@ class Node:
         with open(path, "w") as f:
             json.dump(config, f)
         self.log = open(os.path.join(workdir, "node.log"), "ab")  # noqa: SIM115 -- the node's stdout
-        self.proc = subprocess.Popen([sys.executable, "-m", "server.main", "--config", path],
+        self.proc = subprocess.Popen([sys.executable, "-m", "queue_server.server.main", "--config", path],
                                      cwd=REPO, stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + 30
         while True:
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
         started = time.perf_counter()
         from pyspark.sql import SparkSession
 
-        import spark as queue_spark
+        import queue_server.spark as queue_spark
 
         spark = (SparkSession.builder.master(args.master).appName("queue-spark-bench")
                  .config("spark.ui.enabled", "false")

@@ -18,7 +18,7 @@ import os
 
 import orjson
 
-from replication.wal import StorageError, fsync_dir
+from queue_server.replication.wal import StorageError, fsync_dir
 
 _VOTE_FILE = "vote.json"
 

@@ -6,9 +6,9 @@ decides who that is). It returns actions (replication/messages.py).
 
 from __future__ import annotations
 
-from election.messages import Heartbeat, Send
-from replication.log import ChangeLog
-from replication.messages import (
+from queue_server.election.messages import Heartbeat, Send
+from queue_server.replication.log import ChangeLog
+from queue_server.replication.messages import (
     AppendAck,
     AppendEntries,
     ApplySnapshot,

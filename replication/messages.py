@@ -9,11 +9,11 @@ its own vote_id after the election has seen the message.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
-from election.messages import Send
-from replication.log import Entry
+from queue_server.election.messages import Send
+from queue_server.replication.log import Entry
 
 __all__ = [
     "AppendAck",
@@ -21,8 +21,12 @@ __all__ = [
     "ApplySnapshot",
     "Commit",
     "Discarded",
+    "Forward",
+    "ForwardReply",
+    "GiveBack",
     "InstallSnapshot",
     "Pull",
+    "Recovered",
     "Send",
     "SendSnapshot",
 ]
@@ -122,3 +126,49 @@ class Discarded:
     differs. A node that had already applied them (it was a leader) must rebuild its state."""
 
     entries: tuple[Entry, ...]
+
+
+# ------------------------------------------------------------------ forwarding
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """Follower -> leader: client requests to serve, each (forward id, request, came over UDP)."""
+
+    vote_id: int
+    src: int
+    requests: tuple[tuple[int, bytes, bool], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardReply:
+    """Leader -> follower: the replies to forwarded requests, by forward id."""
+
+    vote_id: int
+    src: int
+    replies: tuple[tuple[int, bytes], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class GiveBack:
+    """Follower -> leader: messages of a consume reply that could not be delivered."""
+
+    vote_id: int
+    src: int
+    queue: str
+    msg_ids: tuple[int, ...]
+    delivery_counts: tuple[int, ...]  # of the undelivered delivery, one per msg_id
+
+
+# ------------------------------------------------------------------ recovery
+
+
+@dataclass
+class Recovered:
+    """What a node finds on its disk at start."""
+
+    trans_id: int = 0  # the snapshot's point (0: none)
+    vote_id: int = 0
+    state: dict = field(default_factory=dict)  # queue name -> queue snapshot
+    entries: list[Entry] = field(default_factory=list)  # the log after the snapshot
+    vote: tuple[int, int | None] = (0, None)

@@ -22,9 +22,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
-from election.messages import HeartbeatAck, Send
-from replication.log import ChangeLog
-from replication.messages import AppendAck, AppendEntries, Commit, Pull, SendSnapshot
+from queue_server.election.messages import HeartbeatAck, Send
+from queue_server.replication.log import ChangeLog
+from queue_server.replication.messages import AppendAck, AppendEntries, Commit, Pull, SendSnapshot
 
 Action = Send | Commit | SendSnapshot
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import orjson
 
-from replication.wal import StorageError, fsync_dir, numbered_files
+from queue_server.replication.wal import StorageError, fsync_dir, numbered_files
 
 _log = logging.getLogger(__name__)
 

@@ -6,29 +6,18 @@ from __future__ import annotations
 import logging
 import os
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import orjson
 
-from replication.datadir import DataDir
-from server.child import die_with_parent
-from replication.log import ChangeLog, Entry
-from replication.snapshot import read_latest_snapshot, snapshot_trans_ids, write_snapshot
-from replication.wal import StorageError, SyncPolicy, WalWriter, read_wal
+from queue_server.replication.datadir import DataDir
+from queue_server.server.child import die_with_parent
+from queue_server.replication.log import ChangeLog, Entry
+from queue_server.replication.messages import Recovered
+from queue_server.replication.snapshot import read_latest_snapshot, snapshot_trans_ids, write_snapshot
+from queue_server.replication.wal import StorageError, SyncPolicy, WalWriter, read_wal
 
 __all__ = ["Recovered", "Storage", "StorageError"]
-
-
-@dataclass
-class Recovered:
-    """What a node finds on its disk at start."""
-
-    trans_id: int = 0  # the snapshot's point (0: none)
-    vote_id: int = 0
-    state: dict = field(default_factory=dict)  # queue name -> queue snapshot
-    entries: list[Entry] = field(default_factory=list)  # the log after the snapshot
-    vote: tuple[int, int | None] = (0, None)
 
 
 class Storage:

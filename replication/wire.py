@@ -6,39 +6,12 @@ from dataclasses import dataclass, fields
 
 import orjson
 
-from election.messages import Heartbeat, HeartbeatAck, VoteReply, VoteRequest
-from replication import peer_pb2 as pb
-from replication.log import Entry
-from replication.messages import AppendAck, AppendEntries, InstallSnapshot, Pull
-
-
-@dataclass(frozen=True, slots=True)
-class Forward:
-    """Follower -> leader: client requests to serve, each (forward id, request, came over UDP)."""
-
-    vote_id: int
-    src: int
-    requests: tuple[tuple[int, bytes, bool], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class ForwardReply:
-    """Leader -> follower: the replies to forwarded requests, by forward id."""
-
-    vote_id: int
-    src: int
-    replies: tuple[tuple[int, bytes], ...]
-
-
-@dataclass(frozen=True, slots=True)
-class GiveBack:
-    """Follower -> leader: messages of a consume reply that could not be delivered."""
-
-    vote_id: int
-    src: int
-    queue: str
-    msg_ids: tuple[int, ...]
-    delivery_counts: tuple[int, ...]  # of the undelivered delivery, one per msg_id
+from queue_server.election.messages import Heartbeat, HeartbeatAck, VoteReply, VoteRequest
+from queue_server.replication import peer_pb2 as pb
+from queue_server.replication.log import Entry
+from queue_server.replication.messages import (
+    AppendAck, AppendEntries, Forward, ForwardReply, GiveBack, InstallSnapshot, Pull,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,14 +13,14 @@ import orjson
 import uvloop
 import zmq
 
-from config.loader import NodeConfig
-from server import ipc, replies
-from server import protocol as p
-from server.child import start
-from server.framing import FrameDecoder, FramingError
-from server.origin import Origin
-from server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_one
-from server.router import SCATTER_ACTIONS, Router
+from queue_server.config.loader import NodeConfig
+from queue_server.server import ipc, ipc_frames, replies
+from queue_server.server import protocol as p
+from queue_server.server.child import start
+from queue_server.server.framing import FrameDecoder, FramingError
+from queue_server.server.origin import Origin
+from queue_server.server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_one
+from queue_server.server.router import SCATTER_ACTIONS, Router
 
 _DUMPS = orjson.dumps
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
@@ -218,7 +218,7 @@ class Acceptor:
         self.closed_requests += conn.next_no
         self.metrics.drop_probe(conn.conn_id)
         if conn.long_polls:
-            message = [ipc.CLOSE, _DUMPS(conn.conn_id)]
+            message = [ipc_frames.CLOSE, _DUMPS(conn.conn_id)]
             for sock in self.workers:
                 sock.send_multipart(message, zmq.NOBLOCK)
 
@@ -291,10 +291,10 @@ class Acceptor:
             if items:
                 if self.metrics.probe_no < 0:
                     self.metrics.start_probe(items[0])
-                self.workers[index].send_multipart([ipc.REQ, _DUMPS(items), self.epoch], zmq.NOBLOCK)
+                self.workers[index].send_multipart([ipc_frames.REQ, _DUMPS(items), self.epoch], zmq.NOBLOCK)
                 items.clear()
         if self.forwarding:
-            self.coordinator.send_multipart([ipc.FORWARD, _DUMPS(self.forwarding)], zmq.NOBLOCK)
+            self.coordinator.send_multipart([ipc_frames.FORWARD, _DUMPS(self.forwarding)], zmq.NOBLOCK)
             self.forwarding.clear()
 
     # ----------------------------------------------------------------- replies
@@ -337,7 +337,7 @@ class Acceptor:
         node that is (ClusterNode.on_undelivered)."""
         given = p.delivered(reply)
         if given is not None:
-            self.coordinator.send_multipart([ipc.UNDELIVER, _DUMPS(given)], zmq.NOBLOCK)
+            self.coordinator.send_multipart([ipc_frames.UNDELIVER, _DUMPS(given)], zmq.NOBLOCK)
 
     def schedule_output(self) -> None:
         if not self.flush_output_scheduled:
@@ -363,13 +363,13 @@ class Acceptor:
                 frames = inbox.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 break
-            if frames[0] == ipc.REP:
+            if frames[0] == ipc_frames.REP:
                 probe_no = metrics.probe_no
                 for origin, req_no, data in replies.decode(frames[1], memoryview(frames[2])):
                     deliver(origin, req_no, data)
                     if req_no == probe_no:
                         metrics.end_probe(origin.conn)
-            elif frames[0] == ipc.STATUS:
+            elif frames[0] == ipc_frames.STATUS:
                 status = _LOADS(frames[1])
                 self.role = status.pop("role")
                 self.epoch = b"%d" % status.pop("epoch")

@@ -11,8 +11,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from config.loader import NodeConfig, parse_config
-from server import logs
+from queue_server.config.loader import NodeConfig, parse_config
+from queue_server.server import logs
 
 CONFIG_FILE = "config.json"
 _PR_SET_PDEATHSIG = 1

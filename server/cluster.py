@@ -11,33 +11,35 @@ from typing import Any
 
 import orjson
 
-from config.loader import NodeConfig
-from election.messages import (
+from queue_server.config.loader import NodeConfig
+from queue_server.election.messages import (
     BecomeCandidate,
     BecomeFollower,
     BecomeLeader,
     PersistVote,
     Send,
 )
-from election.state import Election
-from replication.follower import Follower
-from replication.log import ChangeLog, Entry
-from replication.messages import (
+from queue_server.election.state import Election
+from queue_server.replication.follower import Follower
+from queue_server.replication.log import ChangeLog, Entry
+from queue_server.replication.messages import (
     ApplySnapshot,
     Commit,
     Discarded,
+    Forward,
+    ForwardReply,
+    GiveBack,
     InstallSnapshot,
+    Recovered,
     SendSnapshot,
 )
-from replication.progress import LeaderReplication
-from replication.storage import Recovered
-from replication.wire import Forward, ForwardReply, GiveBack
-from server import gather, ipc, replies
-from server.origin import Origin
-from server import protocol as p
-from server.router import SCATTER_ACTIONS, Router
-from workers.queue import StateQueue
-from workers.service import PartitionService
+from queue_server.replication.progress import LeaderReplication
+from queue_server.server import gather, ipc_frames, replies
+from queue_server.server.origin import Origin
+from queue_server.server import protocol as p
+from queue_server.server.router import SCATTER_ACTIONS, Router
+from queue_server.workers.queue import StateQueue
+from queue_server.workers.service import PartitionService
 
 NOOP = {"op": "noop"}
 _NEVER = float("inf")
@@ -137,7 +139,7 @@ class ClusterNode:
         status = self.status_fields()
         if status != self.status:
             self.status = status
-            self.to_acceptor.append([ipc.STATUS, _DUMPS(status)])
+            self.to_acceptor.append([ipc_frames.STATUS, _DUMPS(status)])
 
     # ----------------------------------------------------------------- inputs
     def tick(self, now: float) -> None:
@@ -216,27 +218,27 @@ class ClusterNode:
             # maybe leads again), or its workers were reset. The reset that ended that mode
             # wiped those changes in the worker, so they must not enter the log, and no reply
             # may promise what they did.
-            if header != ipc.EMPTY_LIST:
+            if header != ipc_frames.EMPTY_LIST:
                 self._refuse(header, blob, "not leader: leadership changed; retry"
                              if self.leader is None else "not applied: the node changed mode; retry")
-            header = ipc.EMPTY_LIST
-        elif records != ipc.EMPTY_LIST:
+            header = ipc_frames.EMPTY_LIST
+        elif records != ipc_frames.EMPTY_LIST:
             if self.leader is None or not self.storage_ok:
                 self._refuse(header, blob, "storage unavailable" if self.leader else "not leader: retry")
                 if self.leader is not None:
                     self._reset_workers()  # undo the changes in the workers too
-                header = ipc.EMPTY_LIST
+                header = ipc_frames.EMPTY_LIST
             else:
                 _, last = self.log.append(self.election.vote_id, orjson.loads(records))
                 self.workers_trans_id = last
                 self._run(self.leader.replicate(now), now)
-        if header != ipc.EMPTY_LIST:
+        if header != ipc_frames.EMPTY_LIST:
             need = self.log.last_trans_id if self.leader is not None else 0
             if need > self._releasable():
                 self.pending.append((need, header, blob))
             else:
                 self._release(header, blob)
-        if partials != ipc.EMPTY_LIST:
+        if partials != ipc_frames.EMPTY_LIST:
             self._gather(orjson.loads(partials))
 
     def on_forward_requests(self, items: list, now: float) -> None:
@@ -268,7 +270,7 @@ class ClusterNode:
         each; the client left, or the reply came too late): the leader's worker gives them back
         (leases released, at-most-once messages restored). A follower passes them to the leader."""
         if self.leader is not None:
-            self.to_workers.append((self.router.worker_for(queue), [ipc.UNDELIVER, _DUMPS([queue, given])]))
+            self.to_workers.append((self.router.worker_for(queue), [ipc_frames.UNDELIVER, _DUMPS([queue, given])]))
         elif self.election.leader_id is not None:
             self.to_peers.append((self.election.leader_id, GiveBack(
                 self.election.vote_id, self.node_id, queue, tuple(m[0] for m in given), tuple(m[1] for m in given))))
@@ -381,7 +383,7 @@ class ClusterNode:
             if record["op"] != "noop":
                 per_worker.setdefault(worker_for(record["queue"]), []).append(record)
         for index, records in per_worker.items():
-            self.to_workers.append((index, [ipc.APPLY, _DUMPS(records)]))
+            self.to_workers.append((index, [ipc_frames.APPLY, _DUMPS(records)]))
         self.workers_trans_id = max(self.workers_trans_id, entries[-1].trans_id)
 
     def _reset_workers(self) -> None:
@@ -392,7 +394,7 @@ class ClusterNode:
         for name, snap in self.state.snapshot().items():
             parts[self.router.worker_for(name)][name] = snap
         for index, part in enumerate(parts):
-            self.to_workers.append((index, [ipc.RESET, _DUMPS(part)]))
+            self.to_workers.append((index, [ipc_frames.RESET, _DUMPS(part)]))
         self.workers_trans_id = self.state_trans_id
         if self.leader is not None:
             self._apply_to_workers(self.log.entries_after(self.state_trans_id, 1 << 62) or [])
@@ -402,13 +404,13 @@ class ClusterNode:
         """Start a new mode of the workers: whether they accept queue requests."""
         self.epoch += 1
         for index in range(self.config.workers):
-            self.to_workers.append((index, [ipc.MODE, _DUMPS([accepting, self.epoch])]))
+            self.to_workers.append((index, [ipc_frames.MODE, _DUMPS([accepting, self.epoch])]))
 
     # ----------------------------------------------------------------- replies
     def _release(self, header: bytes, blob: bytes) -> None:
         """Send replies on: to the acceptor, or back to the follower that forwarded them."""
         if not self.served_forwarded:
-            self.to_acceptor.append([ipc.REP, header, blob])
+            self.to_acceptor.append([ipc_frames.REP, header, blob])
             return
         local = []
         remote: dict[int, list[tuple[int, bytes]]] = {}
@@ -418,7 +420,7 @@ class ClusterNode:
             else:
                 local.append((origin, req_no, data))
         if local:
-            self.to_acceptor.append([ipc.REP, *replies.encode_raw(local)])
+            self.to_acceptor.append([ipc_frames.REP, *replies.encode_raw(local)])
         for node, items in remote.items():
             self.to_peers.append((node, ForwardReply(self.election.vote_id, self.node_id, tuple(items))))
 
@@ -474,7 +476,7 @@ class ClusterNode:
             self._reply_now([(origin, req_no, p.error_reply(request, plan, self.node_id))])
             return
         for index, item in plan:
-            self.to_workers.append((index, [ipc.REQ, _DUMPS([item]), b"%d" % self.epoch]))
+            self.to_workers.append((index, [ipc_frames.REQ, _DUMPS([item]), b"%d" % self.epoch]))
 
     def _serve_forwarded(self, msg: Forward, now: float) -> None:
         """A follower's clients' requests: serve them here (each keeps its transport's rules), or
@@ -502,7 +504,7 @@ class ClusterNode:
                 continue
             rows.append((target[0], target[1], reply))
         if rows:
-            self.to_acceptor.append([ipc.REP, *replies.encode_raw(rows)])
+            self.to_acceptor.append([ipc_frames.REP, *replies.encode_raw(rows)])
 
     def _give_back(self, reply: bytes) -> None:
         """If `reply` is a successful consume reply, give its messages back (on_undelivered)."""
@@ -520,4 +522,4 @@ class ClusterNode:
                 if len(self.abandoned) > ABANDONED_KEPT:
                     self.abandoned.popitem(last=False)
         if failed:
-            self.to_acceptor.append([ipc.REP, *replies.encode(failed)])
+            self.to_acceptor.append([ipc_frames.REP, *replies.encode(failed)])

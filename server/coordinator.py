@@ -11,18 +11,18 @@ import time
 import orjson
 import zmq
 
-from config.loader import NodeConfig
-from replication import wire
-from election.messages import HeartbeatAck
-from replication.datadir import DataDirLocked
-from replication.messages import AppendAck
-from replication.storage import Storage, StorageError
-from replication.wal import CorruptLog
-from server import ipc, replies
-from server.child import start
-from election.state import Role
-from server.cluster import ClusterNode
-from server.metrics import CoordinatorMetrics
+from queue_server.config.loader import NodeConfig
+from queue_server.replication import wire
+from queue_server.election.messages import HeartbeatAck
+from queue_server.replication.datadir import DataDirLocked
+from queue_server.replication.messages import AppendAck
+from queue_server.replication.storage import Storage, StorageError
+from queue_server.replication.wal import CorruptLog
+from queue_server.server import ipc, ipc_frames, replies
+from queue_server.server.child import start
+from queue_server.election.state import Role
+from queue_server.server.cluster import ClusterNode
+from queue_server.server.metrics import CoordinatorMetrics
 
 # Messages queued for a peer that is not answering are dropped past this many: the election and
 # replication resend what matters.
@@ -130,11 +130,11 @@ class Coordinator:
     def dispatch(self, frames: list[bytes], now: float) -> None:
         """Handle one message from the acceptor or a worker."""
         kind = frames[0]
-        if kind == ipc.BATCH:
-            self.node.on_batch(*ipc.read_batch(frames), now)
-        elif kind == ipc.FORWARD:
+        if kind == ipc_frames.BATCH:
+            self.node.on_batch(*ipc_frames.read_batch(frames), now)
+        elif kind == ipc_frames.FORWARD:
             self.node.on_forward_requests(orjson.loads(frames[1]), now)
-        elif kind == ipc.UNDELIVER:
+        elif kind == ipc_frames.UNDELIVER:
             self.node.on_undelivered(*orjson.loads(frames[1]))
         else:
             self.log.warning("unknown message kind %r", kind)
@@ -159,12 +159,12 @@ class Coordinator:
                     self.log.error("could not store the vote: %s", exc)
                     node.to_peers.clear()  # a vote not on disk must not be acted on
         node.persist = None
-        for index, frames in node.to_workers:
-            self.workers[index].send_multipart(frames)
+        for index, message in node.to_workers:
+            self.workers[index].send_multipart(message)
         node.to_workers.clear()
         if node.to_acceptor:
-            for frames in _merged(node.to_acceptor):
-                self.acceptor.send_multipart(frames)
+            for message in _merged(node.to_acceptor):
+                self.acceptor.send_multipart(message)
             node.to_acceptor.clear()
         unsent = []
         for target, msg in node.to_peers:
@@ -222,10 +222,10 @@ class Coordinator:
 def _merged(messages: list[list[bytes]]) -> list[list[bytes]]:
     """The messages for the acceptor with all reply batches joined into one (each ZeroMQ send
     costs a wake-up of two I/O threads; a loop turn often releases several batches)."""
-    batches = [(m[1], m[2]) for m in messages if m[0] == ipc.REP]
+    batches = [(m[1], m[2]) for m in messages if m[0] == ipc_frames.REP]
     if len(batches) < 2:
         return messages
-    return [m for m in messages if m[0] != ipc.REP] + [[ipc.REP, *replies.join(batches)]]
+    return [m for m in messages if m[0] != ipc_frames.REP] + [[ipc_frames.REP, *replies.join(batches)]]
 
 
 def main(argv: list[str] | None = None) -> None:

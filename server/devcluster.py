@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         path = os.path.join(root, f"node{cfg['node_id']}.json")
         with open(path, "w") as f:
             json.dump(cfg, f, indent=2)
-        procs.append(subprocess.Popen([sys.executable, "-m", "server.main", "--config", path]))
+        procs.append(subprocess.Popen([sys.executable, "-P", "-m", "queue_server.server.main", "--config", path]))
     stop = False
 
     def on_signal(signum: int, frame: object) -> None:

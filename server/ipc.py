@@ -1,5 +1,5 @@
 """The ZeroMQ plumbing between a node's processes: endpoint names in the run directory, socket
-construction, and the message kinds they exchange (see docs/architecture.md)."""
+construction and the process loop. The messages themselves are server/ipc_frames.py's."""
 from __future__ import annotations
 
 import os
@@ -9,22 +9,6 @@ import zmq
 
 # Most messages a process drains from its inbox before sending its outputs on.
 MAX_DRAIN = 256
-
-# Message kinds (first frame of every multipart message).
-REQ = b"req"  # -> worker: [REQ, json [[origin, req_no, request] | [origin, req_no, request, gather], ...], epoch]
-# (origin: server/origin.py Origin.wire(); replies travel as server/replies.py batches)
-CLOSE = b"close"  # acceptor -> worker: [CLOSE, json conn] (a TCP connection id)
-UNDELIVER = b"undeliver"  # acceptor -> coordinator -> leader's worker: [UNDELIVER, json [queue, [[msg_id, delivery_count], ...]]]
-APPLY = b"apply"  # coordinator -> worker: [APPLY, json [record, ...]] (replicas replay the leader's log)
-BATCH = b"batch"  # worker -> coordinator: [BATCH, records json, reply header json, reply blob, partials json, epoch]
-REP = b"rep"  # coordinator -> acceptor: [REP, reply header, reply blob] (server/replies.py)
-STATUS = b"status"  # coordinator -> acceptor: [STATUS, json {role, leader_node_id, leader_host, leader_port}]
-FORWARD = b"forward"  # acceptor -> coordinator: [FORWARD, json [[origin, req_no, request], ...]] for the leader
-MODE = b"mode"  # coordinator -> worker: [MODE, json [accepting, epoch]] whether to accept queue requests
-RESET = b"reset"  # coordinator -> worker: [RESET, json {queue: snapshot}] replace all queues
-
-EMPTY_LIST = b"[]"
-
 
 def endpoint(run_dir: str, name: str) -> str:
     """The ipc:// endpoint of a process's inbox."""
@@ -53,17 +37,6 @@ def outbox(ctx: zmq.Context, run_dir: str, name: str) -> zmq.Socket:
 def worker_name(index: int) -> str:
     """The inbox name of worker `index`."""
     return f"worker-{index}"
-
-
-def batch_frames(records: bytes, header: bytes, blob: bytes, partials: bytes, epoch: int) -> list[bytes]:
-    """A worker's BATCH message: what it decided under mode `epoch` (see ClusterNode.epoch)."""
-    return [BATCH, records, header, blob, partials, b"%d" % epoch]
-
-
-def read_batch(frames: list[bytes]) -> tuple[bytes, bytes, bytes, bytes, int]:
-    """The (records, header, blob, partials, epoch) of a BATCH message."""
-    _, records, header, blob, partials, epoch = frames
-    return records, header, blob, partials, int(epoch)
 
 
 def serve(sock: zmq.Socket, dispatch: Callable[[list[bytes]], None], idle: Callable[[], float | None], after: Callable[[], None]) -> None:

@@ -15,9 +15,9 @@ import time
 
 import orjson
 
-from config.loader import ConfigError, NodeConfig, load_config
-from server import logs, metrics
-from server.child import CONFIG_FILE
+from queue_server.config.loader import ConfigError, NodeConfig, load_config
+from queue_server.server import logs, metrics
+from queue_server.server.child import CONFIG_FILE
 
 STOP_GRACE = 5.0
 
@@ -64,12 +64,14 @@ def overrides_from(args: argparse.Namespace) -> dict:
 
 def child_commands(config: NodeConfig, run_dir: str) -> list[tuple[str, list[str]]]:
     """(name, argv) of every child process, in start order."""
-    base = [sys.executable, "-m"]
+    # -P: the working directory stays off sys.path, so that a server.py (or any module) lying
+    # where the node was started cannot stand in for the node's own code.
+    base = [sys.executable, "-P", "-m"]
     common = ["--run-dir", run_dir, "--parent", str(os.getpid())]
-    children = [("coordinator", base + ["server.coordinator"] + common)]
+    children = [("coordinator", base + ["queue_server.server.coordinator"] + common)]
     for i in range(config.workers):
-        children.append((f"worker-{i}", base + ["workers.worker", "--index", str(i)] + common))
-    children.append(("acceptor", base + ["server.acceptor"] + common))
+        children.append((f"worker-{i}", base + ["queue_server.workers.worker", "--index", str(i)] + common))
+    children.append(("acceptor", base + ["queue_server.server.acceptor"] + common))
     return children
 
 

@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from server import protocol as p
+from queue_server.server import protocol as p
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 FOLD_INTERVAL = 1.0  # seconds between folds of local counts into the shared metrics

@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from server.origin import Origin
+from queue_server.server.origin import Origin
 
 _DUMPS = orjson.dumps
 _NEWLINE = orjson.OPT_APPEND_NEWLINE

@@ -6,8 +6,8 @@ from __future__ import annotations
 import zlib
 from typing import Iterable
 
-from server import protocol as p
-from server.origin import Origin
+from queue_server.server import protocol as p
+from queue_server.server.origin import Origin
 
 _MONITORS = frozenset({p.MONITOR, p.LOCAL_MONITOR})
 SCATTER_ACTIONS = frozenset({p.MONITOR, p.LOCAL_MONITOR, p.LIST, p.LOCAL_LIST})

@@ -1,6 +1,6 @@
 """queue-server for Apache Spark: a Python data source registered as format "queue".
 
-    import spark as queue_spark
+    import queue_server.spark as queue_spark
     queue_spark.register(session)
     df = session.read.format("queue").option("hosts", "h:1111").option("queues", "a,b").load()
 

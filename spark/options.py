@@ -9,7 +9,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from client.protocol import MAX_BATCH, parse_hosts
+from queue_server.client.protocol import MAX_BATCH, parse_hosts
 
 DEFAULT_LEASE = 60.0
 DEFAULT_TIMEOUT = 30.0

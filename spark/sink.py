@@ -29,8 +29,8 @@ from pyspark.sql.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from client import QueueClient
-from client import protocol as p
+from queue_server.client import QueueClient
+from queue_server.client import protocol as p
 
 from .options import WriteOptions
 

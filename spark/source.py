@@ -35,8 +35,8 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from client import QueueClient
-from client import protocol as p
+from queue_server.client import QueueClient
+from queue_server.client import protocol as p
 
 from .offsets import chunk_token, chunks
 from .options import ReadOptions, WriteOptions

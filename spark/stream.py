@@ -40,8 +40,8 @@ from pyspark.sql.streaming.datasource import (
     SupportsTriggerAvailableNow,
 )
 
-from client import QueueClient
-from client import protocol as p
+from queue_server.client import QueueClient
+from queue_server.client import protocol as p
 
 from .offsets import Offset, plan, round_prefix, split
 from .options import ReadOptions

@@ -62,7 +62,12 @@ STARTED: list["NodeProcess"] = []
 class NodeProcess:
     """A `queue-server` node started as a subprocess with a config written to `workdir`."""
 
-    def __init__(self, workdir: str, config: dict | None = None, name: str = "node") -> None:
+    def __init__(self, workdir: str, config: dict | None = None, name: str = "node", *,
+                 cwd: str | None = None, command: list[str] | None = None) -> None:
+        """cwd: where the node starts (the repository by default); command: how (by default
+        `python -m queue_server.server.main`; ["queue-server"] runs the installed script)."""
+        self.cwd = cwd or REPO
+        self.command = command or [sys.executable, "-m", "queue_server.server.main"]
         self.workdir = workdir
         self.config = {"host": "127.0.0.1", "port": free_port(), "workers": 2, "log_level": 3,
                        "queue_data_dir": os.path.join(workdir, f"{name}-data")}
@@ -86,8 +91,8 @@ class NodeProcess:
             json.dump(self.config, f)
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "server.main", "--config", path],
-            cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+            [*self.command, "--config", path],
+            cwd=self.cwd, stdout=self._log, stderr=subprocess.STDOUT,
         )
         STARTED.append(self)
         if wait:
@@ -284,7 +289,7 @@ class Cluster:
     every link between two nodes goes through a LinkProxy the test can cut."""
 
     def __init__(self, workdir: str, n: int = 3, proxied: bool = False, **config) -> None:
-        from server.devcluster import cluster_configs
+        from queue_server.server.devcluster import cluster_configs
 
         self.workdir = workdir
         os.makedirs(workdir, exist_ok=True)

@@ -8,9 +8,9 @@ from typing import Any, Callable
 
 import orjson
 
-from server import protocol as p
-from server.origin import Origin
-from workers.queue import Message, Queue
+from queue_server.server import protocol as p
+from queue_server.server.origin import Origin
+from queue_server.workers.queue import Message, Queue
 
 # How many just-deleted at-most-once messages are kept to be restored if their reply cannot be
 # delivered (the client's connection closed while the reply was on its way).

@@ -10,11 +10,11 @@ from typing import Any
 import orjson
 import zmq
 
-from server import ipc, replies
-from server.child import start
-from server.metrics import WorkerMetrics, count_replies
-from server.origin import Origin
-from workers.service import PartitionService
+from queue_server.server import ipc, ipc_frames, replies
+from queue_server.server.child import start
+from queue_server.server.metrics import WorkerMetrics, count_replies
+from queue_server.server.origin import Origin
+from queue_server.workers.service import PartitionService
 
 _DUMPS = orjson.dumps
 
@@ -56,7 +56,7 @@ class Worker:
         """Handle one inbox message."""
         kind = frames[0]
         service = self.service
-        if kind == ipc.REQ:
+        if kind == ipc_frames.REQ:
             if int(frames[2]) > self.epoch:
                 # Sent after a mode change this worker has not received yet (it comes from the
                 # coordinator on another pipe): hold it until then.
@@ -72,15 +72,15 @@ class Worker:
                 else:
                     service.partial(item[3], item[2], now)
             self.metrics.batch(time.perf_counter() - started, len(items))
-        elif kind == ipc.CLOSE:
+        elif kind == ipc_frames.CLOSE:
             service.cancel(orjson.loads(frames[1]))
-        elif kind == ipc.UNDELIVER:
+        elif kind == ipc_frames.UNDELIVER:
             queue, given = orjson.loads(frames[1])
             service.undeliver(queue, given, now)
-        elif kind == ipc.APPLY:
+        elif kind == ipc_frames.APPLY:
             for record in orjson.loads(frames[1]):
                 service.apply(record)
-        elif kind == ipc.MODE:
+        elif kind == ipc_frames.MODE:
             # What was decided under the old mode leaves stamped with it (the coordinator refuses
             # changes from a mode that is over: a reset has wiped them here).
             self.flush()
@@ -88,7 +88,7 @@ class Worker:
             held, self.held = self.held, []
             for message in held:
                 self.dispatch(message, now)
-        elif kind == ipc.RESET:
+        elif kind == ipc_frames.RESET:
             service.load_snapshot(orjson.loads(frames[1]))
         else:
             self.log.warning("unknown message kind %r", kind)
@@ -105,12 +105,12 @@ class Worker:
         if service.partials:
             self.metrics.count_partials(service.partials, self.index)
         header, blob = replies.encode(service.replies)
-        records = _DUMPS(service.records) if service.records else ipc.EMPTY_LIST
-        partials = _DUMPS(service.partials) if service.partials else ipc.EMPTY_LIST
+        records = _DUMPS(service.records) if service.records else ipc_frames.EMPTY_LIST
+        partials = _DUMPS(service.partials) if service.partials else ipc_frames.EMPTY_LIST
         service.replies.clear()
         service.records.clear()
         service.partials.clear()
-        self.coordinator.send_multipart(ipc.batch_frames(records, header, blob, partials, self.epoch))
+        self.coordinator.send_multipart(ipc_frames.batch_frames(records, header, blob, partials, self.epoch))
 
 
 def main(argv: list[str] | None = None) -> None:

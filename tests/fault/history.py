@@ -8,7 +8,7 @@ import threading
 import time
 from collections import Counter
 
-from client import QueueClient, QueueError
+from queue_server.client import QueueClient, QueueError
 
 AT_LEAST_ONCE = "alo"
 AT_MOST_ONCE = "amo"

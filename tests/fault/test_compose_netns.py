@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from client import QueueClient
+from queue_server.client import QueueClient
 from tests.harness import REPO, alive, wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -69,7 +69,7 @@ def test_compose_topology_in_network_namespaces(namespaces, tmp_path):
     for i, ns in enumerate(names, start=1):
         log = open(tmp_path / f"node{i}.log", "wb")
         procs[i] = subprocess.Popen(
-            ["ip", "netns", "exec", ns, sys.executable, "-m", "server.main",
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "queue_server.server.main",
              "--config", f"config/compose/node{i}.json", "--data-dir", str(tmp_path / f"data{i}")],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
         )

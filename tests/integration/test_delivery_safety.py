@@ -12,12 +12,12 @@ import pytest
 import zmq
 from prometheus_client import CollectorRegistry
 
-import server.acceptor as acceptor_module
-from config.loader import parse_config
-from server import ipc
-from server.acceptor import Acceptor
-from server.origin import Origin
-from server.metrics import AcceptorMetrics
+import queue_server.server.acceptor as acceptor_module
+from queue_server.config.loader import parse_config
+from queue_server.server import ipc, ipc_frames
+from queue_server.server.acceptor import Acceptor
+from queue_server.server.origin import Origin
+from queue_server.server.metrics import AcceptorMetrics
 from tests.harness import RawTcp, udp_call, wait_for
 
 TOO_LARGE = "response too large for UDP, use TCP"
@@ -111,7 +111,7 @@ def test_acceptor_last_resort_guard_gives_the_messages_back(tmp_path, monkeypatc
         assert sent["code"] == -1 and sent["reason"] == TOO_LARGE and sent["seq"] == 5
         assert coordinator.poll(5000), "no undeliver reached the coordinator"
         kind, body = coordinator.recv_multipart()
-        assert kind == ipc.UNDELIVER
+        assert kind == ipc_frames.UNDELIVER
         assert orjson.loads(body) == [queue, [[3, 1], [4, 1]] if batch else [[3, 1]]]
         # A reply that is not a consume's gives nothing back.
         slot = acceptor.udp_register(("127.0.0.1", 9))

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from client import QueueClient, QueueError
+from queue_server.client import QueueClient, QueueError
 from tests.harness import Cluster, NodeProcess, RawTcp, wait_for
 
 

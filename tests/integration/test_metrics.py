@@ -145,7 +145,7 @@ def test_a_taken_metrics_port_stops_the_start(tmp_path):
 
 
 def test_metrics_are_off_by_default(tmp_path):
-    from config.loader import load_config
+    from queue_server.config.loader import load_config
 
     config, _ = load_config(None, {})
     assert config.metrics_port == 0

@@ -159,7 +159,7 @@ def _acceptor_pid(node) -> int:
     for pid in node.child_pids():
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"server.acceptor" in f.read().split(b"\0"):
+                if b"queue_server.server.acceptor" in f.read().split(b"\0"):
                     return pid
         except OSError:
             continue

@@ -15,8 +15,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server import protocol as p
-from server.framing import FrameDecoder, FramingError
+from queue_server.server import protocol as p
+from queue_server.server.framing import FrameDecoder, FramingError
 from tests.harness import RawTcp, alive
 from tests.unit.test_framing_props import JSON, REQUESTS, SEPARATORS, SOUP
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from client import QueueClient
+from queue_server.client import QueueClient
 from tests.harness import RawTcp, udp_call, wait_for
 
 

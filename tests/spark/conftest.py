@@ -42,7 +42,7 @@ def spark_session(tmp_path_factory):
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 
-    import spark as queue_spark
+    import queue_server.spark as queue_spark
 
     session = (
         SparkSession.builder.master("local[2,4]")

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from client import QueueClient
-from spark.options import WriteOptions
-from spark.sink import QueueWriter
-from spark.source import QueueDataSource
+from queue_server.client import QueueClient
+from queue_server.spark.options import WriteOptions
+from queue_server.spark.sink import QueueWriter
+from queue_server.spark.source import QueueDataSource
 
 
 class FailFirstAttemptWriter(QueueWriter):

@@ -10,12 +10,12 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from client import QueueClient
-from spark.offsets import Offset, chunks, plan, split
-from spark.options import OptionError, ReadOptions, WriteOptions
-from spark.sink import _chunks, produce_batches
-from spark.source import QueueBatchReader, read_partition
-from spark.stream import QueueStreamReader
+from queue_server.client import QueueClient
+from queue_server.spark.offsets import Offset, chunks, plan, split
+from queue_server.spark.options import OptionError, ReadOptions, WriteOptions
+from queue_server.spark.sink import _chunks, produce_batches
+from queue_server.spark.source import QueueBatchReader, read_partition
+from queue_server.spark.stream import QueueStreamReader
 from tests.harness import wait_for
 
 
@@ -257,7 +257,7 @@ def test_batch_reader_partitions_and_confirm_modes(node, qname):
     assert [len(g) for g in got] == [500, 500]
     assert stats(node, qname)["in_flight"] == 1000
     assert [rows(read_partition(p)) for p in parts] == got  # repeatable while leased
-    from spark import confirm_read, release_read
+    from queue_server.spark import confirm_read, release_read
     assert release_read(node.hosts, [qname], "nope") == 0
     assert confirm_read(node.hosts, qname, "r1") == 1000
     assert stats(node, qname)["size"] == 200

@@ -8,8 +8,8 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType
 
-from client import QueueClient
-from spark import confirm_read
+from queue_server.client import QueueClient
+from queue_server.spark import confirm_read
 from tests.spark.helpers import FailFirstAttemptSink, fail_first_attempt
 
 N = 2000

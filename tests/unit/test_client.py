@@ -15,9 +15,9 @@ import orjson
 import pytest
 import uvloop
 
-from client import AsyncQueueClient, Message, NoServerAvailable, QueueClient, QueueError, QueueTimeout
-from client import protocol as p
-from client.cli import main
+from queue_server.client import AsyncQueueClient, Message, NoServerAvailable, QueueClient, QueueError, QueueTimeout
+from queue_server.client import protocol as p
+from queue_server.client.cli import main
 
 DEADLINE = 5.0  # seconds any condition in these tests may take
 CLOSE = object()  # handler result: close the connection without replying

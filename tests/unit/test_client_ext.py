@@ -11,12 +11,12 @@ from collections.abc import Iterator
 import orjson
 import pytest
 
-from client import AsyncQueueClient, Message, QueueClient
-from client import protocol as p
-from client.cli import main
+from queue_server.client import AsyncQueueClient, Message, QueueClient
+from queue_server.client import protocol as p
+from queue_server.client.cli import main
 from tests.unit.test_client import FakeTcpServer
-from server.origin import Origin
-from workers.service import PartitionService
+from queue_server.server.origin import Origin
+from queue_server.workers.service import PartitionService
 
 
 class ServiceHandler:

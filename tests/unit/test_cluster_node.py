@@ -6,13 +6,13 @@ import random
 
 import orjson
 
-from config.loader import parse_config
-from election.messages import Heartbeat, VoteReply, VoteRequest
-from replication.storage import Recovered
-from replication.wire import Forward, ForwardReply, GiveBack
-from server import ipc, replies
-from server.cluster import FORWARD_GRACE, ClusterNode
-from server.origin import Origin
+from queue_server.config.loader import parse_config
+from queue_server.election.messages import Heartbeat, VoteReply, VoteRequest
+from queue_server.replication.messages import Recovered
+from queue_server.replication.messages import Forward, ForwardReply, GiveBack
+from queue_server.server import ipc_frames, replies
+from queue_server.server.cluster import FORWARD_GRACE, ClusterNode
+from queue_server.server.origin import Origin
 
 T0 = 1_000_000.0
 
@@ -67,13 +67,13 @@ def _drain(node: ClusterNode) -> tuple[list, list, list]:
 
 
 def _replies(to_acceptor: list) -> list[tuple[Origin, int, dict]]:
-    return [(o, n, orjson.loads(bytes(d))) for kind, *rest in to_acceptor if kind == ipc.REP
+    return [(o, n, orjson.loads(bytes(d))) for kind, *rest in to_acceptor if kind == ipc_frames.REP
             for o, n, d in replies.decode(*rest)]
 
 
 def _batch(node: ClusterNode, epoch: int, records: list[dict], seq: int = 1):
     header, blob = replies.encode([(Origin(7), seq, {"action": 1, "queue": "q", "seq": seq, "code": 0, "msg_id": 1})])
-    node.on_batch(orjson.dumps(records), header, blob, ipc.EMPTY_LIST, epoch, T0 + 2)
+    node.on_batch(orjson.dumps(records), header, blob, ipc_frames.EMPTY_LIST, epoch, T0 + 2)
 
 
 PRODUCE = {"op": "produce", "queue": "q", "msg_id": 1, "ready": T0, "ttl": T0 + 60, "retry": 0,
@@ -109,11 +109,11 @@ def test_resetting_a_leaders_workers_keeps_the_log_tail_and_starts_a_new_mode():
     _batch(node, epoch, [dict(PRODUCE, msg_id=2)], seq=2)  # the disk refuses: undo in the workers
     _, to_workers, _ = _drain(node)
     kinds = [frames[0] for _, frames in to_workers]
-    assert kinds.index(ipc.RESET) < kinds.index(ipc.APPLY) < kinds.index(ipc.MODE)
-    applied = [r for _, f in to_workers if f[0] == ipc.APPLY for r in orjson.loads(f[1])]
+    assert kinds.index(ipc_frames.RESET) < kinds.index(ipc_frames.APPLY) < kinds.index(ipc_frames.MODE)
+    applied = [r for _, f in to_workers if f[0] == ipc_frames.APPLY for r in orjson.loads(f[1])]
     assert [r["msg_id"] for r in applied] == [1]  # the logged produce survives the reset
     assert node.epoch == epoch + 1
-    assert all(orjson.loads(f[1]) == [True, epoch + 1] for _, f in to_workers if f[0] == ipc.MODE)
+    assert all(orjson.loads(f[1]) == [True, epoch + 1] for _, f in to_workers if f[0] == ipc_frames.MODE)
 
 
 def test_a_follower_forwards_with_the_transport_and_echoes_failures():
@@ -174,7 +174,7 @@ def test_the_leader_gives_back_what_a_follower_could_not_deliver():
     assert _drain(node)[1] == []
     node.on_undelivered("q", [[5, 1], [6, 2]])
     (index, frames), = _drain(node)[1]
-    assert frames == [ipc.UNDELIVER, orjson.dumps(["q", [[5, 1], [6, 2]]])]
+    assert frames == [ipc_frames.UNDELIVER, orjson.dumps(["q", [[5, 1], [6, 2]]])]
     assert index == node.router.worker_for("q")
 
 
@@ -182,7 +182,7 @@ def test_forwarded_replies_go_back_to_their_node():
     node = _leader()
     node.served_forwarded = True
     header, blob = replies.encode([(Origin(7), 1, {"code": 0, "seq": 1}), (Origin(42, True, 3), 0, {"code": 0})])
-    node.on_batch(ipc.EMPTY_LIST, header, blob, ipc.EMPTY_LIST, node.epoch, T0 + 2)
+    node.on_batch(ipc_frames.EMPTY_LIST, header, blob, ipc_frames.EMPTY_LIST, node.epoch, T0 + 2)
     to_acceptor, _, to_peers = _drain(node)
     assert [(o, n) for o, n, _ in _replies(to_acceptor)] == [(Origin(7), 1)]
     assert [(to, type(m), m.replies[0][0]) for to, m in to_peers] == [(3, ForwardReply, 42)]
@@ -194,7 +194,7 @@ def test_a_reply_without_records_waits_for_what_was_logged_before_it():
     node = _leader_of_three()
     _batch(node, node.epoch, [PRODUCE], seq=1)
     header, blob = replies.encode([(Origin(8), 2, {"action": 1, "seq": 2, "code": 0, "msg_id": 1, "duplicate": True})])
-    node.on_batch(ipc.EMPTY_LIST, header, blob, ipc.EMPTY_LIST, node.epoch, T0 + 2)
+    node.on_batch(ipc_frames.EMPTY_LIST, header, blob, ipc_frames.EMPTY_LIST, node.epoch, T0 + 2)
     assert _replies(_drain(node)[0]) == []  # node 2 has not acknowledged the produce yet
     node.on_peer(Heartbeat(node.election.vote_id + 1, 2, 0, 0, 0, 0), ("127.0.0.1", 2222), T0 + 3)
     assert node.role == "follower"

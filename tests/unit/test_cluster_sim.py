@@ -19,7 +19,7 @@ SIM_SEEDS=<n> runs more seeds; a failing seed is printed with its first violatio
 
 from __future__ import annotations
 
-from replication import wire
+from queue_server.replication import wire
 from tests.unit import simulation
 
 import heapq
@@ -27,7 +27,7 @@ import os
 import random
 from dataclasses import dataclass, field
 
-from election.messages import (
+from queue_server.election.messages import (
     BecomeCandidate,
     BecomeFollower,
     BecomeLeader,
@@ -35,10 +35,10 @@ from election.messages import (
     PersistVote,
     Send,
 )
-from election.state import Election
-from replication.follower import Follower
-from replication.log import ChangeLog, Entry
-from replication.messages import (
+from queue_server.election.state import Election
+from queue_server.replication.follower import Follower
+from queue_server.replication.log import ChangeLog, Entry
+from queue_server.replication.messages import (
     AppendAck,
     AppendEntries,
     ApplySnapshot,
@@ -48,7 +48,7 @@ from replication.messages import (
     Pull,
     SendSnapshot,
 )
-from replication.progress import LeaderReplication
+from queue_server.replication.progress import LeaderReplication
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "200"))
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from config import loader
-from config.loader import (
+from queue_server.config import loader
+from queue_server.config.loader import (
     DEFAULT_CONFIG_TEXT, ClusterNode, ConfigError, NodeConfig, VirtualQueue, check_queue_name,
     load_config, parse_config, strip_comments,
 )

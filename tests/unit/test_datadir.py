@@ -4,14 +4,14 @@ import sys
 
 import pytest
 
-from replication.datadir import DataDir, DataDirLocked
+from queue_server.replication.datadir import DataDir, DataDirLocked
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 # a second node: takes the data dir, says so, and holds it until its stdin closes
 SECOND_NODE = """
 import sys
-from replication.datadir import DataDir, DataDirLocked
+from queue_server.replication.datadir import DataDir, DataDirLocked
 try:
     d = DataDir(sys.argv[1])
 except DataDirLocked as e:

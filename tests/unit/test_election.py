@@ -5,7 +5,7 @@ from collections import deque
 
 import pytest
 
-from election.messages import (
+from queue_server.election.messages import (
     BecomeCandidate,
     BecomeFollower,
     BecomeLeader,
@@ -16,9 +16,9 @@ from election.messages import (
     VoteReply,
     VoteRequest,
 )
-from election.state import Election, Role
-from replication.log import ChangeLog
-from replication.messages import AppendAck, AppendEntries
+from queue_server.election.state import Election, Role
+from queue_server.replication.log import ChangeLog
+from queue_server.replication.messages import AppendAck, AppendEntries
 
 T = 1.0  # election timeout
 HB = 0.1  # heartbeat interval

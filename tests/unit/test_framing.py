@@ -7,8 +7,8 @@ import random
 import orjson
 import pytest
 
-import server.framing as framing
-from server.framing import FrameDecoder, FramingError
+import queue_server.server.framing as framing
+from queue_server.server.framing import FrameDecoder, FramingError
 
 # Values chosen to stress the splitter: braces, brackets and quotes inside strings, escaped
 # quotes and backslashes, escaped newlines, multi-byte UTF-8 (2, 3 and 4 bytes), nesting.

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from server import protocol as p
-from server.framing import FrameDecoder, FramingError
-from server.origin import Origin
-from workers.service import UDP_TOO_LARGE, PartitionService
+from queue_server.server import protocol as p
+from queue_server.server.framing import FrameDecoder, FramingError
+from queue_server.server.origin import Origin
+from queue_server.workers.service import UDP_TOO_LARGE, PartitionService
 
 # -- strategies -------------------------------------------------------------------------------
 

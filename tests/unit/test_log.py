@@ -2,7 +2,7 @@
 
 import pytest
 
-from replication.log import ChangeLog, Entry
+from queue_server.replication.log import ChangeLog, Entry
 
 
 def recs(n: int, tag: str = "r") -> list[dict]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
-from server import metrics as m
+from queue_server.server import metrics as m
 
 
 def test_local_histogram_drains_like_direct_observations():

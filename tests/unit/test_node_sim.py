@@ -36,20 +36,20 @@ from typing import Any, Callable
 import orjson
 from prometheus_client import CollectorRegistry
 
-from config.loader import parse_config
-from replication import wire
+from queue_server.config.loader import parse_config
+from queue_server.replication import wire
 from tests.unit import simulation
-from replication.storage import Recovered
-from server import ipc, replies
-from server.origin import Origin
-from client import protocol as p
-from server import protocol as sp
-from server.cluster import ClusterNode
-from server.coordinator import _merged
-from server.metrics import WorkerMetrics
-from server.router import SCATTER_ACTIONS, Router
-from workers.service import PartitionService
-from workers.worker import Worker
+from queue_server.replication.messages import Forward, Recovered
+from queue_server.server import ipc_frames, replies
+from queue_server.server.origin import Origin
+from queue_server.client import protocol as p
+from queue_server.server import protocol as sp
+from queue_server.server.cluster import ClusterNode
+from queue_server.server.coordinator import _merged
+from queue_server.server.metrics import WorkerMetrics
+from queue_server.server.router import SCATTER_ACTIONS, Router
+from queue_server.workers.service import PartitionService
+from queue_server.workers.worker import Worker
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "60"))
 IDEMPOTENT_PRODUCE = os.environ.get("SIM_PLAIN_PRODUCE") is None
@@ -102,7 +102,7 @@ class SimAcceptor:
     def close(self, conn: int) -> None:
         if self.conns.pop(conn, None) is not None:
             for i in range(self.node.config.workers):
-                self.node.pipe(ACCEPTOR, _worker_proc(i), [ipc.CLOSE, orjson.dumps(conn)])
+                self.node.pipe(ACCEPTOR, _worker_proc(i), [ipc_frames.CLOSE, orjson.dumps(conn)])
 
     def on_request(self, conn: int, req_no: int, value: dict) -> None:
         if conn not in self.conns:
@@ -132,10 +132,10 @@ class SimAcceptor:
     def flush(self) -> None:
         for index, items in enumerate(self.pending):
             if items:
-                self.node.pipe(ACCEPTOR, _worker_proc(index), [ipc.REQ, orjson.dumps(items), self.epoch])
+                self.node.pipe(ACCEPTOR, _worker_proc(index), [ipc_frames.REQ, orjson.dumps(items), self.epoch])
                 items.clear()
         if self.forwarding:
-            self.node.pipe(ACCEPTOR, COORD, [ipc.FORWARD, orjson.dumps(self.forwarding)])
+            self.node.pipe(ACCEPTOR, COORD, [ipc_frames.FORWARD, orjson.dumps(self.forwarding)])
             self.forwarding.clear()
 
     def reply(self, origin: Origin, req_no: int, reply: dict) -> None:
@@ -147,15 +147,15 @@ class SimAcceptor:
             given = sp.delivered(orjson.loads(data))
             if given is not None:
                 self.node.sim.undelivered += len(given[1])
-                self.node.pipe(ACCEPTOR, COORD, [ipc.UNDELIVER, orjson.dumps(given)])
+                self.node.pipe(ACCEPTOR, COORD, [ipc_frames.UNDELIVER, orjson.dumps(given)])
             return
         self.node.sim.to_client(client, origin.conn, req_no, orjson.loads(data))
 
     def on_inbox(self, frames: list[bytes]) -> None:
-        if frames[0] == ipc.REP:
+        if frames[0] == ipc_frames.REP:
             for origin, req_no, data in replies.decode(frames[1], frames[2]):
                 self.deliver(origin, req_no, data)
-        elif frames[0] == ipc.STATUS:
+        elif frames[0] == ipc_frames.STATUS:
             status = orjson.loads(frames[1])
             self.role = status.pop("role")
             self.epoch = b"%d" % status.pop("epoch")
@@ -209,11 +209,11 @@ class SimNode:
         now = self.sim.now
         if proc == COORD:
             kind = frames[0]
-            if kind == ipc.BATCH:
-                self.cn.on_batch(*ipc.read_batch(frames), now)
-            elif kind == ipc.FORWARD:
+            if kind == ipc_frames.BATCH:
+                self.cn.on_batch(*ipc_frames.read_batch(frames), now)
+            elif kind == ipc_frames.FORWARD:
                 self.cn.on_forward_requests(orjson.loads(frames[1]), now)
-            elif kind == ipc.UNDELIVER:
+            elif kind == ipc_frames.UNDELIVER:
                 self.cn.on_undelivered(*orjson.loads(frames[1]))
             else:
                 raise Violation(f"coordinator got {kind!r}")
@@ -250,15 +250,15 @@ class SimNode:
         if cn.persist is not None:
             self.vote = cn.persist
             cn.persist = None
-        for index, frames in cn.to_workers:
-            self.pipe(COORD, _worker_proc(index), frames)
+        for index, message in cn.to_workers:
+            self.pipe(COORD, _worker_proc(index), message)
         cn.to_workers.clear()
-        for frames in _merged(cn.to_acceptor):
-            self.pipe(COORD, ACCEPTOR, frames)
+        for message in _merged(cn.to_acceptor):
+            self.pipe(COORD, ACCEPTOR, message)
         cn.to_acceptor.clear()
         for target, msg in cn.to_peers:
             self.sim.net(self.node_id, target, wire.encode(msg, "127.0.0.1", self.config.port),
-                         forward=type(msg) is wire.Forward)
+                         forward=type(msg) is Forward)
         cn.to_peers.clear()
         cn.snapshot_now = False
 
@@ -543,7 +543,7 @@ class Sim:
         if node is None:
             return
         every = {COORD, ACCEPTOR} | {_worker_proc(w) for w in range(node.config.workers)}
-        for proc in (procs or every) - node.paused:
+        for proc in sorted((procs or every) - node.paused):
             node.paused.add(proc)
             self.at(self.now + dur + self.rng.uniform(0, 0.03), lambda proc=proc: self.resume(node, {proc}))
 
@@ -553,7 +553,7 @@ class Sim:
             return
         procs = set(node.paused) if procs is None else procs & node.paused
         node.paused -= procs
-        for proc in procs:
+        for proc in sorted(procs):
             for k, fn in enumerate(node.backlog.pop(proc, [])):
                 self.post(node, proc, fn, delay=(k + 1) * 1e-9)
 

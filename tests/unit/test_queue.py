@@ -5,7 +5,7 @@ import random
 import orjson
 import pytest
 
-from workers.queue import MAX_MSG_ID, Message, Queue, QueueFull, StateQueue
+from queue_server.workers.queue import MAX_MSG_ID, Message, Queue, QueueFull, StateQueue
 
 T0 = 1_700_000_000.0
 HOUR = 3600.0

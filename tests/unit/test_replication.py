@@ -4,11 +4,11 @@ from collections import deque
 
 import pytest
 
-from election.messages import Heartbeat, HeartbeatAck, Send
-from replication import wire
-from replication.follower import Follower
-from replication.log import ChangeLog, Entry
-from replication.messages import (
+from queue_server.election.messages import Heartbeat, HeartbeatAck, Send
+from queue_server.replication import wire
+from queue_server.replication.follower import Follower
+from queue_server.replication.log import ChangeLog, Entry
+from queue_server.replication.messages import (
     AppendAck,
     AppendEntries,
     ApplySnapshot,
@@ -18,7 +18,7 @@ from replication.messages import (
     Pull,
     SendSnapshot,
 )
-from replication.progress import FollowerState, LeaderReplication, TokenBucket
+from queue_server.replication.progress import FollowerState, LeaderReplication, TokenBucket
 
 
 def recs(n, tag="r"):

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from server.gather import Gatherer, merge
-from server.origin import Origin
-from server.router import Router
-from workers.service import PartitionService
+from queue_server.server.gather import Gatherer, merge
+from queue_server.server.origin import Origin
+from queue_server.server.router import Router
+from queue_server.workers.service import PartitionService
 
 T0 = 1_700_000_000.0
 
@@ -497,7 +497,7 @@ def test_udp_token_retry_too_large_keeps_the_token_s_leases():
 
 
 def test_udp_max_response_defaults_to_the_config_default():
-    from config.loader import parse_config
+    from queue_server.config.loader import parse_config
 
     config, _ = parse_config("{}")
     assert PartitionService(node_id=1, queue_size=10).udp_max_response == config.udp_max_response

@@ -2,14 +2,14 @@ import os
 
 import pytest
 
-from replication import snapshot
-from replication.snapshot import (
+from queue_server.replication import snapshot
+from queue_server.replication.snapshot import (
     read_latest_snapshot,
     snapshot_name,
     snapshot_trans_ids,
     write_snapshot,
 )
-from replication.wal import StorageError
+from queue_server.replication.wal import StorageError
 
 
 def state(n: int) -> dict:

@@ -4,7 +4,7 @@ import os
 import orjson
 import pytest
 
-from replication.wal import (
+from queue_server.replication.wal import (
     HEADER_SIZE,
     CorruptLog,
     StorageError,

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import pytest
 
-from election.messages import Heartbeat, HeartbeatAck, VoteReply, VoteRequest
-from replication import wire
-from replication.log import Entry
-from replication.messages import AppendAck, AppendEntries, InstallSnapshot, Pull
+from queue_server.election.messages import Heartbeat, HeartbeatAck, VoteReply, VoteRequest
+from queue_server.replication import messages, wire
+from queue_server.replication.log import Entry
+from queue_server.replication.messages import AppendAck, AppendEntries, InstallSnapshot, Pull
 
 MESSAGES = [
     VoteRequest(3, 1, 10, 2, True),
@@ -17,9 +17,9 @@ MESSAGES = [
     AppendAck(3, 2, 5),
     Pull(3, 2, 4, 2, 3),
     InstallSnapshot(3, 1, 9, 3, {"q": {"next_id": 2, "messages": [[1, "x"]]}}),
-    wire.Forward(3, 2, ((1, b'{"action":1}', False), (2, b"{}", True))),
-    wire.GiveBack(3, 2, "q", (1, 5, 2**63 - 1), (1, 2, 3)),
-    wire.ForwardReply(3, 1, ((1, b'{"code":0}\n'),)),
+    messages.Forward(3, 2, ((1, b'{"action":1}', False), (2, b"{}", True))),
+    messages.GiveBack(3, 2, "q", (1, 5, 2**63 - 1), (1, 2, 3)),
+    messages.ForwardReply(3, 1, ((1, b'{"code":0}\n'),)),
 ]
 
 

@@ -1,0 +1,17 @@
+"""queue-server: a distributed in-memory message queue speaking the JSON protocol of the C++
+queue_server.
+
+    from queue_server import QueueClient
+
+    with QueueClient("127.0.0.1:1111") as q:
+        q.produce("jobs", "hello", retry=30)
+
+The installed package maps the repository's folders into one namespace: queue_server.client
+(the clients), queue_server.server (the acceptor, the coordinator and their decisions),
+queue_server.workers, queue_server.replication, queue_server.election, queue_server.config and
+queue_server.spark. docs/architecture.md follows a request through them.
+"""
+from queue_server import client as _client
+from queue_server.client import *  # noqa: F403  (the clients are the package's public face)
+
+__all__ = list(_client.__all__)

@@ -1,0 +1,30 @@
+"""The messages between a node's processes: their kinds (the first frame of every ZeroMQ
+multipart message) and frame layouts, shared by the sender and the receiver of each (see
+docs/architecture.md). Pure: no sockets here (server/ipc.py has them)."""
+from __future__ import annotations
+
+# Message kinds (first frame of every multipart message).
+REQ = b"req"  # -> worker: [REQ, json [[origin, req_no, request] | [origin, req_no, request, gather], ...], epoch]
+# (origin: server/origin.py Origin.wire(); replies travel as server/replies.py batches)
+CLOSE = b"close"  # acceptor -> worker: [CLOSE, json conn] (a TCP connection id)
+UNDELIVER = b"undeliver"  # acceptor -> coordinator -> leader's worker: [UNDELIVER, json [queue, [[msg_id, delivery_count], ...]]]
+APPLY = b"apply"  # coordinator -> worker: [APPLY, json [record, ...]] (replicas replay the leader's log)
+BATCH = b"batch"  # worker -> coordinator: [BATCH, records json, reply header json, reply blob, partials json, epoch]
+REP = b"rep"  # coordinator -> acceptor: [REP, reply header, reply blob] (server/replies.py)
+STATUS = b"status"  # coordinator -> acceptor: [STATUS, json {role, leader_node_id, leader_host, leader_port}]
+FORWARD = b"forward"  # acceptor -> coordinator: [FORWARD, json [[origin, req_no, request], ...]] for the leader
+MODE = b"mode"  # coordinator -> worker: [MODE, json [accepting, epoch]] whether to accept queue requests
+RESET = b"reset"  # coordinator -> worker: [RESET, json {queue: snapshot}] replace all queues
+
+EMPTY_LIST = b"[]"
+
+
+def batch_frames(records: bytes, header: bytes, blob: bytes, partials: bytes, epoch: int) -> list[bytes]:
+    """A worker's BATCH message: what it decided under mode `epoch` (see ClusterNode.epoch)."""
+    return [BATCH, records, header, blob, partials, b"%d" % epoch]
+
+
+def read_batch(frames: list[bytes]) -> tuple[bytes, bytes, bytes, bytes, int]:
+    """The (records, header, blob, partials, epoch) of a BATCH message."""
+    _, records, header, blob, partials, epoch = frames
+    return records, header, blob, partials, int(epoch)
