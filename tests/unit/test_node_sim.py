@@ -395,6 +395,7 @@ class SimClient:
         req = self.call
         if reply.get("seq") != req_no:
             raise Violation(f"reply {reply} to request {req_no} ({req})")
+        self.req_no += 1  # answered: its timeout must not fire
         code = reply.get("code")
         if code != 0:
             if p.try_elsewhere(reply):
