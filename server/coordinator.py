@@ -220,12 +220,17 @@ class Coordinator:
 
 
 def _merged(messages: list[list[bytes]]) -> list[list[bytes]]:
-    """The messages for the acceptor with all reply batches joined into one (each ZeroMQ send
-    costs a wake-up of two I/O threads; a loop turn often releases several batches)."""
+    """The messages for the acceptor: status first, then all reply batches joined into one.
+    Status first, so that the acceptor knows of a change of role before a client can read a
+    reply caused by it (and send its next request to a role that is over); one batch, because
+    each ZeroMQ send costs a wake-up of two I/O threads."""
+    others = [m for m in messages if m[0] != ipc_frames.REP]
     batches = [(m[1], m[2]) for m in messages if m[0] == ipc_frames.REP]
-    if len(batches) < 2:
-        return messages
-    return [m for m in messages if m[0] != ipc_frames.REP] + [[ipc_frames.REP, *replies.join(batches)]]
+    if not batches:
+        return others
+    if len(batches) == 1:
+        return others + [[ipc_frames.REP, *batches[0]]]
+    return others + [[ipc_frames.REP, *replies.join(batches)]]
 
 
 def main(argv: list[str] | None = None) -> None:
