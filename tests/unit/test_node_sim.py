@@ -333,7 +333,8 @@ class SimClient:
         elif self.next_confirm is not None:
             req = p.ids_request(p.CONFIRM, self.next_confirm[0], [self.next_confirm[1]])
         else:
-            if sim.drained():
+            if sim.drained():  # look again later: a late acknowledgement may still come
+                sim.at(sim.now + 0.1, self.step)
                 return
             req = p.consume_request(self.rng.choice((ALO, AMO)), wait=0.2 if self.rng.random() < 0.2 else None)
         self.call = req
@@ -571,7 +572,11 @@ class Sim:
             raise Violation(f"at-most-once message {data!r} delivered twice")
 
     def drained(self) -> bool:
-        return self.now >= WRITES_UNTIL and not (self.acked[ALO] - set(self.delivered[ALO]))
+        """Writes are over (no produce still being retried) and every acknowledged at-least-once
+        message was delivered."""
+        return (self.now >= WRITES_UNTIL
+                and all(c.call is None for c in self.clients if c.kind == "producer")
+                and not (self.acked[ALO] - set(self.delivered[ALO])))
 
     # ---------------------------------------------------------------- faults
     def schedule_faults(self) -> None:
