@@ -15,3 +15,9 @@ def run_seeds(make: Callable[[int, int], Any], n: int, seeds: range) -> list[str
         except Exception as exc:
             failures.append(f"N={n} seed={seed} t={sim.now:.3f}: {type(exc).__name__}: {exc}")
     return failures
+
+
+def assert_seeds_pass(make: Callable[[int, int], Any], n: int, seeds: range) -> None:
+    """Fail, listing every failed seed with its first violation, unless all seeds pass."""
+    failures = run_seeds(make, n, seeds)
+    assert not failures, "\n".join(failures)

@@ -400,18 +400,12 @@ class Sim:
         self.stats = (lead.log.last_trans_id, len(self.acked), max(self.leaders, default=0))
 
 
-def run_seeds(n: int, seeds: range) -> list[str]:
-    return simulation.run_seeds(Sim, n, seeds)
-
-
 def test_sim_three_nodes():
-    failures = run_seeds(3, range(SEEDS))
-    assert not failures, "\n".join(failures)
+    simulation.assert_seeds_pass(Sim, 3, range(SEEDS))
 
 
 def test_sim_five_nodes():
-    failures = run_seeds(5, range(SEEDS))
-    assert not failures, "\n".join(failures)
+    simulation.assert_seeds_pass(Sim, 5, range(SEEDS))
 
 
 def test_sim_makes_progress():
@@ -432,5 +426,5 @@ if __name__ == "__main__":
     import sys
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     count = int(sys.argv[2]) if len(sys.argv) > 2 else SEEDS
-    fails = run_seeds(n, range(count))
+    fails = simulation.run_seeds(Sim, n, range(count))
     print("\n".join(fails) or "ok")

@@ -691,13 +691,8 @@ def run_seed(n: int, seed: int) -> Sim:
     return sim
 
 
-def run_seeds(n: int, seeds: range) -> list[str]:
-    return simulation.run_seeds(Sim, n, seeds)
-
-
 def test_node_sim_three_nodes():
-    failures = run_seeds(3, range(SEEDS))
-    assert not failures, "\n".join(failures)
+    simulation.assert_seeds_pass(Sim, 3, range(SEEDS))
 
 
 def test_node_sim_makes_progress():
@@ -720,5 +715,5 @@ if __name__ == "__main__":
               f"delivered {len(sim.delivered[ALO])}+{len(sim.delivered[AMO])}, leaders {len(sim.leaders)}, "
               f"timeouts {sim.timeouts}, undelivered {sim.undelivered}, errors {dict(sim.errors)}")
     else:
-        fails = run_seeds(n, range(SEEDS))
+        fails = simulation.run_seeds(Sim, n, range(SEEDS))
         print("\n".join(fails) or "ok")
