@@ -1,0 +1,136 @@
+"""The worker's request handling (workers/worker.py) without sockets or processes: inbox
+messages in, one BATCH per flush out, each stamped with the mode it was decided in."""
+from __future__ import annotations
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry
+
+from queue_server.server import ipc_frames, replies
+from queue_server.server.metrics import WorkerMetrics
+from queue_server.server.origin import Origin
+from queue_server.workers.service import PartitionService
+from queue_server.workers.worker import Worker
+
+NOW = 1_000.0
+
+
+class Pipe:
+    """Stands in for the PUSH socket to the coordinator."""
+
+    def __init__(self) -> None:
+        self.sent: list[list[bytes]] = []
+
+    def send_multipart(self, frames: list[bytes]) -> None:
+        self.sent.append(list(frames))
+
+
+class Log:
+    def __init__(self) -> None:
+        self.lines: list[tuple] = []
+
+    def warning(self, *args, **kwargs) -> None:
+        self.lines.append(("warning",) + args)
+
+    def error(self, *args, **kwargs) -> None:
+        self.lines.append(("error",) + args)
+
+
+@pytest.fixture
+def worker() -> Worker:
+    service = PartitionService(1, 1000, {}, max_wait=30)
+    service.accepting = False
+    return Worker(service, None, Pipe(), Log(), 0, metrics=WorkerMetrics(CollectorRegistry()))
+
+
+def mode(accepting: bool, epoch: int) -> list[bytes]:
+    return [ipc_frames.MODE, orjson.dumps([accepting, epoch])]
+
+
+def req(items: list, epoch: int) -> list[bytes]:
+    return [ipc_frames.REQ, orjson.dumps([[Origin(c).wire(), n, r] for c, n, r in items]), b"%d" % epoch]
+
+
+def batches(w: Worker) -> list[tuple[list, list, int]]:
+    """Each BATCH sent: its records, its (origin, req_no, reply) triples and its epoch."""
+    out = []
+    for frames in w.coordinator.sent:
+        records, header, blob, _partials, epoch = ipc_frames.read_batch(frames)
+        got = [(o, n, orjson.loads(d)) for o, n, d in replies.decode(header, blob)]
+        out.append((orjson.loads(records), got, epoch))
+    return out
+
+
+def produce(queue: str, data: str, **extra) -> dict:
+    return {"action": 1, "queue": queue, "data": data, **extra}
+
+
+def test_a_request_batch_becomes_one_message_with_its_records_and_replies(worker):
+    worker.dispatch(mode(True, 1), NOW)
+    worker.dispatch(req([(5, 1, produce("q", "a")), (5, 2, produce("q", "b", retry=3)),
+                         (6, 1, {"action": 2, "queue": "q"})], 1), NOW)
+    worker.flush()
+    [(records, got, epoch)] = batches(worker)
+    assert epoch == 1
+    assert [r["op"] for r in records] == ["produce", "produce", "consume"]
+    assert [(o.conn, n, r["code"]) for o, n, r in got] == [(5, 1, 0), (5, 2, 0), (6, 1, 0)]
+    assert got[2][2]["data"] == "a"
+    worker.flush()
+    assert len(worker.coordinator.sent) == 1  # nothing new, nothing sent
+
+
+def test_requests_before_the_worker_leads_are_refused_and_change_nothing(worker):
+    worker.dispatch(req([(5, 1, produce("q", "a"))], 0), NOW)
+    worker.flush()
+    [(records, [(_, _, reply)], _)] = batches(worker)
+    assert records == [] and reply["code"] == -1
+    assert worker.service.snapshot() == {}
+
+
+def test_a_batch_from_a_later_mode_waits_for_that_mode(worker):
+    worker.dispatch(mode(True, 1), NOW)
+    worker.dispatch(req([(5, 1, produce("q", "a"))], 2), NOW)  # overtook its MODE
+    worker.flush()
+    assert worker.coordinator.sent == []
+    worker.dispatch(mode(True, 2), NOW)
+    worker.flush()
+    [(records, _, epoch)] = batches(worker)
+    assert epoch == 2 and records[0]["data"] == "a"
+
+
+def test_what_was_decided_leaves_stamped_with_its_mode_before_a_mode_change(worker):
+    worker.dispatch(mode(True, 1), NOW)
+    worker.dispatch(req([(5, 1, produce("q", "a"))], 1), NOW)
+    worker.dispatch(mode(False, 2), NOW)  # flushes first
+    worker.dispatch(req([(5, 2, produce("q", "b"))], 2), NOW)
+    worker.flush()
+    (r1, _, e1), (r2, got2, e2) = batches(worker)
+    assert (e1, [r["data"] for r in r1]) == (1, ["a"])
+    assert (e2, r2, got2[0][2]["code"]) == (2, [], -1)
+
+
+def test_a_closed_connection_loses_its_long_poll_and_nothing_else(worker):
+    worker.dispatch(mode(True, 1), NOW)
+    worker.dispatch(req([(5, 1, {"action": 2, "queue": "q", "wait": 10}),
+                         (6, 1, {"action": 2, "queue": "q", "wait": 10})], 1), NOW)
+    worker.dispatch([ipc_frames.CLOSE, orjson.dumps(5)], NOW)
+    worker.dispatch(req([(7, 1, produce("q", "a"))], 1), NOW + 1)
+    worker.flush()
+    served = [(o.conn, r.get("data")) for _, got, _ in batches(worker) for o, _, r in got]
+    assert (6, "a") in served
+    assert all(conn != 5 for conn, _ in served)
+
+
+def test_replayed_records_and_a_reset_replace_the_state(worker):
+    record = {"op": "produce", "queue": "q", "msg_id": 1, "ready": NOW, "ttl": NOW + 60, "retry": 0,
+              "priority": 0, "data": "x", "delivery_count": 0}
+    worker.dispatch([ipc_frames.APPLY, orjson.dumps([record])], NOW)
+    assert [m[1] for m in worker.service.snapshot()["q"]["messages"]] == ["x"]
+    worker.dispatch([ipc_frames.RESET, orjson.dumps({})], NOW)
+    assert worker.service.snapshot() == {}
+    assert worker.coordinator.sent == []  # replay answers nobody
+
+
+def test_an_unknown_message_kind_is_logged_not_fatal(worker):
+    worker.dispatch([b"nonsense"], NOW)
+    assert worker.log.lines and worker.log.lines[0][0] == "warning"
