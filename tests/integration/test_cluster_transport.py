@@ -47,7 +47,9 @@ def test_udp_consume_with_wait_through_a_follower_is_not_held(cluster, roles):
     elapsed = time.monotonic() - started
     print(f"UDP consume with wait=5 through a follower answered in {elapsed * 1000:.1f} ms")
     assert r["code"] == 0 and "msg_id" not in r and r["seq"] == 1
-    assert elapsed < 2.5, "held as a long poll: over UDP a consume is answered at once"
+    # Held, it came back after ~2 s (the bug) or the 5 s wait; answered at once it takes ~20 ms.
+    # 1 s leaves room for a loaded machine and still tells the two apart.
+    assert elapsed < 1.0, "held as a long poll: over UDP a consume is answered at once"
 
 
 @pytest.mark.parametrize("retry", [0, 30], ids=["at-most-once", "at-least-once"])
