@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 import sys
 
-# The original's log_level numbers: 0 off, 1 error, 2 warning, 3 info, 4 debug, 5 trace.
-LEVELS = {0: logging.CRITICAL + 10, 1: logging.ERROR, 2: logging.WARNING, 3: logging.INFO, 4: logging.DEBUG, 5: logging.DEBUG}
+from queue_server.config.loader import LOG_LEVELS
 
 
 def setup(process: str, node_id: int, log_level: int = 3, log_prefix: str = "") -> logging.Logger:
@@ -23,5 +22,5 @@ def setup(process: str, node_id: int, log_level: int = 3, log_prefix: str = "") 
     for h in handlers:
         h.setFormatter(fmt)
         root.addHandler(h)
-    root.setLevel(LEVELS.get(log_level, logging.INFO))
+    root.setLevel(LOG_LEVELS.get(log_level, logging.INFO))
     return logging.getLogger("queue-server")
