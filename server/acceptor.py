@@ -172,7 +172,8 @@ class Acceptor:
         self.config = config
         self.log = log
         self.loop = loop
-        self.router = Router(config.workers, [(v.name, v.queue_list) for v in config.virtual_queue_list])
+        self.router = Router(config.workers, [(v.name, v.queue_list) for v in config.virtual_queue_list],
+                             config.dead_letter_suffix)
         self.workers = [ipc.outbox(ctx, run_dir, ipc.worker_name(i)) for i in range(config.workers)]
         self.inbox = ipc.inbox(ctx, run_dir, "acceptor")
         self.coordinator = ipc.outbox(ctx, run_dir, "coordinator")

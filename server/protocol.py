@@ -15,6 +15,14 @@ LIST = 7
 LEADER = 8
 LOCAL_MONITOR = 104
 LOCAL_LIST = 107
+# Queue administration (issue 14): look without taking, empty, remove, pause, dead letters.
+PEEK = 20
+PURGE = 21
+DELETE_QUEUE = 22
+PAUSE = 23
+RESUME = 24
+DLQ_REPLAY = 25
+LOCAL_PEEK = 120
 
 ACTION_NAMES: dict[str, int] = {
     "produce": PRODUCE,
@@ -27,12 +35,21 @@ ACTION_NAMES: dict[str, int] = {
     "leader": LEADER,
     "local_monitor": LOCAL_MONITOR,
     "local_list": LOCAL_LIST,
+    "peek": PEEK,
+    "purge": PURGE,
+    "delete_queue": DELETE_QUEUE,
+    "pause": PAUSE,
+    "resume": RESUME,
+    "dlq_replay": DLQ_REPLAY,
+    "local_peek": LOCAL_PEEK,
 }
 ACTIONS: frozenset[int] = frozenset(ACTION_NAMES.values())
 # Actions that name one queue and are served by the worker owning it.
-QUEUE_ACTIONS: frozenset[int] = frozenset({PRODUCE, CONSUME, CONFIRM, RELEASE, EXTEND})
+QUEUE_ACTIONS: frozenset[int] = frozenset({PRODUCE, CONSUME, CONFIRM, RELEASE, EXTEND,
+                                           PEEK, PURGE, DELETE_QUEUE, PAUSE, RESUME, DLQ_REPLAY,
+                                           LOCAL_PEEK})
 # Actions a node answers from its own state, leader or not (never forwarded).
-LOCAL_ACTIONS: frozenset[int] = frozenset({LOCAL_MONITOR, LOCAL_LIST})
+LOCAL_ACTIONS: frozenset[int] = frozenset({LOCAL_MONITOR, LOCAL_LIST, LOCAL_PEEK})
 
 CODE_OK = 0
 CODE_ERROR = -1

@@ -10,6 +10,7 @@ import orjson
 
 from queue_server.server import protocol as p
 from queue_server.server.origin import Origin
+from queue_server.workers import admin
 from queue_server.workers.queue import Message, Queue
 
 # How many just-deleted at-most-once messages are kept to be restored if their reply cannot be
@@ -170,11 +171,17 @@ class PartitionService:
         max_wait: float = 30.0,
         queue_class: type[Queue] = Queue,
         udp_max_response: int = DEFAULT_UDP_MAX_RESPONSE,
+        max_deliveries: int = 0,
+        dead_letter_suffix: str = "",
     ) -> None:
         """queue_class: StateQueue for a copy that only replays records and takes snapshots.
         udp_max_response: the largest reply (bytes, newline included) a UDP request may get; a
-        UDP consume whose reply would be larger is refused before anything is taken."""
+        UDP consume whose reply would be larger is refused before anything is taken.
+        max_deliveries, dead_letter_suffix: the dead-letter policy (config keys of those names;
+        "" turns dead-letter queues off)."""
         self.node_id = node_id
+        self.max_deliveries = max_deliveries
+        self.dead_letter_suffix = dead_letter_suffix
         self.udp_max_response = udp_max_response
         self.queue_class = queue_class
         self.queue_size = queue_size
@@ -196,6 +203,7 @@ class PartitionService:
             p.RELEASE: self._release,
             p.EXTEND: self._extend,
         }
+        self._handlers.update(admin.handlers(self))
 
     # ----------------------------------------------------------------------------- requests
     def handle(self, req: Any, origin: Origin, req_no: int, now: float) -> None:
@@ -209,10 +217,10 @@ class PartitionService:
             handler = self._handlers.get(action)
             if handler is None:
                 raise BadRequest("action: not a queue action")
-            if not self.accepting:
+            if not self.accepting and action != p.LOCAL_PEEK:
                 raise BadRequest("not leader: this node is not leading; retry on the leader")
             reply = handler(req, origin, req_no, now)
-        except BadRequest as exc:
+        except (BadRequest, admin.BadAdminRequest) as exc:
             reply = p.error_reply(req, str(exc), self.node_id)
         except Exception as exc:  # a bug must cost one request, never the process or its queues
             self.errors.append(exc)
@@ -238,7 +246,20 @@ class PartitionService:
         q = self.queues.get(name)
         if q is None:
             q = self.queues[name] = self.queue_class(name, self.queue_size)
+            self._configure(q)
         return q
+
+    def _configure(self, q: Queue) -> None:
+        """Give a queue this service's dead-letter policy."""
+        q.dead_letters_to(admin.dead_letter_name(q.name, self.dead_letter_suffix), self._queue,
+                          self.max_deliveries)
+
+    def forget_restorable(self, queue: str) -> None:
+        """Forget the at-most-once deliveries of `queue` kept for restoring (it was purged or
+        deleted: they must not come back)."""
+        cache = self._restorable
+        for key in [k for k in cache if k[0] == queue]:
+            del cache[key]
 
     def _produce(self, req: dict, origin: Origin, req_no: int, now: float) -> dict:
         name = req.get("queue")
@@ -277,6 +298,9 @@ class PartitionService:
                 raise BadRequest("producer: missing (sequence needs a producer)")
             if not 0 <= sequence < 2**63:
                 raise BadRequest("sequence: out of range (0 .. 2**63-1)")
+        max_deliveries = _int(req, "max_deliveries", None)
+        if max_deliveries is not None and not 0 <= max_deliveries < 2**31:
+            raise BadRequest("max_deliveries: must be 0 (unlimited) .. 2**31-1")
 
         members = self.virtual_queues.get(name) if isinstance(name, str) else None
         targets = members if members is not None else (self._check_queue(name),)
@@ -292,9 +316,10 @@ class PartitionService:
         items = [(d, ready, ttl, retry, priority) for d in batch] if batch is not None else None
         for q in queues:
             if items is None:
-                recs = [q.produce(data, ready, ttl, retry, priority, now, producer, sequence)]
+                recs = [q.produce(data, ready, ttl, retry, priority, now, producer, sequence,
+                                  max_deliveries)]
             else:
-                recs = q.produce_many(items, now, producer, sequence)
+                recs = q.produce_many(items, now, producer, sequence, max_deliveries)
             self.records.extend(recs)
             ids[q.name] = (recs[0]["msg_id"], len(recs))
             if q.name in self.waiters:
@@ -361,7 +386,7 @@ class PartitionService:
         if type(times) is not bool:
             raise BadRequest("times: must be true or false")
         q = self.queues.get(name)
-        if q is not None and (q.has_ready(now) or (token is not None and q.held(token))):
+        if q is not None and not q.paused and (q.has_ready(now) or (token is not None and q.held(token))):
             if origin.udp and self._too_large_for_udp(q, req, count, now, lease, token, times):
                 return self._udp_too_large(req)
             return self._deliver(q, req, count, now, lease, token, times)
@@ -519,6 +544,7 @@ class PartitionService:
                     q = self.queues.get(name)
                     part = q.stats(now) if q is not None else _empty_stats(self.queue_size)
                     part["waiters"] = len(self.waiters.get(name, ()))
+                    part["paused"] = q is not None and q.paused
         except BadRequest as exc:
             part = {"error": str(exc)}
         self.partials.append([gather, part])
@@ -562,7 +588,7 @@ class PartitionService:
         if now >= self._next_sweep:
             self._next_sweep = now + EXPIRE_SWEEP_INTERVAL
             if self.accepting:  # a follower's queues change only by the leader's records
-                for q in self.queues.values():
+                for q in list(self.queues.values()):  # a dead letter may make a queue
                     self.records.extend(q.expire_due(now))
 
     def next_deadline(self, now: float) -> float:
@@ -620,7 +646,10 @@ class PartitionService:
     # ----------------------------------------------------------------------------- replicas
     def apply(self, record: dict) -> None:
         """Replay a change record decided by the leader."""
-        if record["op"] != "noop":
+        op = record["op"]
+        if op == "delete_queue":
+            self.queues.pop(record["queue"], None)
+        elif op != "noop":
             self._queue(record["queue"]).apply(record)
 
     def snapshot(self) -> dict:
@@ -630,6 +659,8 @@ class PartitionService:
     def load_snapshot(self, state: dict) -> None:
         """Replace all queues with a snapshot's. Parked long polls are answered empty."""
         self.queues = {name: self.queue_class.from_snapshot(s) for name, s in state.items()}
+        for q in self.queues.values():
+            self._configure(q)
         for waiting in self.waiters.values():
             for w in waiting:
                 self.replies.append((w.origin, w.req_no, self._empty(w.request, w.count)))

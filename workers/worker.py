@@ -123,6 +123,8 @@ def main(argv: list[str] | None = None) -> None:
         virtual_queues={v.name: tuple(v.queue_list) for v in cfg.virtual_queue_list},
         max_wait=cfg.max_wait,
         udp_max_response=cfg.udp_max_response,
+        max_deliveries=cfg.max_deliveries,
+        dead_letter_suffix=cfg.dead_letter_suffix,
     )
     ctx = zmq.Context()
     inbox = ipc.inbox(ctx, ctx_info.run_dir, ipc.worker_name(ctx_info.index))
