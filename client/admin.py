@@ -23,13 +23,16 @@ PEEK_STATES = ("ready", "delayed", "leased", "dead")
 
 
 def peek_request(queue: str, count: int | None = None, state: str | None = None,
-                 local: bool = False) -> dict[str, Any]:
-    """A peek request: up to `count` messages in `state` without changing anything."""
+                 local: bool = False, after: list | None = None) -> dict[str, Any]:
+    """A peek request: up to `count` messages in `state` without changing anything; `after`
+    (the `cursor` of a previous reply) continues after its last message."""
     req: dict[str, Any] = {"action": LOCAL_PEEK if local else PEEK, "queue": queue}
     if count is not None:
         req["count"] = count
     if state is not None:
         req["state"] = state
+    if after is not None:
+        req["after"] = list(after)
     return req
 
 

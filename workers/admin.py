@@ -13,6 +13,8 @@ if TYPE_CHECKING:
 
 # peek's states: the queue's own, and "dead" (its dead-letter queue's messages).
 STATES = (*PEEK_STATES, "dead")
+# How long a peek cursor is, by state (see Queue.look).
+_CURSOR_LENGTH = {"ready": 3, "delayed": 2, "leased": 2, "dead": 1}
 DEFAULT_PEEK_COUNT = 10
 
 
@@ -60,17 +62,24 @@ class Admin:
         if not 1 <= count <= p.MAX_BATCH:
             raise BadAdminRequest(f"count: must be 1..{p.MAX_BATCH}")
         state = req.get("state", "ready")
-        if state not in STATES:
+        if type(state) is not str or state not in STATES:
             raise BadAdminRequest("state: must be one of " + ", ".join(STATES))
+        after = req.get("after")
+        if after is not None and (
+                type(after) is not list or len(after) != _CURSOR_LENGTH[state]
+                or not all(type(v) in (int, float) for v in after) or type(after[-1]) is not int):
+            raise BadAdminRequest(f"after: must be the cursor of a peek reply with state {state}")
         if state == "dead":
             dlq_name = dead_letter_name(name, self.s.dead_letter_suffix)
             q = self.s.queues.get(dlq_name) if dlq_name is not None else None
-            messages = q.oldest(count) if q is not None else []
+            found = q.oldest(count, after[0] if after else 0) if q is not None else []
         else:
             q = self.s.queues.get(name)
-            messages = q.look(now, state, count) if q is not None else []
+            found = q.look(now, state, count, after) if q is not None else []
         reply = self.s._ok(req)
-        reply["messages"] = [_described(m) for m in messages]
+        reply["messages"] = [_described(m) for _, m in found]
+        if found:
+            reply["cursor"] = found[-1][0]
         return reply
 
     def purge(self, req: dict, origin: Origin, req_no: int, now: float) -> dict:

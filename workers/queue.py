@@ -539,10 +539,26 @@ class Queue:
                 return out
         if count <= 0:
             return []
-        # Every key the ready ordering would hold after settling at `now`: the ready ones, the
-        # due delayed ones and the leases ended by `now` that do not expire (ready again at
-        # their lease deadline).
-        keys = list(self._ready.islice(0, count))
+        out = []
+        for _, ready, i in self._ready_keys(now, count):
+            m = index[i]
+            retry = m.retry if lease is None else lease
+            if retry > 0:
+                out.append(Message(i, m.data, ready, m.ttl, m.retry, m.priority,
+                                   m.delivery_count + 1, now + retry, token))
+            else:
+                out.append(Message(i, m.data, ready, m.ttl, m.retry, m.priority,
+                                   m.delivery_count + 1))
+        return out
+
+    def _ready_keys(self, now: float, count: int, after: tuple = ()) -> list[tuple]:
+        """The first `count` keys (-priority, ready, msg_id) after `after` that the ready
+        ordering would hold after settling at `now`: the ready ones, the due delayed ones and the
+        leases ended by `now` that end in a requeue (ready again at their lease deadline)."""
+        index = self._index
+        ready = self._ready
+        start = ready.bisect_right(after) if after else 0
+        keys = list(ready.islice(start, start + count))
         delayed = self._delayed
         if delayed and delayed[0][0] <= now:
             n = delayed.bisect_right((now, _INF))
@@ -554,51 +570,52 @@ class Queue:
                     m = index[i]
                     if self._ending(m, deadline) is None:
                         keys.append((-m.priority, deadline, i))
-        out = []
-        for _, ready, i in heapq.nsmallest(count, keys):
-            m = index[i]
-            retry = m.retry if lease is None else lease
-            if retry > 0:
-                out.append(Message(i, m.data, ready, m.ttl, m.retry, m.priority,
-                                   m.delivery_count + 1, now + retry, token))
-            else:
-                out.append(Message(i, m.data, ready, m.ttl, m.retry, m.priority,
-                                   m.delivery_count + 1))
-        return out
+        if after:
+            keys = [k for k in keys if k > after]
+        return heapq.nsmallest(count, keys)
 
-    def look(self, now: float, state: str = "ready", count: int = 1) -> list[Message]:
+    def look(
+        self, now: float, state: str = "ready", count: int = 1, after: list | None = None
+    ) -> list[tuple[list, Message]]:
         """Up to `count` messages in `state` (one of PEEK_STATES) as they are at `now`, in the
         order they leave that state: ready ones in delivery order (also when paused), delayed ones
-        by ready time, leased ones by lease deadline. Copies; nothing is changed."""
+        by ready time, leased ones by lease deadline. Each comes with its cursor (a JSON-able
+        list): `after` = a cursor continues after that message. Copies; nothing is changed."""
         index = self._index
+        out: list[tuple[list, Message]] = []
+        key = tuple(after) if after else ()
         if state == "ready":
-            was, self.paused = self.paused, False
-            try:
-                ids = [m.msg_id for m in self.peek(now, count)]
-            finally:
-                self.paused = was
-            return [_copy(index[i]) for i in ids]
-        out: list[Message] = []
-        if state == "delayed":
+            for priority, ready, i in self._ready_keys(now, count, key):
+                m = _copy(index[i])
+                m.ready, m.lease, m.token = ready, None, None  # a requeue: as it will be
+                out.append(([priority, ready, i], m))
+        elif state == "delayed":
             delayed = self._delayed
-            start = delayed.bisect_right((now, _INF))
-            for _, i in delayed.islice(start, start + count):
-                out.append(_copy(index[i]))
+            start = delayed.bisect_right(max(key, (now, _INF)) if key else (now, _INF))
+            for ready, i in delayed.islice(start, start + count):
+                out.append(([ready, i], _copy(index[i])))
         elif state == "leased":
             leased = self._leased
-            for deadline in leased.irange(minimum=now, inclusive=(False, True)):
+            low = max(key[0], now) if key else now
+            for deadline in leased.irange(minimum=low):
+                if deadline <= now:
+                    continue
                 for i in sorted(leased[deadline]):
+                    if key and (deadline, i) <= key:
+                        continue
                     if len(out) >= count:
                         return out
-                    out.append(_copy(index[i]))
+                    out.append(([deadline, i], _copy(index[i])))
         else:
             raise ValueError(f"unknown state {state!r}")
         return out
 
-    def oldest(self, count: int) -> list[Message]:
-        """Up to `count` stored messages in msg_id order, whatever their state (copies)."""
+    def oldest(self, count: int, after: int = 0) -> list[tuple[list, Message]]:
+        """Up to `count` stored messages with msg_id > `after` in msg_id order, whatever their
+        state, each with its cursor [msg_id] (copies)."""
         index = self._index
-        return [_copy(index[i]) for i in heapq.nsmallest(count, index)]
+        ids = heapq.nsmallest(count, (i for i in index if i > after)) if after else heapq.nsmallest(count, index)
+        return [([i], _copy(index[i])) for i in ids]
 
     def token_of(self, msg_id: int) -> str | None:
         """The token a message is leased under, or None."""

@@ -58,7 +58,7 @@ def test_unconfirmed_deliveries_move_the_message_to_the_dlq_with_count_and_reaso
     assert [r["op"] for r in recs] == ["dead_letter"]
     assert recs[0]["reason"] == "max_deliveries" and recs[0]["ready"] == T0 + 30
     dlq = queues["q.dlq"]
-    [dead] = dlq.look(T0 + 40, "ready", 10)
+    [(_, dead)] = dlq.look(T0 + 40, "ready", 10)
     assert (dead.data, dead.delivery_count, dead.retry) == ("job", 2, 0.0)
     assert dead.extra["dead"] == {"queue": "q", "reason": "max_deliveries", "retry": 10, "ttl": T0 + HOUR}
     assert q.counts["dead_lettered"] == 1 and q.counts["expired"] == 0
@@ -79,7 +79,7 @@ def test_a_produce_s_own_max_deliveries_wins_and_0_means_unlimited():
         counts.append(sorted((m.data, m.delivery_count) for m in msgs))
     assert counts[2] == [("a", 3), ("b", 3)]
     assert counts[3] == [("b", 4)]  # a: dead after its third delivery
-    assert [m.data for m in queues["q.dlq"].oldest(10)] == ["a"]
+    assert [m.data for _, m in queues["q.dlq"].oldest(10)] == ["a"]
     # the per-message limit survives a snapshot
     assert Queue.from_snapshot(orjson.loads(orjson.dumps(q.snapshot())))._index[2].extra == {"max_deliveries": 0}
 
@@ -91,7 +91,7 @@ def test_an_at_least_once_message_outliving_its_ttl_becomes_a_dead_letter():
     assert q.expire_due(T0 + 5) == []
     [rec] = q.expire_due(T0 + 10)
     assert rec["op"] == "dead_letter" and rec["reason"] == "ttl"
-    [dead] = queues["q.dlq"].oldest(10)
+    [(_, dead)] = queues["q.dlq"].oldest(10)
     assert dead.extra["dead"]["reason"] == "ttl" and dead.delivery_count == 1
     assert q.counts["expired"] == 1 and q.counts["dead_lettered"] == 1
 
@@ -124,7 +124,7 @@ def test_replay_moves_dead_letters_back_fresh_and_the_replica_agrees():
     rec = q.replay_dead(dlq, T0 + 200, T0 + 200 + HOUR)
     records.append(rec)
     assert len(dlq) == 0 and rec["moves"] == [[1, 2, T0 + 200 + HOUR]]
-    [m] = q.look(T0 + 200, "ready", 5)
+    [(_, m)] = q.look(T0 + 200, "ready", 5)
     assert (m.msg_id, m.data, m.delivery_count, m.retry, m.priority, m.ttl) == (2, "job", 0, 10, 3, T0 + 200 + HOUR)
     assert q.replay_dead(dlq, T0 + 200, T0) is None
     copy = replay(records)
@@ -152,7 +152,7 @@ def test_pause_stops_deliveries_keeps_produces_and_is_replicated():
     put(q, "a")
     records.append(q.produce("b", T0, T0 + HOUR, 0, 0, T0))
     assert q.consume(T0 + 1, 5)[0] == [] and not q.has_ready(T0 + 1) and q.peek(T0 + 1, 5) == []
-    assert [m.data for m in q.look(T0 + 1, "ready", 5)] == ["a", "b"]  # peek still sees them
+    assert [m.data for _, m in q.look(T0 + 1, "ready", 5)] == ["a", "b"]  # peek still sees them
     snap = orjson.loads(orjson.dumps(q.snapshot()))
     assert snap["paused"] is True and Queue.from_snapshot(snap).paused
     assert replay(records)["q"].paused
@@ -176,6 +176,10 @@ def test_purge_deletes_everything_in_one_record_and_ids_go_on():
     assert q.produced("p", 1) == (1, 1)  # the dedupe window is kept: a retry is still no duplicate
 
 
+def looked(q: Queue, now: float, state: str, count: int, after: list | None = None) -> list[str]:
+    return [m.data for _, m in q.look(now, state, count, after)]
+
+
 def test_look_lists_each_state_in_the_order_it_leaves_it():
     q = Queue("q", 100)
     put(q, "r1", retry=10)
@@ -186,19 +190,45 @@ def test_look_lists_each_state_in_the_order_it_leaves_it():
     q.consume(T0, 1)  # r2 (priority): at most once, gone
     q.consume(T0, 1)  # r1 leased until T0 + 10
     q.consume(T0 + 1, 1)  # l leased until T0 + 31
-    assert [m.data for m in q.look(T0 + 1, "delayed", 5)] == ["d1", "d2"]
-    assert [m.data for m in q.look(T0 + 1, "leased", 5)] == ["r1", "l"]
-    assert [m.data for m in q.look(T0 + 1, "leased", 1)] == ["r1"]
-    assert q.look(T0 + 1, "ready", 5) == []
+    assert looked(q, T0 + 1, "delayed", 5) == ["d1", "d2"]
+    assert looked(q, T0 + 1, "leased", 5) == ["r1", "l"]
+    assert looked(q, T0 + 1, "leased", 1) == ["r1"]
+    assert looked(q, T0 + 1, "ready", 5) == []
     # at T0 + 15, r1's lease has ended and d1 is due: both ready, neither delayed nor leased
-    assert [m.data for m in q.look(T0 + 15, "ready", 5)] == ["r1", "d1"]
-    assert [m.data for m in q.look(T0 + 15, "delayed", 5)] == ["d2"]
-    assert [m.data for m in q.look(T0 + 15, "leased", 5)] == ["l"]
+    assert looked(q, T0 + 15, "ready", 5) == ["r1", "d1"]
+    [(_, r1), _] = q.look(T0 + 15, "ready", 5)
+    assert (r1.ready, r1.lease) == (T0 + 10, None)  # as it will be: ready since its lease ended
+    assert looked(q, T0 + 15, "delayed", 5) == ["d2"]
+    assert looked(q, T0 + 15, "leased", 5) == ["l"]
     before = q.snapshot()
     q.look(T0 + 15, "ready", 5)
     assert q.snapshot() == before
     with pytest.raises(ValueError):
         q.look(T0, "gone", 1)
+
+
+@pytest.mark.parametrize("state", ["ready", "delayed", "leased"])
+def test_look_pages_through_a_state_with_cursors(state):
+    q = Queue("q", 1000)
+    for i in range(50):
+        if state == "delayed":
+            put(q, f"m{i}", ready=T0 + 100 + i % 7)
+        else:
+            put(q, f"m{i}", retry=100 + i % 7, priority=i % 3)
+    if state == "leased":
+        for i in range(50):
+            q.consume(T0 + i % 5, 1)
+    # some are due already: ready by their ready time (or lease end), in with the rest
+    now = T0 + 103 if state != "leased" else T0 + 5
+    everything = looked(q, now, state, 1000)
+    pages, after = [], None
+    while True:
+        page = q.look(now, state, 7, after)
+        if not page:
+            break
+        pages += [m.data for _, m in page]
+        after = page[-1][0]
+    assert pages == everything and len(set(everything)) == len(everything) > 0
 
 
 def test_router_puts_a_dead_letter_queue_with_its_queue():
@@ -233,7 +263,10 @@ def test_peek_changes_nothing_and_filters_by_state():
     assert r["messages"][0]["delivery_count"] == 0 and "token" not in r["messages"][0]
     assert [m["data"] for m in t.call({"action": 20, "queue": "q", "state": "leased"})["messages"]] == ["a"]
     assert [m["data"] for m in t.call({"action": 20, "queue": "q", "state": "delayed"})["messages"]] == ["later"]
-    assert t.call({"action": 20, "queue": "q", "count": 1})["messages"][0]["data"] == "b"
+    first = t.call({"action": 20, "queue": "q", "count": 1})
+    assert first["messages"][0]["data"] == "b"
+    assert [m["data"] for m in t.call({"action": 20, "queue": "q", "after": first["cursor"]})["messages"]] == ["c"]
+    assert "cursor" not in t.call({"action": 20, "queue": "q", "after": [0, T0 + 99, 99]})
     assert t.call({"action": 20, "queue": "nothing"})["messages"] == []
     assert t.s.snapshot() == before and not t.s.records
 
@@ -248,6 +281,9 @@ def test_peek_changes_nothing_and_filters_by_state():
     ({"action": "peek", "queue": "q", "state": "gone"}, "state"),
     ({"action": "peek", "queue": "q", "state": 1}, "state"),
     ({"action": "peek", "queue": "fan"}, "queue"),
+    ({"action": "peek", "queue": "q", "after": [1, 2]}, "after"),
+    ({"action": "peek", "queue": "q", "after": "x"}, "after"),
+    ({"action": "peek", "queue": "q", "state": "dead", "after": [1.5]}, "after"),
     ({"action": "purge"}, "queue"),
     ({"action": "purge", "queue": ["q"]}, "queue"),
     ({"action": "delete_queue", "queue": ""}, "queue"),
