@@ -549,6 +549,17 @@ class PartitionService:
             part = {"error": str(exc)}
         self.partials.append([gather, part])
 
+    def queue_rows(self, now: float) -> list[tuple[str, Queue, dict, dict]]:
+        """(name, queue, sizes by state, event counts) of every queue, for per-queue metrics."""
+        rows = []
+        queues = self.queues
+        for name, q in queues.items():
+            st = q.stats(now)
+            dlq = queues.get(admin.dead_letter_name(name, self.dead_letter_suffix) or "")
+            rows.append((name, q, {"ready": st["ready"], "delayed": st["delayed"], "leased": st["in_flight"],
+                                   "dead": len(dlq) if dlq is not None else 0}, q.counts))
+        return rows
+
     def _totals(self, now: float) -> dict:
         total = {"size": 0, "ready": 0, "delayed": 0, "in_flight": 0, "waiters": 0}
         for q in self.queues.values():

@@ -198,3 +198,36 @@ def test_forwarded_admin_actions_and_their_state_after_a_fail_over(cluster):
         q.produce("purged", "y")
         assert q.purge("purged") == 1 and q.delete_queue("purged") is True
         assert "purged" not in q.list_queues()
+
+
+def test_per_queue_metrics_on_a_real_node(tmp_path):
+    from tests.harness import free_port
+    from tests.integration.test_metrics import scrape, value
+
+    node = NodeProcess(str(tmp_path), {"metrics_port": free_port(), "max_deliveries": 1,
+                                       "queue_metrics_max": 4}).start()
+    port = node.config["metrics_port"]
+    try:
+        with QueueClient(node.hosts) as q:
+            q.produce_batch("m-jobs", ["a", "b", "c"], retry=0.2)
+            got = q.consume_batch("m-jobs", 2)
+            q.confirm("m-jobs", got[0].msg_id)
+            q.produce("m-later", "x", delay=3600)
+            q.produce("m-gone", "x")
+            wait_for(lambda: q.peek("m-jobs", state="dead"), 5, "the dead letter")
+            q.delete_queue("m-gone")
+
+        def published():
+            s = scrape(port)
+            want = {("queue_server_queue_produced_total", "m-jobs"): 3,
+                    ("queue_server_queue_consumed_total", "m-jobs"): 2,
+                    ("queue_server_queue_confirmed_total", "m-jobs"): 1,
+                    ("queue_server_queue_dead_lettered_total", "m-jobs"): 1,
+                    ("queue_server_queue_ready", "m-jobs"): 1,
+                    ("queue_server_queue_dead", "m-jobs"): 1,
+                    ("queue_server_queue_delayed", "m-later"): 1,
+                    ("queue_server_queue_ready", "m-gone"): 0}
+            return all(value(s, name, queue=label) == n for (name, label), n in want.items())
+        wait_for(published, 15, "the per-queue metrics")
+    finally:
+        node.stop()

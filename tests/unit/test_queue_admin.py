@@ -395,3 +395,48 @@ def test_dead_letter_round_trip_through_the_service():
     fresh = type(t.s)(node_id=9, queue_size=100, dead_letter_suffix=".dlq", max_deliveries=1)
     fresh.load_snapshot(orjson.loads(orjson.dumps(t.s.snapshot())))
     assert fresh.snapshot() == t.s.snapshot()
+
+
+# ------------------------------------------------------------------ per-queue metrics
+
+
+def test_per_queue_metrics_count_events_cap_labels_and_zero_deleted_queues():
+    from prometheus_client import CollectorRegistry
+
+    from queue_server.server.queue_metrics import OTHER, QueueMetrics
+
+    registry = CollectorRegistry()
+    qm = QueueMetrics(2, registry)
+    get = registry.get_sample_value
+    t = svc(max_deliveries=1)
+    t.call({"action": 1, "queue": "a", "data": ["1", "2", "3"], "retry": 5})
+    t.call({"action": 1, "queue": "b", "data": "x", "delay": 60})
+    t.call({"action": 1, "queue": "c", "data": "y"})
+    t.call({"action": 1, "queue": "d", "data": "z"})
+    r = t.call({"action": 2, "queue": "a", "count": 2})
+    t.call({"action": 3, "queue": "a", "msg_id": r["messages"][0]["msg_id"]})
+    t.now += 6  # the other lease ends: a dead letter (max_deliveries 1)
+    t.tick()
+    qm.fold(t.s.queue_rows(t.now))
+    assert get("queue_server_queue_produced_total", {"queue": "a"}) == 3
+    assert get("queue_server_queue_consumed_total", {"queue": "a"}) == 2
+    assert get("queue_server_queue_confirmed_total", {"queue": "a"}) == 1
+    assert get("queue_server_queue_dead_lettered_total", {"queue": "a"}) == 1
+    assert get("queue_server_queue_ready", {"queue": "a"}) == 1
+    assert get("queue_server_queue_dead", {"queue": "a"}) == 1
+    assert get("queue_server_queue_delayed", {"queue": "b"}) == 1
+    # two queues get series of their own; the rest (c, d, a.dlq) are summed as _other
+    assert get("queue_server_queue_ready", {"queue": OTHER}) == 3
+    assert get("queue_server_queue_produced_total", {"queue": OTHER}) == 2
+    assert get("queue_server_queue_ready", {"queue": "c"}) is None
+    # counters move by what happened since; a deleted queue's gauges read 0
+    t.call({"action": 1, "queue": "a", "data": "4"})
+    t.call({"action": "delete_queue", "queue": "b"})
+    qm.fold(t.s.queue_rows(t.now))
+    assert get("queue_server_queue_produced_total", {"queue": "a"}) == 4
+    assert get("queue_server_queue_delayed", {"queue": "b"}) == 0
+    # a queue made again counts from its own start, never backwards
+    t.call({"action": "delete_queue", "queue": "a"})
+    t.call({"action": 1, "queue": "a", "data": "new"})
+    qm.fold(t.s.queue_rows(t.now))
+    assert get("queue_server_queue_produced_total", {"queue": "a"}) == 5
