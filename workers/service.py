@@ -250,9 +250,12 @@ class PartitionService:
         return q
 
     def _configure(self, q: Queue) -> None:
-        """Give a queue this service's dead-letter policy."""
-        q.dead_letters_to(admin.dead_letter_name(q.name, self.dead_letter_suffix), self._queue,
-                          self.max_deliveries)
+        """Give a queue this service's dead-letter policy. A dead-letter queue's own messages
+        are never ended for max_deliveries (they have been delivered that often already)."""
+        suffix = self.dead_letter_suffix
+        is_dlq = bool(suffix) and q.name.endswith(suffix)
+        q.dead_letters_to(admin.dead_letter_name(q.name, suffix), self._queue,
+                          0 if is_dlq else self.max_deliveries)
 
     def forget_restorable(self, queue: str) -> None:
         """Forget the at-most-once deliveries of `queue` kept for restoring (it was purged or

@@ -385,6 +385,11 @@ def test_dead_letter_round_trip_through_the_service():
     [m] = r["messages"]
     assert (m["data"], m["dead_queue"], m["dead_reason"], m["delivery_count"]) == ("job", "q", "max_deliveries", 1)
     assert "q.dlq" in t.s.queues
+    # looking at a dead letter under a lease does not lose it to max_deliveries again
+    assert t.call({"action": 2, "queue": "q.dlq", "lease": 1})["delivery_count"] == 2
+    t.now += 2
+    t.tick()
+    assert len(t.s.queues["q.dlq"]) == 1
     r = t.call({"action": "dlq_replay", "queue": "q"})
     assert r["moved"] == 1
     check_replica(t)
