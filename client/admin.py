@@ -80,6 +80,13 @@ class AdminMethods:
         """Move the queue's dead letters back to it; how many were moved."""
         return int(_field(self.request(queue_request(DLQ_REPLAY, queue)), "moved"))
 
+    def subscribe(self, queue: str, credit: int = 100) -> Any:
+        """A Subscription: iterate it for the messages the leader pushes, never more than
+        `credit` unconfirmed (see client/subscribe.py)."""
+        from .subscribe import Subscription
+
+        return Subscription(self, queue, credit)
+
 
 class AsyncAdminMethods:
     """Queue administration for an asyncio client (anything with `async request(dict)`)."""

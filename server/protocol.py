@@ -23,6 +23,10 @@ PAUSE = 23
 RESUME = 24
 DLQ_REPLAY = 25
 LOCAL_PEEK = 120
+# Push subscriptions with credit (issue 14): pushed messages travel as replies with this req_no,
+# written at once, outside the connection's reply order.
+SUBSCRIBE = 26
+PUSH_REQ_NO = -2
 
 ACTION_NAMES: dict[str, int] = {
     "produce": PRODUCE,
@@ -42,12 +46,13 @@ ACTION_NAMES: dict[str, int] = {
     "resume": RESUME,
     "dlq_replay": DLQ_REPLAY,
     "local_peek": LOCAL_PEEK,
+    "subscribe": SUBSCRIBE,
 }
 ACTIONS: frozenset[int] = frozenset(ACTION_NAMES.values())
 # Actions that name one queue and are served by the worker owning it.
 QUEUE_ACTIONS: frozenset[int] = frozenset({PRODUCE, CONSUME, CONFIRM, RELEASE, EXTEND,
                                            PEEK, PURGE, DELETE_QUEUE, PAUSE, RESUME, DLQ_REPLAY,
-                                           LOCAL_PEEK})
+                                           LOCAL_PEEK, SUBSCRIBE})
 # Actions a node answers from its own state, leader or not (never forwarded).
 LOCAL_ACTIONS: frozenset[int] = frozenset({LOCAL_MONITOR, LOCAL_LIST, LOCAL_PEEK})
 
@@ -112,9 +117,10 @@ def error_reply(request: Any, reason: str, node_id: int | None = None) -> dict:
 
 
 def delivered(reply: Any) -> tuple[str, list[list[int]]] | None:
-    """(queue, [[msg_id, delivery_count], ...]) handed out by a successful consume reply (a
-    decoded dict), else None."""
-    if type(reply) is not dict or resolve_action(reply.get("action")) != CONSUME or reply.get("code") != CODE_OK:
+    """(queue, [[msg_id, delivery_count], ...]) handed out by a successful consume reply or
+    subscription push (a decoded dict), else None."""
+    if type(reply) is not dict or resolve_action(reply.get("action")) not in (CONSUME, SUBSCRIBE) \
+            or reply.get("code") != CODE_OK:
         return None
     queue = reply.get("queue")
     given = [[m["msg_id"], m.get("delivery_count", 0)] for m in reply.get("messages", ())

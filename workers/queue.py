@@ -617,6 +617,11 @@ class Queue:
         ids = heapq.nsmallest(count, (i for i in index if i > after)) if after else heapq.nsmallest(count, index)
         return [([i], _copy(index[i])) for i in ids]
 
+    def leased_as(self, msg_id: int, delivery_count: int) -> bool:
+        """Whether the message is still leased by its delivery number `delivery_count`."""
+        m = self._index.get(msg_id)
+        return m is not None and m.lease is not None and m.delivery_count == delivery_count
+
     def token_of(self, msg_id: int) -> str | None:
         """The token a message is leased under, or None."""
         m = self._index.get(msg_id)

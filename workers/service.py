@@ -10,7 +10,7 @@ import orjson
 
 from queue_server.server import protocol as p
 from queue_server.server.origin import Origin
-from queue_server.workers import admin
+from queue_server.workers import admin, subscriptions
 from queue_server.workers.queue import Message, Queue
 
 # How many just-deleted at-most-once messages are kept to be restored if their reply cannot be
@@ -204,6 +204,8 @@ class PartitionService:
             p.EXTEND: self._extend,
         }
         self._handlers.update(admin.handlers(self))
+        self.subs = subscriptions.Subscriptions(self)
+        self._handlers.update(subscriptions.handlers(self, self.subs))
 
     # ----------------------------------------------------------------------------- requests
     def handle(self, req: Any, origin: Origin, req_no: int, now: float) -> None:
@@ -220,7 +222,7 @@ class PartitionService:
             if not self.accepting and action != p.LOCAL_PEEK:
                 raise BadRequest("not leader: this node is not leading; retry on the leader")
             reply = handler(req, origin, req_no, now)
-        except (BadRequest, admin.BadAdminRequest) as exc:
+        except (BadRequest, admin.BadAdminRequest, subscriptions.BadSubscription) as exc:
             reply = p.error_reply(req, str(exc), self.node_id)
         except Exception as exc:  # a bug must cost one request, never the process or its queues
             self.errors.append(exc)
@@ -500,6 +502,8 @@ class PartitionService:
         rec = q.confirm_many(targets) if targets else None
         if rec is not None:
             self.records.append(rec)
+        if self.subs and targets:
+            self.subs.confirmed(q.name, [t[0] for t in targets])
         reply = self._ok(req)
         reply["confirmed"] = _count(rec)
         return reply
@@ -583,6 +587,11 @@ class PartitionService:
                 for w in waiting:
                     self.replies.append((w.origin, w.req_no, self._empty(w.request, w.count)))
             self.waiters.clear()
+        if self.subs:
+            if self.accepting:
+                self.subs.pump_all(now)
+            else:
+                self.subs.end_all()
         for name in list(self.waiters):
             q = self.queues.get(name)
             if q is not None:
@@ -608,6 +617,10 @@ class PartitionService:
     def next_deadline(self, now: float) -> float:
         """When tick() next has something to do."""
         soonest = self._next_sweep
+        if self.subs:
+            event = self.subs.next_event(now)
+            if event is not None:
+                soonest = min(soonest, event)
         for name, waiting in self.waiters.items():
             for w in waiting:
                 soonest = min(soonest, w.deadline)
@@ -631,6 +644,7 @@ class PartitionService:
     def cancel(self, conn: int) -> None:
         """Drop the long polls of this node's TCP connection `conn`, which closed."""
         gone = Origin(conn)
+        self.subs.cancel(conn)
         for name in list(self.waiters):
             kept = deque(w for w in self.waiters[name] if w.origin != gone)
             if kept:
@@ -680,6 +694,7 @@ class PartitionService:
                 self.replies.append((w.origin, w.req_no, self._empty(w.request, w.count)))
         self.waiters.clear()
         self._restorable.clear()
+        self.subs.end_all()
 
 
 def _count(record: dict | None) -> int:

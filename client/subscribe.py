@@ -1,0 +1,148 @@
+"""QueueClient.subscribe: messages pushed by the leader on a connection of their own, never more
+than the credit unconfirmed (protocol action `subscribe`, docs/protocol.md section 5c)."""
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from . import protocol as p
+from .errors import NoServerAvailable, QueueError
+from .protocol import Message
+from queue_server.server.protocol import SUBSCRIBE, resolve_action
+
+# How long a subscription keeps trying to find the (new) leader after it lost its connection.
+RESUBSCRIBE_FOR = 30.0
+
+
+class Subscription:
+    """An iterator over the messages pushed to one subscription.
+
+    At-least-once messages (`lease_until` set) are confirmed by the caller as after a consume
+    (client.confirm, or confirm() here); that frees their credit. At-most-once ones free their
+    credit when the caller asks for the next message. When the connection or the leader is lost
+    the subscription is made again on the leader (pushed at-least-once messages not confirmed
+    come back after their lease; at-most-once ones are never pushed twice).
+    """
+
+    def __init__(self, client: Any, queue: str, credit: int) -> None:
+        self.client = client
+        self.queue = queue
+        self._credit = credit
+        self.sock: socket.socket | None = None
+        self.buf = b""
+        self.closed = False
+
+    # ------------------------------------------------------------------ public
+    def __iter__(self) -> Iterator[Message]:
+        settle: int | None = None
+        while not self.closed:
+            if settle is not None:
+                self._send({"action": p.CONFIRM, "queue": self.queue, "msg_id": settle})
+                settle = None
+            push = self._next_push()
+            if push is None:
+                return
+            m = Message(self.queue, push["msg_id"], push.get("data", ""), push.get("delivery_count", 1),
+                        lease_until=push.get("lease_until"))
+            if m.lease_until is None:
+                settle = m.msg_id  # at most once: its credit is free once the caller moves on
+            yield m
+
+    def credit(self, credit: int) -> None:
+        """Change the credit (0 stops the flow until it is raised again)."""
+        self._credit = credit
+        if self.sock is not None:
+            self._send(self._request())
+
+    def confirm(self, m: Message) -> None:
+        """Confirm a pushed message on the subscription's own connection."""
+        self._send({"action": p.CONFIRM, "queue": self.queue, "msg_id": m.msg_id})
+
+    def close(self) -> None:
+        """End the subscription (leased messages not confirmed come back after their lease)."""
+        self.closed = True
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ connection
+    def _request(self) -> dict:
+        return {"action": SUBSCRIBE, "queue": self.queue, "credit": self._credit}
+
+    def _send(self, req: dict) -> None:
+        try:
+            assert self.sock is not None
+            self.sock.sendall(p.encode(req))
+        except OSError:
+            self._drop()
+
+    def _drop(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+        self.sock = None
+        self.buf = b""
+
+    def _open(self) -> None:
+        """Connect to the leader and subscribe; retried until RESUBSCRIBE_FOR has passed."""
+        deadline = time.monotonic() + RESUBSCRIBE_FOR
+        last = "no attempt"
+        while True:
+            try:
+                reply = self.client.leader()
+                host, port = p.redirect_target(reply, self.client.address[0]) or self.client.address
+                sock = socket.create_connection((host, port), timeout=self.client.timeout)
+                sock.settimeout(None)
+                self.sock, self.buf = sock, b""
+                self._send(self._request())
+                return
+            except (OSError, QueueError) as exc:
+                last = str(exc) or type(exc).__name__
+                self._drop()
+            if time.monotonic() > deadline:
+                raise NoServerAvailable(p.CODE_ERROR, f"subscribe {self.queue}: no leader reachable: {last}")
+            time.sleep(0.2)
+
+    def _next_push(self) -> dict | None:
+        """The next pushed message; None once closed."""
+        while not self.closed:
+            if self.sock is None:
+                self._open()
+            line = self._line()
+            if line is None:
+                self._drop()  # lost: subscribe again, on whichever node leads
+                continue
+            reply = p.decode_reply(line)
+            if not reply.get("push"):
+                if reply.get("code") != p.CODE_OK and resolve_action(reply.get("action")) == SUBSCRIBE:
+                    if p.try_elsewhere(reply) or str(reply.get("reason", "")).startswith("not leader"):
+                        self._drop()
+                        time.sleep(0.1)
+                        continue
+                    raise p.error_from_reply(reply)
+                continue  # the answer to our subscribe or confirm
+            if reply.get("code") != p.CODE_OK:  # ended: the node stopped leading
+                self._drop()
+                continue
+            return reply
+        return None
+
+    def _line(self) -> bytes | None:
+        sock = self.sock
+        while b"\n" not in self.buf:
+            try:
+                chunk = sock.recv(1 << 16) if sock is not None else b""
+            except OSError:
+                chunk = b""
+            if not chunk:
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line
