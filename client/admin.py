@@ -119,6 +119,12 @@ class AsyncAdminMethods:
         """As AdminMethods.dlq_replay."""
         return int(_field(await self.request(queue_request(DLQ_REPLAY, queue)), "moved"))
 
+    def subscribe(self, queue: str, credit: int = 100) -> Any:
+        """An AsyncSubscription: `async for m in client.subscribe(queue, credit)`."""
+        from .subscribe import AsyncSubscription
+
+        return AsyncSubscription(self, queue, credit)
+
 
 def add_commands(command: Any, common: Any) -> None:
     """Add queue-cli's peek, purge, delete-queue, pause, resume and dlq subcommands;

@@ -2,9 +2,10 @@
 than the credit unconfirmed (protocol action `subscribe`, docs/protocol.md section 5c)."""
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from . import protocol as p
@@ -14,6 +15,29 @@ from queue_server.server.protocol import SUBSCRIBE, resolve_action
 
 # How long a subscription keeps trying to find the (new) leader after it lost its connection.
 RESUBSCRIBE_FOR = 30.0
+
+
+PUSH, AGAIN, OTHER = "push", "again", "other"
+
+
+def classify(reply: dict) -> str:
+    """What a line read on a subscription's connection is: PUSH (a pushed message), AGAIN (the
+    subscription ended or was refused for want of a leader: subscribe again, on the leader) or
+    OTHER (the answer to our own subscribe or confirm). QueueError for any other refusal."""
+    ok = reply.get("code") == p.CODE_OK
+    if reply.get("push"):
+        return PUSH if ok else AGAIN
+    if not ok and resolve_action(reply.get("action")) == SUBSCRIBE:
+        if p.try_elsewhere(reply) or str(reply.get("reason", "")).startswith(("not leader", "subscribe:")):
+            return AGAIN
+        raise p.error_from_reply(reply)
+    return OTHER
+
+
+def message(queue: str, push: dict) -> Message:
+    """A pushed message as a Message (lease_until None: at most once)."""
+    return Message(queue, push["msg_id"], push.get("data", ""), push.get("delivery_count", 1),
+                   lease_until=push.get("lease_until"))
 
 
 class Subscription:
@@ -44,8 +68,7 @@ class Subscription:
             push = self._next_push()
             if push is None:
                 return
-            m = Message(self.queue, push["msg_id"], push.get("data", ""), push.get("delivery_count", 1),
-                        lease_until=push.get("lease_until"))
+            m = message(self.queue, push)
             if m.lease_until is None:
                 settle = m.msg_id  # at most once: its credit is free once the caller moves on
             yield m
@@ -120,18 +143,12 @@ class Subscription:
                 self._drop()  # lost: subscribe again, on whichever node leads
                 continue
             reply = p.decode_reply(line)
-            if not reply.get("push"):
-                if reply.get("code") != p.CODE_OK and resolve_action(reply.get("action")) == SUBSCRIBE:
-                    if p.try_elsewhere(reply) or str(reply.get("reason", "")).startswith("not leader"):
-                        self._drop()
-                        time.sleep(0.1)
-                        continue
-                    raise p.error_from_reply(reply)
-                continue  # the answer to our subscribe or confirm
-            if reply.get("code") != p.CODE_OK:  # ended: the node stopped leading
+            kind = classify(reply)
+            if kind == PUSH:
+                return reply
+            if kind == AGAIN:
                 self._drop()
-                continue
-            return reply
+                time.sleep(0.1)
         return None
 
     def _line(self) -> bytes | None:
@@ -146,3 +163,104 @@ class Subscription:
             self.buf += chunk
         line, self.buf = self.buf.split(b"\n", 1)
         return line
+
+
+class AsyncSubscription:
+    """Subscription for AsyncQueueClient: `async for m in client.subscribe(queue, credit)`."""
+
+    def __init__(self, client: Any, queue: str, credit: int) -> None:
+        self.client = client
+        self.queue = queue
+        self._credit = credit
+        self.reader: Any = None
+        self.writer: Any = None
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[Message]:
+        settle: int | None = None
+        while not self.closed:
+            if settle is not None:
+                await self._send({"action": p.CONFIRM, "queue": self.queue, "msg_id": settle})
+                settle = None
+            push = await self._next_push()
+            if push is None:
+                return
+            m = message(self.queue, push)
+            if m.lease_until is None:
+                settle = m.msg_id
+            yield m
+
+    async def credit(self, credit: int) -> None:
+        """Change the credit (0 stops the flow until it is raised again)."""
+        self._credit = credit
+        if self.writer is not None:
+            await self._send(self._request())
+
+    async def confirm(self, m: Message) -> None:
+        """Confirm a pushed message on the subscription's own connection."""
+        await self._send({"action": p.CONFIRM, "queue": self.queue, "msg_id": m.msg_id})
+
+    async def close(self) -> None:
+        """End the subscription (leased messages not confirmed come back after their lease)."""
+        self.closed = True
+        self._drop()
+
+    async def __aenter__(self) -> AsyncSubscription:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _request(self) -> dict:
+        return {"action": SUBSCRIBE, "queue": self.queue, "credit": self._credit}
+
+    async def _send(self, req: dict) -> None:
+        try:
+            self.writer.write(p.encode(req))
+            await self.writer.drain()
+        except (OSError, AttributeError):
+            self._drop()
+
+    def _drop(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+    async def _open(self) -> None:
+        deadline = time.monotonic() + RESUBSCRIBE_FOR
+        last = "no attempt"
+        while True:
+            try:
+                reply = await self.client.leader()
+                host, port = p.redirect_target(reply, self.client.address[0]) or self.client.address
+                self.reader, self.writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port, limit=1 << 24), self.client.timeout)
+                await self._send(self._request())
+                if self.writer is not None:
+                    return
+            except (OSError, QueueError, asyncio.TimeoutError) as exc:
+                last = str(exc) or type(exc).__name__
+                self._drop()
+            if time.monotonic() > deadline:
+                raise NoServerAvailable(p.CODE_ERROR, f"subscribe {self.queue}: no leader reachable: {last}")
+            await asyncio.sleep(0.2)
+
+    async def _next_push(self) -> dict | None:
+        while not self.closed:
+            if self.reader is None:
+                await self._open()
+            try:
+                line = await self.reader.readline()
+            except (OSError, ValueError, AttributeError):
+                line = b""
+            if not line:
+                self._drop()
+                continue
+            reply = p.decode_reply(line)
+            kind = classify(reply)
+            if kind == PUSH:
+                return reply
+            if kind == AGAIN:
+                self._drop()
+                await asyncio.sleep(0.1)
+        return None

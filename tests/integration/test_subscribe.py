@@ -100,3 +100,26 @@ def test_at_most_once_pushes_are_never_delivered_twice_across_a_fail_over(tmp_pa
         assert set(received) <= set(sent) | {"after"}
     finally:
         c.stop()
+
+
+def test_async_subscription_pushes_within_the_credit_and_confirm_frees_it(node, qname):
+    import asyncio
+
+    from queue_server.client import AsyncQueueClient
+
+    async def run() -> None:
+        async with AsyncQueueClient(node.hosts) as q:
+            await q.produce_batch(qname, [f"m{i}" for i in range(6)], retry=30)
+            got = []
+            async with q.subscribe(qname, credit=2) as sub:
+                async for m in sub:
+                    got.append(m)
+                    if len(got) == 2:
+                        assert (await q.monitor(qname))["in_flight"] == 2
+                        for held in got:
+                            await sub.confirm(held)
+                    if len(got) == 4:
+                        break
+            assert [m.data for m in got] == ["m0", "m1", "m2", "m3"]
+            assert all(m.lease_until is not None for m in got)
+    asyncio.run(run())
