@@ -87,6 +87,10 @@ class Subscription:
         """End the subscription (leased messages not confirmed come back after their lease)."""
         self.closed = True
         if self.sock is not None:
+            try:
+                self.sock.shutdown(socket.SHUT_RDWR)  # wakes a recv blocked in another thread
+            except OSError:
+                pass
             self.sock.close()
             self.sock = None
 

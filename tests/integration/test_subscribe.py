@@ -123,3 +123,13 @@ def test_async_subscription_pushes_within_the_credit_and_confirm_frees_it(node, 
             assert [m.data for m in got] == ["m0", "m1", "m2", "m3"]
             assert all(m.lease_until is not None for m in got)
     asyncio.run(run())
+
+
+def test_the_subscribe_benchmark_counts_what_it_consumed(node):
+    from load import subscribe_bench
+
+    for mode in ("consume", "subscribe"):
+        row = subscribe_bench.run(node.hosts, 2, 1.0, mode, fill=300)
+        assert 0 < row["messages"] <= 300 and row["messages_per_s"] > 0, (mode, row)
+        with QueueClient(node.hosts) as q:
+            assert q.monitor(f"bench-{mode}")["size"] == 300 - row["messages"]
