@@ -132,3 +132,16 @@ def test_bad_subscribe_requests_name_the_field():
     t.s.handle({"action": "subscribe", "queue": "q", "credit": 1}, Origin(5, False, 2), 1, t.now)
     assert t.drain()[0][2]["reason"].startswith("subscribe: ")  # forwarded by a follower
     assert not t.s.subs
+
+
+def test_pushes_are_not_counted_as_requests():
+    from queue_server.server.metrics import count_replies
+
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": ["a", "b"], "retry": 30})
+    t.n += 1
+    t.s.handle({"action": "subscribe", "queue": "q", "credit": 5}, Origin(SUB), t.n, t.now)
+    t.s.tick(t.now)
+    counts: dict = {}
+    count_replies(counts, t.s.replies)
+    assert len(t.s.replies) == 3 and counts == {("subscribe", 0): 1}
