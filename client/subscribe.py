@@ -86,13 +86,13 @@ class Subscription:
     def close(self) -> None:
         """End the subscription (leased messages not confirmed come back after their lease)."""
         self.closed = True
-        if self.sock is not None:
+        sock, self.sock = self.sock, None  # close() may run in another thread than the reader
+        if sock is not None:
             try:
-                self.sock.shutdown(socket.SHUT_RDWR)  # wakes a recv blocked in another thread
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a recv blocked in another thread
             except OSError:
                 pass
-            self.sock.close()
-            self.sock = None
+            sock.close()
 
     def __enter__(self) -> Subscription:
         return self
@@ -112,9 +112,9 @@ class Subscription:
             self._drop()
 
     def _drop(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-        self.sock = None
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            sock.close()
         self.buf = b""
 
     def _open(self) -> None:
