@@ -142,6 +142,9 @@ class Subscription:
         while not self.closed:
             if self.sock is None:
                 self._open()
+                if self.closed:  # closed (from another thread) while it connected
+                    self._drop()
+                    break
             line = self._line()
             if line is None:
                 self._drop()  # lost: subscribe again, on whichever node leads
