@@ -80,12 +80,12 @@ class AdminMethods:
         """Move the queue's dead letters back to it; how many were moved."""
         return int(_field(self.request(queue_request(DLQ_REPLAY, queue)), "moved"))
 
-    def subscribe(self, queue: str, credit: int = 100) -> Any:
-        """A Subscription: iterate it for the messages the leader pushes, never more than
-        `credit` unconfirmed (see client/subscribe.py)."""
+    def subscribe(self, queues: str | list[str], credit: int = 100) -> Any:
+        """A Subscription to one queue or a list of them: iterate it for the messages the leader
+        pushes, never more than `credit` unconfirmed per queue (see client/subscribe.py)."""
         from .subscribe import Subscription
 
-        return Subscription(self, queue, credit)
+        return Subscription(self, queues, credit)
 
 
 class AsyncAdminMethods:
@@ -119,11 +119,11 @@ class AsyncAdminMethods:
         """As AdminMethods.dlq_replay."""
         return int(_field(await self.request(queue_request(DLQ_REPLAY, queue)), "moved"))
 
-    def subscribe(self, queue: str, credit: int = 100) -> Any:
-        """An AsyncSubscription: `async for m in client.subscribe(queue, credit)`."""
+    def subscribe(self, queues: str | list[str], credit: int = 100) -> Any:
+        """An AsyncSubscription: `async for m in client.subscribe(queues, credit)`."""
         from .subscribe import AsyncSubscription
 
-        return AsyncSubscription(self, queue, credit)
+        return AsyncSubscription(self, queues, credit)
 
 
 def add_commands(command: Any, common: Any) -> None:

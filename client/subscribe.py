@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 from . import protocol as p
@@ -34,14 +34,19 @@ def classify(reply: dict) -> str:
     return OTHER
 
 
-def message(queue: str, push: dict) -> Message:
+def message(push: dict) -> Message:
     """A pushed message as a Message (lease_until None: at most once)."""
-    return Message(queue, push["msg_id"], push.get("data", ""), push.get("delivery_count", 1),
+    return Message(push["queue"], push["msg_id"], push.get("data", ""), push.get("delivery_count", 1),
                    lease_until=push.get("lease_until"))
 
 
+def _confirm(queue: str, msg_id: int) -> dict:
+    return {"action": p.CONFIRM, "queue": queue, "msg_id": msg_id}
+
+
 class Subscription:
-    """An iterator over the messages pushed to one subscription.
+    """An iterator over the messages pushed to a subscription to one or more queues (the credit
+    holds per queue; each Message names its queue).
 
     At-least-once messages (`lease_until` set) are confirmed by the caller as after a consume
     (client.confirm, or confirm() here); that frees their credit. At-most-once ones free their
@@ -50,9 +55,9 @@ class Subscription:
     come back after their lease; at-most-once ones are never pushed twice).
     """
 
-    def __init__(self, client: Any, queue: str, credit: int) -> None:
+    def __init__(self, client: Any, queues: str | Iterable[str], credit: int) -> None:
         self.client = client
-        self.queue = queue
+        self.queues = (queues,) if isinstance(queues, str) else tuple(queues)
         self._credit = credit
         self.sock: socket.socket | None = None
         self.buf = b""
@@ -60,28 +65,29 @@ class Subscription:
 
     # ------------------------------------------------------------------ public
     def __iter__(self) -> Iterator[Message]:
-        settle: int | None = None
+        settle: tuple[str, int] | None = None
         while not self.closed:
             if settle is not None:
-                self._send({"action": p.CONFIRM, "queue": self.queue, "msg_id": settle})
+                self._send(_confirm(*settle))
                 settle = None
             push = self._next_push()
             if push is None:
                 return
-            m = message(self.queue, push)
+            m = message(push)
             if m.lease_until is None:
-                settle = m.msg_id  # at most once: its credit is free once the caller moves on
+                settle = (m.queue, m.msg_id)  # at most once: its credit is free once the caller moves on
             yield m
 
     def credit(self, credit: int) -> None:
         """Change the credit (0 stops the flow until it is raised again)."""
         self._credit = credit
         if self.sock is not None:
-            self._send(self._request())
+            for req in self._requests():
+                self._send(req)
 
     def confirm(self, m: Message) -> None:
         """Confirm a pushed message on the subscription's own connection."""
-        self._send({"action": p.CONFIRM, "queue": self.queue, "msg_id": m.msg_id})
+        self._send(_confirm(m.queue, m.msg_id))
 
     def close(self) -> None:
         """End the subscription (leased messages not confirmed come back after their lease)."""
@@ -101,8 +107,8 @@ class Subscription:
         self.close()
 
     # ------------------------------------------------------------------ connection
-    def _request(self) -> dict:
-        return {"action": SUBSCRIBE, "queue": self.queue, "credit": self._credit}
+    def _requests(self) -> list[dict]:
+        return [{"action": SUBSCRIBE, "queue": q, "credit": self._credit} for q in self.queues]
 
     def _send(self, req: dict) -> None:
         try:
@@ -128,13 +134,15 @@ class Subscription:
                 sock = socket.create_connection((host, port), timeout=self.client.timeout)
                 sock.settimeout(None)
                 self.sock, self.buf = sock, b""
-                self._send(self._request())
-                return
+                for req in self._requests():
+                    self._send(req)
+                if self.sock is not None:
+                    return
             except (OSError, QueueError) as exc:
                 last = str(exc) or type(exc).__name__
                 self._drop()
             if time.monotonic() > deadline:
-                raise NoServerAvailable(p.CODE_ERROR, f"subscribe {self.queue}: no leader reachable: {last}")
+                raise NoServerAvailable(p.CODE_ERROR, f"subscribe {','.join(self.queues)}: no leader reachable: {last}")
             time.sleep(0.2)
 
     def _next_push(self) -> dict | None:
@@ -175,37 +183,38 @@ class Subscription:
 class AsyncSubscription:
     """Subscription for AsyncQueueClient: `async for m in client.subscribe(queue, credit)`."""
 
-    def __init__(self, client: Any, queue: str, credit: int) -> None:
+    def __init__(self, client: Any, queues: str | Iterable[str], credit: int) -> None:
         self.client = client
-        self.queue = queue
+        self.queues = (queues,) if isinstance(queues, str) else tuple(queues)
         self._credit = credit
         self.reader: Any = None
         self.writer: Any = None
         self.closed = False
 
     async def __aiter__(self) -> AsyncIterator[Message]:
-        settle: int | None = None
+        settle: tuple[str, int] | None = None
         while not self.closed:
             if settle is not None:
-                await self._send({"action": p.CONFIRM, "queue": self.queue, "msg_id": settle})
+                await self._send(_confirm(*settle))
                 settle = None
             push = await self._next_push()
             if push is None:
                 return
-            m = message(self.queue, push)
+            m = message(push)
             if m.lease_until is None:
-                settle = m.msg_id
+                settle = (m.queue, m.msg_id)
             yield m
 
     async def credit(self, credit: int) -> None:
         """Change the credit (0 stops the flow until it is raised again)."""
         self._credit = credit
         if self.writer is not None:
-            await self._send(self._request())
+            for req in self._requests():
+                await self._send(req)
 
     async def confirm(self, m: Message) -> None:
         """Confirm a pushed message on the subscription's own connection."""
-        await self._send({"action": p.CONFIRM, "queue": self.queue, "msg_id": m.msg_id})
+        await self._send(_confirm(m.queue, m.msg_id))
 
     async def close(self) -> None:
         """End the subscription (leased messages not confirmed come back after their lease)."""
@@ -218,8 +227,8 @@ class AsyncSubscription:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    def _request(self) -> dict:
-        return {"action": SUBSCRIBE, "queue": self.queue, "credit": self._credit}
+    def _requests(self) -> list[dict]:
+        return [{"action": SUBSCRIBE, "queue": q, "credit": self._credit} for q in self.queues]
 
     async def _send(self, req: dict) -> None:
         try:
@@ -242,14 +251,15 @@ class AsyncSubscription:
                 host, port = p.redirect_target(reply, self.client.address[0]) or self.client.address
                 self.reader, self.writer = await asyncio.wait_for(
                     asyncio.open_connection(host, port, limit=1 << 24), self.client.timeout)
-                await self._send(self._request())
+                for req in self._requests():
+                    await self._send(req)
                 if self.writer is not None:
                     return
             except (OSError, QueueError, asyncio.TimeoutError) as exc:
                 last = str(exc) or type(exc).__name__
                 self._drop()
             if time.monotonic() > deadline:
-                raise NoServerAvailable(p.CODE_ERROR, f"subscribe {self.queue}: no leader reachable: {last}")
+                raise NoServerAvailable(p.CODE_ERROR, f"subscribe {','.join(self.queues)}: no leader reachable: {last}")
             await asyncio.sleep(0.2)
 
     async def _next_push(self) -> dict | None:

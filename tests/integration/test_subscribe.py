@@ -133,3 +133,20 @@ def test_the_subscribe_benchmark_counts_what_it_consumed(node):
         assert 0 < row["messages"] <= 300 and row["messages_per_s"] > 0, (mode, row)
         with QueueClient(node.hosts) as q:
             assert q.monitor(f"bench-{mode}")["size"] == 300 - row["messages"]
+
+
+def test_one_subscription_to_several_queues(node, qname):
+    a, b = f"{qname}-a", f"{qname}-b"
+    with QueueClient(node.hosts) as q:
+        q.produce_batch(a, ["a1", "a2"])
+        q.produce_batch(b, ["b1", "b2"], retry=30)
+        with q.subscribe([a, b], credit=1) as sub:
+            got = []
+            for m in sub:
+                got.append((m.queue, m.data))
+                if m.lease_until is not None:
+                    q.confirm(m.queue, m.msg_id)
+                if len(got) == 4:
+                    break
+        assert sorted(got) == [(a, "a1"), (a, "a2"), (b, "b1"), (b, "b2")]
+        assert q.monitor(a)["size"] == 0 and q.monitor(b)["size"] == 0
