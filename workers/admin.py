@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from queue_server.server import protocol as p
 from queue_server.server.origin import Origin
+from queue_server.workers.bad_request import BadRequest
 from queue_server.workers.queue import PEEK_STATES, Message
 
 if TYPE_CHECKING:
@@ -16,10 +17,6 @@ STATES = (*PEEK_STATES, "dead")
 # How long a peek cursor is, by state (see Queue.look).
 _CURSOR_LENGTH = {"ready": 3, "delayed": 2, "leased": 2, "dead": 1}
 DEFAULT_PEEK_COUNT = 10
-
-
-class BadAdminRequest(ValueError):
-    """A field of an administration request is invalid; the message names the field."""
 
 
 def handlers(service: PartitionService) -> dict[int, Any]:
@@ -58,17 +55,17 @@ class Admin:
         name = self._name(req)
         count = req.get("count", DEFAULT_PEEK_COUNT)
         if type(count) is not int:
-            raise BadAdminRequest("count: must be an integer")
+            raise BadRequest("count: must be an integer")
         if not 1 <= count <= p.MAX_BATCH:
-            raise BadAdminRequest(f"count: must be 1..{p.MAX_BATCH}")
+            raise BadRequest(f"count: must be 1..{p.MAX_BATCH}")
         state = req.get("state", "ready")
         if type(state) is not str or state not in STATES:
-            raise BadAdminRequest("state: must be one of " + ", ".join(STATES))
+            raise BadRequest("state: must be one of " + ", ".join(STATES))
         after = req.get("after")
         if after is not None and (
                 type(after) is not list or len(after) != _CURSOR_LENGTH[state]
                 or not all(type(v) in (int, float) for v in after) or type(after[-1]) is not int):
-            raise BadAdminRequest(f"after: must be the cursor of a peek reply with state {state}")
+            raise BadRequest(f"after: must be the cursor of a peek reply with state {state}")
         if state == "dead":
             dlq_name = dead_letter_name(name, self.s.dead_letter_suffix)
             q = self.s.queues.get(dlq_name) if dlq_name is not None else None
@@ -135,7 +132,7 @@ class Admin:
         name = self._name(req)
         dlq_name = dead_letter_name(name, self.s.dead_letter_suffix)
         if dlq_name is None:
-            raise BadAdminRequest("queue: has no dead-letter queue (dead letters are off, or it is one)")
+            raise BadRequest("queue: has no dead-letter queue (dead letters are off, or it is one)")
         dlq = self.s.queues.get(dlq_name)
         record = None
         if dlq is not None and len(dlq):

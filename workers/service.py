@@ -11,6 +11,7 @@ import orjson
 from queue_server.server import protocol as p
 from queue_server.server.origin import Origin
 from queue_server.workers import admin, subscriptions
+from queue_server.workers.bad_request import BadRequest
 from queue_server.workers.queue import Message, Queue
 
 # How many just-deleted at-most-once messages are kept to be restored if their reply cannot be
@@ -24,10 +25,6 @@ MAX_TOKEN_BYTES = 256
 DEFAULT_UDP_MAX_RESPONSE = 60000
 UDP_TOO_LARGE = "response too large for UDP, use TCP"
 # Request fields that replies do not echo: the protocol's bulky ones, and our list selectors.
-
-
-class BadRequest(Exception):
-    """A request field is invalid; the message names the field."""
 
 
 @dataclass(slots=True)
@@ -222,7 +219,7 @@ class PartitionService:
             if not self.accepting and action != p.LOCAL_PEEK:
                 raise BadRequest("not leader: this node is not leading; retry on the leader")
             reply = handler(req, origin, req_no, now)
-        except (BadRequest, admin.BadAdminRequest, subscriptions.BadSubscription) as exc:
+        except BadRequest as exc:
             reply = p.error_reply(req, str(exc), self.node_id)
         except Exception as exc:  # a bug must cost one request, never the process or its queues
             self.errors.append(exc)

@@ -8,16 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 from queue_server.server import protocol as p
 from queue_server.server.origin import Origin
+from queue_server.workers.bad_request import BadRequest
 
 if TYPE_CHECKING:
     from queue_server.workers.queue import Queue
     from queue_server.workers.service import PartitionService
 
 ENDED = "subscription ended: the node stopped leading; subscribe again (to the leader)"
-
-
-class BadSubscription(ValueError):
-    """A field of a subscribe request is invalid; the message names the field."""
 
 
 @dataclass(slots=True)
@@ -46,11 +43,11 @@ class Subscriptions:
         name = self.s._reject_virtual(req.get("queue"))
         credit = req.get("credit")
         if type(credit) is not int:
-            raise BadSubscription("credit: missing" if credit is None else "credit: must be an integer")
+            raise BadRequest("credit: missing" if credit is None else "credit: must be an integer")
         if not 0 <= credit <= p.MAX_BATCH:
-            raise BadSubscription(f"credit: must be 0..{p.MAX_BATCH}")
+            raise BadRequest(f"credit: must be 0..{p.MAX_BATCH}")
         if origin.udp or origin.forwarded:
-            raise BadSubscription("subscribe: only on a TCP connection to the leader (not forwarded, not UDP)")
+            raise BadRequest("subscribe: only on a TCP connection to the leader (not forwarded, not UDP)")
         subs = self.by_queue.setdefault(name, {})
         sub = subs.get(origin.conn)
         if sub is None:
