@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from . import protocol as p
+from .admin import AsyncAdminMethods
 from .errors import ConnectTimeout, NoServerAvailable, QueueError, QueueTimeout
 from .protocol import Address, Message
 
@@ -241,7 +242,7 @@ class _Udp(asyncio.DatagramProtocol):
             self.transport.close()
 
 
-class AsyncQueueClient:
+class AsyncQueueClient(AsyncAdminMethods):
     """An asyncio client for one queue-server cluster; use it from one event loop.
 
     Concurrent calls share one TCP connection (pipelined; replies come back in request order).
@@ -518,6 +519,7 @@ class AsyncQueueClient:
         priority: int | None = None,
         producer: str | None = None,
         sequence: int | None = None,
+        max_deliveries: int | None = None,
     ) -> int | dict[str, int]:
         """Store one message; its msg_id (a virtual queue: {real queue: msg_id}).
 
@@ -529,7 +531,7 @@ class AsyncQueueClient:
             raise TypeError("data must be a str (use produce_batch for several)")
         if producer is None and sequence is None and self._producer is not None:
             producer, sequence = self._producer.next()
-        req = p.produce_request(queue, data, delay, ttl, retry, priority, producer, sequence)
+        req = p.produce_request(queue, data, delay, ttl, retry, priority, producer, sequence, max_deliveries)
         return p.produced_ids(await self.request(req))
 
     async def produce_batch(
@@ -543,6 +545,7 @@ class AsyncQueueClient:
         priority: int | None = None,
         producer: str | None = None,
         sequence: int | None = None,
+        max_deliveries: int | None = None,
     ) -> list[int] | dict[str, list[int]]:
         """Store several messages, all or none; their msg_ids in order (virtual: per real queue).
 
@@ -552,7 +555,7 @@ class AsyncQueueClient:
             raise TypeError("data must be a sequence of str")
         if producer is None and sequence is None and self._producer is not None:
             producer, sequence = self._producer.next()
-        req = p.produce_request(queue, data, delay, ttl, retry, priority, producer, sequence)
+        req = p.produce_request(queue, data, delay, ttl, retry, priority, producer, sequence, max_deliveries)
         return p.produced_ids(await self.request(req))
 
     async def consume(

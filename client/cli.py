@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from . import admin
 from . import protocol as p
 from .errors import NoServerAvailable, QueueError, QueueTimeout
 from .sync import QueueClient
@@ -88,9 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--priority", type=int, metavar="N", help="higher first (default 0)")
     cmd.add_argument("--producer", metavar="ID", help="idempotent produce: producer id (with --sequence)")
     cmd.add_argument("--sequence", type=int, metavar="N", help="idempotent produce: sequence number")
+    cmd.add_argument("--max-deliveries", type=int, metavar="N", help="dead letter after N unconfirmed deliveries (0: never)")
     cmd.set_defaults(build=lambda a: p.produce_request(
         a.queue, a.data[0] if len(a.data) == 1 else a.data, a.delay, a.ttl, a.retry, a.priority,
-        a.producer, a.sequence))
+        a.producer, a.sequence, a.max_deliveries))
 
     cmd = command("consume", "take ready messages")
     cmd.add_argument("queue", metavar="QUEUE")
@@ -138,6 +140,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmd = command("leader", "the leader's node id and address")
     cmd.set_defaults(build=lambda a: p.leader_request())
+    admin.add_commands(command, lambda parser: _common_options(parser, defaults=False))
     return parser
 
 

@@ -158,9 +158,10 @@ def produce_request(
     priority: int | None = None,
     producer: str | None = None,
     sequence: int | None = None,
+    max_deliveries: int | None = None,
 ) -> dict[str, Any]:
     """A produce request (a list of strings as `data` makes it a batch); `producer` and
-    `sequence` make it idempotent."""
+    `sequence` make it idempotent; `max_deliveries` replaces the queue's dead-letter limit."""
     req: dict[str, Any] = {"action": PRODUCE, "queue": queue}
     req["data"] = data if isinstance(data, str) else list(data)
     if delay is not None:
@@ -175,6 +176,8 @@ def produce_request(
         req["producer"] = producer
     if sequence is not None:
         req["sequence"] = sequence
+    if max_deliveries is not None:
+        req["max_deliveries"] = max_deliveries
     return req
 
 

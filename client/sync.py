@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from . import protocol as p
+from .admin import AdminMethods
 from .errors import ConnectTimeout, NoServerAvailable, QueueError, QueueTimeout
 from .protocol import Address, Message
 
@@ -39,7 +40,7 @@ class _Closed(Exception):
         self.reused = reused
 
 
-class QueueClient:
+class QueueClient(AdminMethods):
     """A blocking client for one queue-server cluster.
 
     Use it from one thread at a time (give each thread its own client). It keeps one connection
@@ -276,6 +277,7 @@ class QueueClient:
         priority: int | None = None,
         producer: str | None = None,
         sequence: int | None = None,
+        max_deliveries: int | None = None,
     ) -> int | dict[str, int]:
         """Store one message; its msg_id (a virtual queue: {real queue: msg_id}).
 
@@ -287,7 +289,7 @@ class QueueClient:
             raise TypeError("data must be a str (use produce_batch for several)")
         if producer is None and sequence is None and self._producer is not None:
             producer, sequence = self._producer.next()
-        req = p.produce_request(queue, data, delay, ttl, retry, priority, producer, sequence)
+        req = p.produce_request(queue, data, delay, ttl, retry, priority, producer, sequence, max_deliveries)
         return p.produced_ids(self.request(req))
 
     def produce_batch(
@@ -301,6 +303,7 @@ class QueueClient:
         priority: int | None = None,
         producer: str | None = None,
         sequence: int | None = None,
+        max_deliveries: int | None = None,
     ) -> list[int] | dict[str, list[int]]:
         """Store several messages, all or none; their msg_ids in order (virtual: per real queue).
 
@@ -310,7 +313,7 @@ class QueueClient:
             raise TypeError("data must be a sequence of str")
         if producer is None and sequence is None and self._producer is not None:
             producer, sequence = self._producer.next()
-        req = p.produce_request(queue, data, delay, ttl, retry, priority, producer, sequence)
+        req = p.produce_request(queue, data, delay, ttl, retry, priority, producer, sequence, max_deliveries)
         return p.produced_ids(self.request(req))
 
     def consume(

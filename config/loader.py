@@ -116,6 +116,13 @@ def _string(nonempty: bool) -> Callable[[Any], str]:
     return check
 
 
+def _suffix(value: Any) -> str:
+    """A queue-name suffix: a string of at most 64 characters without control characters."""
+    if type(value) is not str or len(value) > 64 or any(ord(c) < 32 or 127 <= ord(c) < 160 for c in value):
+        raise _expected("a string of at most 64 characters without control characters", value)
+    return value
+
+
 def _bool(value: Any) -> bool:
     if type(value) is not bool:
         raise _expected("true or false", value)
@@ -273,6 +280,9 @@ _KEYS: tuple[_Key, ...] = (
     _Key("metrics_port", 0, _int(0, 65535), "HTTP metrics port; 0 = off"),
     _Key("election_timeout_ms", 300, _int(10, 60000), "follower waits this long without a leader before voting"),
     _Key("heartbeat_ms", 50, _int(1, 10000), "leader heartbeat interval (below election_timeout_ms)"),
+    _Key("max_deliveries", 0, _int(0, 2**31 - 1), "deliveries without a confirm before a message is a dead letter; 0 = unlimited"),
+    _Key("dead_letter_suffix", ".dlq", _suffix, "dead letters of queue q go to q + this; '' = no dead-letter queues"),
+    _Key("queue_metrics_max", 100, _int(0, 100000), "queues that get their own series in the per-queue metrics"),
 )
 
 _BY_NAME: dict[str, _Key] = {k.name: k for k in _KEYS}
@@ -307,6 +317,9 @@ class NodeConfig:
     metrics_port: int
     election_timeout_ms: int
     heartbeat_ms: int
+    max_deliveries: int
+    dead_letter_suffix: str
+    queue_metrics_max: int
 
     @property
     def is_cluster(self) -> bool:
@@ -494,6 +507,9 @@ DEFAULT_CONFIG_TEXT = """\
     "repair" : false,               // true: cut a log corrupt in the middle at the damage (losing what follows)
     "metrics_port" : 0,             // HTTP metrics port; 0 = off
     "election_timeout_ms" : 300,
-    "heartbeat_ms" : 50
+    "heartbeat_ms" : 50,
+    "max_deliveries" : 0,           // deliveries without a confirm before a dead letter; 0 = unlimited
+    "dead_letter_suffix" : ".dlq",  // dead letters of queue q go to q + this; "" = none
+    "queue_metrics_max" : 100       // queues that get their own series in per-queue metrics
 }
 """

@@ -12,6 +12,8 @@ Workloads (each on a freshly started server):
   quorum        per-request and pipelined cycles against a 3-node cluster (replication quorum):
                 clients on the leader, then spread over the three nodes (followers forward);
                 skipped, with the reason, while the nodes do not form a cluster
+  subscribe     consumed messages/s with push subscriptions (credit 100) against a consume +
+                confirm loop, Python client, same connections (load/subscribe_bench.py)
 
     python load/bench.py                        # every workload, 10 s each, 8 connections
     python load/bench.py --seconds 3 --only per-request,pipelined --no-peers
@@ -38,7 +40,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
 from tests.harness import free_port  # noqa: E402  (one definition for tests and benchmarks)
-WORKLOADS = ("per-request", "pipelined", "batched", "long-poll", "quorum")
+WORKLOADS = ("per-request", "pipelined", "batched", "long-poll", "quorum", "subscribe")
 PROTOCOLS = {"queue-server": "qs", "queue-server x3": "qs", "beanstalkd": "beanstalk", "redis": "redis"}
 
 
@@ -434,6 +436,23 @@ def main(argv: list[str] | None = None) -> None:
                             lambda: started_cluster(True), depth=depth)
                     measure("quorum", "queue-server x3", f"clients spread over 3 nodes, {label}",
                             lambda: started_cluster(False), depth=depth)
+
+        if "subscribe" in only:
+            from load import subscribe_bench
+
+            for mode, what in (("consume", "consume + confirm loop, Python client"),
+                               ("subscribe", f"subscribe credit {subscribe_bench.CREDIT} + confirm, Python client")):
+                srv = start("queue-server")
+                try:
+                    result = subscribe_bench.run(srv.addresses[0], args.conns, args.seconds, mode)
+                except (OSError, RuntimeError) as exc:
+                    notes.append(f"subscribe, {mode}: failed: {exc}")
+                    continue
+                finally:
+                    srv.stop()
+                result.update(workload="subscribe", server="queue-server", what=what, runs=[result["ops_per_s"]])
+                rows.append(result)
+                print(f"  {'subscribe':<12} {'queue-server':<14} {what:<42} {result['messages_per_s']:>9,.0f} msg/s consumed", flush=True)
 
     info["load_average_end"] = os.getloadavg()[0]
     print()

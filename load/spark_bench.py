@@ -140,7 +140,7 @@ def drain(spark, hosts: str, queues: list[str], mode: str, parts: int, workdir: 
     started = time.perf_counter()
     if mode == "batch":
         (spark.read.format("queue").option("hosts", hosts).option("queues", ",".join(queues))
-         .option("partitionsPerQueue", parts).load()
+         .option("partitionsPerQueue", parts).option("consume", "true").load()
          .write.format("noop").mode("overwrite").save())
     else:
         query = (spark.readStream.format("queue").option("hosts", hosts)

@@ -33,6 +33,7 @@ MAX_DRAIN = 512
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
 NO_LEADER = "no leader"
 UDP_TOO_LARGE = "response too large for UDP, use TCP"
+_SUBSCRIBE = (p.SUBSCRIBE, "subscribe")
 
 
 class Connection(asyncio.Protocol):
@@ -82,8 +83,8 @@ class Connection(asyncio.Protocol):
         for value, _raw in items:
             req_no = self.next_no
             self.next_no = req_no + 1
-            if type(value) is dict and value.get("wait"):
-                self.long_polls = True
+            if type(value) is dict and (value.get("wait") or value.get("action") in _SUBSCRIBE):
+                self.long_polls = True  # the workers must hear when it closes
             submit(origin, req_no, value)
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -172,7 +173,8 @@ class Acceptor:
         self.config = config
         self.log = log
         self.loop = loop
-        self.router = Router(config.workers, [(v.name, v.queue_list) for v in config.virtual_queue_list])
+        self.router = Router(config.workers, [(v.name, v.queue_list) for v in config.virtual_queue_list],
+                             config.dead_letter_suffix)
         self.workers = [ipc.outbox(ctx, run_dir, ipc.worker_name(i)) for i in range(config.workers)]
         self.inbox = ipc.inbox(ctx, run_dir, "acceptor")
         self.coordinator = ipc.outbox(ctx, run_dir, "coordinator")
@@ -324,6 +326,9 @@ class Acceptor:
         conn = self.conns.get(origin.conn)
         if conn is None:
             self.undeliver(data)
+        elif req_no == p.PUSH_REQ_NO:  # a subscription's push: out at once, between replies
+            conn.out.append(data)
+            self.dirty.append(conn)
         elif conn.put(req_no, data):
             self.dirty.append(conn)
 

@@ -63,6 +63,8 @@ def merge(request: dict, parts: list[dict], node_fields: dict[str, Any]) -> dict
                 reply[key] = max(values) if key == "max_id" else sum(values)
         if "max_size" in parts[0]:
             reply["max_size"] = parts[0]["max_size"]
+        if "paused" in parts[0]:
+            reply["paused"] = parts[0]["paused"]
         reply["wait_status"] = reply.get("ready", 0)
     reply.update(node_fields)
     return reply

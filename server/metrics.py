@@ -121,8 +121,11 @@ def _fold_counts(counts: dict, counter: Counter) -> None:
 
 
 def count_replies(counts: dict, replies: Iterable[tuple[Any, Any, Any]]) -> None:
-    """Count (conn, req_no, reply dict) triples by the reply's (action, code) into `counts`."""
-    for _, _, reply in replies:
+    """Count (conn, req_no, reply dict) triples by the reply's (action, code) into `counts`
+    (a subscription's pushes are not replies to requests: they are not counted)."""
+    for _, req_no, reply in replies:
+        if req_no == p.PUSH_REQ_NO:
+            continue
         try:
             key = (reply.get("action"), reply.get("code"))
             counts[key] = counts.get(key, 0) + 1

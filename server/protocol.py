@@ -15,6 +15,18 @@ LIST = 7
 LEADER = 8
 LOCAL_MONITOR = 104
 LOCAL_LIST = 107
+# Queue administration (issue 14): look without taking, empty, remove, pause, dead letters.
+PEEK = 20
+PURGE = 21
+DELETE_QUEUE = 22
+PAUSE = 23
+RESUME = 24
+DLQ_REPLAY = 25
+LOCAL_PEEK = 120
+# Push subscriptions with credit (issue 14): pushed messages travel as replies with this req_no,
+# written at once, outside the connection's reply order.
+SUBSCRIBE = 26
+PUSH_REQ_NO = -2
 
 ACTION_NAMES: dict[str, int] = {
     "produce": PRODUCE,
@@ -27,12 +39,22 @@ ACTION_NAMES: dict[str, int] = {
     "leader": LEADER,
     "local_monitor": LOCAL_MONITOR,
     "local_list": LOCAL_LIST,
+    "peek": PEEK,
+    "purge": PURGE,
+    "delete_queue": DELETE_QUEUE,
+    "pause": PAUSE,
+    "resume": RESUME,
+    "dlq_replay": DLQ_REPLAY,
+    "local_peek": LOCAL_PEEK,
+    "subscribe": SUBSCRIBE,
 }
 ACTIONS: frozenset[int] = frozenset(ACTION_NAMES.values())
 # Actions that name one queue and are served by the worker owning it.
-QUEUE_ACTIONS: frozenset[int] = frozenset({PRODUCE, CONSUME, CONFIRM, RELEASE, EXTEND})
+QUEUE_ACTIONS: frozenset[int] = frozenset({PRODUCE, CONSUME, CONFIRM, RELEASE, EXTEND,
+                                           PEEK, PURGE, DELETE_QUEUE, PAUSE, RESUME, DLQ_REPLAY,
+                                           LOCAL_PEEK, SUBSCRIBE})
 # Actions a node answers from its own state, leader or not (never forwarded).
-LOCAL_ACTIONS: frozenset[int] = frozenset({LOCAL_MONITOR, LOCAL_LIST})
+LOCAL_ACTIONS: frozenset[int] = frozenset({LOCAL_MONITOR, LOCAL_LIST, LOCAL_PEEK})
 
 CODE_OK = 0
 CODE_ERROR = -1
@@ -95,9 +117,10 @@ def error_reply(request: Any, reason: str, node_id: int | None = None) -> dict:
 
 
 def delivered(reply: Any) -> tuple[str, list[list[int]]] | None:
-    """(queue, [[msg_id, delivery_count], ...]) handed out by a successful consume reply (a
-    decoded dict), else None."""
-    if type(reply) is not dict or resolve_action(reply.get("action")) != CONSUME or reply.get("code") != CODE_OK:
+    """(queue, [[msg_id, delivery_count], ...]) handed out by a successful consume reply or
+    subscription push (a decoded dict), else None."""
+    if type(reply) is not dict or resolve_action(reply.get("action")) not in (CONSUME, SUBSCRIBE) \
+            or reply.get("code") != CODE_OK:
         return None
     queue = reply.get("queue")
     given = [[m["msg_id"], m.get("delivery_count", 0)] for m in reply.get("messages", ())

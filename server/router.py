@@ -1,6 +1,7 @@
 """Which worker owns a queue: a stable hash of the queue's routing key. Queues bound together by
 a virtual queue share one routing key, so a produce to the virtual queue is served by one worker
-and can be all-or-none."""
+and can be all-or-none. A dead-letter queue `<q><suffix>` has the routing key of `<q>`, so that
+moving a message into it or back is one worker's one replicated write."""
 from __future__ import annotations
 
 import zlib
@@ -16,10 +17,14 @@ SCATTER_ACTIONS = frozenset({p.MONITOR, p.LOCAL_MONITOR, p.LIST, p.LOCAL_LIST})
 class Router:
     """Maps queue names (real or virtual) to worker indexes; the same on every node."""
 
-    def __init__(self, workers: int, virtual_queues: Iterable[tuple[str, Iterable[str]]] = ()) -> None:
+    def __init__(self, workers: int, virtual_queues: Iterable[tuple[str, Iterable[str]]] = (),
+                 dead_letter_suffix: str = "") -> None:
+        """dead_letter_suffix: config `dead_letter_suffix` ("" for none); it must be the same on
+        every node, like `workers`."""
         if workers < 1:
             raise ValueError("workers must be >= 1")
         self.workers = workers
+        self.suffix = dead_letter_suffix
         self._key: dict[str, str] = _group_keys(virtual_queues)
         self._cache: dict[str, int] = {}
 
@@ -27,7 +32,9 @@ class Router:
         """The index of the worker owning `queue`."""
         index = self._cache.get(queue)
         if index is None:
-            key = self._key.get(queue, queue)
+            suffix = self.suffix
+            base = queue[:-len(suffix)] if suffix and queue.endswith(suffix) and queue != suffix else queue
+            key = self._key.get(base, base)
             index = zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.workers
             if len(self._cache) < 1_000_000:
                 self._cache[queue] = index

@@ -111,9 +111,10 @@ class ReadOptions:
     lease: float = DEFAULT_LEASE
     timeout: float = DEFAULT_TIMEOUT
     chunk: int = MAX_BATCH
-    confirm: bool = True  # batch only
+    confirm: bool = False  # batch only: confirm at the end of each partition (a consuming read)
     read_id: str | None = None  # batch only
     max_messages_per_trigger: int | None = None  # stream only
+    look: bool = True  # batch only: peek instead of consuming (the read takes nothing)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool) -> ReadOptions:
@@ -125,6 +126,7 @@ class ReadOptions:
         if len(set(names)) != len(names):
             raise OptionError("option queues: a queue is named twice")
         default_max = DEFAULT_STREAM_MAX_MESSAGES if streaming else None
+        confirm, look = _after_read(options)
         opts = cls(
             hosts=_hosts(options),
             queues=names,
@@ -133,13 +135,31 @@ class ReadOptions:
             lease=_float(options, "leaseSeconds", DEFAULT_LEASE),
             timeout=_float(options, "timeout", DEFAULT_TIMEOUT),
             chunk=_int(options, "chunkSize", MAX_BATCH, 1, MAX_BATCH),
-            confirm=_bool(options, "confirm", True),
+            confirm=confirm,
             read_id=_plain_id(options, "readId"),
             max_messages_per_trigger=_int(options, "maxMessagesPerTrigger", None),
+            look=look,
         )
-        if not streaming and not opts.confirm and opts.read_id is None:
+        if not streaming and not opts.confirm and not opts.look and opts.read_id is None:
             raise OptionError("option readId: required with confirm=false (confirm_read() needs it)")
         return opts
+
+
+def _after_read(options: Mapping[str, str]) -> tuple[bool, bool]:
+    """(confirm, look): how a batch read reads.
+
+    By default it only looks (peek): nothing is leased or taken, every message stays in its
+    queue. `consume=true` makes it a consuming read that confirms what it read; `confirm=false`
+    (with readId) consumes and keeps the leases for confirm_read()/release_read(). An explicit
+    `confirm=true` is a consuming read too, as it always was."""
+    consume = _get(options, "consume")
+    consuming = _bool(options, "consume", False)
+    if _get(options, "confirm") is None:
+        return consuming, not consuming
+    confirm = _bool(options, "confirm", True)
+    if confirm and consume is not None and not consuming:
+        raise OptionError("option consume: false contradicts confirm=true (which consumes)")
+    return confirm, False
 
 
 @dataclass(frozen=True)

@@ -6,12 +6,14 @@ Columns (SCHEMA): queue, msg_id, data, delivery_count, and the message's times a
 timestamps: ready_time (when it became ready: its delay, or the end of its previous lease),
 ttl (after which it is no longer retried) and lease_until (until when this read holds it).
 
-Every partition reads one queue on an executor with batch consumes (`chunkSize` messages,
-default 1000), each leasing its messages for `leaseSeconds` under a lease token of its own, so
-that a retried task attempt gets the same messages back instead of new ones. What happens
-after the read is the `confirm` option: true (default) confirms them as soon as the partition
-has handed its last row to Spark; false leaves them leased until confirm_read() (or until the
-lease ends and they come back). See docs/spark.md for the guarantees of each.
+By default a batch read only looks: one partition per queue pages through the queue's ready
+messages with peek (`chunkSize` at a time), leasing and taking nothing, so show(), take() or
+limit() never cost a message. With `consume=true` every partition reads one queue on an
+executor with batch consumes (`chunkSize` messages, default 1000), each leasing its messages
+for `leaseSeconds` under a lease token of its own, so that a retried task attempt gets the same
+messages back instead of new ones, and confirms them once it has handed its last row to Spark;
+`confirm=false` leaves them leased until confirm_read() (or until the lease ends and they come
+back). See docs/spark.md for the guarantees of each.
 
 Executors import this module (the DataSource class is pickled by reference), so it imports
 nothing from the driver's session and connects lazily, inside read().
@@ -37,6 +39,7 @@ from pyspark.sql.types import (
 
 from queue_server.client import QueueClient
 from queue_server.client import protocol as p
+from queue_server.client.admin import peek_request
 
 from .offsets import chunk_token, chunks
 from .options import ReadOptions, WriteOptions
@@ -110,7 +113,8 @@ class QueuePartition(InputPartition):
     chunk: int
     timeout: float
     exact: bool  # stream: read every planned chunk, even after a short one
-    confirm: bool  # batch confirm=true: confirm the tokens once read
+    confirm: bool  # batch consume=true: confirm the tokens once read
+    look: bool = False  # batch default: peek page by page instead of consuming
 
     @property
     def value(self) -> str:  # InputPartition's repr/debug field
@@ -128,11 +132,14 @@ class QueueBatchReader(DataSourceReader):
 
     def partitions(self) -> list[QueuePartition]:
         o = self.opts
+        # A look pages through a queue in order: one partition per queue (more would see the
+        # same messages).
+        per_queue = 1 if o.look else o.partitions_per_queue
         return [
             QueuePartition(o.hosts, q, f"{self.read_id}/{i}", o.max_messages, o.lease, o.chunk,
-                           o.timeout, exact=False, confirm=o.confirm)
+                           o.timeout, exact=False, confirm=o.confirm, look=o.look)
             for q in o.queues
-            for i in range(o.partitions_per_queue)
+            for i in range(per_queue)
         ]
 
     def read(self, partition: QueuePartition) -> Iterator:
@@ -140,10 +147,10 @@ class QueueBatchReader(DataSourceReader):
 
 
 def read_partition(part: QueuePartition) -> Iterator:
-    """Consume a partition's messages chunk by chunk (each under its own lease token) and yield
-    them as Arrow record batches in SCHEMA, each chunk sorted by msg_id so that a retried read
-    yields the same rows in the same order. The next chunk is fetched while Spark takes the
-    current one."""
+    """Consume a partition's messages chunk by chunk (each under its own lease token), or with
+    `look` peek at them page by page, and yield them as Arrow record batches in SCHEMA, each
+    chunk sorted by msg_id so that a retried read yields the same rows in the same order. The
+    next chunk is fetched while Spark takes the current one."""
     import pyarrow as pa
 
     schema = arrow_schema()
@@ -156,12 +163,17 @@ def read_partition(part: QueuePartition) -> Iterator:
         try:
             plan = chunks(part.count, part.chunk) if part.count is not None else None
             k = 0
+            cursor = None
             while (plan is None or k < len(plan)) and not stop.is_set():
                 want = part.chunk if plan is None else plan[k]
-                token = chunk_token(part.token_base, k)
-                req = p.consume_request(part.queue, want, None, part.lease, token, True)
-                messages = client.request(req).get("messages") or []
-                used.append(token)
+                if part.look:
+                    reply = client.request(peek_request(part.queue, want, "ready", after=cursor))
+                    cursor = reply.get("cursor")
+                else:
+                    token = chunk_token(part.token_base, k)
+                    reply = client.request(p.consume_request(part.queue, want, None, part.lease, token, True))
+                    used.append(token)
+                messages = reply.get("messages") or []
                 fetched.put(messages)
                 k += 1
                 if len(messages) < want and not part.exact:
@@ -183,8 +195,7 @@ def read_partition(part: QueuePartition) -> Iterator:
                 yield _record_batch(part.queue, item, schema, pa)
         fetcher.join()
         if part.confirm and used:
-            for i in range(0, len(used), p.MAX_BATCH):
-                client.confirm_many(part.queue, tokens=used[i:i + p.MAX_BATCH])
+            _by_tokens(client.confirm_many, part.queue, used)
     finally:
         stop.set()
         while fetcher.is_alive():  # unblock a fetcher waiting for room, then let it finish
@@ -193,6 +204,12 @@ def read_partition(part: QueuePartition) -> Iterator:
             except queue.Empty:
                 pass
         client.close()
+
+
+def _by_tokens(settle, queue: str, tokens: list[str]) -> None:
+    """Confirm (`settle`) what `tokens` hold in `queue`, 1000 tokens a request."""
+    for i in range(0, len(tokens), p.MAX_BATCH):
+        settle(queue, tokens=tokens[i:i + p.MAX_BATCH])
 
 
 _by_id = itemgetter("msg_id")

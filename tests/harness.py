@@ -152,6 +152,18 @@ class NodeProcess:
         return self.proc.returncode
 
 
+def kill_all(node: NodeProcess) -> None:
+    """kill -9 of every process of the node at once (a crash, not a shutdown)."""
+    assert node.proc is not None
+    for pid in node.child_pids() + [node.proc.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    node.proc.wait(10)
+    node.stop()
+
+
 def alive(pid: int) -> bool:
     """Whether a process exists and is not a zombie."""
     try:

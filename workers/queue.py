@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sortedcontainers import SortedDict, SortedList
@@ -38,6 +38,18 @@ class Message:
     delivery_count: int = 0
     lease: float | None = None  # lease deadline while in flight, else None
     token: str | None = None  # the lease token it is leased under, else None
+    # Rare settings, None for most messages: {"max_deliveries": n} from its produce, and for a
+    # dead letter {"dead": {"queue", "reason", "retry", "ttl"[, "max_deliveries"]}}.
+    extra: dict | None = None
+
+
+# Why a message became a dead letter (a dead_letter record's "reason").
+DEAD_MAX_DELIVERIES = "max_deliveries"
+DEAD_TTL = "ttl"
+# The states peek() can look at.
+PEEK_STATES = ("ready", "delayed", "leased")
+# Per-queue event counters (Queue.counts keys), counted as records are applied.
+COUNTERS = ("produced", "consumed", "confirmed", "expired", "dead_lettered")
 
 
 class Queue:
@@ -55,7 +67,8 @@ class Queue:
     """
 
     __slots__ = ("name", "max_size", "next_id", "dedupe_window", "_index", "_delayed", "_ready",
-                 "_leased", "_n_leased", "_tokens", "_dedupe")
+                 "_leased", "_n_leased", "_tokens", "_dedupe", "paused", "max_deliveries",
+                 "dlq_name", "_dead_letters", "counts")
 
     def __init__(
         self, name: str, max_size: int, next_id: int = 1, dedupe_window: int = DEDUPE_WINDOW
@@ -75,6 +88,24 @@ class Queue:
         self._n_leased = 0
         self._tokens: SortedDict = SortedDict()  # token -> set of msg_ids leased under it
         self._dedupe: OrderedDict[tuple[str, int], list[int]] = OrderedDict()  # -> [first id, count]
+        self.paused = False  # replicated: while paused, consume delivers nothing
+        # Dead letters (see dead_letters_to): the leader's policy, and how any copy finds the
+        # queue a dead_letter record names.
+        self.max_deliveries = 0
+        self.dlq_name: str | None = None
+        self._dead_letters: Callable[[str], Queue] | None = None
+        self.counts = dict.fromkeys(COUNTERS, 0)
+
+    def dead_letters_to(
+        self, dlq_name: str | None, lookup: Callable[[str], Queue], max_deliveries: int = 0
+    ) -> None:
+        """Set the dead-letter policy: messages that reach `max_deliveries` (0: unlimited; a
+        produce's own max_deliveries wins) or whose lease outlives their ttl move to the queue
+        `dlq_name` (None: they are removed, as expired). `lookup(name)` returns (creating) the
+        queue a dead_letter or dlq_replay record names; replicas need it whatever their policy."""
+        self.dlq_name = dlq_name
+        self._dead_letters = lookup
+        self.max_deliveries = max_deliveries
 
     def __len__(self) -> int:
         """Stored messages: delayed + ready + leased."""
@@ -100,13 +131,16 @@ class Queue:
         now: float,
         producer: str | None = None,
         sequence: int | None = None,
+        max_deliveries: int | None = None,
     ) -> dict:
         """Store a new message; return its produce record. Raises QueueFull, OverflowError.
 
         With `producer` and `sequence` the produce is remembered in the dedupe window (see
-        produced()); a key already remembered raises ValueError.
+        produced()); a key already remembered raises ValueError. `max_deliveries` replaces the
+        queue's for this message (0: unlimited).
         """
-        return self.produce_many([(data, ready, ttl, retry, priority)], now, producer, sequence)[0]
+        return self.produce_many([(data, ready, ttl, retry, priority)], now, producer, sequence,
+                                 max_deliveries)[0]
 
     def produce_many(
         self,
@@ -114,11 +148,13 @@ class Queue:
         now: float,
         producer: str | None = None,
         sequence: int | None = None,
+        max_deliveries: int | None = None,
     ) -> list[dict]:
         """Store (data, ready, ttl, retry, priority) items, all or none; return their records.
 
         The items get consecutive msg_ids. With `producer` and `sequence` the batch is
         remembered in the dedupe window; a key already remembered raises ValueError.
+        `max_deliveries` (not None) replaces the queue's for these messages.
         """
         if len(self._index) + len(items) > self.max_size:
             raise QueueFull(self.name)
@@ -147,6 +183,9 @@ class Queue:
             for record in records:
                 record["producer"] = producer
                 record["sequence"] = sequence
+        if max_deliveries is not None:
+            for record in records:
+                record["max_deliveries"] = max_deliveries
         apply = self.apply
         for record in records:
             apply(record, now)
@@ -169,6 +208,8 @@ class Queue:
         """
         records: list[dict] = []
         self._settle(now, records)
+        if self.paused:
+            return [], records
         if token is not None and token in self._tokens:
             return self._redeliver(token, now, lease, records), records
         ready = self._ready
@@ -378,6 +419,46 @@ class Queue:
         self.apply(record)
         return record
 
+    def set_paused(self, paused: bool) -> dict | None:
+        """Pause (consumes deliver nothing) or resume the queue; the record, or None if it
+        already was so."""
+        if self.paused == paused:
+            return None
+        record = {"op": "pause", "queue": self.name, "paused": paused}
+        self.apply(record)
+        return record
+
+    def purge(self) -> dict | None:
+        """Delete every stored message (ids are not reused; tokens are forgotten); the purge
+        record with the count, or None if the queue holds nothing."""
+        if not self._index:
+            return None
+        record = {"op": "purge", "queue": self.name, "count": len(self._index)}
+        self.apply(record)
+        return record
+
+    def replay_dead(self, dlq: Queue, now: float, min_ttl: float) -> dict | None:
+        """Move the unleased messages of `dlq` (this queue's dead letters) back here, as many as
+        fit, oldest first: ready at `now`, delivery_count 0, their old retry and max_deliveries,
+        ttl the old one or `min_ttl`, whichever is later. The dlq_replay record, or None."""
+        room = self.free()
+        moves = []
+        new_id = self.next_id
+        for dead_id in sorted(dlq._index):
+            if len(moves) >= room:
+                break
+            m = dlq._index[dead_id]
+            if m.lease is not None:
+                continue
+            dead = (m.extra or {}).get("dead") or {}
+            moves.append([dead_id, new_id, max(dead.get("ttl", m.ttl), min_ttl)])
+            new_id += 1
+        if not moves:
+            return None
+        record = {"op": "dlq_replay", "queue": self.name, "dlq": dlq.name, "moves": moves, "ready": now}
+        self.apply(record, now)
+        return record
+
     def expire_due(self, now: float) -> list[dict]:
         """Settle every lease that ended by `now`; return the records.
 
@@ -416,6 +497,8 @@ class Queue:
 
     def has_ready(self, now: float) -> bool:
         """Whether a consume at `now` would deliver something."""
+        if self.paused:
+            return False
         if self._ready:
             return True
         delayed = self._delayed
@@ -443,6 +526,8 @@ class Queue:
         """The messages consume(now, count, lease, token) would return, exactly as it would
         return them (delivery_count, lease and token as after that consume). Nothing is changed:
         a caller can check what a consume would deliver before deciding to make it."""
+        if self.paused:
+            return []
         index = self._index
         if token is not None:
             ids = self.held_at(token, now)
@@ -454,23 +539,8 @@ class Queue:
                 return out
         if count <= 0:
             return []
-        # Every key the ready ordering would hold after settling at `now`: the ready ones, the
-        # due delayed ones and the leases ended by `now` that do not expire (ready again at
-        # their lease deadline).
-        keys = list(self._ready.islice(0, count))
-        delayed = self._delayed
-        if delayed and delayed[0][0] <= now:
-            n = delayed.bisect_right((now, _INF))
-            keys.extend((-index[i].priority, t, i) for t, i in delayed.islice(0, n))
-        leased = self._leased
-        if leased and leased.keys()[0] <= now:
-            for deadline in leased.irange(maximum=now):
-                for i in leased[deadline]:
-                    m = index[i]
-                    if deadline < m.ttl:
-                        keys.append((-m.priority, deadline, i))
         out = []
-        for _, ready, i in heapq.nsmallest(count, keys):
+        for _, ready, i in self._ready_keys(now, count):
             m = index[i]
             retry = m.retry if lease is None else lease
             if retry > 0:
@@ -480,6 +550,77 @@ class Queue:
                 out.append(Message(i, m.data, ready, m.ttl, m.retry, m.priority,
                                    m.delivery_count + 1))
         return out
+
+    def _ready_keys(self, now: float, count: int, after: tuple = ()) -> list[tuple]:
+        """The first `count` keys (-priority, ready, msg_id) after `after` that the ready
+        ordering would hold after settling at `now`: the ready ones, the due delayed ones and the
+        leases ended by `now` that end in a requeue (ready again at their lease deadline)."""
+        index = self._index
+        ready = self._ready
+        start = ready.bisect_right(after) if after else 0
+        keys = list(ready.islice(start, start + count))
+        delayed = self._delayed
+        if delayed and delayed[0][0] <= now:
+            n = delayed.bisect_right((now, _INF))
+            keys.extend((-index[i].priority, t, i) for t, i in delayed.islice(0, n))
+        leased = self._leased
+        if leased and leased.keys()[0] <= now:
+            for deadline in leased.irange(maximum=now):
+                for i in leased[deadline]:
+                    m = index[i]
+                    if self._ending(m, deadline) is None:
+                        keys.append((-m.priority, deadline, i))
+        if after:
+            keys = [k for k in keys if k > after]
+        return heapq.nsmallest(count, keys)
+
+    def look(
+        self, now: float, state: str = "ready", count: int = 1, after: list | None = None
+    ) -> list[tuple[list, Message]]:
+        """Up to `count` messages in `state` (one of PEEK_STATES) as they are at `now`, in the
+        order they leave that state: ready ones in delivery order (also when paused), delayed ones
+        by ready time, leased ones by lease deadline. Each comes with its cursor (a JSON-able
+        list): `after` = a cursor continues after that message. Copies; nothing is changed."""
+        index = self._index
+        out: list[tuple[list, Message]] = []
+        key = tuple(after) if after else ()
+        if state == "ready":
+            for priority, ready, i in self._ready_keys(now, count, key):
+                m = _copy(index[i])
+                m.ready, m.lease, m.token = ready, None, None  # a requeue: as it will be
+                out.append(([priority, ready, i], m))
+        elif state == "delayed":
+            delayed = self._delayed
+            start = delayed.bisect_right(max(key, (now, _INF)) if key else (now, _INF))
+            for ready, i in delayed.islice(start, start + count):
+                out.append(([ready, i], _copy(index[i])))
+        elif state == "leased":
+            leased = self._leased
+            low = max(key[0], now) if key else now
+            for deadline in leased.irange(minimum=low):
+                if deadline <= now:
+                    continue
+                for i in sorted(leased[deadline]):
+                    if key and (deadline, i) <= key:
+                        continue
+                    if len(out) >= count:
+                        return out
+                    out.append(([deadline, i], _copy(index[i])))
+        else:
+            raise ValueError(f"unknown state {state!r}")
+        return out
+
+    def oldest(self, count: int, after: int = 0) -> list[tuple[list, Message]]:
+        """Up to `count` stored messages with msg_id > `after` in msg_id order, whatever their
+        state, each with its cursor [msg_id] (copies)."""
+        index = self._index
+        ids = heapq.nsmallest(count, (i for i in index if i > after)) if after else heapq.nsmallest(count, index)
+        return [([i], _copy(index[i])) for i in ids]
+
+    def leased_as(self, msg_id: int, delivery_count: int) -> bool:
+        """Whether the message is still leased by its delivery number `delivery_count`."""
+        m = self._index.get(msg_id)
+        return m is not None and m.lease is not None and m.delivery_count == delivery_count
 
     def token_of(self, msg_id: int) -> str | None:
         """The token a message is leased under, or None."""
@@ -552,13 +693,12 @@ class Queue:
             record["priority"],
             record["delivery_count"],
         )
-        index[msg_id] = m
-        if now is not None and m.ready <= now:
-            self._ready.add((-m.priority, m.ready, msg_id))
-        else:
-            self._delayed.add((m.ready, msg_id))
-        if msg_id >= self.next_id:
-            self.next_id = msg_id + 1
+        limit = record.get("max_deliveries")
+        if limit is not None:
+            m.extra = {"max_deliveries": limit}
+        if record["op"] == "produce":
+            self.counts["produced"] += 1
+        self._insert(m, now)
         producer = record.get("producer")
         if producer is not None:
             self._remember(producer, record["sequence"], msg_id)
@@ -580,7 +720,10 @@ class Queue:
     def _apply_consume(self, record: dict, now: float | None) -> None:
         ids = record.get("msg_ids")
         if ids is None:
-            self._lease(record["msg_id"], record["lease"], record["delivery_count"], record.get("token"))
+            msg_id = record["msg_id"]
+            if record["delivery_count"] > self._index[msg_id].delivery_count:
+                self.counts["consumed"] += 1
+            self._lease(msg_id, record["lease"], record["delivery_count"], record.get("token"))
             return
         lease = record["lease"]
         if lease is None:
@@ -590,6 +733,7 @@ class Queue:
             raise ValueError("a consume record needs distinct msg_ids, one delivery_count each")
         index = self._index
         ms = [index[i] for i in ids]
+        self.counts["consumed"] += sum(1 for m, n in zip(ms, counts) if n > m.delivery_count)
         self._unlink_many(ms)
         token = record.get("token")
         tokens = self._tokens
@@ -655,6 +799,73 @@ class Queue:
         for m in ms:
             if m.token is not None:
                 self._unbind(m)
+
+    def _apply_confirm(self, record: dict, now: float | None) -> None:
+        self._apply_delete(record, now)
+        self.counts["confirmed"] += _count(record)
+
+    def _apply_expire(self, record: dict, now: float | None) -> None:
+        self._apply_delete(record, now)
+        self.counts["expired"] += _count(record)
+
+    def _apply_pause(self, record: dict, now: float | None) -> None:
+        self.paused = bool(record["paused"])
+
+    def _apply_purge(self, record: dict, now: float | None) -> None:
+        self._index.clear()
+        self._delayed.clear()
+        self._ready.clear()
+        self._leased.clear()
+        self._n_leased = 0
+        self._tokens.clear()
+
+    def _take(self, msg_id: int) -> Message:
+        """Remove a stored message from the queue (orderings and token included) and return it."""
+        m = self._index.pop(msg_id)
+        self._unlink(m)
+        if m.token is not None:
+            self._unbind(m)
+        return m
+
+    def _apply_dead_letter(self, record: dict, now: float | None) -> None:
+        dlq = self._dead_letters(record["dlq"])
+        if record["dlq_msg_id"] in dlq._index:
+            raise ValueError(f"msg_id {record['dlq_msg_id']} already stored in {dlq.name!r}")
+        m = self._take(record["msg_id"])
+        reason = record["reason"]
+        dead = {"queue": self.name, "reason": reason, "retry": m.retry, "ttl": m.ttl}
+        if m.extra is not None and "max_deliveries" in m.extra:
+            dead["max_deliveries"] = m.extra["max_deliveries"]
+        ready = record["ready"]
+        dlq._insert(Message(record["dlq_msg_id"], m.data, ready, max(m.ttl, ready), 0.0, m.priority,
+                            m.delivery_count, extra={"dead": dead}), now)
+        self.counts["dead_lettered"] += 1
+        if reason == DEAD_TTL:
+            self.counts["expired"] += 1
+
+    def _apply_dlq_replay(self, record: dict, now: float | None) -> None:
+        dlq = self._dead_letters(record["dlq"])
+        ready = record["ready"]
+        index = self._index
+        moves = record["moves"]
+        if any(new_id in index for _, new_id, _ in moves):
+            raise ValueError(f"dlq_replay names msg_ids already stored in {self.name!r}")
+        for dead_id, new_id, ttl in moves:
+            m = dlq._take(dead_id)
+            dead = (m.extra or {}).get("dead") or {}
+            extra = {"max_deliveries": dead["max_deliveries"]} if "max_deliveries" in dead else None
+            self._insert(Message(new_id, m.data, ready, ttl, dead.get("retry", 0.0), m.priority, 0,
+                                 extra=extra), now)
+
+    def _insert(self, m: Message, now: float | None) -> None:
+        """Store an unleased message in its ordering; msg_ids continue after it."""
+        self._index[m.msg_id] = m
+        if now is not None and m.ready <= now:
+            self._ready.add((-m.priority, m.ready, m.msg_id))
+        else:
+            self._delayed.add((m.ready, m.msg_id))
+        if m.msg_id >= self.next_id:
+            self.next_id = m.msg_id + 1
 
     def _apply_release(self, record: dict, now: float | None) -> None:
         ids = record.get("msg_ids")
@@ -727,8 +938,9 @@ class Queue:
                    for msg_id in sorted(leased[lease])]
             for lease, msg_id in due:
                 m = index[msg_id]
-                if lease >= m.ttl:
-                    record = {"op": "expire", "queue": name, "msg_id": msg_id}
+                end = self._ending(m, lease)
+                if end is not None:
+                    record = self._end_record(m, end, lease)
                 else:
                     record = {
                         "op": "release",
@@ -740,17 +952,45 @@ class Queue:
                 apply(record, now)
                 records.append(record)
 
+    def _ending(self, m: Message, lease: float) -> str | None:
+        """How a lease of `m` ending at `lease` ends its life: None (it is ready again),
+        DEAD_TTL (it outlived its ttl) or DEAD_MAX_DELIVERIES (delivered as often as allowed)."""
+        if lease >= m.ttl:
+            return DEAD_TTL
+        limit = self.max_deliveries
+        extra = m.extra
+        if extra is not None:
+            limit = extra.get("max_deliveries", limit)
+        if limit and m.delivery_count >= limit:
+            return DEAD_MAX_DELIVERIES
+        return None
+
+    def _end_record(self, m: Message, reason: str, at: float) -> dict:
+        """The record that ends `m`'s life at time `at`: a dead_letter into the dead-letter
+        queue when there is one, else an expire. The record names the dead-letter queue, the
+        new msg_id and ready time there: a replica decides nothing."""
+        dlq_name = self.dlq_name
+        if dlq_name is None:
+            record = {"op": "expire", "queue": self.name, "msg_id": m.msg_id}
+            if reason != DEAD_TTL:
+                record["reason"] = reason
+            return record
+        dlq = self._dead_letters(dlq_name)
+        return {"op": "dead_letter", "queue": self.name, "msg_id": m.msg_id, "reason": reason,
+                "dlq": dlq_name, "dlq_msg_id": dlq.next_id, "ready": at}
+
     def _due_requeues(self, now: float) -> int:
         """Leases ended by `now` whose message will be ready again (not expired)."""
         leased = self._leased
         if not leased or leased.keys()[0] > now:
             return 0
         index = self._index
+        ending = self._ending
         return sum(
             1
             for lease in leased.irange(maximum=now)
             for msg_id in leased[lease]
-            if lease < index[msg_id].ttl
+            if ending(index[msg_id], lease) is None
         )
 
     def _lease_add(self, lease: float, ids: Iterable[int]) -> None:
@@ -776,7 +1016,8 @@ class Queue:
 
         Each message is a list in Message field order:
         [msg_id, data, ready, ttl, retry, priority, delivery_count, lease], plus the token as
-        a ninth item when the message is leased under one. The dedupe window ("dedupe") is a
+        a ninth item when the message is leased under one, and its extra settings as a tenth
+        (the token then None if it has none). "paused": true when the queue is paused. The dedupe window ("dedupe") is a
         list of [producer, sequence, first msg_id, count], oldest first.
         """
         index = self._index
@@ -786,20 +1027,26 @@ class Queue:
             "next_id": self.next_id,
             "messages": [
                 [m.msg_id, m.data, m.ready, m.ttl, m.retry, m.priority, m.delivery_count, m.lease]
-                if m.token is None else
+                if m.token is None and m.extra is None else
                 [m.msg_id, m.data, m.ready, m.ttl, m.retry, m.priority, m.delivery_count, m.lease,
                  m.token]
+                if m.extra is None else
+                [m.msg_id, m.data, m.ready, m.ttl, m.retry, m.priority, m.delivery_count, m.lease,
+                 m.token, m.extra]
                 for m in (index[msg_id] for msg_id in sorted(index))
             ],
         }
         if self._dedupe:
             snap["dedupe"] = [[p, s, first, n] for (p, s), (first, n) in self._dedupe.items()]
+        if self.paused:
+            snap["paused"] = True
         return snap
 
     @classmethod
     def from_snapshot(cls, snap: dict) -> Queue:
         """A queue with exactly the state of `snapshot()`."""
         q = cls(snap["name"], snap["max_size"], snap["next_id"])
+        q.paused = bool(snap.get("paused", False))
         index = q._index
         tokens = q._tokens
         delayed = []
@@ -837,7 +1084,7 @@ def _remove_run(sl: SortedList, keys: list) -> bool:
 def _copy(m: Message) -> Message:
     """A copy of a stored message, for a reply (never aliased with stored state)."""
     return Message(m.msg_id, m.data, m.ready, m.ttl, m.retry, m.priority, m.delivery_count,
-                   m.lease, m.token)
+                   m.lease, m.token, m.extra)
 
 
 def _passes(m: Message, token: str | None, delivery_count: int | None) -> bool:
@@ -850,11 +1097,21 @@ def _passes(m: Message, token: str | None, delivery_count: int | None) -> bool:
 _APPLY = {
     "produce": Queue._apply_produce,
     "consume": Queue._apply_consume,
-    "confirm": Queue._apply_delete,
-    "expire": Queue._apply_delete,
+    "confirm": Queue._apply_confirm,
+    "expire": Queue._apply_expire,
     "release": Queue._apply_release,
     "restore": Queue._apply_produce,
+    "pause": Queue._apply_pause,
+    "purge": Queue._apply_purge,
+    "dead_letter": Queue._apply_dead_letter,
+    "dlq_replay": Queue._apply_dlq_replay,
 }
+
+
+def _count(record: dict) -> int:
+    """How many messages a (single or list form) record names."""
+    ids = record.get("msg_ids")
+    return 1 if ids is None else len(ids)
 
 
 class _NoOrdering:
@@ -863,6 +1120,9 @@ class _NoOrdering:
     __slots__ = ()
 
     def add(self, key: object) -> None:
+        pass
+
+    def clear(self) -> None:
         pass
 
     def update(self, keys: object) -> None:

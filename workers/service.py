@@ -10,6 +10,8 @@ import orjson
 
 from queue_server.server import protocol as p
 from queue_server.server.origin import Origin
+from queue_server.workers import admin, subscriptions
+from queue_server.workers.bad_request import BadRequest
 from queue_server.workers.queue import Message, Queue
 
 # How many just-deleted at-most-once messages are kept to be restored if their reply cannot be
@@ -23,10 +25,6 @@ MAX_TOKEN_BYTES = 256
 DEFAULT_UDP_MAX_RESPONSE = 60000
 UDP_TOO_LARGE = "response too large for UDP, use TCP"
 # Request fields that replies do not echo: the protocol's bulky ones, and our list selectors.
-
-
-class BadRequest(Exception):
-    """A request field is invalid; the message names the field."""
 
 
 @dataclass(slots=True)
@@ -170,11 +168,17 @@ class PartitionService:
         max_wait: float = 30.0,
         queue_class: type[Queue] = Queue,
         udp_max_response: int = DEFAULT_UDP_MAX_RESPONSE,
+        max_deliveries: int = 0,
+        dead_letter_suffix: str = "",
     ) -> None:
         """queue_class: StateQueue for a copy that only replays records and takes snapshots.
         udp_max_response: the largest reply (bytes, newline included) a UDP request may get; a
-        UDP consume whose reply would be larger is refused before anything is taken."""
+        UDP consume whose reply would be larger is refused before anything is taken.
+        max_deliveries, dead_letter_suffix: the dead-letter policy (config keys of those names;
+        "" turns dead-letter queues off)."""
         self.node_id = node_id
+        self.max_deliveries = max_deliveries
+        self.dead_letter_suffix = dead_letter_suffix
         self.udp_max_response = udp_max_response
         self.queue_class = queue_class
         self.queue_size = queue_size
@@ -196,6 +200,9 @@ class PartitionService:
             p.RELEASE: self._release,
             p.EXTEND: self._extend,
         }
+        self._handlers.update(admin.handlers(self))
+        self.subs = subscriptions.Subscriptions(self)
+        self._handlers.update(subscriptions.handlers(self, self.subs))
 
     # ----------------------------------------------------------------------------- requests
     def handle(self, req: Any, origin: Origin, req_no: int, now: float) -> None:
@@ -209,7 +216,7 @@ class PartitionService:
             handler = self._handlers.get(action)
             if handler is None:
                 raise BadRequest("action: not a queue action")
-            if not self.accepting:
+            if not self.accepting and action != p.LOCAL_PEEK:
                 raise BadRequest("not leader: this node is not leading; retry on the leader")
             reply = handler(req, origin, req_no, now)
         except BadRequest as exc:
@@ -238,7 +245,23 @@ class PartitionService:
         q = self.queues.get(name)
         if q is None:
             q = self.queues[name] = self.queue_class(name, self.queue_size)
+            self._configure(q)
         return q
+
+    def _configure(self, q: Queue) -> None:
+        """Give a queue this service's dead-letter policy. A dead-letter queue's own messages
+        are never ended for max_deliveries (they have been delivered that often already)."""
+        suffix = self.dead_letter_suffix
+        is_dlq = bool(suffix) and q.name.endswith(suffix)
+        q.dead_letters_to(admin.dead_letter_name(q.name, suffix), self._queue,
+                          0 if is_dlq else self.max_deliveries)
+
+    def forget_restorable(self, queue: str) -> None:
+        """Forget the at-most-once deliveries of `queue` kept for restoring (it was purged or
+        deleted: they must not come back)."""
+        cache = self._restorable
+        for key in [k for k in cache if k[0] == queue]:
+            del cache[key]
 
     def _produce(self, req: dict, origin: Origin, req_no: int, now: float) -> dict:
         name = req.get("queue")
@@ -277,6 +300,9 @@ class PartitionService:
                 raise BadRequest("producer: missing (sequence needs a producer)")
             if not 0 <= sequence < 2**63:
                 raise BadRequest("sequence: out of range (0 .. 2**63-1)")
+        max_deliveries = _int(req, "max_deliveries", None)
+        if max_deliveries is not None and not 0 <= max_deliveries < 2**31:
+            raise BadRequest("max_deliveries: must be 0 (unlimited) .. 2**31-1")
 
         members = self.virtual_queues.get(name) if isinstance(name, str) else None
         targets = members if members is not None else (self._check_queue(name),)
@@ -292,9 +318,10 @@ class PartitionService:
         items = [(d, ready, ttl, retry, priority) for d in batch] if batch is not None else None
         for q in queues:
             if items is None:
-                recs = [q.produce(data, ready, ttl, retry, priority, now, producer, sequence)]
+                recs = [q.produce(data, ready, ttl, retry, priority, now, producer, sequence,
+                                  max_deliveries)]
             else:
-                recs = q.produce_many(items, now, producer, sequence)
+                recs = q.produce_many(items, now, producer, sequence, max_deliveries)
             self.records.extend(recs)
             ids[q.name] = (recs[0]["msg_id"], len(recs))
             if q.name in self.waiters:
@@ -361,7 +388,7 @@ class PartitionService:
         if type(times) is not bool:
             raise BadRequest("times: must be true or false")
         q = self.queues.get(name)
-        if q is not None and (q.has_ready(now) or (token is not None and q.held(token))):
+        if q is not None and not q.paused and (q.has_ready(now) or (token is not None and q.held(token))):
             if origin.udp and self._too_large_for_udp(q, req, count, now, lease, token, times):
                 return self._udp_too_large(req)
             return self._deliver(q, req, count, now, lease, token, times)
@@ -472,6 +499,8 @@ class PartitionService:
         rec = q.confirm_many(targets) if targets else None
         if rec is not None:
             self.records.append(rec)
+        if self.subs and targets:
+            self.subs.confirmed(q.name, [t[0] for t in targets])
         reply = self._ok(req)
         reply["confirmed"] = _count(rec)
         return reply
@@ -519,9 +548,21 @@ class PartitionService:
                     q = self.queues.get(name)
                     part = q.stats(now) if q is not None else _empty_stats(self.queue_size)
                     part["waiters"] = len(self.waiters.get(name, ()))
+                    part["paused"] = q is not None and q.paused
         except BadRequest as exc:
             part = {"error": str(exc)}
         self.partials.append([gather, part])
+
+    def queue_rows(self, now: float) -> list[tuple[str, Queue, dict, dict]]:
+        """(name, queue, sizes by state, event counts) of every queue, for per-queue metrics."""
+        rows = []
+        queues = self.queues
+        for name, q in queues.items():
+            st = q.stats(now)
+            dlq = queues.get(admin.dead_letter_name(name, self.dead_letter_suffix) or "")
+            rows.append((name, q, {"ready": st["ready"], "delayed": st["delayed"], "leased": st["in_flight"],
+                                   "dead": len(dlq) if dlq is not None else 0}, q.counts))
+        return rows
 
     def _totals(self, now: float) -> dict:
         total = {"size": 0, "ready": 0, "delayed": 0, "in_flight": 0, "waiters": 0}
@@ -543,6 +584,11 @@ class PartitionService:
                 for w in waiting:
                     self.replies.append((w.origin, w.req_no, self._empty(w.request, w.count)))
             self.waiters.clear()
+        if self.subs:
+            if self.accepting:
+                self.subs.pump_all(now)
+            else:
+                self.subs.end_all()
         for name in list(self.waiters):
             q = self.queues.get(name)
             if q is not None:
@@ -562,12 +608,16 @@ class PartitionService:
         if now >= self._next_sweep:
             self._next_sweep = now + EXPIRE_SWEEP_INTERVAL
             if self.accepting:  # a follower's queues change only by the leader's records
-                for q in self.queues.values():
+                for q in list(self.queues.values()):  # a dead letter may make a queue
                     self.records.extend(q.expire_due(now))
 
     def next_deadline(self, now: float) -> float:
         """When tick() next has something to do."""
         soonest = self._next_sweep
+        if self.subs:
+            event = self.subs.next_event(now)
+            if event is not None:
+                soonest = min(soonest, event)
         for name, waiting in self.waiters.items():
             for w in waiting:
                 soonest = min(soonest, w.deadline)
@@ -591,6 +641,7 @@ class PartitionService:
     def cancel(self, conn: int) -> None:
         """Drop the long polls of this node's TCP connection `conn`, which closed."""
         gone = Origin(conn)
+        self.subs.cancel(conn)
         for name in list(self.waiters):
             kept = deque(w for w in self.waiters[name] if w.origin != gone)
             if kept:
@@ -620,7 +671,10 @@ class PartitionService:
     # ----------------------------------------------------------------------------- replicas
     def apply(self, record: dict) -> None:
         """Replay a change record decided by the leader."""
-        if record["op"] != "noop":
+        op = record["op"]
+        if op == "delete_queue":
+            self.queues.pop(record["queue"], None)
+        elif op != "noop":
             self._queue(record["queue"]).apply(record)
 
     def snapshot(self) -> dict:
@@ -630,11 +684,14 @@ class PartitionService:
     def load_snapshot(self, state: dict) -> None:
         """Replace all queues with a snapshot's. Parked long polls are answered empty."""
         self.queues = {name: self.queue_class.from_snapshot(s) for name, s in state.items()}
+        for q in self.queues.values():
+            self._configure(q)
         for waiting in self.waiters.values():
             for w in waiting:
                 self.replies.append((w.origin, w.req_no, self._empty(w.request, w.count)))
         self.waiters.clear()
         self._restorable.clear()
+        self.subs.end_all()
 
 
 def _count(record: dict | None) -> int:

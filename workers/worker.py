@@ -14,6 +14,7 @@ from queue_server.server import ipc, ipc_frames, replies
 from queue_server.server.child import start
 from queue_server.server.metrics import WorkerMetrics, count_replies
 from queue_server.server.origin import Origin
+from queue_server.server.queue_metrics import QueueMetrics
 from queue_server.workers.service import PartitionService
 
 _DUMPS = orjson.dumps
@@ -23,7 +24,8 @@ class Worker:
     """The I/O around one PartitionService."""
 
     def __init__(self, service: PartitionService, inbox: zmq.Socket | None, coordinator: Any, log: Any,
-                 index: int = 0, metrics: WorkerMetrics | None = None) -> None:
+                 index: int = 0, metrics: WorkerMetrics | None = None,
+                 queue_metrics: QueueMetrics | None = None) -> None:
         """coordinator: anything with send_multipart (a ZeroMQ PUSH socket, or a test's pipe)."""
         self.service = service
         self.inbox = inbox
@@ -33,6 +35,7 @@ class Worker:
         self.held: list[list[bytes]] = []
         self.index = index
         self.metrics = metrics if metrics is not None else WorkerMetrics()
+        self.queue_metrics = queue_metrics
 
     def run(self) -> None:
         """Serve until terminated."""
@@ -51,6 +54,8 @@ class Worker:
         self.flush()
         if self.metrics.due(time.monotonic()):
             self.metrics.fold(lambda: self.service._totals(now))
+            if self.queue_metrics is not None:
+                self.queue_metrics.maybe_fold(lambda: self.service.queue_rows(now))
 
     def dispatch(self, frames: list[bytes], now: float) -> None:
         """Handle one inbox message."""
@@ -123,6 +128,8 @@ def main(argv: list[str] | None = None) -> None:
         virtual_queues={v.name: tuple(v.queue_list) for v in cfg.virtual_queue_list},
         max_wait=cfg.max_wait,
         udp_max_response=cfg.udp_max_response,
+        max_deliveries=cfg.max_deliveries,
+        dead_letter_suffix=cfg.dead_letter_suffix,
     )
     ctx = zmq.Context()
     inbox = ipc.inbox(ctx, ctx_info.run_dir, ipc.worker_name(ctx_info.index))
@@ -130,7 +137,10 @@ def main(argv: list[str] | None = None) -> None:
     service.accepting = False  # until the coordinator has restored the queues and leads
     ctx_info.log.info("worker %d ready", ctx_info.index)
     try:
-        Worker(service, inbox, coordinator, ctx_info.log, ctx_info.index).run()
+        # Each worker gives its share of queue_metrics_max queues series of their own.
+        share = -(-cfg.queue_metrics_max // cfg.workers)
+        Worker(service, inbox, coordinator, ctx_info.log, ctx_info.index,
+               queue_metrics=QueueMetrics(share)).run()
     except KeyboardInterrupt:
         pass
     finally:

@@ -4,26 +4,16 @@ from __future__ import annotations
 
 import glob
 import os
-import signal
 import subprocess
 import threading
 
 import pytest
 
 from queue_server.client import QueueClient, QueueError
-from tests.harness import Cluster, NodeProcess, RawTcp, wait_for
+from tests.harness import Cluster, NodeProcess, RawTcp, kill_all, wait_for
 
 
-def _kill_all(node: NodeProcess) -> None:
-    """kill -9 of every process of the node at once (a crash, not a shutdown)."""
-    pids = node.child_pids() + [node.proc.pid]
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    node.proc.wait(10)
-    node.stop()
+_kill_all = kill_all
 
 
 def _restart(node: NodeProcess) -> NodeProcess:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import time
 
 import pytest
@@ -39,6 +40,9 @@ def qname(request) -> str:
 def spark_session(tmp_path_factory):
     """A local[2] SparkSession (up to 4 attempts per task, so that a failed task is retried)."""
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH")) if p)
+    # Executors run the interpreter of the tests, so that they import this checkout's package
+    # (another python on PATH may have another install of queue_server).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
 

@@ -90,12 +90,23 @@ def test_options_name_the_bad_option():
                         ({"queues": "a,a"}, "queues"),
                         ({"hosts": "h:0"}, "hosts"),
                         ({"confirm": "false"}, "readId"),
+                        ({"consume": "true", "confirm": "false"}, "readId"),
+                        ({"consume": "maybe"}, "consume"),
+                        ({"consume": "false", "confirm": "true"}, "consume"),
                         ({"readId": "a/b"}, "readId")):
         with pytest.raises(OptionError, match=f"option {name}"):
             ReadOptions.parse({**base, **extra}, streaming=False)
     with pytest.raises(OptionError, match="option queue"):
         WriteOptions.parse({"hosts": "h:1"})
     assert ReadOptions.parse(base, streaming=True).max_messages == 50_000
+    # a batch read looks by default; consuming is asked for
+    after = {extra: (o.confirm, o.look) for extra, o in (
+        ("default", ReadOptions.parse(base, streaming=False)),
+        ("consume", ReadOptions.parse({**base, "consume": "true"}, streaming=False)),
+        ("confirm", ReadOptions.parse({**base, "confirm": "true"}, streaming=False)),
+        ("hold", ReadOptions.parse({**base, "confirm": "false", "readId": "r"}, streaming=False)))}
+    assert after == {"default": (False, True), "consume": (True, False), "confirm": (True, False),
+                     "hold": (False, False)}
     assert ReadOptions.parse({"HOSTS": "h:1", "Queues": "a"}, streaming=False).queues == ("a",)
 
 

@@ -10,6 +10,7 @@ from pyspark.sql.types import StringType
 
 from queue_server.client import QueueClient
 from queue_server.spark import confirm_read
+from tests.harness import wait_for
 from tests.spark.helpers import FailFirstAttemptSink, fail_first_attempt
 
 N = 2000
@@ -42,10 +43,10 @@ def stream(spark_session, node, queues: str, **opts):
     return r.load()
 
 
-def test_batch_read_returns_each_message_once_and_empties_the_queues(spark_session, node, qname):
+def test_a_consuming_batch_read_returns_each_message_once_and_empties_the_queues(spark_session, node, qname):
     a, b = f"{qname}-a", f"{qname}-b"
     sent = fill(node, a, N // 2) | fill(node, b, N // 2)
-    rows = read(spark_session, node, f"{a},{b}", partitionsPerQueue=2).collect()
+    rows = read(spark_session, node, f"{a},{b}", partitionsPerQueue=2, consume="true").collect()
     assert len(rows) == N
     assert {r.data for r in rows} == sent
     assert len({(r.queue, r.msg_id) for r in rows}) == N
@@ -53,6 +54,22 @@ def test_batch_read_returns_each_message_once_and_empties_the_queues(spark_sessi
                for r in rows)
     for q in (a, b):
         assert stats(node, q)["size"] == 0
+
+
+def test_looking_at_a_batch_read_takes_nothing_and_a_consuming_write_takes_all(spark_session, node, qname, tmp_path):
+    sent = fill(node, qname, 3000)
+    # leases far longer than the test: only the read's own release can bring the messages back
+    df = read(spark_session, node, qname, leaseSeconds=3600)
+    df.show(2)
+    assert len(df.take(5)) == 5 and df.limit(3).count() == 3
+    wait_for(lambda: stats(node, qname)["in_flight"] == 0, 30, "every lease of the looks released")
+    s = stats(node, qname)
+    assert (s["size"], s["ready"]) == (3000, 3000)
+    assert {r.data for r in df.collect()} == sent and stats(node, qname)["size"] == 3000
+    consuming = read(spark_session, node, qname, consume="true", leaseSeconds=3600)
+    consuming.write.format("parquet").save(str(tmp_path / "out"))
+    assert {r.data for r in spark_session.read.parquet(str(tmp_path / "out")).collect()} == sent
+    assert stats(node, qname)["size"] == 0
 
 
 def test_streaming_available_now_drains_everything_and_leaves_nothing_leased(spark_session, node, qname, tmp_path):

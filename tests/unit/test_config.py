@@ -23,6 +23,7 @@ DEFAULTS = {
     "queue_data_dir": "./queue_data", "workers": 2, "max_request_size": 1048576,
     "udp_max_response": 60000, "max_wait": 30.0, "replication": "quorum", "fsync": "everysec",
     "in_memory": False, "snapshot_every": 100000, "repair": False, "metrics_port": 0, "election_timeout_ms": 300, "heartbeat_ms": 50,
+    "max_deliveries": 0, "dead_letter_suffix": ".dlq", "queue_metrics_max": 100,
 }
 
 THREE = [
@@ -155,6 +156,9 @@ INVALID: dict[str, list[object]] = {
     "metrics_port": [-1, 65536, "9100", 9100.0, True],
     "election_timeout_ms": [0, 5, 60001, "300", 300.5],
     "heartbeat_ms": [0, 10001, "50", 50.5],
+    "max_deliveries": [-1, 2**31, "3", 1.5, True],
+    "dead_letter_suffix": [1, None, "\n", "x" * 65],
+    "queue_metrics_max": [-1, 100001, "10", 2.5],
 }
 
 

@@ -64,6 +64,21 @@ DRAIN_CAP = 120.0
 CLIENT_TIMEOUT = 1.0
 TICK = 0.005
 ALO, AMO = "alo", "amo"
+# The admin client's queue and what it does to it: dead letters (max_deliveries 1, never
+# confirmed), pause/resume, purge, delete and replay, all of which must converge like the rest.
+ADM = "adm"
+ADMIN_REQUESTS = [
+    p.produce_request(ADM, "x", retry=0.05, max_deliveries=1),
+    p.produce_request(ADM, ["y", "z"], retry=0.05),
+    p.consume_request(ADM, 2),
+    {"action": sp.PAUSE, "queue": ADM},
+    {"action": sp.RESUME, "queue": ADM},
+    {"action": sp.PURGE, "queue": ADM},
+    {"action": sp.DELETE_QUEUE, "queue": ADM},
+    {"action": sp.DLQ_REPLAY, "queue": ADM},
+    {"action": sp.PEEK, "queue": ADM, "state": "dead"},
+    {"action": sp.LOCAL_PEEK, "queue": ADM},
+]
 ALO_RETRY = 0.3  # the lease of an at-least-once delivery
 ABANDON = 0.05  # share of consumes whose client closes the connection before the reply
 WORKERS = 2
@@ -87,7 +102,8 @@ class SimAcceptor:
     def __init__(self, node: "SimNode") -> None:
         self.node = node
         cfg = node.config
-        self.router = Router(cfg.workers, [(v.name, v.queue_list) for v in cfg.virtual_queue_list])
+        self.router = Router(cfg.workers, [(v.name, v.queue_list) for v in cfg.virtual_queue_list],
+                             cfg.dead_letter_suffix)
         self.role = "none"
         self.epoch = b"0"
         self.leader: dict = {}
@@ -197,7 +213,9 @@ class SimNode:
                               rng=random.Random(sim.seed * 7919 + node_id * 101 + self.incarnation))
         self.workers = []
         for i in range(self.config.workers):
-            service = PartitionService(node_id, self.config.queue_size, {}, max_wait=self.config.max_wait)
+            service = PartitionService(node_id, self.config.queue_size, {}, max_wait=self.config.max_wait,
+                                       max_deliveries=self.config.max_deliveries,
+                                       dead_letter_suffix=self.config.dead_letter_suffix)
             service.accepting = False
             self.workers.append(Worker(service, None, _Pipe(self, _worker_proc(i)), _Quiet(), i,
                                        metrics=WorkerMetrics(CollectorRegistry())))
@@ -334,6 +352,10 @@ class SimClient:
             identity = self.producer.next() if self.producer is not None else (None, None)
             req = p.produce_request(queue, data, retry=0 if queue == AMO else ALO_RETRY,
                                     producer=identity[0], sequence=identity[1])
+        elif self.kind == "admin":
+            if sim.now >= WRITES_UNTIL:
+                return
+            req = self.rng.choice(ADMIN_REQUESTS)
         elif self.next_confirm is not None:
             req = p.ids_request(p.CONFIRM, self.next_confirm[0], [self.next_confirm[1]])
         else:
@@ -410,7 +432,9 @@ class SimClient:
             return
         self.call = None
         action = req["action"]
-        if action == p.PRODUCE:
+        if self.kind == "admin":  # its queue is checked by convergence only
+            sim.admin_done[sp.resolve_action(action)] += 1
+        elif action == p.PRODUCE:
             sim.acked[req["queue"]].add(req["data"])
         elif action == p.CONSUME and "data" in reply:
             sim.deliver(req["queue"], reply["data"])
@@ -460,6 +484,7 @@ class Sim:
         self.delivered_set: set[str] = set()
         self.progress_at = 0.0  # when an at-least-once message was last delivered the first time
         self.errors: Counter = Counter()
+        self.admin_done: Counter = Counter()  # successful admin client calls by action
         self.timeouts = 0
         self.undelivered = 0
         self.leaders: dict[int, int] = {}
@@ -468,6 +493,7 @@ class Sim:
         crng = random.Random(seed + 1_000_003)
         self.clients = [SimClient(self, f"p{k}", "producer", random.Random(crng.random())) for k in range(3)]
         self.clients += [SimClient(self, f"c{k}", "consumer", random.Random(crng.random())) for k in range(2)]
+        self.clients.append(SimClient(self, "a0", "admin", random.Random(seed + 2_000_003)))
 
     # ---------------------------------------------------------------- events
     def at(self, t: float, fn: Callable[[], None]) -> None:
@@ -715,6 +741,8 @@ def test_node_sim_makes_progress():
     assert len(sim.acked[ALO]) > 50 and len(sim.acked[AMO]) > 20
     assert len(sim.delivered[AMO]) > 20
     assert len(sim.leaders) >= 2
+    # every administration action was carried out at least once under the faults
+    assert {sp.PAUSE, sp.RESUME, sp.PURGE, sp.DELETE_QUEUE, sp.DLQ_REPLAY, sp.PEEK, sp.LOCAL_PEEK} <= set(sim.admin_done)
 
 
 if __name__ == "__main__":

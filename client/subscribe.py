@@ -1,0 +1,283 @@
+"""QueueClient.subscribe: messages pushed by the leader on a connection of their own, never more
+than the credit unconfirmed (protocol action `subscribe`, docs/protocol.md section 5c)."""
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator
+from typing import Any
+
+from . import protocol as p
+from .errors import NoServerAvailable, QueueError
+from .protocol import Message
+from queue_server.server.protocol import SUBSCRIBE, resolve_action
+
+# How long a subscription keeps trying to find the (new) leader after it lost its connection.
+RESUBSCRIBE_FOR = 30.0
+
+
+PUSH, AGAIN, OTHER = "push", "again", "other"
+
+
+def classify(reply: dict) -> str:
+    """What a line read on a subscription's connection is: PUSH (a pushed message), AGAIN (the
+    subscription ended or was refused for want of a leader: subscribe again, on the leader) or
+    OTHER (the answer to our own subscribe or confirm). QueueError for any other refusal."""
+    ok = reply.get("code") == p.CODE_OK
+    if reply.get("push"):
+        return PUSH if ok else AGAIN
+    if not ok and resolve_action(reply.get("action")) == SUBSCRIBE:
+        if p.try_elsewhere(reply) or str(reply.get("reason", "")).startswith(("not leader", "subscribe:")):
+            return AGAIN
+        raise p.error_from_reply(reply)
+    return OTHER
+
+
+def message(push: dict) -> Message:
+    """A pushed message as a Message (lease_until None: at most once)."""
+    return Message(push["queue"], push["msg_id"], push.get("data", ""), push.get("delivery_count", 1),
+                   lease_until=push.get("lease_until"))
+
+
+def _confirm(queue: str, msg_id: int) -> dict:
+    return {"action": p.CONFIRM, "queue": queue, "msg_id": msg_id}
+
+
+class Subscription:
+    """An iterator over the messages pushed to a subscription to one or more queues (the credit
+    holds per queue; each Message names its queue).
+
+    At-least-once messages (`lease_until` set) are confirmed by the caller as after a consume
+    (client.confirm, or confirm() here); that frees their credit. At-most-once ones free their
+    credit when the caller asks for the next message. When the connection or the leader is lost
+    the subscription is made again on the leader (pushed at-least-once messages not confirmed
+    come back after their lease; at-most-once ones are never pushed twice).
+    """
+
+    def __init__(self, client: Any, queues: str | Iterable[str], credit: int) -> None:
+        self.client = client
+        self.queues = (queues,) if isinstance(queues, str) else tuple(queues)
+        self._credit = credit
+        self.sock: socket.socket | None = None
+        self.buf = b""
+        self.closed = False
+
+    # ------------------------------------------------------------------ public
+    def __iter__(self) -> Iterator[Message]:
+        settle: tuple[str, int] | None = None
+        while not self.closed:
+            if settle is not None:
+                self._send(_confirm(*settle))
+                settle = None
+            push = self._next_push()
+            if push is None:
+                return
+            m = message(push)
+            if m.lease_until is None:
+                settle = (m.queue, m.msg_id)  # at most once: its credit is free once the caller moves on
+            yield m
+
+    def credit(self, credit: int) -> None:
+        """Change the credit (0 stops the flow until it is raised again)."""
+        self._credit = credit
+        if self.sock is not None:
+            for req in self._requests():
+                self._send(req)
+
+    def confirm(self, m: Message) -> None:
+        """Confirm a pushed message on the subscription's own connection."""
+        self._send(_confirm(m.queue, m.msg_id))
+
+    def close(self) -> None:
+        """End the subscription (leased messages not confirmed come back after their lease)."""
+        self.closed = True
+        sock, self.sock = self.sock, None  # close() may run in another thread than the reader
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)  # wakes a recv blocked in another thread
+            except OSError:
+                pass
+            sock.close()
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ connection
+    def _requests(self) -> list[dict]:
+        return [{"action": SUBSCRIBE, "queue": q, "credit": self._credit} for q in self.queues]
+
+    def _send(self, req: dict) -> None:
+        try:
+            assert self.sock is not None
+            self.sock.sendall(p.encode(req))
+        except OSError:
+            self._drop()
+
+    def _drop(self) -> None:
+        sock, self.sock = self.sock, None
+        if sock is not None:
+            sock.close()
+        self.buf = b""
+
+    def _open(self) -> None:
+        """Connect to the leader and subscribe; retried until RESUBSCRIBE_FOR has passed."""
+        deadline = time.monotonic() + RESUBSCRIBE_FOR
+        last = "no attempt"
+        while True:
+            try:
+                reply = self.client.leader()
+                host, port = p.redirect_target(reply, self.client.address[0]) or self.client.address
+                sock = socket.create_connection((host, port), timeout=self.client.timeout)
+                sock.settimeout(None)
+                self.sock, self.buf = sock, b""
+                for req in self._requests():
+                    self._send(req)
+                if self.sock is not None:
+                    return
+            except (OSError, QueueError) as exc:
+                last = str(exc) or type(exc).__name__
+                self._drop()
+            if time.monotonic() > deadline:
+                raise NoServerAvailable(p.CODE_ERROR, f"subscribe {','.join(self.queues)}: no leader reachable: {last}")
+            time.sleep(0.2)
+
+    def _next_push(self) -> dict | None:
+        """The next pushed message; None once closed."""
+        while not self.closed:
+            if self.sock is None:
+                self._open()
+                if self.closed:  # closed (from another thread) while it connected
+                    self._drop()
+                    break
+            line = self._line()
+            if line is None:
+                self._drop()  # lost: subscribe again, on whichever node leads
+                continue
+            reply = p.decode_reply(line)
+            kind = classify(reply)
+            if kind == PUSH:
+                return reply
+            if kind == AGAIN:
+                self._drop()
+                time.sleep(0.1)
+        return None
+
+    def _line(self) -> bytes | None:
+        sock = self.sock
+        while b"\n" not in self.buf:
+            try:
+                chunk = sock.recv(1 << 16) if sock is not None else b""
+            except OSError:
+                chunk = b""
+            if not chunk:
+                return None
+            self.buf += chunk
+        line, self.buf = self.buf.split(b"\n", 1)
+        return line
+
+
+class AsyncSubscription:
+    """Subscription for AsyncQueueClient: `async for m in client.subscribe(queue, credit)`."""
+
+    def __init__(self, client: Any, queues: str | Iterable[str], credit: int) -> None:
+        self.client = client
+        self.queues = (queues,) if isinstance(queues, str) else tuple(queues)
+        self._credit = credit
+        self.reader: Any = None
+        self.writer: Any = None
+        self.closed = False
+
+    async def __aiter__(self) -> AsyncIterator[Message]:
+        settle: tuple[str, int] | None = None
+        while not self.closed:
+            if settle is not None:
+                await self._send(_confirm(*settle))
+                settle = None
+            push = await self._next_push()
+            if push is None:
+                return
+            m = message(push)
+            if m.lease_until is None:
+                settle = (m.queue, m.msg_id)
+            yield m
+
+    async def credit(self, credit: int) -> None:
+        """Change the credit (0 stops the flow until it is raised again)."""
+        self._credit = credit
+        if self.writer is not None:
+            for req in self._requests():
+                await self._send(req)
+
+    async def confirm(self, m: Message) -> None:
+        """Confirm a pushed message on the subscription's own connection."""
+        await self._send(_confirm(m.queue, m.msg_id))
+
+    async def close(self) -> None:
+        """End the subscription (leased messages not confirmed come back after their lease)."""
+        self.closed = True
+        self._drop()
+
+    async def __aenter__(self) -> AsyncSubscription:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _requests(self) -> list[dict]:
+        return [{"action": SUBSCRIBE, "queue": q, "credit": self._credit} for q in self.queues]
+
+    async def _send(self, req: dict) -> None:
+        try:
+            self.writer.write(p.encode(req))
+            await self.writer.drain()
+        except (OSError, AttributeError):
+            self._drop()
+
+    def _drop(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+        self.reader = self.writer = None
+
+    async def _open(self) -> None:
+        deadline = time.monotonic() + RESUBSCRIBE_FOR
+        last = "no attempt"
+        while True:
+            try:
+                reply = await self.client.leader()
+                host, port = p.redirect_target(reply, self.client.address[0]) or self.client.address
+                self.reader, self.writer = await asyncio.wait_for(
+                    asyncio.open_connection(host, port, limit=1 << 24), self.client.timeout)
+                for req in self._requests():
+                    await self._send(req)
+                if self.writer is not None:
+                    return
+            except (OSError, QueueError, asyncio.TimeoutError) as exc:
+                last = str(exc) or type(exc).__name__
+                self._drop()
+            if time.monotonic() > deadline:
+                raise NoServerAvailable(p.CODE_ERROR, f"subscribe {','.join(self.queues)}: no leader reachable: {last}")
+            await asyncio.sleep(0.2)
+
+    async def _next_push(self) -> dict | None:
+        while not self.closed:
+            if self.reader is None:
+                await self._open()
+            try:
+                line = await self.reader.readline()
+            except (OSError, ValueError, AttributeError):
+                line = b""
+            if not line:
+                self._drop()
+                continue
+            reply = p.decode_reply(line)
+            kind = classify(reply)
+            if kind == PUSH:
+                return reply
+            if kind == AGAIN:
+                self._drop()
+                await asyncio.sleep(0.1)
+        return None
