@@ -467,7 +467,8 @@ def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) ->
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError("", f"cannot read {path}: {e}") from None
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+        raise ConfigError("", f"cannot read config file {path}: {reason}") from None
     return parse_config(text, overrides)
 
 

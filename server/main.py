@@ -16,7 +16,7 @@ import time
 import orjson
 
 from queue_server.config.loader import ConfigError, NodeConfig, load_config
-from queue_server.server import logs, metrics
+from queue_server.server import logs, metrics, preflight
 from queue_server.server.child import CONFIG_FILE
 
 STOP_GRACE = 5.0
@@ -159,9 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         config, warnings = load_config(args.config, overrides_from(args))
-    except (ConfigError, OSError) as exc:
+        warnings += preflight.check(config)
+    except (ConfigError, preflight.StartError, OSError) as exc:
+        # One line a person can act on, never a traceback; 2 stays argparse's (a bad command line).
         print(f"queue-server: {exc}", file=sys.stderr)
-        return 2
+        return 1
     log = logs.setup("supervisor", config.node_id, config.log_level, config.log_prefix)
     for warning in warnings:
         log.warning("config: %s", warning)
@@ -176,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         log.info("signal %d: stopping", exc.args[0])
     except OSError as exc:
         log.error("cannot start: %s", exc)
-        status = 2
+        status = 1
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)

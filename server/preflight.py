@@ -1,0 +1,81 @@
+"""What the supervisor checks before it starts a node's processes, so that the usual mistakes end
+in one line a person can act on (and exit status 1) instead of a child's traceback: a host name
+that does not resolve, a port already in use, a data directory that cannot be written."""
+from __future__ import annotations
+
+import errno
+import os
+import socket
+
+from queue_server.config.loader import NodeConfig
+
+
+class StartError(Exception):
+    """Why the node cannot start, as one line."""
+
+
+def check(config: NodeConfig) -> list[str]:
+    """Raise StartError naming the config key if the node cannot start as configured; return
+    warnings about what may heal by itself (a peer's name that does not resolve yet, as in a
+    docker-compose cluster whose other containers are still starting)."""
+    warnings = []
+    _resolve("host", config.host)
+    me = config.self_node if config.is_cluster else None
+    for i, node in enumerate(config.cluster_node_list):
+        try:
+            _resolve(f"cluster_node_list[{i}].host", node.host)
+        except StartError as exc:
+            if node is me:
+                raise
+            warnings.append(f"{exc}; node {node.node_id} is unreachable until it does")
+    _bindable("port", config.host, config.port, socket.SOCK_STREAM)
+    _bindable("port", config.host, config.port, socket.SOCK_DGRAM)
+    if me is not None:
+        _bindable(f"cluster_node_list[{config.cluster_node_list.index(me)}].port", me.host, me.port,
+                  socket.SOCK_STREAM)
+    if config.metrics_port:
+        _bindable("metrics_port", config.host, config.metrics_port, socket.SOCK_STREAM)
+    if not config.in_memory:
+        _writable_dir("queue_data_dir", config.queue_data_dir)
+    return warnings
+
+
+def _resolve(key: str, host: str) -> None:
+    try:
+        socket.getaddrinfo(host, None)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        raise StartError(f"config key '{key}': cannot resolve host '{host}' ({reason})") from None
+
+
+def _bindable(key: str, host: str, port: int, kind: socket.SocketKind) -> None:
+    """Bind and release the address as the node will (SO_REUSEADDR, as the acceptor does)."""
+    proto = "TCP" if kind == socket.SOCK_STREAM else "UDP"
+    family = socket.getaddrinfo(host, port, type=kind)[0][0]
+    with socket.socket(family, kind) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+            if kind == socket.SOCK_STREAM:
+                s.listen(1)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                why = "is already in use (another queue-server, or another program?)"
+            elif exc.errno == errno.EADDRNOTAVAIL:
+                why = "is not an address of this machine"
+            elif exc.errno == errno.EACCES:
+                why = "needs privileges (ports below 1024)"
+            else:
+                why = f"cannot be bound: {exc.strerror or exc}"
+            raise StartError(f"config key '{key}': {proto} {host}:{port} {why}") from None
+
+
+def _writable_dir(key: str, path: str) -> None:
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise StartError(f"config key '{key}': cannot create '{path}': {exc.strerror or exc}") from None
+    if not os.path.isdir(path):
+        raise StartError(f"config key '{key}': '{path}' is not a directory")
+    if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+        raise StartError(f"config key '{key}': '{path}' is not readable and writable by this user")

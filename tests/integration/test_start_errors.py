@@ -1,0 +1,94 @@
+"""A node that cannot start says why in one line (exit status 1, no traceback), naming the
+config key: a busy port, a host name that does not resolve, a data directory that cannot be
+made, a config file that cannot be read. A peer's name that does not resolve yet only warns."""
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from queue_server.config.loader import parse_config
+from queue_server.server import preflight
+from tests.harness import free_port
+
+
+def start(*args: str, cwd=None) -> tuple[int, str]:
+    proc = subprocess.run([sys.executable, "-P", "-m", "queue_server.server.main", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=30)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def assert_one_line(output: str, line: str) -> None:
+    assert "Traceback" not in output
+    assert output.strip().splitlines() == [line]
+
+
+@pytest.mark.parametrize("kind", [socket.SOCK_STREAM, socket.SOCK_DGRAM], ids=["tcp", "udp"])
+def test_busy_port(kind):
+    port = free_port()
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", port))
+        if kind == socket.SOCK_STREAM:
+            s.listen()
+        code, out = start("--port", str(port), "--in-memory")
+    proto = "TCP" if kind == socket.SOCK_STREAM else "UDP"
+    assert code == 1
+    assert_one_line(out, f"queue-server: config key 'port': {proto} 127.0.0.1:{port} is already in use "
+                         f"(another queue-server, or another program?)")
+
+
+def test_host_that_does_not_resolve(tmp_path):
+    cfg = tmp_path / "node.json"
+    cfg.write_text(json.dumps({"host": "nosuchhost.invalid", "port": free_port(), "in_memory": True}))
+    code, out = start("--config", str(cfg))
+    assert code == 1
+    assert out.startswith("queue-server: config key 'host': cannot resolve host 'nosuchhost.invalid' (")
+    assert_one_line(out, out.strip())
+
+
+def test_own_cluster_address_that_does_not_resolve(tmp_path):
+    cfg = tmp_path / "node.json"
+    cfg.write_text(json.dumps({"node_id": 2, "port": free_port(), "in_memory": True, "cluster_node_list": [
+        {"node_id": 1, "host": "127.0.0.1", "port": free_port()},
+        {"node_id": 2, "host": "node2.invalid", "port": free_port()},
+        {"node_id": 3, "host": "127.0.0.1", "port": free_port()}]}))
+    code, out = start("--config", str(cfg))
+    assert code == 1
+    assert out.startswith("queue-server: config key 'cluster_node_list[1].host': cannot resolve host "
+                          "'node2.invalid' (")
+    assert "Traceback" not in out
+
+
+def test_data_dir_that_cannot_be_made(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    code, out = start("--port", str(free_port()), "--data-dir", str(blocker / "data"))
+    assert code == 1
+    assert_one_line(out, f"queue-server: config key 'queue_data_dir': cannot create '{blocker / 'data'}': "
+                         f"Not a directory")
+
+
+def test_config_file_missing(tmp_path):
+    missing = tmp_path / "nope.json"
+    code, out = start("--config", str(missing))
+    assert code == 1
+    assert_one_line(out, f"queue-server: config: cannot read config file {missing}: No such file or directory")
+
+
+def test_config_path_is_a_directory(tmp_path):
+    code, out = start("--config", str(tmp_path))
+    assert code == 1
+    assert_one_line(out, f"queue-server: config: cannot read config file {tmp_path}: Is a directory")
+
+
+def test_a_peer_name_that_does_not_resolve_yet_only_warns():
+    config, _ = parse_config(json.dumps({"node_id": 1, "port": free_port(), "in_memory": True,
+                                         "cluster_node_list": [
+                                             {"node_id": 1, "host": "127.0.0.1", "port": free_port()},
+                                             {"node_id": 2, "host": "node2.invalid", "port": free_port()},
+                                             {"node_id": 3, "host": "127.0.0.1", "port": free_port()}]}))
+    [warning] = preflight.check(config)
+    assert "cluster_node_list[1].host" in warning and "node 2 is unreachable until it does" in warning
