@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from importlib import metadata
 from collections.abc import Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from .sync import QueueClient
 EXIT_OK = 0
 EXIT_ERROR = 1
 EXIT_UNREACHABLE = 2
+EXIT_USAGE = 2
 
 
 def _hosts(text: str) -> list[p.Address]:
@@ -69,9 +71,36 @@ def _ids(values: list[int]) -> int | list[int] | None:
     return values[0] if len(values) == 1 else values
 
 
+def version() -> str:
+    """The installed queue-server's version."""
+    try:
+        return metadata.version("queue-server")
+    except metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _batches(a: argparse.Namespace) -> list[list[str]]:
+    """The produce's message bodies, in batches: `-` stands for standard input (one message, its
+    last newline dropped; with --lines, one message per non-empty line)."""
+    if "-" not in a.data:
+        if a.lines:
+            raise SystemExit("queue-cli: --lines reads standard input: give - as DATA")
+        return [a.data]
+    if a.data != ["-"]:
+        raise SystemExit("queue-cli: - (standard input) must be the only DATA")
+    text = sys.stdin.read()
+    if not a.lines:
+        return [[text[:-1] if text.endswith("\n") else text]]
+    lines = [line for line in text.splitlines() if line]
+    if not lines:
+        raise SystemExit("queue-cli: --lines: standard input holds no line")
+    return [lines[i:i + p.MAX_BATCH] for i in range(0, len(lines), p.MAX_BATCH)]
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of queue-cli."""
     parser = argparse.ArgumentParser(prog="queue-cli", description="Send one request to queue-server.")
+    parser.add_argument("--version", action="version", version=f"queue-cli {version()}")
     _common_options(parser, defaults=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -80,9 +109,11 @@ def build_parser() -> argparse.ArgumentParser:
         _common_options(cmd, defaults=False)
         return cmd
 
-    cmd = command("produce", "store messages (several DATA: one batch, all or none)")
+    cmd = command("produce", "store messages (several DATA: one batch, all or none; - reads standard input)")
     cmd.add_argument("queue", metavar="QUEUE")
     cmd.add_argument("data", nargs="+", metavar="DATA")
+    cmd.add_argument("--lines", action="store_true",
+                     help="with -: one message per line of standard input (one batch per 1000 lines)")
     cmd.add_argument("--delay", type=_number, metavar="T", help="ready time: unix time, or seconds from now")
     cmd.add_argument("--ttl", type=_number, metavar="T", help="expiry: unix time, or seconds from now")
     cmd.add_argument("--retry", type=_number, metavar="S", help="lease seconds (0: at most once)")
@@ -90,9 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     cmd.add_argument("--producer", metavar="ID", help="idempotent produce: producer id (with --sequence)")
     cmd.add_argument("--sequence", type=int, metavar="N", help="idempotent produce: sequence number")
     cmd.add_argument("--max-deliveries", type=int, metavar="N", help="dead letter after N unconfirmed deliveries (0: never)")
-    cmd.set_defaults(build=lambda a: p.produce_request(
-        a.queue, a.data[0] if len(a.data) == 1 else a.data, a.delay, a.ttl, a.retry, a.priority,
-        a.producer, a.sequence, a.max_deliveries))
+    cmd.set_defaults(build=lambda a: [p.produce_request(
+        a.queue, data[0] if len(data) == 1 else data, a.delay, a.ttl, a.retry, a.priority,
+        a.producer, a.sequence, a.max_deliveries) for data in _batches(a)])
 
     cmd = command("consume", "take ready messages")
     cmd.add_argument("queue", metavar="QUEUE")
@@ -155,10 +186,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # usage error (2) or --help (0)
         return exc.code if isinstance(exc.code, int) else EXIT_OK
-    req = args.build(args)
+    try:
+        built = args.build(args)
+    except SystemExit as exc:  # bad input found while building (stdin), as one line
+        print(exc.code, file=sys.stderr)
+        return EXIT_USAGE
+    requests = built if isinstance(built, list) else [built]
     try:
         with QueueClient(args.hosts, transport="udp" if args.udp else "tcp", timeout=args.timeout) as client:
-            reply = client.request(req)
+            for req in requests:
+                reply = client.request(req)
+                if len(requests) > 1:
+                    print(_dump(reply))
     except (NoServerAvailable, QueueTimeout) as exc:
         print(_dump(exc.reply), file=sys.stderr)
         return EXIT_UNREACHABLE
@@ -167,7 +206,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
-    print(_dump(reply))
+    if len(requests) == 1:
+        print(_dump(reply))
     return EXIT_OK
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from importlib import metadata
 import shutil
 import signal
 import subprocess
@@ -36,6 +37,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         prog="queue-server",
         description="Run one queue-server node (with no arguments: a single node on 127.0.0.1:1111, TCP and UDP).",
     )
+    try:
+        version = metadata.version("queue-server")
+    except metadata.PackageNotFoundError:
+        version = "unknown (not installed)"
+    parser.add_argument("--version", action="version", version=f"queue-server {version}")
     parser.add_argument("--config", help="JSON config file (the original's keys; // comments allowed)")
     parser.add_argument("--host", help="client host to listen on")
     parser.add_argument("--port", type=int, help="client TCP and UDP port")
