@@ -41,11 +41,16 @@ class Coordinator:
         self.config = config
         self.log = log
         self.storage = storage
+        started = time.monotonic()
         recovered = storage.recover() if storage is not None else None
-        if recovered is not None:
-            log.info("recovered: snapshot at trans_id %d, %d log records after it, %d queues",
-                     recovered.trans_id, len(recovered.entries), len(recovered.state))
         self.node = ClusterNode(config, time.time(), recovered=recovered)
+        if recovered is not None:
+            queues = self.node.state.queues
+            count = sum(len(q) for q in queues.values())
+            log.info("recovered %d queue%s holding %d message%s in %.2f s (snapshot at trans_id %d, "
+                     "%d log records after it)", len(queues), "" if len(queues) == 1 else "s", count,
+                     "" if count == 1 else "s", time.monotonic() - started, recovered.trans_id,
+                     len(recovered.entries))
         self.inbox = ipc.inbox(ctx, run_dir, "coordinator")
         self.acceptor = ipc.outbox(ctx, run_dir, "acceptor")
         self.workers = [ipc.outbox(ctx, run_dir, ipc.worker_name(i)) for i in range(config.workers)]
