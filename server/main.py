@@ -17,7 +17,7 @@ import time
 import orjson
 
 from queue_server.config.loader import ConfigError, NodeConfig, load_config
-from queue_server.server import logs, metrics, preflight
+from queue_server.server import logs, metrics, metrics_http, preflight
 from queue_server.server.child import CONFIG_FILE
 
 STOP_GRACE = 5.0
@@ -116,10 +116,10 @@ class Supervisor:
             lambda: {name: pid for pid, (name, _) in list(self.children.items())},
         )
         try:
-            self.metrics_server = metrics.serve(cfg.host, cfg.metrics_port, registry)
+            self.metrics_server = metrics_http.serve(cfg.host, cfg.metrics_port, registry)
         except OSError as exc:
             raise OSError(f"metrics_port {cfg.metrics_port}: {exc.strerror or exc}") from None
-        self.log.info("metrics on http://%s:%d/metrics", cfg.host, cfg.metrics_port)
+        self.log.info("metrics on http://%s:%d/metrics (health: /healthz, /readyz)", cfg.host, cfg.metrics_port)
         return env
 
     def watch(self) -> int:

@@ -2,7 +2,7 @@
 
 With config ``metrics_port`` set (default 0: off), the supervisor makes ``<run dir>/metrics``,
 passes it to every child as PROMETHEUS_MULTIPROC_DIR, and serves ``GET /metrics`` on
-``host:metrics_port`` from a registry that merges what every child wrote there (:func:`serve`).
+``host:metrics_port`` from a registry that merges what every child wrote there (server/metrics_http.py).
 
 The hot paths never touch prometheus_client. Each process counts in plain Python (dict counters,
 :class:`LocalHistogram`) and :meth:`fold`\\ s those counts into the shared metrics about once a
@@ -18,8 +18,8 @@ Who owns what:
   spends on one request batch and the batch sizes, and queue sizes (ready, delayed, in flight).
 * :class:`CoordinatorMetrics` -- server/coordinator.py (wired by the cluster work): trans_id,
   role and term, elections, replication lag per follower, change-log fsync time.
-* :func:`serve` -- server/main.py: the HTTP endpoint, the node's identity and each child's CPU
-  time and memory.
+* :func:`registry_for` -- server/main.py: the node's identity and each child's CPU time and
+  memory, served with the health endpoints by server/metrics_http.py.
 """
 from __future__ import annotations
 
@@ -478,12 +478,3 @@ def registry_for(directory: str, node_id: int, node_type: int, children: Callabl
     MultiProcessCollector(registry, path=directory)
     registry.register(_NodeCollector(node_id, node_type, children))  # type: ignore[arg-type]
     return registry
-
-
-def serve(host: str, port: int, registry: CollectorRegistry) -> Any:
-    """Serve `registry` at http://host:port/metrics from a daemon thread; returns the server
-    (``.shutdown()`` stops it). OSError if the port cannot be bound."""
-    from prometheus_client import start_http_server
-
-    server, _thread = start_http_server(port, addr=host, registry=registry)
-    return server

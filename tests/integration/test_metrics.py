@@ -2,15 +2,17 @@
 queue sizes, latency samples, and a clean start failure when metrics_port is taken."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
+import urllib.error
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.harness import NodeProcess, RawTcp, free_port, udp_call, wait_for
+from tests.harness import Cluster, NodeProcess, RawTcp, free_port, udp_call, wait_for
 
 Samples = dict[tuple[str, frozenset], float]
 
@@ -138,7 +140,7 @@ def test_a_taken_metrics_port_stops_the_start(tmp_path):
         node = NodeProcess(str(tmp_path), {"metrics_port": taken.getsockname()[1]})
         node.start(wait=False)
         try:
-            assert node.proc.wait(15) == 2
+            assert node.proc.wait(15) == 1
         finally:
             node.stop()
     assert "metrics_port" in node.log()
@@ -173,3 +175,52 @@ def test_coordinator_figures(metered):
                 and value(s, "queue_server_role", role="leader") == 1
                 and value(s, "queue_server_term") >= 1)
     wait_for(published, 10, "the coordinator's trans_id, role and term")
+
+
+def get(port: int, path: str) -> tuple[int, dict]:
+    """(status, JSON body) of GET http://127.0.0.1:port/path, error statuses included."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_health_endpoints_and_404(metered):
+    port = metered.config["metrics_port"]
+    assert get(port, "/healthz") == (200, {"healthy": True})
+    assert wait_for(lambda: get(port, "/readyz")[0] == 200 and get(port, "/readyz"), 10,
+                    "a single node to be ready") == (200, {"ready": True, "role": "leader"})
+    status, body = get(port, "/nope")
+    assert status == 404 and "/readyz" in body["reason"]
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics/", timeout=5) as r:
+        assert r.status == 200 and b"queue_server_role" in r.read()
+
+
+def test_readyz_waits_for_a_leader(tmp_path):
+    """A lone node of a 3-node config is alive but not ready; once a second node joins and a
+    leader is elected, it is ready."""
+    c = Cluster(str(tmp_path), 3)
+    port = free_port()
+    c.nodes[1].config["metrics_port"] = port
+    try:
+        c.nodes[1].start(wait=False)
+        wait_for(lambda: _get_or_none(port, "/healthz") == (200, {"healthy": True}), 15, "/healthz")
+        status, body = wait_for(lambda: (r := get(port, "/readyz"))[1]["role"] and r, 10,
+                                "the coordinator to report its role")
+        assert status == 503 and body["ready"] is False and "majority" in body["reason"]
+        assert body["role"] == "candidate"
+        c.nodes[2].start(wait=False)
+        _, body = wait_for(lambda: (r := _get_or_none(port, "/readyz")) and r[0] == 200 and r, 30,
+                           "node 1 to be ready once it has a majority")
+        assert body["role"] in ("leader", "follower")
+    finally:
+        c.stop()
+
+
+def _get_or_none(port: int, path: str) -> tuple[int, dict] | None:
+    try:
+        return get(port, path)
+    except OSError:
+        return None
+
