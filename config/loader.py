@@ -283,6 +283,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("max_deliveries", 0, _int(0, 2**31 - 1), "deliveries without a confirm before a message is a dead letter; 0 = unlimited"),
     _Key("dead_letter_suffix", ".dlq", _suffix, "dead letters of queue q go to q + this; '' = no dead-letter queues"),
     _Key("queue_metrics_max", 100, _int(0, 100000), "queues that get their own series in the per-queue metrics"),
+    _Key("shutdown_grace", 10, _positive_number, "on SIGTERM: seconds to finish the requests in flight before stopping"),
 )
 
 _BY_NAME: dict[str, _Key] = {k.name: k for k in _KEYS}
@@ -320,6 +321,7 @@ class NodeConfig:
     max_deliveries: int
     dead_letter_suffix: str
     queue_metrics_max: int
+    shutdown_grace: float
 
     @property
     def is_cluster(self) -> bool:
@@ -511,6 +513,7 @@ DEFAULT_CONFIG_TEXT = """\
     "heartbeat_ms" : 50,
     "max_deliveries" : 0,           // deliveries without a confirm before a dead letter; 0 = unlimited
     "dead_letter_suffix" : ".dlq",  // dead letters of queue q go to q + this; "" = none
-    "queue_metrics_max" : 100       // queues that get their own series in per-queue metrics
+    "queue_metrics_max" : 100,      // queues that get their own series in per-queue metrics
+    "shutdown_grace" : 10           // on SIGTERM: seconds to finish the requests in flight
 }
 """

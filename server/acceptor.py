@@ -76,6 +76,13 @@ class Connection(asyncio.Protocol):
         self.flush()  # closes at once when nothing is owed
         return True
 
+    def finish(self) -> None:
+        """The node is shutting down: read nothing more, answer what was read, then close."""
+        if self.close_after is None:
+            self.close_after = self.next_no - 1
+        self._pause()
+        self.flush()  # closes at once when nothing is owed
+
     def _submit(self, items: list[tuple[object, bytes]]) -> None:
         """Number the decoded requests and hand them to the acceptor."""
         submit = self.acceptor.submit
@@ -194,6 +201,10 @@ class Acceptor:
         self.udp_transport: asyncio.DatagramTransport | None = None
         self.metrics = AcceptorMetrics()
         self.closed_requests = 0  # requests read on TCP connections since closed
+        self.server: asyncio.AbstractServer | None = None
+        self.serving: asyncio.Task | None = None  # serve(), cancelled to stop
+        self.draining: asyncio.Task | None = None
+        self.drained = asyncio.Event()  # set when the last connection closes while draining
         self.leader = {
             "leader_node_id": config.node_id,
             "leader_host": config.host,
@@ -211,6 +222,8 @@ class Acceptor:
         """Forget a lost connection. Replies it was still owed and had not been written (held
         behind an earlier one, e.g. a long poll) cannot be delivered: they are undelivered."""
         self.conns.pop(conn.conn_id, None)
+        if self.draining is not None and not self.conns:
+            self.drained.set()
         for data in conn.out:
             self.undeliver(data)
         for data in conn.waiting.values():
@@ -391,6 +404,38 @@ class Acceptor:
         self.metrics.fold(len(conns), tcp_requests, self.next_udp, self.next_conn - 1)
         self.loop.call_later(FOLD_INTERVAL, self.fold_metrics)
 
+    # ----------------------------------------------------------------- stop
+    def begin_drain(self) -> None:
+        """SIGTERM: stop accepting connections, have the workers answer every long poll now
+        (empty), let each connection receive what it is owed and close, then stop; after
+        shutdown_grace at the latest. A second SIGTERM stops at once."""
+        if self.draining is not None:
+            self.log.info("second SIGTERM: stopping at once")
+            if self.serving is not None:
+                self.serving.cancel()
+            return
+        self.draining = self.loop.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        grace = self.config.shutdown_grace
+        self.log.info("SIGTERM: no new connections; answering the %d open ones (up to %g s)",
+                      len(self.conns), grace)
+        if self.server is not None:
+            self.server.close()
+        for sock in self.workers:
+            sock.send_multipart([ipc_frames.DRAIN], zmq.NOBLOCK)
+        for conn in list(self.conns.values()):
+            conn.finish()
+        if self.conns:
+            try:
+                await asyncio.wait_for(self.drained.wait(), grace)
+            except asyncio.TimeoutError:
+                self.log.warning("%d connections still owed replies after %g s: closing them",
+                                 len(self.conns), grace)
+        self.log.info("drained")
+        if self.serving is not None:
+            self.serving.cancel()
+
     # ----------------------------------------------------------------- start
     async def serve(self) -> None:
         """Listen on TCP and UDP at the configured host:port, then serve forever."""
@@ -402,6 +447,7 @@ class Acceptor:
         # request reaches a worker before the stored queues are back.
         await self.ready.wait()
         server = await loop.create_server(lambda: Connection(self), cfg.host, cfg.port, backlog=1024, reuse_address=True)
+        self.server = server
         port = server.sockets[0].getsockname()[1]
         self.udp_transport, _ = await loop.create_datagram_endpoint(
             lambda: Datagrams(self), local_addr=(cfg.host, port), family=socket.AF_INET
@@ -420,8 +466,8 @@ def main(argv: list[str] | None = None) -> None:
     acceptor = Acceptor(info.config, ctx, info.run_dir, info.log, loop)
     # SystemExit raised by a signal handler inside a uvloop callback would be logged and
     # swallowed, leaving an orphan holding the port: stop the loop instead.
-    serving = loop.create_task(acceptor.serve())
-    loop.add_signal_handler(signal.SIGTERM, serving.cancel)
+    serving = acceptor.serving = loop.create_task(acceptor.serve())
+    loop.add_signal_handler(signal.SIGTERM, acceptor.begin_drain)
     try:
         loop.run_until_complete(serving)
     except (KeyboardInterrupt, SystemExit, asyncio.CancelledError):

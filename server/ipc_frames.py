@@ -15,6 +15,7 @@ STATUS = b"status"  # coordinator -> acceptor: [STATUS, json {role, leader_node_
 FORWARD = b"forward"  # acceptor -> coordinator: [FORWARD, json [[origin, req_no, request], ...]] for the leader
 MODE = b"mode"  # coordinator -> worker: [MODE, json [accepting, epoch]] whether to accept queue requests
 RESET = b"reset"  # coordinator -> worker: [RESET, json {queue: snapshot}] replace all queues
+DRAIN = b"drain"  # acceptor -> worker: [DRAIN] the node is shutting down: answer long polls now, park no more
 
 EMPTY_LIST = b"[]"
 

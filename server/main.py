@@ -1,6 +1,7 @@
 """`queue-server`: the supervisor of one node. It loads the config, starts the coordinator, the
 workers and the acceptor as child processes wired by ZeroMQ in a private run directory, and stops
-them all together: on SIGINT/SIGTERM cleanly (exit 0), and when any child dies unexpectedly by
+them all together: on SIGTERM or SIGINT after letting the acceptor drain (exit 0; a second
+signal stops at once), and when any child dies unexpectedly by
 stopping the rest and exiting non-zero -- never a half-alive node."""
 from __future__ import annotations
 
@@ -136,6 +137,18 @@ class Supervisor:
                 )
                 return 1
 
+    def drain(self) -> None:
+        """Let the acceptor finish what its clients are owed (it stops taking connections and has
+        long polls answered at once), for up to shutdown_grace; the other processes keep serving
+        it meanwhile. A signal during the wait raises _Shutdown: the caller then stops at once."""
+        for name, proc in self.children.values():
+            if name == "acceptor" and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(self.config.shutdown_grace + STOP_GRACE)
+                except subprocess.TimeoutExpired:
+                    self.log.warning("the acceptor did not finish within shutdown_grace")
+
     def stop(self) -> None:
         """Terminate every child (SIGKILL after a grace period) and remove the run directory."""
         for _, proc in self.children.values():
@@ -183,7 +196,11 @@ def main(argv: list[str] | None = None) -> int:
         supervisor.start()
         status = supervisor.watch()
     except _Shutdown as exc:
-        log.info("signal %d: stopping", exc.args[0])
+        log.info("signal %d: stopping (a second signal stops at once)", exc.args[0])
+        try:
+            supervisor.drain()
+        except _Shutdown:
+            log.info("second signal: stopping at once")
     except OSError as exc:
         log.error("cannot start: %s", exc)
         status = 1

@@ -185,6 +185,7 @@ class PartitionService:
         self.virtual_queues = dict(virtual_queues or {})
         self.max_wait = max_wait
         self.accepting = True  # False on a follower: its queues change only by replayed records
+        self.draining = False  # the node is shutting down: long polls are answered at once, empty
         self.queues: dict[str, Queue] = {}
         self.waiters: dict[str, deque[Waiter]] = {}
         self.replies: list[tuple[int, int, dict]] = []
@@ -392,7 +393,7 @@ class PartitionService:
             if origin.udp and self._too_large_for_udp(q, req, count, now, lease, token, times):
                 return self._udp_too_large(req)
             return self._deliver(q, req, count, now, lease, token, times)
-        if wait > 0 and not origin.udp:
+        if wait > 0 and not origin.udp and not self.draining:
             deadline = now + min(wait, self.max_wait)
             self.waiters.setdefault(name, deque()).append(
                 Waiter(origin, req_no, req, count, deadline, lease, token, times))
@@ -578,14 +579,14 @@ class PartitionService:
     def tick(self, now: float) -> None:
         """Serve or time out parked long polls, and sweep leases that ran past their ttl. A
         worker that is not accepting (its node does not lead) decides nothing: its polls are
-        answered empty."""
-        if not self.accepting and self.waiters:
+        answered empty, and so are they while the node shuts down (draining)."""
+        if (not self.accepting or self.draining) and self.waiters:
             for waiting in self.waiters.values():
                 for w in waiting:
                     self.replies.append((w.origin, w.req_no, self._empty(w.request, w.count)))
             self.waiters.clear()
         if self.subs:
-            if self.accepting:
+            if self.accepting and not self.draining:
                 self.subs.pump_all(now)
             else:
                 self.subs.end_all()

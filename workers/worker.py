@@ -95,6 +95,8 @@ class Worker:
                 self.dispatch(message, now)
         elif kind == ipc_frames.RESET:
             service.load_snapshot(orjson.loads(frames[1]))
+        elif kind == ipc_frames.DRAIN:
+            service.draining = True
         else:
             self.log.warning("unknown message kind %r", kind)
 
