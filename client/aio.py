@@ -261,7 +261,10 @@ class AsyncQueueClient(AsyncAdminMethods):
         max_redirects: int = 3,
         max_idle_wait_connections: int = 8,
         idempotent: bool = True,
+        token: str | None = None,
     ) -> None:
+        """token: the cluster's client token (auth_token_file), presented on every new
+        connection (TCP) or datagram (UDP)."""
         self.hosts: list[Address]
         self.hosts, self.transport, self.timeout = p.client_settings(hosts, transport, timeout)
         self.follow_redirects = follow_redirects
@@ -282,6 +285,7 @@ class AsyncQueueClient(AsyncAdminMethods):
         self._udp_ep: _Udp | None = None
         self._udp_seq = 0
         self._connect_lock: asyncio.Lock | None = None
+        self.token = token
 
     @property
     def address(self) -> Address:
@@ -388,6 +392,12 @@ class AsyncQueueClient(AsyncAdminMethods):
                 _, conn = await loop.create_connection(lambda: _Conn(loop, addr, epoch), addr[0], addr[1])
         except TimeoutError:
             raise ConnectTimeout(f"connect timed out after {self.timeout:g} s") from None
+        if self.token is not None:
+            try:
+                p.check_auth_reply(await conn.send(p.encode(p.auth_request(self.token)), self.timeout))
+            except BaseException:
+                conn.close()
+                raise
         return conn
 
     async def _main_conn(self, addr: Address, epoch: int) -> tuple[_Conn, bool]:
@@ -472,6 +482,8 @@ class AsyncQueueClient(AsyncAdminMethods):
         wire = dict(req)
         user_seq = wire.get("seq", _NO_SEQ)
         wire["seq"] = seq if user_seq is _NO_SEQ else [seq, user_seq]
+        if self.token is not None:
+            wire["auth_token"] = self.token
         data = orjson.dumps(wire)
         if len(data) > p.MAX_DATAGRAM:
             raise QueueError(p.CODE_ERROR, "request too large for UDP, use TCP")

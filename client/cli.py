@@ -6,6 +6,7 @@ stderr), 2 no server could be reached or a usage error.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from importlib import metadata
 from collections.abc import Sequence
@@ -58,6 +59,10 @@ def _common_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     )
     parser.add_argument(
         "--udp", action="store_true", default=default(False), help="send the request over UDP"
+    )
+    parser.add_argument(
+        "--token-file", default=default(None), metavar="FILE",
+        help="file holding the client token (auth_token_file on the nodes); default: $QUEUE_TOKEN",
     )
     parser.add_argument(
         "--timeout", type=_positive, default=default(5.0), metavar="S",
@@ -175,6 +180,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _token(path: str | None) -> str | None:
+    """The client token: from --token-file, else $QUEUE_TOKEN, else none."""
+    if path is not None:
+        with open(path, encoding="utf-8") as f:
+            return f.read().strip() or None
+    return os.environ.get("QUEUE_TOKEN") or None
+
+
 def _dump(obj: Any) -> str:
     return orjson.dumps(obj).decode()
 
@@ -193,7 +206,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     requests = built if isinstance(built, list) else [built]
     try:
-        with QueueClient(args.hosts, transport="udp" if args.udp else "tcp", timeout=args.timeout) as client:
+        token = _token(args.token_file)
+    except OSError as exc:
+        print(f"queue-cli: --token-file: cannot read {args.token_file}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        with QueueClient(args.hosts, transport="udp" if args.udp else "tcp", timeout=args.timeout,
+                         token=token) as client:
             for req in requests:
                 reply = client.request(req)
                 if len(requests) > 1:

@@ -15,6 +15,7 @@ import orjson
 from .errors import QueueError
 
 from queue_server.server.protocol import (  # noqa: F401  (re-exported: one vocabulary for server and client)
+    AUTH,
     ACTION_NAMES,
     CODE_ERROR,
     CODE_OK,
@@ -235,6 +236,18 @@ def list_request(pattern: str = "", local: bool = False) -> dict[str, Any]:
     if pattern:
         req["pattern"] = pattern
     return req
+
+
+def auth_request(token: str) -> dict[str, Any]:
+    """The first request on a TCP connection to a node with auth_token_file set."""
+    return {"action": "auth", "token": token}
+
+
+def check_auth_reply(reply: dict[str, Any]) -> None:
+    """QueueError unless the auth request was accepted (a wrong token is not worth trying on
+    another host: they share it)."""
+    if reply.get("code") != CODE_OK:
+        raise error_from_reply(reply)
 
 
 def leader_request() -> dict[str, Any]:

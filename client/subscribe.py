@@ -27,6 +27,8 @@ def classify(reply: dict) -> str:
     ok = reply.get("code") == p.CODE_OK
     if reply.get("push"):
         return PUSH if ok else AGAIN
+    if not ok and resolve_action(reply.get("action")) == p.AUTH:
+        raise p.error_from_reply(reply)
     if not ok and resolve_action(reply.get("action")) == SUBSCRIBE:
         if p.try_elsewhere(reply) or str(reply.get("reason", "")).startswith(("not leader", "subscribe:")):
             return AGAIN
@@ -108,7 +110,8 @@ class Subscription:
 
     # ------------------------------------------------------------------ connection
     def _requests(self) -> list[dict]:
-        return [{"action": SUBSCRIBE, "queue": q, "credit": self._credit} for q in self.queues]
+        auth = [p.auth_request(self.client.token)] if self.client.token is not None else []
+        return auth + [{"action": SUBSCRIBE, "queue": q, "credit": self._credit} for q in self.queues]
 
     def _send(self, req: dict) -> None:
         try:
@@ -228,7 +231,8 @@ class AsyncSubscription:
         await self.close()
 
     def _requests(self) -> list[dict]:
-        return [{"action": SUBSCRIBE, "queue": q, "credit": self._credit} for q in self.queues]
+        auth = [p.auth_request(self.client.token)] if self.client.token is not None else []
+        return auth + [{"action": SUBSCRIBE, "queue": q, "credit": self._credit} for q in self.queues]
 
     async def _send(self, req: dict) -> None:
         try:

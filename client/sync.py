@@ -61,7 +61,10 @@ class QueueClient(AdminMethods):
         follow_redirects: bool = True,
         max_redirects: int = 3,
         idempotent: bool = True,
+        token: str | None = None,
     ) -> None:
+        """token: the cluster's client token (auth_token_file), presented on every new
+        connection (TCP) or datagram (UDP)."""
         self.hosts: list[Address]
         self.hosts, self.transport, self.timeout = p.client_settings(hosts, transport, timeout)
         self.follow_redirects = follow_redirects
@@ -77,6 +80,7 @@ class QueueClient(AdminMethods):
         self._sock_addr: Address | None = None
         self._sock_timeout: float | None = None
         self._udp_seq = 0
+        self.token = token
         _clients.add(self)
 
     # ------------------------------------------------------------------ raw requests
@@ -164,6 +168,18 @@ class QueueClient(AdminMethods):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sock, self._sock_addr, self._sock_timeout = sock, addr, self.timeout
             self._file = sock.makefile("rb", buffering=65536)
+            if self.token is not None:
+                try:
+                    sock.sendall(p.encode(p.auth_request(self.token)))
+                    line = self._file.readline()
+                except (ConnectionError, ValueError) as exc:
+                    self._close()
+                    raise _Closed(False, _describe(exc)) from exc
+                try:
+                    p.check_auth_reply(p.decode_reply(line))
+                except QueueError:
+                    self._close()
+                    raise
         assert sock is not None
         if self._sock_timeout != timeout:
             sock.settimeout(timeout)
@@ -199,6 +215,8 @@ class QueueClient(AdminMethods):
         wire = dict(req)
         user_seq = wire.get("seq", _NO_SEQ)
         wire["seq"] = seq if user_seq is _NO_SEQ else [seq, user_seq]
+        if self.token is not None:
+            wire["auth_token"] = self.token
         data = orjson.dumps(wire)
         if len(data) > p.MAX_DATAGRAM:
             raise QueueError(p.CODE_ERROR, "request too large for UDP, use TCP")

@@ -284,6 +284,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("dead_letter_suffix", ".dlq", _suffix, "dead letters of queue q go to q + this; '' = no dead-letter queues"),
     _Key("queue_metrics_max", 100, _int(0, 100000), "queues that get their own series in the per-queue metrics"),
     _Key("shutdown_grace", 10, _positive_number, "on SIGTERM: seconds to finish the requests in flight before stopping"),
+    _Key("auth_token_file", "", _string(False), "file holding the token clients must send (TCP: an auth request; UDP: auth_token); '' = no authentication"),
 )
 
 _BY_NAME: dict[str, _Key] = {k.name: k for k in _KEYS}
@@ -322,6 +323,7 @@ class NodeConfig:
     dead_letter_suffix: str
     queue_metrics_max: int
     shutdown_grace: float
+    auth_token_file: str
 
     @property
     def is_cluster(self) -> bool:
@@ -514,6 +516,7 @@ DEFAULT_CONFIG_TEXT = """\
     "max_deliveries" : 0,           // deliveries without a confirm before a dead letter; 0 = unlimited
     "dead_letter_suffix" : ".dlq",  // dead letters of queue q go to q + this; "" = none
     "queue_metrics_max" : 100,      // queues that get their own series in per-queue metrics
-    "shutdown_grace" : 10           // on SIGTERM: seconds to finish the requests in flight
+    "shutdown_grace" : 10,          // on SIGTERM: seconds to finish the requests in flight
+    "auth_token_file" : ""          // file with the token clients must present; "" = no authentication
 }
 """

@@ -7,6 +7,7 @@ import asyncio
 import signal
 import socket
 import sys
+import time
 from typing import Any
 
 import orjson
@@ -16,6 +17,7 @@ import zmq
 from queue_server.config.loader import NodeConfig
 from queue_server.server import ipc, ipc_frames, replies
 from queue_server.server import protocol as p
+from queue_server.server.auth import AUTH_REQUIRED, Authenticator, read_token_file
 from queue_server.server.child import start
 from queue_server.server.framing import FrameDecoder, FramingError
 from queue_server.server.origin import Origin
@@ -34,6 +36,7 @@ LEADER, FOLLOWER, NONE = "leader", "follower", "none"
 NO_LEADER = "no leader"
 UDP_TOO_LARGE = "response too large for UDP, use TCP"
 _SUBSCRIBE = (p.SUBSCRIBE, "subscribe")
+_AUTH = (p.AUTH, "auth")
 
 
 class Connection(asyncio.Protocol):
@@ -53,11 +56,15 @@ class Connection(asyncio.Protocol):
         self.read_paused = False
         self.write_paused = False
         self.long_polls = False
+        self.authed = not acceptor.auth.required
+        self.peer: Any = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport
         self.conn_id = self.acceptor.register(self)
         self.origin = Origin(self.conn_id)
+        peer = transport.get_extra_info("peername")
+        self.peer = peer[0] if isinstance(peer, tuple) else peer
 
     def data_received(self, data: bytes) -> None:
         self._submit(self.decoder.feed(data))
@@ -88,11 +95,37 @@ class Connection(asyncio.Protocol):
         submit = self.acceptor.submit
         origin = self.origin
         for value, _raw in items:
+            if self.close_after is not None and self.close_after < self.next_no:
+                return  # refused (authentication): nothing after it is read
             req_no = self.next_no
             self.next_no = req_no + 1
+            if not self.authed or (type(value) is dict and value.get("action") in _AUTH):
+                self._authenticate(req_no, value)
+                continue
             if type(value) is dict and (value.get("wait") or value.get("action") in _SUBSCRIBE):
                 self.long_polls = True  # the workers must hear when it closes
             submit(origin, req_no, value)
+
+    def _authenticate(self, req_no: int, value: Any) -> None:
+        """Answer an auth request (or a request that came before one); on failure the
+        connection closes once that answer is written."""
+        acceptor = self.acceptor
+        named = {k: v for k, v in value.items() if k != "token"} if type(value) is dict else None
+        if named is None or value.get("action") not in _AUTH:
+            acceptor.auth.failed_total += 1
+            reason: str | None = AUTH_REQUIRED
+        else:
+            reason = acceptor.auth.attempt(self.peer, value.get("token"), time.monotonic())
+        if reason is None:
+            self.authed = True
+            reply = p.echo(named)
+            reply.update(code=p.CODE_OK, node_id=acceptor.config.node_id)
+            acceptor.reply(self.origin, req_no, reply)
+            return
+        self.authed = False
+        self.close_after = req_no
+        self._pause()
+        acceptor.reply(self.origin, req_no, p.error_reply(named, reason, acceptor.config.node_id))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.acceptor.unregister(self)
@@ -170,6 +203,9 @@ class Datagrams(asyncio.DatagramProtocol):
             except orjson.JSONDecodeError as exc:
                 reason = "invalid UTF-8" if "UTF-8" in str(exc) else f"malformed JSON: {exc}"
                 value = FramingError(reason, False)
+        if not acceptor.auth.datagram(value):
+            acceptor.udp_addrs.pop(origin.conn, None)
+            return  # no valid auth_token: no reply at all
         acceptor.submit(origin, 0, value)
 
 
@@ -180,6 +216,7 @@ class Acceptor:
         self.config = config
         self.log = log
         self.loop = loop
+        self.auth = Authenticator(read_token_file(config.auth_token_file) if config.auth_token_file else None)
         self.router = Router(config.workers, [(v.name, v.queue_list) for v in config.virtual_queue_list],
                              config.dead_letter_suffix)
         self.workers = [ipc.outbox(ctx, run_dir, ipc.worker_name(i)) for i in range(config.workers)]
@@ -257,6 +294,10 @@ class Acceptor:
             self.reply(origin, req_no, p.error_reply(value, action, self.config.node_id))
         elif action == p.LEADER:
             self.answer_leader(origin, req_no, value)
+        elif action == p.AUTH:  # authentication is off, or a UDP datagram's auth_token passed
+            reply = p.echo({k: v for k, v in value.items() if k != "token"})
+            reply.update(code=p.CODE_OK, node_id=self.config.node_id)
+            self.reply(origin, req_no, reply)
         elif self.role == LEADER or action in p.LOCAL_ACTIONS:
             self.route(action, value, origin, req_no)
         elif self.role == FOLLOWER:
@@ -401,7 +442,8 @@ class Acceptor:
         """Publish the metrics counted since the last call; repeats every FOLD_INTERVAL."""
         conns = self.conns
         tcp_requests = self.closed_requests + sum(c.next_no for c in conns.values())
-        self.metrics.fold(len(conns), tcp_requests, self.next_udp, self.next_conn - 1)
+        self.metrics.fold(len(conns), tcp_requests, self.next_udp, self.next_conn - 1,
+                          self.auth.failed_total, self.auth.throttled_total)
         self.loop.call_later(FOLD_INTERVAL, self.fold_metrics)
 
     # ----------------------------------------------------------------- stop

@@ -201,7 +201,10 @@ class AcceptorMetrics(_Metrics):
         self.received = self._counter("received_requests", "Requests received, by transport.", ("transport",))
         self.connections = self._gauge("tcp_connections", "Open client TCP connections.")
         self.connections_opened = self._counter("tcp_connections_opened", "Client TCP connections accepted.")
-        self._sent = {"tcp": 0, "udp": 0, "opened": 0}
+        self.auth_failures = self._counter(
+            "auth_failures", "Client requests refused for missing or wrong credentials (auth_token_file), "
+            "and attempts refused unchecked after too many failures from one address.", ("outcome",))
+        self._sent = {"tcp": 0, "udp": 0, "opened": 0, "failed": 0, "throttled": 0}
         self.probe_conn = -1
         self.probe_no = -1
         self.probe_action = ""
@@ -237,7 +240,8 @@ class AcceptorMetrics(_Metrics):
         if conn_id == self.probe_conn:
             self.probe_no = -1
 
-    def fold(self, open_connections: int, tcp_requests: int, udp_requests: int, connections_opened: int) -> None:
+    def fold(self, open_connections: int, tcp_requests: int, udp_requests: int, connections_opened: int,
+             auth_failed: int = 0, auth_throttled: int = 0) -> None:
         """Add what was counted since the last fold to the shared metrics. The arguments are the
         acceptor's running totals."""
         if self.probe_no >= 0 and time.perf_counter() - self.probe_started > PROBE_GIVE_UP:
@@ -257,6 +261,10 @@ class AcceptorMetrics(_Metrics):
         if connections_opened > sent["opened"]:
             self.connections_opened.inc(connections_opened - sent["opened"])
             sent["opened"] = connections_opened
+        for label, total in (("failed", auth_failed), ("throttled", auth_throttled)):
+            if total > sent[label]:
+                self.auth_failures.labels(outcome=label).inc(total - sent[label])
+                sent[label] = total
         self.connections.set(open_connections)
 
 

@@ -8,6 +8,7 @@ import os
 import socket
 
 from queue_server.config.loader import NodeConfig
+from queue_server.server.auth import read_token_file
 
 
 class StartError(Exception):
@@ -37,6 +38,11 @@ def check(config: NodeConfig) -> list[str]:
         _bindable("metrics_port", config.host, config.metrics_port, socket.SOCK_STREAM)
     if not config.in_memory:
         _writable_dir("queue_data_dir", config.queue_data_dir)
+    if config.auth_token_file:
+        try:
+            read_token_file(config.auth_token_file)
+        except ValueError as exc:
+            raise StartError(str(exc)) from None
     return warnings
 
 

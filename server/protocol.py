@@ -23,6 +23,8 @@ PAUSE = 23
 RESUME = 24
 DLQ_REPLAY = 25
 LOCAL_PEEK = 120
+# Client authentication (config auth_token_file): the first request on a TCP connection.
+AUTH = 9
 # Push subscriptions with credit (issue 14): pushed messages travel as replies with this req_no,
 # written at once, outside the connection's reply order.
 SUBSCRIBE = 26
@@ -47,6 +49,7 @@ ACTION_NAMES: dict[str, int] = {
     "dlq_replay": DLQ_REPLAY,
     "local_peek": LOCAL_PEEK,
     "subscribe": SUBSCRIBE,
+    "auth": AUTH,
 }
 ACTIONS: frozenset[int] = frozenset(ACTION_NAMES.values())
 # Actions that name one queue and are served by the worker owning it.
@@ -67,7 +70,7 @@ MAX_BATCH = 1000
 DEFAULT_TTL = 3600.0
 
 # Request fields that are not echoed in replies (bulky or replaced by the result).
-NOT_ECHOED = frozenset({"data", "msg_ids", "tokens", "delivery_counts"})
+NOT_ECHOED = frozenset({"data", "msg_ids", "tokens", "delivery_counts", "auth_token"})
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # Unicode category Cc
 

@@ -24,7 +24,8 @@ def test_cli_builds_each_administration_request():
     assert built("pause", "jobs") == {"action": 23, "queue": "jobs"}
     assert built("resume", "jobs") == {"action": 24, "queue": "jobs"}
     assert built("dlq", "replay", "jobs") == {"action": 25, "queue": "jobs"}
-    assert built("produce", "jobs", "x", "--max-deliveries", "3")["max_deliveries"] == 3
+    [produce] = built("produce", "jobs", "x", "--max-deliveries", "3")  # one request per batch of bodies
+    assert produce["max_deliveries"] == 3
     args = build_parser().parse_args(["dlq", "replay", "jobs", "--hosts", "h:1", "--timeout", "2"])
     assert args.hosts == [("h", 1)] and args.timeout == 2.0
     with pytest.raises(SystemExit):

@@ -23,7 +23,7 @@ DEFAULTS = {
     "queue_data_dir": "./queue_data", "workers": 2, "max_request_size": 1048576,
     "udp_max_response": 60000, "max_wait": 30.0, "replication": "quorum", "fsync": "everysec",
     "in_memory": False, "snapshot_every": 100000, "repair": False, "metrics_port": 0, "election_timeout_ms": 300, "heartbeat_ms": 50,
-    "max_deliveries": 0, "dead_letter_suffix": ".dlq", "queue_metrics_max": 100, "shutdown_grace": 10,
+    "max_deliveries": 0, "dead_letter_suffix": ".dlq", "queue_metrics_max": 100, "shutdown_grace": 10, "auth_token_file": "",
 }
 
 THREE = [
@@ -160,6 +160,7 @@ INVALID: dict[str, list[object]] = {
     "dead_letter_suffix": [1, None, "\n", "x" * 65],
     "queue_metrics_max": [-1, 100001, "10", 2.5],
     "shutdown_grace": [0, -1, "10", None],
+    "auth_token_file": [1, None, ["f"]],
 }
 
 

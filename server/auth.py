@@ -1,0 +1,86 @@
+"""Client authentication (config `auth_token_file`): the shared token, compared in constant
+time, and a limit on failed attempts per source address. Pure: the time comes in as an
+argument."""
+from __future__ import annotations
+
+import hmac
+from collections import deque
+from typing import Any
+
+AUTH_REQUIRED = "authentication required: send {\"action\": \"auth\", \"token\": ...} first"
+AUTH_FAILED = "authentication failed"
+AUTH_THROTTLED = "authentication failed: too many failures from this address, retry later"
+
+MAX_FAILURES = 5  # failed attempts per address within WINDOW before it is refused unchecked
+WINDOW = 10.0  # seconds
+
+
+def read_token_file(path: str) -> bytes:
+    """The token in `path` (surrounding whitespace dropped). ValueError with a one-line reason
+    if the file cannot be read or holds no token."""
+    try:
+        with open(path, "rb") as f:
+            token = f.read().strip()
+    except OSError as exc:
+        raise ValueError(f"config key 'auth_token_file': cannot read {path}: {exc.strerror or exc}") from None
+    if not token:
+        raise ValueError(f"config key 'auth_token_file': {path} holds no token")
+    return token
+
+
+class Authenticator:
+    """Checks client credentials; None as the token means authentication is off."""
+
+    def __init__(self, token: bytes | None, max_failures: int = MAX_FAILURES, window: float = WINDOW) -> None:
+        self.token = token
+        self.max_failures = max_failures
+        self.window = window
+        self.failures: dict[Any, deque[float]] = {}
+        self.failed_total = 0  # wrong or missing credentials, all transports
+        self.throttled_total = 0  # attempts refused unchecked
+
+    @property
+    def required(self) -> bool:
+        return self.token is not None
+
+    def valid(self, candidate: Any) -> bool:
+        """The candidate is the token (a str or bytes); constant time in the token's content."""
+        if self.token is None:
+            return True
+        if type(candidate) is str:
+            candidate = candidate.encode()
+        if type(candidate) is not bytes:
+            return False
+        return hmac.compare_digest(candidate, self.token)
+
+    def attempt(self, address: Any, candidate: Any, now: float) -> str | None:
+        """A TCP auth request from `address`: None if it passes, else the reason to answer."""
+        recent = self.failures.get(address)
+        if recent is not None:
+            while recent and recent[0] <= now - self.window:
+                recent.popleft()
+            if not recent:
+                del self.failures[address]
+                recent = None
+        if recent is not None and len(recent) >= self.max_failures:
+            self.throttled_total += 1
+            return AUTH_THROTTLED
+        if self.valid(candidate):
+            return None
+        self.failed_total += 1
+        self.failures.setdefault(address, deque()).append(now)
+        if len(self.failures) > 100_000:  # bound the memory a scan of many addresses can take
+            self.failures.pop(next(iter(self.failures)))
+        return AUTH_FAILED
+
+    def datagram(self, value: Any) -> bool:
+        """A UDP request passes: it carries a valid `auth_token` (removed from it), or
+        authentication is off. A datagram that fails gets no reply at all (no amplification, no
+        oracle): the caller drops it."""
+        candidate = value.pop("auth_token", None) if type(value) is dict else None
+        if self.token is None:
+            return True
+        if type(value) is not dict or not self.valid(candidate):
+            self.failed_total += 1
+            return False
+        return True
