@@ -6,7 +6,6 @@ stderr), 2 no server could be reached or a usage error.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from importlib import metadata
 from collections.abc import Sequence
@@ -15,6 +14,7 @@ from typing import Any
 import orjson
 
 from . import admin
+from .credentials import load_token
 from . import protocol as p
 from .errors import NoServerAvailable, QueueError, QueueTimeout
 from .sync import QueueClient
@@ -180,14 +180,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _token(path: str | None) -> str | None:
-    """The client token: from --token-file, else $QUEUE_TOKEN, else none."""
-    if path is not None:
-        with open(path, encoding="utf-8") as f:
-            return f.read().strip() or None
-    return os.environ.get("QUEUE_TOKEN") or None
-
-
 def _dump(obj: Any) -> str:
     return orjson.dumps(obj).decode()
 
@@ -206,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     requests = built if isinstance(built, list) else [built]
     try:
-        token = _token(args.token_file)
+        token = load_token(args.token_file)
     except OSError as exc:
         print(f"queue-cli: --token-file: cannot read {args.token_file}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE

@@ -44,6 +44,7 @@ from locust import User, events, task
 from locust.env import Environment
 
 from queue_server.client import QueueClient, QueueError
+from queue_server.client.credentials import load_token
 from queue_server.client import protocol as p
 
 # Replies larger than this cannot come back over UDP (the server's udp_max_response default).
@@ -67,6 +68,8 @@ def _arguments(parser: Any) -> None:
                        help="seconds before a request counts as timed out")
     group.add_argument("--think-time", type=float, default=0.0, include_in_web_ui=True,
                        help="most seconds between a user's tasks (random; 0 = closed loop)")
+    group.add_argument("--token-file", default="", help="file holding the client token (the nodes' "
+                       "auth_token_file); default: the QUEUE_TOKEN environment variable")
     group.add_argument("--timeline", default="", help="write requests/failures per second and each failure to this JSON file at exit")
 
 
@@ -133,6 +136,7 @@ class QueueUser(User):
             host_order(self.host or "127.0.0.1:1111", next(_user_numbers)),
             transport=self.transport,
             timeout=getattr(opts, "request_timeout", 5.0),
+            token=load_token(getattr(opts, "token_file", "")),
         )
         self.request_type = self.transport.upper()
 

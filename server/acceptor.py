@@ -37,6 +37,7 @@ NO_LEADER = "no leader"
 UDP_TOO_LARGE = "response too large for UDP, use TCP"
 _SUBSCRIBE = (p.SUBSCRIBE, "subscribe")
 _AUTH = (p.AUTH, "auth")
+LINGER = 2.0  # seconds a closing connection's late input is read and dropped (see Connection._close)
 
 
 class Connection(asyncio.Protocol):
@@ -58,6 +59,8 @@ class Connection(asyncio.Protocol):
         self.long_polls = False
         self.authed = not acceptor.auth.required
         self.peer: Any = None
+        self.peer_eof = False  # the client shut its write side
+        self.lingering = False  # replies all sent, FIN sent; input read and dropped until close
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         self.transport = transport
@@ -67,6 +70,8 @@ class Connection(asyncio.Protocol):
         self.peer = peer[0] if isinstance(peer, tuple) else peer
 
     def data_received(self, data: bytes) -> None:
+        if self.lingering:
+            return  # after the last reply: dropped, so that closing does not reset the connection
         self._submit(self.decoder.feed(data))
         if self.decoder.closed:
             self.close_after = self.next_no - 1
@@ -77,11 +82,29 @@ class Connection(asyncio.Protocol):
     def eof_received(self) -> bool:
         """The client shut its write side (a half-close): answer every request it sent, in
         order, then close. Returns True: the transport stays open for those replies."""
+        self.peer_eof = True
+        if self.lingering:
+            return False  # the client saw our FIN and closed: done
         self._submit(self.decoder.finish())  # a request the stream ended without a newline
         if self.close_after is None:
             self.close_after = self.next_no - 1
         self.flush()  # closes at once when nothing is owed
         return True
+
+    def _close(self, transport: asyncio.Transport) -> None:
+        """Close once every reply is written. Closing a socket with unread input makes the
+        kernel answer with a reset, which can destroy replies the client has not read yet (the
+        one saying why it is closed): unless the client has already shut its side, send FIN
+        after the replies and drop what still comes in, for at most LINGER seconds."""
+        if self.peer_eof or not transport.can_write_eof():
+            transport.close()
+            return
+        self.lingering = True
+        transport.write_eof()
+        if self.read_paused:
+            self.read_paused = False
+            transport.resume_reading()
+        self.acceptor.loop.call_later(LINGER, transport.close)
 
     def finish(self) -> None:
         """The node is shutting down: read nothing more, answer what was read, then close."""
@@ -180,8 +203,8 @@ class Connection(asyncio.Protocol):
             transport.write(b"".join(self.out))
             self.out.clear()
         if self.close_after is not None and self.next_out > self.close_after:
-            if transport is not None:
-                transport.close()
+            if transport is not None and not self.lingering:
+                self._close(transport)
         elif self.read_paused:
             self._maybe_resume()
 

@@ -9,6 +9,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from queue_server.client.credentials import load_token
 from queue_server.client.protocol import MAX_BATCH, parse_hosts
 
 DEFAULT_LEASE = 60.0
@@ -115,6 +116,7 @@ class ReadOptions:
     read_id: str | None = None  # batch only
     max_messages_per_trigger: int | None = None  # stream only
     look: bool = True  # batch only: peek instead of consuming (the read takes nothing)
+    auth_token: str | None = None  # the nodes' client token (auth_token_file)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool) -> ReadOptions:
@@ -139,10 +141,24 @@ class ReadOptions:
             read_id=_plain_id(options, "readId"),
             max_messages_per_trigger=_int(options, "maxMessagesPerTrigger", None),
             look=look,
+            auth_token=_auth_token(options),
         )
         if not streaming and not opts.confirm and not opts.look and opts.read_id is None:
             raise OptionError("option readId: required with confirm=false (confirm_read() needs it)")
         return opts
+
+
+def _auth_token(options: Mapping[str, str]) -> str | None:
+    """The client token: option authToken, else the file named by authTokenFile, else the
+    driver's QUEUE_TOKEN; read on the driver, it travels to the executors with the options."""
+    token = _get(options, "authToken")
+    if token is not None and token.strip():
+        return token.strip()
+    path = _get(options, "authTokenFile")
+    try:
+        return load_token(path.strip() if path else None)
+    except OSError as exc:
+        raise OptionError(f"option authTokenFile: cannot read {path}: {exc.strerror or exc}") from None
 
 
 def _after_read(options: Mapping[str, str]) -> tuple[bool, bool]:
@@ -176,6 +192,7 @@ class WriteOptions:
     retry: float | None = None
     priority: int | None = None
     producer_id: str | None = None
+    auth_token: str | None = None  # the nodes' client token (auth_token_file)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
@@ -197,4 +214,5 @@ class WriteOptions:
             retry=_float(options, "retry", None, positive=False),
             priority=prio,
             producer_id=_plain_id(options, "producerId"),
+            auth_token=_auth_token(options),
         )

@@ -115,6 +115,7 @@ class QueuePartition(InputPartition):
     exact: bool  # stream: read every planned chunk, even after a short one
     confirm: bool  # batch consume=true: confirm the tokens once read
     look: bool = False  # batch default: peek page by page instead of consuming
+    auth_token: str | None = None  # the nodes' client token (auth_token_file)
 
     @property
     def value(self) -> str:  # InputPartition's repr/debug field
@@ -137,7 +138,7 @@ class QueueBatchReader(DataSourceReader):
         per_queue = 1 if o.look else o.partitions_per_queue
         return [
             QueuePartition(o.hosts, q, f"{self.read_id}/{i}", o.max_messages, o.lease, o.chunk,
-                           o.timeout, exact=False, confirm=o.confirm, look=o.look)
+                           o.timeout, exact=False, confirm=o.confirm, look=o.look, auth_token=o.auth_token)
             for q in o.queues
             for i in range(per_queue)
         ]
@@ -157,7 +158,7 @@ def read_partition(part: QueuePartition) -> Iterator:
     fetched: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
     used: list[str] = []
-    client = QueueClient(part.hosts, timeout=part.timeout)
+    client = QueueClient(part.hosts, timeout=part.timeout, token=part.auth_token)
 
     def fetch() -> None:
         try:
@@ -252,25 +253,29 @@ def arrow_schema():
     return _ARROW_SCHEMA
 
 
-def confirm_read(hosts: str, queues: str | Iterable[str], read_id: str, timeout: float = 30.0) -> int:
+def confirm_read(hosts: str, queues: str | Iterable[str], read_id: str, timeout: float = 30.0,
+                 token: str | None = None) -> int:
     """Confirm everything a batch read with confirm=false and readId=`read_id` still holds;
-    how many messages were confirmed. Call it once the job that used the rows has succeeded."""
-    return _by_read(p.CONFIRM, hosts, queues, read_id, timeout)
+    how many messages were confirmed. Call it once the job that used the rows has succeeded.
+    token: the nodes' client token, if they require one."""
+    return _by_read(p.CONFIRM, hosts, queues, read_id, timeout, token)
 
 
-def release_read(hosts: str, queues: str | Iterable[str], read_id: str, timeout: float = 30.0) -> int:
+def release_read(hosts: str, queues: str | Iterable[str], read_id: str, timeout: float = 30.0,
+                 token: str | None = None) -> int:
     """Give back everything a batch read with confirm=false and readId=`read_id` still holds
     (ready again at once, for any consumer); how many leases were released."""
-    return _by_read(p.RELEASE, hosts, queues, read_id, timeout)
+    return _by_read(p.RELEASE, hosts, queues, read_id, timeout, token)
 
 
-def _by_read(action: int, hosts: str, queues: str | Iterable[str], read_id: str, timeout: float) -> int:
+def _by_read(action: int, hosts: str, queues: str | Iterable[str], read_id: str, timeout: float,
+             token: str | None) -> int:
     if not read_id or "/" in read_id:
         raise ValueError("read_id: must be non-empty, without '/'")
     names = [q.strip() for q in queues.split(",")] if isinstance(queues, str) else list(queues)
     field = "confirmed" if action == p.CONFIRM else "released"
     done = 0
-    with QueueClient(hosts, timeout=timeout) as client:
+    with QueueClient(hosts, timeout=timeout, token=token) as client:
         for q in names:
             if q:
                 reply = client.request(p.ids_request(action, q, None, token_prefix=f"{read_id}/"))

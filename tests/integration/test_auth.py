@@ -33,9 +33,10 @@ def test_a_request_before_auth_is_refused_and_the_connection_closed(secured):
     conn = RawTcp(*secured.address)
     conn.send({"action": 1, "queue": "q", "data": "x", "seq": 1})
     conn.send({"action": 1, "queue": "q", "data": "y", "seq": 2})
+    conn.send(b"x" * 100_000)  # more unread input: closing must still not reset the connection
     reply = conn.recv()
     assert (reply["code"], reply["seq"]) == (-1, 1) and reply["reason"].startswith("authentication required")
-    assert closed(conn)
+    assert closed(conn)  # a FIN after the reply, not a reset that could have destroyed it
     conn.close()
     assert monitor_size(secured, "q") == 0  # neither was stored
 

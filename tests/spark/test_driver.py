@@ -306,3 +306,29 @@ def test_sink_columns_override_options(node, qname):
         got = c.consume_batch(qname, 10)
         assert [m.data for m in got] == ["b", "c", "a"]  # priority 5 first; d is delayed
         assert stats(node, qname)["delayed"] == 1
+
+
+# ---------------------------------------------------------------- a node that requires a token
+
+def test_source_and_sink_present_the_client_token(tmp_path, monkeypatch):
+    from tests.harness import NodeProcess
+
+    (tmp_path / "token").write_text("sparky\n")
+    secured = NodeProcess(str(tmp_path), {"auth_token_file": str(tmp_path / "token")}).start()
+    try:
+        base = {"hosts": secured.hosts}
+        batch = pa.RecordBatch.from_pydict({"data": ["a", "b", "c"]})
+        with pytest.raises(Exception, match="authentication"):
+            produce_batches(WriteOptions.parse({**base, "queue": "s"}), "t/0", iter([batch]))
+        written = produce_batches(WriteOptions.parse({**base, "queue": "s", "authToken": "sparky"}),
+                                  "t/1", iter([batch]))
+        assert written.produced == 3
+        monkeypatch.setenv("QUEUE_TOKEN", "sparky")  # the driver's environment, by default
+        opts = ReadOptions.parse({**base, "queues": "s"}, streaming=False)
+        assert opts.auth_token == "sparky"
+        [part] = QueueBatchReader(pickle.loads(pickle.dumps(opts))).partitions()
+        assert [r[2] for r in rows(read_partition(pickle.loads(pickle.dumps(part))))] == ["a", "b", "c"]
+        with pytest.raises(OptionError, match="option authTokenFile"):
+            ReadOptions.parse({**base, "queues": "s", "authTokenFile": str(tmp_path / "nope")}, streaming=False)
+    finally:
+        secured.stop()
