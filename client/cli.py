@@ -6,6 +6,7 @@ stderr), 2 no server could be reached or a usage error.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from importlib import metadata
 from collections.abc import Sequence
@@ -186,6 +187,17 @@ def _dump(obj: Any) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run queue-cli with `argv` (default sys.argv[1:]); the exit status."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # The reader went away (`queue-cli ... | head`): not an error worth a traceback. Point
+        # stdout at /dev/null so that the interpreter's final flush does not complain either.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return EXIT_OK
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)

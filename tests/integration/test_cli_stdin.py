@@ -60,3 +60,15 @@ def test_version(command):
                          text=True, timeout=30)
     assert out.returncode == 0
     assert out.stdout.strip().endswith(" " + metadata.version("queue-server"))
+
+
+def test_a_reader_that_goes_away_is_no_traceback(node, qname):
+    with QueueClient(node.hosts) as q:
+        q.produce_batch(qname, ["x" * 1000] * 200)
+    cli_cmd = [sys.executable, "-P", "-m", "queue_server.client.cli", "--hosts", node.hosts,
+               "peek", qname, "--count", "200"]
+    proc = subprocess.Popen(cli_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.read(10)
+    proc.stdout.close()  # like `| head -c 10`
+    err = proc.stderr.read().decode()
+    assert proc.wait(20) == 0 and "Traceback" not in err, err
