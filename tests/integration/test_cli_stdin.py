@@ -64,7 +64,8 @@ def test_version(command):
 
 def test_a_reader_that_goes_away_is_no_traceback(node, qname):
     with QueueClient(node.hosts) as q:
-        q.produce_batch(qname, ["x" * 1000] * 200)
+        for _ in range(2):  # a ~90 kB reply: more than a pipe holds, so the writer meets the closed end
+            q.produce_batch(qname, ["x" * 400] * 100)
     cli_cmd = [sys.executable, "-P", "-m", "queue_server.client.cli", "--hosts", node.hosts,
                "peek", qname, "--count", "200"]
     proc = subprocess.Popen(cli_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
