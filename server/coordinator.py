@@ -23,6 +23,7 @@ from queue_server.server.child import start
 from queue_server.election.state import Role
 from queue_server.server.cluster import ClusterNode
 from queue_server.server.metrics import CoordinatorMetrics
+from queue_server.server.reachability import Reachability
 
 # Messages queued for a peer that is not answering are dropped past this many: the election and
 # replication resend what matters.
@@ -79,6 +80,9 @@ class Coordinator:
         self.metrics = CoordinatorMetrics()
         self.next_observe = 0.0
         self.last_election_role: Role | None = None
+        self.reachability = Reachability(
+            {n.node_id: f"{n.host}:{n.port}" for n in config.cluster_node_list if n.node_id != config.node_id},
+            time.time()) if config.is_cluster else None
 
     def run(self) -> None:
         """Serve until terminated."""
@@ -112,6 +116,8 @@ class Coordinator:
                         self.log.warning("dropped a bad peer message: %s", exc)
                         continue
                     now = time.time()
+                    if self.reachability is not None:
+                        self.reachability.heard(env.msg.src, type(env.msg).__name__, now)  # type: ignore[attr-defined]
                     node.on_peer(env.msg, (env.client_host, env.client_port), now)
                     if now >= node.wake_at():
                         node.tick(now)
@@ -131,6 +137,10 @@ class Coordinator:
             if now >= node.wake_at():
                 node.tick(now)
             self.flush()
+            if self.reachability is not None:
+                line = self.reachability.report(node.election.leader_id is not None, now)
+                if line is not None:
+                    self.log.warning("%s", line)
 
     def dispatch(self, frames: list[bytes], now: float) -> None:
         """Handle one message from the acceptor or a worker."""

@@ -210,6 +210,10 @@ def test_readyz_waits_for_a_leader(tmp_path):
                                 "the coordinator to report its role")
         assert status == 503 and body["ready"] is False and "majority" in body["reason"]
         assert body["role"] == "candidate"
+        # ...and says, every 10 s, which peers it cannot reach
+        line = wait_for(lambda: next((l for l in c.nodes[1].log().splitlines() if "no leader for" in l), None),
+                        20, "the no-leader report")
+        assert "1 of 3 nodes reachable, a majority is 2" in line and "node 2 (" in line and "node 3 (" in line
         c.nodes[2].start(wait=False)
         _, body = wait_for(lambda: (r := _get_or_none(port, "/readyz")) and r[0] == 200 and r, 30,
                            "node 1 to be ready once it has a majority")
