@@ -1,20 +1,25 @@
 """`queue-cluster N`: a development launcher that starts an N-node cluster on loopback with one
-command, prints the leader, and stops every node on ^C.
+command and prints the leader. When a node dies it says which and how, and the others keep
+running (kill one to watch a fail-over); --restart starts a dead node again. ^C stops every
+node and removes the temporary data directory (--keep keeps it).
 
     queue-cluster 3                       # client ports 1111, 1112, 1113
-    queue-cluster 3 --base-port 2111 --replication async
+    queue-cluster 3 --base-port 2111 --replication async --restart
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+
+RESTART_AFTER = 1.0  # seconds between a node's death and its restart (--restart)
 
 
 def cluster_configs(n: int, data_root: str, client_ports: list[int], internal_ports: list[int],
@@ -65,18 +70,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--internal-base-port", type=int, default=1101)
     parser.add_argument("--replication", choices=["quorum", "async"], default="quorum")
     parser.add_argument("--data-root", help="where the nodes' data dirs go (default: a temporary dir)")
+    parser.add_argument("--restart", action="store_true", help="start a node again when it dies")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary data dir on exit")
     args = parser.parse_args(argv)
     if args.nodes < 1 or args.nodes % 2 == 0:
         parser.error("the number of nodes must be odd")
     root = args.data_root or tempfile.mkdtemp(prefix="queue-cluster-")
     clients = [args.base_port + i for i in range(args.nodes)]
     internals = [args.internal_base_port + i for i in range(args.nodes)]
-    procs = []
+    paths: dict[int, str] = {}
     for cfg in cluster_configs(args.nodes, root, clients, internals, replication=args.replication):
-        path = os.path.join(root, f"node{cfg['node_id']}.json")
+        paths[cfg["node_id"]] = path = os.path.join(root, f"node{cfg['node_id']}.json")
         with open(path, "w") as f:
             json.dump(cfg, f, indent=2)
-        procs.append(subprocess.Popen([sys.executable, "-P", "-m", "queue_server.server.main", "--config", path]))
+    procs: dict[int, subprocess.Popen] = {}
+
+    def launch(node_id: int) -> None:
+        procs[node_id] = subprocess.Popen(
+            [sys.executable, "-P", "-m", "queue_server.server.main", "--config", paths[node_id]])
+        print(f"node {node_id}: pid {procs[node_id].pid}, client port {clients[node_id - 1]}", flush=True)
+
+    for node_id in paths:
+        launch(node_id)
     stop = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -96,23 +111,41 @@ def main(argv: list[str] | None = None) -> int:
                     break
             else:
                 time.sleep(0.1)
-        if leader is None:
+        if leader is None and not stop:
             print("queue-cluster: no leader within 30 s", file=sys.stderr)
             return 1
-        print(f"leader: node {leader['leader_node_id']} at {leader['leader_host']}:{leader['leader_port']}", flush=True)
-        print(f"nodes: {', '.join(f'127.0.0.1:{p}' for p in clients)} (data in {root}); ^C stops them", flush=True)
-        while not stop and all(p.poll() is None for p in procs):
+        if leader is not None:
+            print(f"leader: node {leader['leader_node_id']} at {leader['leader_host']}:{leader['leader_port']}", flush=True)
+            print(f"nodes: {', '.join(f'127.0.0.1:{p}' for p in clients)} (data in {root}); ^C stops them", flush=True)
+        dead: dict[int, float] = {}  # node id -> when it was found dead
+        while not stop:
+            now = time.monotonic()
+            for node_id, proc in procs.items():
+                status = proc.poll()
+                if status is not None and node_id not in dead:
+                    how = f"killed by signal {-status}" if status < 0 else f"exited with status {status}"
+                    then = "restarting it" if args.restart else "the others keep running (--restart restarts it)"
+                    print(f"queue-cluster: node {node_id} (pid {proc.pid}) {how}; {then}", flush=True)
+                    dead[node_id] = now
+            for node_id, when in list(dead.items()):
+                if args.restart and now - when >= RESTART_AFTER:
+                    del dead[node_id]
+                    launch(node_id)
             time.sleep(0.2)
-        return 0 if stop else 1
+        return 0
     finally:
-        for p in procs:
+        for p in procs.values():
             if p.poll() is None:
                 p.terminate()
-        for p in procs:
+        for p in procs.values():
             try:
-                p.wait(10)
+                p.wait(15)
             except subprocess.TimeoutExpired:
                 p.kill()
+        if args.data_root is None and not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+        else:
+            print(f"queue-cluster: data kept in {root}", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,74 @@
+"""queue-cluster: a dead node is named and the others keep serving; --restart starts it again;
+^C stops every node and removes the temporary data directory."""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+from queue_server.client import QueueClient, QueueError
+from tests.harness import wait_for
+
+
+def free_run(n: int) -> int:
+    """A port p such that p .. p+n-1 are all free now."""
+    for _ in range(200):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            base = s.getsockname()[1]
+        if base + n >= 65535:
+            continue
+        try:
+            socks = []
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free run of ports")
+
+
+def test_a_dead_node_is_named_restarted_and_the_data_removed_at_the_end():
+    clients, internals = free_run(3), free_run(3)
+    proc = subprocess.Popen(
+        [sys.executable, "-P", "-m", "queue_server.server.devcluster", "3", "--base-port", str(clients),
+         "--internal-base-port", str(internals), "--restart"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: any(l.startswith("nodes: ") for l in lines), 40, "the cluster to elect a leader")
+        root = re.search(r"\(data in (\S+)\)", next(l for l in lines if l.startswith("nodes: "))).group(1)
+        pids = {int(m.group(1)): int(m.group(2)) for l in lines if (m := re.match(r"node (\d): pid (\d+)", l))}
+        hosts = ",".join(f"127.0.0.1:{clients + i}" for i in range(3))
+        os.kill(pids[2], signal.SIGKILL)
+        wait_for(lambda: any("node 2 (pid" in l and "killed by signal 9; restarting it" in l for l in lines),
+                 10, "queue-cluster to name the dead node")
+        with QueueClient(hosts, timeout=10) as q:  # the other two serve meanwhile (after a
+            wait_for(lambda: _produced(q), 20, "the two others to take a produce")  # fail-over)
+        wait_for(lambda: sum(1 for l in lines if l.startswith("node 2: pid")) == 2, 10, "node 2 restarted")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(40) == 0
+        assert not os.path.exists(root)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def _produced(q: QueueClient) -> bool:
+    try:
+        q.produce("devcluster", "x")
+        return True
+    except QueueError:  # "leader changed" while node 2, if it led, is replaced
+        return False
