@@ -343,7 +343,7 @@ class AsyncQueueClient(AsyncAdminMethods):
                         redirects += 1
                         self._move(epoch, target)
                         continue
-                if not p.try_elsewhere(reply) or len(self._host_set) < 2:
+                if not p.retry_elsewhere(req, reply) or len(self._host_set) < 2:
                     raise p.error_from_reply(reply)
                 failure, last_timed_out = p.error_from_reply(reply), False
             if gen != self._close_gen:

@@ -334,6 +334,17 @@ def try_elsewhere(reply: dict) -> bool:
     return reply.get("code") == CODE_ERROR and reply.get("reason") == "no leader"
 
 
+def retry_elsewhere(req: dict, reply: dict) -> bool:
+    """Whether a failed request is tried on the next host: the node knows no leader (nothing was
+    applied), or the leader changed while it waited and the request is an idempotent produce
+    (applied or not, sending it again stores it once)."""
+    if try_elsewhere(reply):
+        return True
+    return (reply.get("code") == CODE_ERROR and str(reply.get("reason", "")).startswith("leader changed")
+            and req.get("action") in (PRODUCE, "produce") and req.get("producer") is not None
+            and req.get("sequence") is not None)
+
+
 def client_settings(hosts: Any, transport: str, timeout: float) -> tuple[list[Address], str, float]:
     """A client's validated host list, transport and timeout (both clients share these rules)."""
     if transport not in ("tcp", "udp"):

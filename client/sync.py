@@ -133,7 +133,7 @@ class QueueClient(AdminMethods):
                         redirects += 1
                         self._leader = target
                         continue
-                if not p.try_elsewhere(reply) or len(self._host_set) < 2:
+                if not p.retry_elsewhere(req, reply) or len(self._host_set) < 2:
                     raise p.error_from_reply(reply)
                 failure, last_timed_out = p.error_from_reply(reply), False
             if failed is None:

@@ -892,3 +892,13 @@ def test_cli_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli(capsys, "confirm", "q", "abc")[0] == 2
     assert cli(capsys)[0] == 2
     assert cli(capsys, "--help")[0] == 0
+
+
+def test_retry_elsewhere_only_where_sending_again_is_safe() -> None:
+    changed = {"code": -1, "reason": "leader changed: the request may or may not have been applied"}
+    idem = p.produce_request("q", "x", producer="p1", sequence=7)
+    assert p.retry_elsewhere(idem, changed)
+    assert not p.retry_elsewhere(p.produce_request("q", "x"), changed)  # could be stored twice
+    assert not p.retry_elsewhere(p.consume_request("q"), changed)  # could lose an at-most-once message
+    assert p.retry_elsewhere(p.consume_request("q"), {"code": -1, "reason": "no leader"})
+    assert not p.retry_elsewhere(idem, {"code": -1, "reason": "queue full"})

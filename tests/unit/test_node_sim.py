@@ -425,7 +425,7 @@ class SimClient:
         self.req_no += 1  # answered: its timeout must not fire
         code = reply.get("code")
         if code != 0:
-            if p.try_elsewhere(reply):
+            if p.retry_elsewhere(req, reply):
                 self.try_next("no leader")
             else:
                 self.give_up(reply.get("reason", "?").split(":")[0])
