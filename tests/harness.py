@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -17,18 +18,41 @@ import orjson
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            low, high = map(int, f.read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+_EPHEMERAL = _ephemeral_range()
+_HANDED_OUT: set[int] = set()
+_PORT_RNG = random.Random(os.getpid() ^ time.monotonic_ns())
+
+
 def free_port() -> int:
-    """A port free for both TCP and UDP on 127.0.0.1 right now."""
-    for _ in range(100):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
-            t.bind(("127.0.0.1", 0))
-            port = t.getsockname()[1]
-            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-                try:
-                    u.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            return port
+    """A port free for both TCP and UDP on 127.0.0.1 right now, never handed out before in this
+    process, and outside the kernel's ephemeral range: a port bound to 0 and closed comes from that
+    range, where the next outgoing connection (a node dialling its peers) can take it before the
+    node that was given it binds it."""
+    low, high = _EPHEMERAL
+    candidates = [(10000, low - 1)] if low > 11000 else [(high + 1, 65535)]
+    for _ in range(1000):
+        lo, hi = candidates[0]
+        port = _PORT_RNG.randint(lo, hi)
+        if port in _HANDED_OUT:
+            continue
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t, \
+                    socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
+                t.bind(("127.0.0.1", port))
+                u.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        _HANDED_OUT.add(port)
+        return port
     raise RuntimeError("no free port")
 
 
@@ -364,7 +388,21 @@ class Cluster:
             if leader and leader != exclude and self.role(leader) == "leader":
                 return leader
             return None
-        return wait_for(agreed, timeout, "the nodes to agree on a leader")
+        try:
+            return wait_for(agreed, timeout, "the nodes to agree on a leader")
+        except TimeoutError as e:
+            raise TimeoutError(f"{e}\n{self.describe(ids)}") from None
+
+    def describe(self, ids: list[int] | None = None) -> str:
+        """Each node's view of the cluster and the end of its log, for a failure message."""
+        lines = []
+        for i in ids or list(self.nodes):
+            node = self.nodes[i]
+            exited = node.proc is not None and node.proc.poll() is not None
+            state = f"exited with {node.proc.returncode}" if exited else "running"
+            lines.append(f"--- node {i} ({state}): leader {self.leader_view(i)}, role {self.role(i)}")
+            lines.extend(node.log().splitlines()[-15:])
+        return "\n".join(lines)
 
     def wait_forwarding(self, leader: int, timeout: float = 15.0) -> None:
         """Wait until every other node relays a request to `leader` and brings its reply back
