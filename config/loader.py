@@ -284,6 +284,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("dead_letter_suffix", ".dlq", _suffix, "dead letters of queue q go to q + this; '' = no dead-letter queues"),
     _Key("queue_metrics_max", 100, _int(0, 100000), "queues that get their own series in the per-queue metrics"),
     _Key("shutdown_grace", 10, _positive_number, "on SIGTERM: seconds to finish the requests in flight before stopping"),
+    _Key("http_port", 0, _int(0, 65535), "HTTP API and status page port (docs/http.md); 0 = off"),
     _Key("auth_token_file", "", _string(False), "file holding the token clients must send (TCP: an auth request; UDP: auth_token); '' = no authentication"),
 )
 
@@ -323,6 +324,7 @@ class NodeConfig:
     dead_letter_suffix: str
     queue_metrics_max: int
     shutdown_grace: float
+    http_port: int
     auth_token_file: str
 
     @property
@@ -406,6 +408,8 @@ def _cross_check(c: NodeConfig) -> None:
                           f"this node's internal address {me.host}:{me.port} is its client address")
     if c.metrics_port and (c.metrics_port == c.port or (me is not None and c.metrics_port == me.port)):
         raise ConfigError("metrics_port", f"port {c.metrics_port} is already used by this node")
+    if c.http_port and (c.http_port in (c.port, c.metrics_port) or (me is not None and c.http_port == me.port)):
+        raise ConfigError("http_port", f"port {c.http_port} is already used by this node")
     if c.heartbeat_ms >= c.election_timeout_ms:
         raise ConfigError("heartbeat_ms", f"must be below election_timeout_ms "
                           f"({c.heartbeat_ms} >= {c.election_timeout_ms})")
@@ -517,6 +521,7 @@ DEFAULT_CONFIG_TEXT = """\
     "dead_letter_suffix" : ".dlq",  // dead letters of queue q go to q + this; "" = none
     "queue_metrics_max" : 100,      // queues that get their own series in per-queue metrics
     "shutdown_grace" : 10,          // on SIGTERM: seconds to finish the requests in flight
+    "http_port" : 0,                // HTTP API and status page port (docs/http.md); 0 = off
     "auth_token_file" : ""          // file with the token clients must present; "" = no authentication
 }
 """

@@ -519,6 +519,10 @@ class Acceptor:
         )
         self.fold_metrics()
         self.log.info("listening on tcp+udp %s:%d", cfg.host, port)
+        if cfg.http_port:
+            from queue_server.server import http_api  # aiohttp is loaded only when HTTP is on
+            await http_api.start(self)
+            self.log.info("http api and status page on http://%s:%d/", cfg.host, cfg.http_port)
         await asyncio.Event().wait()
 
 

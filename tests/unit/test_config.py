@@ -23,7 +23,7 @@ DEFAULTS = {
     "queue_data_dir": "./queue_data", "workers": 2, "max_request_size": 1048576,
     "udp_max_response": 60000, "max_wait": 30.0, "replication": "quorum", "fsync": "everysec",
     "in_memory": False, "snapshot_every": 100000, "repair": False, "metrics_port": 0, "election_timeout_ms": 300, "heartbeat_ms": 50,
-    "max_deliveries": 0, "dead_letter_suffix": ".dlq", "queue_metrics_max": 100, "shutdown_grace": 10, "auth_token_file": "",
+    "max_deliveries": 0, "dead_letter_suffix": ".dlq", "queue_metrics_max": 100, "shutdown_grace": 10, "http_port": 0, "auth_token_file": "",
 }
 
 THREE = [
@@ -160,6 +160,7 @@ INVALID: dict[str, list[object]] = {
     "dead_letter_suffix": [1, None, "\n", "x" * 65],
     "queue_metrics_max": [-1, 100001, "10", 2.5],
     "shutdown_grace": [0, -1, "10", None],
+    "http_port": [-1, 65536, "8080", 8080.0, True],
     "auth_token_file": [1, None, ["f"]],
 }
 
@@ -250,6 +251,9 @@ def test_cluster_validation() -> None:
 def test_port_and_timing_cross_checks() -> None:
     assert error(metrics_port=1111).key == "metrics_port"
     assert error(metrics_port=1101, cluster_node_list=THREE).key == "metrics_port"
+    assert error(http_port=1111).key == "http_port"
+    assert error(http_port=9100, metrics_port=9100).key == "http_port"
+    assert error(http_port=1101, cluster_node_list=THREE).key == "http_port"
     assert error(heartbeat_ms=300).key == "heartbeat_ms"
     assert error(heartbeat_ms=100, election_timeout_ms=50).key == "heartbeat_ms"
 
