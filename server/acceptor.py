@@ -511,6 +511,10 @@ class Acceptor:
         # Clients are let in once the coordinator has recovered and said who leads, so that no
         # request reaches a worker before the stored queues are back.
         await self.ready.wait()
+        if cfg.http_port:  # before the client port: a node that takes TCP connections serves HTTP
+            from queue_server.server import http_api  # aiohttp is loaded only when HTTP is on
+            await http_api.start(self)
+            self.log.info("http api and status page on http://%s:%d/", cfg.host, cfg.http_port)
         server = await loop.create_server(lambda: Connection(self), cfg.host, cfg.port, backlog=1024, reuse_address=True)
         self.server = server
         port = server.sockets[0].getsockname()[1]
@@ -519,10 +523,6 @@ class Acceptor:
         )
         self.fold_metrics()
         self.log.info("listening on tcp+udp %s:%d", cfg.host, port)
-        if cfg.http_port:
-            from queue_server.server import http_api  # aiohttp is loaded only when HTTP is on
-            await http_api.start(self)
-            self.log.info("http api and status page on http://%s:%d/", cfg.host, cfg.http_port)
         await asyncio.Event().wait()
 
 

@@ -147,7 +147,7 @@ class HttpApi:
         """Every node's role, vote_id, trans_id and lag, as this node and the leader know them."""
         local, leader = await asyncio.gather(self.call({"action": p.LOCAL_MONITOR}), self.call({"action": p.MONITOR}))
         view = cluster_view(replies.decoded(local), replies.decoded(leader), self.members)
-        return web.Response(body=orjson.dumps(view), content_type=JSON)
+        return web.Response(body=orjson.dumps(view, option=orjson.OPT_APPEND_NEWLINE), content_type=JSON)
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.Response(body=self.spec, content_type=JSON)
@@ -157,7 +157,8 @@ class HttpApi:
 
     async def readyz(self, request: web.Request) -> web.Response:
         status, body = readiness(self.acceptor.role if self.acceptor.role in ("leader", "follower") else "none")
-        return web.Response(body=orjson.dumps(body), status=status, content_type=JSON)
+        return web.Response(body=orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE), status=status,
+                            content_type=JSON)
 
     async def index(self, request: web.Request) -> web.FileResponse:
         return web.FileResponse(os.path.join(STATIC, "index.html"))
