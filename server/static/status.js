@@ -1,7 +1,7 @@
 // The status page: polls the node's own HTTP API and redraws. No build step, no dependencies.
 "use strict";
 const PERIOD = Number(new URLSearchParams(location.search).get("refresh")) || 2;  // seconds
-const HISTORY = 150;  // samples kept for the graph (150 x 2 s = 5 minutes)
+const HISTORY = Math.ceil(300 / PERIOD);  // samples kept for the graph: the last 5 minutes
 const MAX_QUEUES = 100;
 const last = {};  // queue -> {t, produced, consumed}: the previous sample, for rates
 const history = [];  // [{t, produced, consumed}] totals of messages/s
@@ -74,9 +74,11 @@ function drawQueues(rows, t) {
 }
 
 function drawGraph() {
+  // x: time, the right edge now and the left edge HISTORY refreshes ago; y: messages/s
   const top = Math.max(1, ...history.map(h => Math.max(h.produced, h.consumed)));
-  const points = key => history.map((h, i) =>
-    (i * 600 / (HISTORY - 1)).toFixed(1) + "," + (158 - h[key] * 140 / top).toFixed(1)).join(" ");
+  const now = history.length ? history[history.length - 1].t : 0, span = HISTORY * PERIOD;
+  const points = key => history.map(h =>
+    (600 - (now - h.t) * 600 / span).toFixed(1) + "," + (158 - h[key] * 140 / top).toFixed(1)).join(" ");
   document.getElementById("produced-line").setAttribute("points", points("produced"));
   document.getElementById("consumed-line").setAttribute("points", points("consumed"));
   document.getElementById("graph-max").textContent = top.toFixed(0) + "/s";
