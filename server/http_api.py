@@ -172,3 +172,9 @@ async def start(acceptor: "Acceptor") -> web.AppRunner:
     await web.TCPSite(runner, cfg.host, cfg.http_port, backlog=1024, reuse_address=True).start()
     return runner
 
+
+async def stop_accepting(runner: web.AppRunner) -> None:
+    """Draining: take no new HTTP connections; requests in flight are answered (each is a
+    connection of the acceptor's, which the drain waits for)."""
+    for site in list(runner.sites):
+        await site.stop()

@@ -216,3 +216,29 @@ def test_a_client_that_leaves_a_long_poll_loses_no_message(secured, port, qname)
     call(port, "POST", f"/v1/queues/{qname}/messages", {"data": "kept"})
     wait_for(lambda: call(port, "GET", f"/v1/queues/{qname}/messages")[2].get("data") == "kept", 10,
              "the message to be consumable")
+
+
+def test_sigterm_answers_an_http_long_poll_and_exits_0(tmp_path):
+    import signal
+
+    from tests.harness import NodeProcess, free_port
+    node = NodeProcess(str(tmp_path), {"shutdown_grace": 5, "max_wait": 60, "http_port": free_port()}).start()
+    port = node.config["http_port"]
+    try:
+        result: dict = {}
+
+        def consume() -> None:
+            result["reply"] = http(port, "GET", "/v1/queues/jobs/messages?wait=30", timeout=20)
+            result["at"] = time.monotonic()
+        waiter = threading.Thread(target=consume)
+        waiter.start()
+        wait_for(lambda: http(port, "GET", "/v1/queues/jobs")[2]["waiters"] == 1, 10, "the long poll to park")
+        started = time.monotonic()
+        node.signal(signal.SIGTERM)
+        waiter.join(15)
+        status, _, body = result["reply"]
+        assert (status, body["code"]) == (200, 0) and "msg_id" not in body
+        assert result["at"] - started < 5, "the long poll was held to its end, not answered at SIGTERM"
+        assert node.proc.wait(15) == 0
+    finally:
+        node.stop()
