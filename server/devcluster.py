@@ -35,7 +35,8 @@ def cluster_configs(n: int, data_root: str, client_ports: list[int], internal_po
             port = internal_ports[j - 1]
             if peer_ports and i != j:
                 port = peer_ports[(i, j)]
-            nodes.append({"node_id": j, "host": "127.0.0.1", "port": port})
+            nodes.append({"node_id": j, "host": "127.0.0.1", "port": port,
+                          **({"http_port": http_ports[j - 1]} if http_ports else {})})
         cfg = {
             "node_id": i,
             "host": "127.0.0.1",

@@ -20,7 +20,7 @@ from queue_server.server import protocol as p
 from queue_server.server import replies
 from queue_server.server.http_openapi import openapi
 from queue_server.server.http_routes import (AUTH_MISSING, ROUTES, TOO_LARGE, Route, bearer, build,
-                                             cluster_view, leader_headers, status_of)
+                                             cluster_view, leader_headers, leader_http, status_of)
 from queue_server.server.metrics_http import readiness
 from queue_server.server.origin import Origin
 
@@ -65,6 +65,7 @@ class HttpApi:
         self.acceptor = acceptor
         self.node_id = acceptor.config.node_id
         self.members = [n.node_id for n in acceptor.config.cluster_node_list]
+        self.http_ports = {n.node_id: n.http_port for n in acceptor.config.cluster_node_list if n.http_port}
         self.spec = orjson.dumps(openapi(ROUTES), option=orjson.OPT_INDENT_2)
         app = web.Application(client_max_size=acceptor.config.max_request_size,
                               middlewares=[self.errors, self.authenticate])
@@ -97,7 +98,11 @@ class HttpApi:
         transport = request.transport
         if transport is None or transport.is_closing():
             self.acceptor.undeliver(data)  # a consume's messages go back
-        return web.Response(body=data, status=status_of(reply, ok), headers=leader_headers(reply),
+        http = leader_http(reply, self.http_ports)
+        if http is not None:
+            reply["leader_http"] = http
+            data = orjson.dumps(reply, option=orjson.OPT_APPEND_NEWLINE)
+        return web.Response(body=data, status=status_of(reply, ok), headers=leader_headers(reply, http),
                             content_type=JSON)
 
     def refuse(self, status: int, named: dict | None, reason: str) -> web.Response:

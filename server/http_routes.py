@@ -22,6 +22,7 @@ UNAVAILABLE = ("no leader", "not leader", "leader changed", "forwarded request t
 TOO_LARGE = "request exceeds max_request_size"
 LEADER_HEADER = "X-Queue-Leader"  # the leader's client address, host:port
 LEADER_NODE_HEADER = "X-Queue-Leader-Node"
+LEADER_HTTP_HEADER = "X-Queue-Leader-Http"  # the leader's HTTP API, http://host:port, when known
 
 
 @dataclass(frozen=True)
@@ -139,12 +140,28 @@ def status_of(reply: Mapping[str, Any], ok: int = 200) -> int:
     return 400
 
 
-def leader_headers(reply: Mapping[str, Any]) -> dict[str, str]:
-    """For a redirect (code -2): headers naming the leader's node id and client address."""
+def leader_http(reply: Mapping[str, Any], http_ports: Mapping[int, int]) -> str | None:
+    """For a redirect (code -2): the leader's HTTP API, http://<its client host>:<its http_port>,
+    when cluster_node_list names its http_port (else None)."""
+    if reply.get("code") != p.CODE_REDIRECT:
+        return None
+    port = http_ports.get(reply.get("leader_node_id"))  # type: ignore[arg-type]
+    host = reply.get("leader_host")
+    if not port or not isinstance(host, str):
+        return None
+    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+
+
+def leader_headers(reply: Mapping[str, Any], http: str | None = None) -> dict[str, str]:
+    """For a redirect (code -2): headers naming the leader's node id, client address and, when
+    known, its HTTP address (`http`, from leader_http)."""
     if reply.get("code") != p.CODE_REDIRECT:
         return {}
-    return {LEADER_NODE_HEADER: str(reply.get("leader_node_id", "")),
-            LEADER_HEADER: f"{reply.get('leader_host', '')}:{reply.get('leader_port', '')}"}
+    headers = {LEADER_NODE_HEADER: str(reply.get("leader_node_id", "")),
+               LEADER_HEADER: f"{reply.get('leader_host', '')}:{reply.get('leader_port', '')}"}
+    if http is not None:
+        headers[LEADER_HTTP_HEADER] = http
+    return headers
 
 
 def cluster_view(local: Mapping[str, Any], leader: Mapping[str, Any] | None, members: list[int]) -> dict:

@@ -179,6 +179,8 @@ def test_a_follower_that_redirects_answers_409_naming_the_leader(redirecting, qn
     host, port = cluster.nodes[leader].address
     assert (status, body["code"], body["leader_node_id"]) == (409, -2, leader)
     assert headers["X-Queue-Leader"] == f"{host}:{port}" and headers["X-Queue-Leader-Node"] == str(leader)
+    leader_http = f"http://{host}:{http_port(cluster, leader)}"  # cluster_node_list names each http_port
+    assert headers["X-Queue-Leader-Http"] == leader_http and body["leader_http"] == leader_http
     # without auth_token_file no token is needed; the leader serves it
     status, _, body = http(http_port(cluster, leader), "POST", f"/v1/queues/{qname}/messages", {"data": "x"})
     assert (status, body["msg_id"]) == (201, 1)

@@ -400,3 +400,14 @@ def test_load_config_file_errors(tmp_path: Path) -> None:
     good = tmp_path / "good.json"
     good.write_text('{"port": 2222} // comment\n')
     assert load_config(str(good), {"workers": 3})[0].workers == 3
+
+
+def test_cluster_node_list_may_name_each_http_port() -> None:
+    nodes = [dict(n, http_port=8110 + n["node_id"]) for n in THREE]
+    config = parse(node_id=1, cluster_node_list=nodes)
+    assert [n.http_port for n in config.cluster_node_list] == [8111, 8112, 8113]
+    assert NodeConfig.from_dict(config.to_dict()) == config
+    assert parse(node_id=1, cluster_node_list=THREE).cluster_node_list[0].http_port == 0
+    assert "http_port" not in parse(node_id=1, cluster_node_list=THREE).to_dict()["cluster_node_list"][0]
+    bad = error(node_id=1, cluster_node_list=[dict(THREE[0], http_port="8111"), *THREE[1:]])
+    assert bad.key == "cluster_node_list" and "http_port" in str(bad)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from queue_server.server.http_openapi import openapi
-from queue_server.server.http_routes import (AUTH_MISSING, LEADER_HEADER, ROUTES, bearer, build, cluster_view,
-                                             leader_headers, scalar, status_of)
+from queue_server.server.http_routes import (AUTH_MISSING, LEADER_HEADER, LEADER_HTTP_HEADER, ROUTES, bearer,
+                                             build, cluster_view, leader_headers, leader_http, scalar, status_of)
 
 ROUTE = {(r.method, r.path): r for r in ROUTES}
 PRODUCE = ROUTE["POST", "/v1/queues/{queue}/messages"]
@@ -59,9 +59,15 @@ def test_status_of_a_reply(reply, status):
 
 
 def test_a_redirect_names_the_leader_in_headers():
-    headers = leader_headers({"code": -2, "leader_node_id": 3, "leader_host": "10.0.0.3", "leader_port": 1113})
-    assert headers[LEADER_HEADER] == "10.0.0.3:1113"
+    redirect = {"code": -2, "leader_node_id": 3, "leader_host": "10.0.0.3", "leader_port": 1113}
+    headers = leader_headers(redirect)
+    assert headers[LEADER_HEADER] == "10.0.0.3:1113" and LEADER_HTTP_HEADER not in headers
     assert leader_headers({"code": 0}) == {}
+    http = leader_http(redirect, {3: 8113})
+    assert http == "http://10.0.0.3:8113" and leader_headers(redirect, http)[LEADER_HTTP_HEADER] == http
+    assert leader_http(redirect, {1: 8111}) is None  # the list does not name the leader's http_port
+    assert leader_http({**redirect, "leader_host": "::1"}, {3: 8113}) == "http://[::1]:8113"
+    assert leader_http({"code": 0}, {3: 8113}) is None
 
 
 def test_bearer():
