@@ -244,3 +244,11 @@ def test_sigterm_answers_an_http_long_poll_and_exits_0(tmp_path):
         assert node.proc.wait(15) == 0
     finally:
         node.stop()
+
+
+def test_a_queue_name_with_reserved_characters_is_percent_encoded(port, qname):
+    name = f"{qname}/été q"
+    path = f"/v1/queues/{quote(name, safe='')}"
+    status, _, body = call(port, "POST", f"{path}/messages", {"data": "x"})
+    assert (status, body["queue"]) == (201, name)
+    assert call(port, "GET", path)[2]["ready"] == 1

@@ -103,3 +103,8 @@ def test_openapi_lists_every_route():
         op = doc["paths"][route.path][route.method.lower()]
         assert str(route.ok) in op["responses"] and "409" in op["responses"]
     assert "/v1/cluster" in doc["paths"]
+
+
+def test_openapi_document_is_valid_openapi_3():
+    validator = pytest.importorskip("openapi_spec_validator", reason="openapi-spec-validator (the test extra)")
+    validator.validate(openapi(ROUTES))
