@@ -1,6 +1,6 @@
 """The status page in a real browser: Debian's chromium driven through chromedriver by selenium,
-on a follower of a 3-node cluster. It shows the roles and a queue's count, and the count changes
-after a produce. Skipped, saying why, when chromium, chromedriver or selenium is missing
+on a follower of a 3-node cluster with a client token. The page asks for the token, then shows the
+roles and a queue's count, and the count changes after a produce. Skipped, saying why, when chromium, chromedriver or selenium is missing
 (.ci/install-browser installs the browser and its driver).
 
 QUEUE_SERVER_SCREENSHOT=1 also writes the screenshot to docs/status-page.png (the README shows it).
@@ -17,6 +17,7 @@ import pytest
 from queue_server.client import QueueClient
 from tests.harness import REPO, Cluster, wait_for
 
+TOKEN = "page-token"
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 CHROMEDRIVER = shutil.which("chromedriver")
 try:
@@ -52,16 +53,35 @@ def text(driver, selector: str) -> str | None:
     return found[0].text if found else None
 
 
+def leader_of(cluster: Cluster) -> int | None:
+    """The leader every node names, once it says it leads (asked with the token)."""
+    views, roles = set(), {}
+    for node_id, node in cluster.nodes.items():
+        try:
+            with QueueClient(node.hosts, token=TOKEN, timeout=1.0) as q:
+                views.add(q.leader()["leader_node_id"])
+                roles[node_id] = q.monitor(local=True).get("role")
+        except Exception:
+            return None
+    leader = views.pop() if len(views) == 1 else None
+    return leader if leader and roles.get(leader) == "leader" else None
+
+
 def test_the_status_page_of_a_follower_shows_roles_and_a_queue_count_that_changes(tmp_path, browser):
-    cluster = Cluster(str(tmp_path / "cluster"), 3, http=True, workers=1).start()
+    (tmp_path / "token").write_text(TOKEN)
+    cluster = Cluster(str(tmp_path / "cluster"), 3, http=True, workers=1,
+                      auth_token_file=str(tmp_path / "token")).start()
     try:
-        leader = cluster.wait_leader()
-        cluster.wait_forwarding(leader)
+        leader = wait_for(lambda: leader_of(cluster), 20, "the nodes to agree on a leader")
         follower = next(i for i in cluster.nodes if i != leader)
-        with QueueClient(cluster.hosts) as q:
+        with QueueClient(cluster.hosts, token=TOKEN) as q:
             q.produce_batch("orders", ["o1", "o2", "o3"])
             q.produce("emails", "later", delay=600)
         browser.get(f"http://127.0.0.1:{cluster.nodes[follower].config['http_port']}/?refresh=1")
+        # The API wants the token: the page asks for it, and keeps it.
+        wait_for(lambda: browser.find_element(By.ID, "auth").is_displayed(), 20, "the page to ask for the token")
+        browser.find_element(By.ID, "token").send_keys(TOKEN)
+        browser.find_element(By.CSS_SELECTOR, "#auth button").click()
 
         def roles() -> dict | None:
             rows = {i: text(browser, f'#nodes tr[data-node-id="{i}"] td.role') for i in cluster.nodes}
@@ -77,7 +97,7 @@ def test_the_status_page_of_a_follower_shows_roles_and_a_queue_count_that_change
         stop = threading.Event()
 
         def produce() -> None:
-            with QueueClient(cluster.hosts) as q:
+            with QueueClient(cluster.hosts, token=TOKEN) as q:
                 for n in range(40):
                     if stop.is_set():
                         return
