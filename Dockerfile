@@ -19,9 +19,10 @@ RUN pip install --no-cache-dir . \
     && mkdir -p /var/lib/queue-server && chown queue /var/lib/queue-server
 USER queue
 VOLUME /var/lib/queue-server
-# clients (TCP and UDP), peers (cluster_node_list ports in the compose configs), metrics + health
-EXPOSE 1111/tcp 1111/udp 1101/tcp 9111/tcp
+# clients (TCP and UDP), peers (cluster_node_list ports in the compose configs), metrics + health,
+# the HTTP API and status page
+EXPOSE 1111/tcp 1111/udp 1101/tcp 9111/tcp 8080/tcp
 HEALTHCHECK --interval=10s --timeout=3s --start-period=20s --retries=3 \
     CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:9111/readyz', timeout=2)"]
 ENTRYPOINT ["queue-server"]
-CMD ["--host", "0.0.0.0", "--data-dir", "/var/lib/queue-server", "--metrics-port", "9111"]
+CMD ["--host", "0.0.0.0", "--data-dir", "/var/lib/queue-server", "--metrics-port", "9111", "--http-port", "8080"]

@@ -56,11 +56,13 @@ class VirtualQueue:
 
 @dataclass(frozen=True)
 class ClusterNode:
-    """One member of the cluster, with its INTERNAL (replication) address."""
+    """One member of the cluster, with its INTERNAL (replication) address, and its http_port when
+    the list names it (0: not known), so that any node can name the leader's HTTP address."""
 
     node_id: int
     host: str
     port: int
+    http_port: int = 0
 
 
 # -- validators: each takes the JSON value and returns the stored one, or raises _Invalid ----
@@ -149,12 +151,12 @@ def _choice(*choices: str) -> Callable[[Any], str]:
     return check
 
 
-def _fields(value: Any, where: str, required: tuple[str, ...]) -> dict:
+def _fields(value: Any, where: str, required: tuple[str, ...], optional: tuple[str, ...] = ()) -> dict:
     if not isinstance(value, dict):
         raise _Invalid(f"{where}: expected an object, got {_show(value)}")
     for name in value:
-        if name not in required:
-            raise _Invalid(f"{where}: unknown field {name!r} (expected {', '.join(required)})")
+        if name not in required and name not in optional:
+            raise _Invalid(f"{where}: unknown field {name!r} (expected {', '.join(required + optional)})")
     for name in required:
         if name not in value:
             raise _Invalid(f"{where}: missing field {name!r}")
@@ -187,11 +189,12 @@ def _cluster_nodes(value: Any) -> tuple[ClusterNode, ...]:
     addresses: set[tuple[str, int]] = set()
     for n, entry in enumerate(value, 1):
         where = f"entry {n}"
-        _fields(entry, where, ("node_id", "host", "port"))
+        _fields(entry, where, ("node_id", "host", "port"), ("http_port",))
         node = ClusterNode(
             node_id=_field(_int(1), entry, "node_id", where),
             host=_field(_string(True), entry, "host", where),
             port=_field(_int(1, 65535), entry, "port", where),
+            http_port=_field(_int(0, 65535), entry, "http_port", where) if "http_port" in entry else 0,
         )
         if node.node_id in ids:
             raise _Invalid(f"{where}: duplicate node_id {node.node_id}")
@@ -264,7 +267,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("queue_log_size", 100000, _int(1), "change-log records kept for replication"),
     _Key("queue_sync_rate", 1000000, _int(1), "max records/s sent to a catching-up follower"),
     _Key("forward_request", 1, _flag, "1: a follower forwards requests to the leader; 0: redirect"),
-    _Key("cluster_node_list", [], _cluster_nodes, "cluster members' internal addresses; [] = single node"),
+    _Key("cluster_node_list", [], _cluster_nodes, "cluster members' internal addresses (and http_port, optional); [] = single node"),
     _Key("virtual_queue_list", [], _virtual_queues, "virtual queue name -> real queues a produce goes to"),
     _Key("queue_data_dir", "./queue_data", _string(True), "directory for the change log and snapshots"),
     # ours
@@ -284,6 +287,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("dead_letter_suffix", ".dlq", _suffix, "dead letters of queue q go to q + this; '' = no dead-letter queues"),
     _Key("queue_metrics_max", 100, _int(0, 100000), "queues that get their own series in the per-queue metrics"),
     _Key("shutdown_grace", 10, _positive_number, "on SIGTERM: seconds to finish the requests in flight before stopping"),
+    _Key("http_port", 0, _int(0, 65535), "HTTP API and status page port (docs/http.md); 0 = off"),
     _Key("auth_token_file", "", _string(False), "file holding the token clients must send (TCP: an auth request; UDP: auth_token); '' = no authentication"),
 )
 
@@ -323,6 +327,7 @@ class NodeConfig:
     dead_letter_suffix: str
     queue_metrics_max: int
     shutdown_grace: float
+    http_port: int
     auth_token_file: str
 
     @property
@@ -351,7 +356,8 @@ class NodeConfig:
         for key in _KEYS:
             out[key.name] = getattr(self, key.name)
         out["cluster_node_list"] = [
-            {"node_id": n.node_id, "host": n.host, "port": n.port} for n in self.cluster_node_list
+            {"node_id": n.node_id, "host": n.host, "port": n.port, **({"http_port": n.http_port} if n.http_port else {})}
+            for n in self.cluster_node_list
         ]
         out["virtual_queue_list"] = [
             {"name": q.name, "queue_list": list(q.queue_list)} for q in self.virtual_queue_list
@@ -406,6 +412,8 @@ def _cross_check(c: NodeConfig) -> None:
                           f"this node's internal address {me.host}:{me.port} is its client address")
     if c.metrics_port and (c.metrics_port == c.port or (me is not None and c.metrics_port == me.port)):
         raise ConfigError("metrics_port", f"port {c.metrics_port} is already used by this node")
+    if c.http_port and (c.http_port in (c.port, c.metrics_port) or (me is not None and c.http_port == me.port)):
+        raise ConfigError("http_port", f"port {c.http_port} is already used by this node")
     if c.heartbeat_ms >= c.election_timeout_ms:
         raise ConfigError("heartbeat_ms", f"must be below election_timeout_ms "
                           f"({c.heartbeat_ms} >= {c.election_timeout_ms})")
@@ -517,6 +525,7 @@ DEFAULT_CONFIG_TEXT = """\
     "dead_letter_suffix" : ".dlq",  // dead letters of queue q go to q + this; "" = none
     "queue_metrics_max" : 100,      // queues that get their own series in per-queue metrics
     "shutdown_grace" : 10,          // on SIGTERM: seconds to finish the requests in flight
+    "http_port" : 0,                // HTTP API and status page port (docs/http.md); 0 = off
     "auth_token_file" : ""          // file with the token clients must present; "" = no authentication
 }
 """

@@ -14,6 +14,9 @@ Workloads (each on a freshly started server):
                 skipped, with the reason, while the nodes do not form a cluster
   subscribe     consumed messages/s with push subscriptions (credit 100) against a consume +
                 confirm loop, Python client, same connections (load/subscribe_bench.py)
+  http          per-request cycles over the HTTP API (POST, GET, DELETE; wrk, load/http_bench.py)
+                beside the same cycles over TCP (cbench), same connections, one node with
+                http_port on; skipped, with the reason, without wrk
 
     python load/bench.py                        # every workload, 10 s each, 8 connections
     python load/bench.py --seconds 3 --only per-request,pipelined --no-peers
@@ -40,7 +43,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
 from tests.harness import free_port  # noqa: E402  (one definition for tests and benchmarks)
-WORKLOADS = ("per-request", "pipelined", "batched", "long-poll", "quorum", "subscribe")
+WORKLOADS = ("per-request", "pipelined", "batched", "long-poll", "quorum", "subscribe", "http")
 PROTOCOLS = {"queue-server": "qs", "queue-server x3": "qs", "beanstalkd": "beanstalk", "redis": "redis"}
 
 
@@ -352,14 +355,15 @@ def main(argv: list[str] | None = None) -> None:
                 return Server(["beanstalkd", "-l", "127.0.0.1", "-p", str(port)], port)
             return Server(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"], port)
 
-        def measure(workload: str, server: str, what: str, starter, **kw) -> None:
+        def measure(workload: str, server: str, what: str, starter, runner=None, **kw) -> None:
+            """runner(server) -> figures replaces the cbench run (the HTTP workload's wrk)."""
             runs = []
             try:
                 for _ in range(args.repeat):
                     srv = starter()
                     try:
                         cpu_before = srv.cpu_seconds()
-                        run = run_client(client, PROTOCOLS[server], srv.addresses, args, **kw)
+                        run = runner(srv) if runner else run_client(client, PROTOCOLS[server], srv.addresses, args, **kw)
                         cpu_after = srv.cpu_seconds()
                         run["cpu_us_per_op"] = {
                             name: round((cpu_after[name] - cpu_before.get(name, 0.0)) / max(1, run["ops"]) * 1e6, 2)
@@ -436,6 +440,22 @@ def main(argv: list[str] | None = None) -> None:
                             lambda: started_cluster(True), depth=depth)
                     measure("quorum", "queue-server x3", f"clients spread over 3 nodes, {label}",
                             lambda: started_cluster(False), depth=depth)
+
+        if "http" in only:
+            from load import http_bench
+
+            reason = http_bench.available()
+            if reason:
+                notes.append(reason)
+                print("  " + reason)
+            else:
+                def http_node() -> QueueServer:
+                    return QueueServer(repo, tmp, args.workers, args.metrics, {"http_port": free_port()})
+
+                measure("http", "queue-server", f"{what['queue-server'][0]}, over TCP (cbench)", http_node)
+                measure("http", "queue-server", f"{what['queue-server'][0]}, over HTTP (wrk)", http_node,
+                        runner=lambda srv: http_bench.run(srv.config["http_port"], args.conns, args.seconds,
+                                                          args.payload, tmp))
 
         if "subscribe" in only:
             from load import subscribe_bench

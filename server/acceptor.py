@@ -262,6 +262,7 @@ class Acceptor:
         self.metrics = AcceptorMetrics()
         self.closed_requests = 0  # requests read on TCP connections since closed
         self.server: asyncio.AbstractServer | None = None
+        self.http: Any = None  # the HTTP API's runner (server/http_api.py), with http_port set
         self.serving: asyncio.Task | None = None  # serve(), cancelled to stop
         self.draining: asyncio.Task | None = None
         self.drained = asyncio.Event()  # set when the last connection closes while draining
@@ -487,6 +488,9 @@ class Acceptor:
                       len(self.conns), grace)
         if self.server is not None:
             self.server.close()
+        if self.http is not None:
+            from queue_server.server import http_api
+            await http_api.stop_accepting(self.http)
         for sock in self.workers:
             sock.send_multipart([ipc_frames.DRAIN], zmq.NOBLOCK)
         for conn in list(self.conns.values()):
@@ -511,6 +515,10 @@ class Acceptor:
         # Clients are let in once the coordinator has recovered and said who leads, so that no
         # request reaches a worker before the stored queues are back.
         await self.ready.wait()
+        if cfg.http_port:  # before the client port: a node that takes TCP connections serves HTTP
+            from queue_server.server import http_api  # aiohttp is loaded only when HTTP is on
+            self.http = await http_api.start(self)
+            self.log.info("http api and status page on http://%s:%d/", cfg.host, cfg.http_port)
         server = await loop.create_server(lambda: Connection(self), cfg.host, cfg.port, backlog=1024, reuse_address=True)
         self.server = server
         port = server.sockets[0].getsockname()[1]

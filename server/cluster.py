@@ -452,7 +452,23 @@ class ClusterNode:
             "log_size": len(self.log),
             "max_log_size": self.config.queue_log_size,
             "role": self.role,
+            "vote_id": self.election.vote_id,
+            **self._followers(),
         }
+
+    def _followers(self) -> dict:
+        """On a leader, each follower's replication state: {"followers": [{node_id, match_trans_id,
+        lag, client_host, client_port}, ...]}; nothing on other nodes."""
+        if self.leader is None:
+            return {}
+        last = self.log.last_trans_id
+        rows = []
+        for peer in sorted(self.election.peers):
+            match = self.leader.match_of(peer)
+            host, port = self.clients.get(peer, ("", 0))
+            rows.append({"node_id": peer, "match_trans_id": match, "lag": max(0, last - match),
+                         "client_host": host, "client_port": port})
+        return {"followers": rows}
 
     # ----------------------------------------------------------------- forwarding
     def _route(self, origin: Origin, req_no: int, request: Any) -> None:

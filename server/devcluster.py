@@ -3,7 +3,7 @@ command and prints the leader. When a node dies it says which and how, and the o
 running (kill one to watch a fail-over); --restart starts a dead node again. ^C stops every
 node and removes the temporary data directory (--keep keeps it).
 
-    queue-cluster 3                       # client ports 1111, 1112, 1113
+    queue-cluster 3                       # client ports 1111, 1112, 1113; status pages on 8111, 8112, 8113
     queue-cluster 3 --base-port 2111 --replication async --restart
 """
 from __future__ import annotations
@@ -23,9 +23,11 @@ RESTART_AFTER = 1.0  # seconds between a node's death and its restart (--restart
 
 
 def cluster_configs(n: int, data_root: str, client_ports: list[int], internal_ports: list[int],
-                    peer_ports: dict[tuple[int, int], int] | None = None, **extra) -> list[dict]:
+                    peer_ports: dict[tuple[int, int], int] | None = None,
+                    http_ports: list[int] | None = None, **extra) -> list[dict]:
     """One config per node of an n-node loopback cluster. peer_ports[(i, j)], when given, is the
-    port node i uses to reach node j's internal port (a proxy a test controls)."""
+    port node i uses to reach node j's internal port (a proxy a test controls); http_ports, when
+    given, each node's http_port (the HTTP API and status page)."""
     configs = []
     for i in range(1, n + 1):
         nodes = []
@@ -33,7 +35,8 @@ def cluster_configs(n: int, data_root: str, client_ports: list[int], internal_po
             port = internal_ports[j - 1]
             if peer_ports and i != j:
                 port = peer_ports[(i, j)]
-            nodes.append({"node_id": j, "host": "127.0.0.1", "port": port})
+            nodes.append({"node_id": j, "host": "127.0.0.1", "port": port,
+                          **({"http_port": http_ports[j - 1]} if http_ports else {})})
         cfg = {
             "node_id": i,
             "host": "127.0.0.1",
@@ -41,6 +44,8 @@ def cluster_configs(n: int, data_root: str, client_ports: list[int], internal_po
             "cluster_node_list": nodes,
             "queue_data_dir": os.path.join(data_root, f"node{i}"),
         }
+        if http_ports:
+            cfg["http_port"] = http_ports[i - 1]
         cfg.update(extra)
         configs.append(cfg)
     return configs
@@ -68,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("nodes", type=int, nargs="?", default=3)
     parser.add_argument("--base-port", type=int, default=1111, help="client port of node 1 (others follow)")
     parser.add_argument("--internal-base-port", type=int, default=1101)
+    parser.add_argument("--http-base-port", type=int, default=8111,
+                        help="http_port of node 1, the HTTP API and status page (others follow); 0 = off")
     parser.add_argument("--replication", choices=["quorum", "async"], default="quorum")
     parser.add_argument("--data-root", help="where the nodes' data dirs go (default: a temporary dir)")
     parser.add_argument("--restart", action="store_true", help="start a node again when it dies")
@@ -79,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     clients = [args.base_port + i for i in range(args.nodes)]
     internals = [args.internal_base_port + i for i in range(args.nodes)]
     paths: dict[int, str] = {}
-    for cfg in cluster_configs(args.nodes, root, clients, internals, replication=args.replication):
+    https = [args.http_base_port + i for i in range(args.nodes)] if args.http_base_port else None
+    for cfg in cluster_configs(args.nodes, root, clients, internals, http_ports=https, replication=args.replication):
         paths[cfg["node_id"]] = path = os.path.join(root, f"node{cfg['node_id']}.json")
         with open(path, "w") as f:
             json.dump(cfg, f, indent=2)
@@ -88,7 +96,8 @@ def main(argv: list[str] | None = None) -> int:
     def launch(node_id: int) -> None:
         procs[node_id] = subprocess.Popen(
             [sys.executable, "-P", "-m", "queue_server.server.main", "--config", paths[node_id]])
-        print(f"node {node_id}: pid {procs[node_id].pid}, client port {clients[node_id - 1]}", flush=True)
+        web = f", status page http://127.0.0.1:{https[node_id - 1]}/" if https else ""
+        print(f"node {node_id}: pid {procs[node_id].pid}, client port {clients[node_id - 1]}{web}", flush=True)
 
     for node_id in paths:
         launch(node_id)

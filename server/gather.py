@@ -8,7 +8,8 @@ from typing import Any
 from queue_server.server import protocol as p
 from queue_server.server.origin import Origin
 
-_SUMMED = ("size", "ready", "delayed", "in_flight", "waiters", "queue_count", "max_id")
+_SUMMED = ("size", "ready", "delayed", "in_flight", "waiters", "queue_count", "max_id",
+           "dead", "produced", "consumed")
 
 
 @dataclass(slots=True)

@@ -50,6 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, help="number of worker processes")
     parser.add_argument("--data-dir", help="queue_data_dir")
     parser.add_argument("--metrics-port", type=int, help="metrics_port: /metrics, /healthz, /readyz over HTTP")
+    parser.add_argument("--http-port", type=int, help="http_port: the HTTP API and status page")
     parser.add_argument("--in-memory", action="store_true", default=None, help="keep nothing on disk")
     parser.add_argument("--repair", action="store_true", default=None,
                         help="cut a change log that is corrupt in the middle at the damage, losing what follows")
@@ -65,6 +66,7 @@ def overrides_from(args: argparse.Namespace) -> dict:
         "workers": args.workers,
         "queue_data_dir": args.data_dir,
         "metrics_port": args.metrics_port,
+        "http_port": args.http_port,
         "in_memory": args.in_memory,
         "repair": args.repair,
     }

@@ -36,6 +36,8 @@ def check(config: NodeConfig) -> list[str]:
                   socket.SOCK_STREAM)
     if config.metrics_port:
         _bindable("metrics_port", config.host, config.metrics_port, socket.SOCK_STREAM)
+    if config.http_port:
+        _bindable("http_port", config.host, config.http_port, socket.SOCK_STREAM)
     if not config.in_memory:
         _writable_dir("queue_data_dir", config.queue_data_dir)
     if config.auth_token_file:

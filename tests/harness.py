@@ -244,6 +244,23 @@ def udp_call(host: str, port: int, request: dict | bytes, timeout: float = 5.0) 
     return orjson.loads(reply)
 
 
+def http(port: int, method: str, path: str, body: bytes | dict | None = None, token: str | None = None,
+         timeout: float = 10.0) -> tuple[int, dict, dict]:
+    """One HTTP request to a node's http_port on loopback: (status, headers, JSON body)."""
+    import http.client
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+        data = orjson.dumps(body) if isinstance(body, dict) else body
+        conn.request(method, path, body=data, headers=headers)
+        response = conn.getresponse()
+        raw = response.read()
+        return response.status, dict(response.getheaders()), orjson.loads(raw) if raw else {}
+    finally:
+        conn.close()
+
+
 class LinkProxy:
     """A TCP proxy for one directed link between two nodes' internal ports, that a test can cut
     (existing connections dropped, new ones refused) and heal."""
@@ -324,7 +341,7 @@ class Cluster:
     """An n-node cluster of real nodes on loopback ports chosen at run time; with `proxied`,
     every link between two nodes goes through a LinkProxy the test can cut."""
 
-    def __init__(self, workdir: str, n: int = 3, proxied: bool = False, **config) -> None:
+    def __init__(self, workdir: str, n: int = 3, proxied: bool = False, http: bool = False, **config) -> None:
         from queue_server.server.devcluster import cluster_configs
 
         self.workdir = workdir
@@ -339,7 +356,8 @@ class Cluster:
                         self.proxies[(i, j)] = LinkProxy(internals[j - 1])
         peer_ports = {k: v.port for k, v in self.proxies.items()} or None
         config.setdefault("workers", 2)
-        configs = cluster_configs(n, workdir, clients, internals, peer_ports, **config)
+        https = [free_port() for _ in range(n)] if http else None  # http_port of each node
+        configs = cluster_configs(n, workdir, clients, internals, peer_ports, https, **config)
         self.nodes = {c["node_id"]: NodeProcess(workdir, c, name=f"node{c['node_id']}") for c in configs}
 
     @property

@@ -550,6 +550,11 @@ class PartitionService:
                     part = q.stats(now) if q is not None else _empty_stats(self.queue_size)
                     part["waiters"] = len(self.waiters.get(name, ()))
                     part["paused"] = q is not None and q.paused
+                    dlq = self.queues.get(admin.dead_letter_name(name, self.dead_letter_suffix) or "")
+                    part["dead"] = len(dlq) if dlq is not None else 0
+                    counts = q.counts if q is not None else {}
+                    part["produced"] = counts.get("produced", 0)
+                    part["consumed"] = counts.get("consumed", 0)
         except BadRequest as exc:
             part = {"error": str(exc)}
         self.partials.append([gather, part])

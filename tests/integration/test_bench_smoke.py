@@ -35,3 +35,19 @@ def test_short_benchmark_run(tmp_path):
     assert rows[("batched", "queue-server")]["messages"] >= 10 * rows[("batched", "queue-server")]["ops"] // 3
     assert rows[("long-poll", "queue-server")]["delivery_p50_ms"] > 0
     assert "| workload | server |" in proc.stdout
+
+
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="no wrk (apt-get install wrk) for the HTTP workload")
+def test_short_http_benchmark_run(tmp_path):
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "load/bench.py", "--seconds", "1", "--conns", "2", "--only", "http", "--no-peers",
+         "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert not [n for n in report["notes"] if "failed" in n], report["notes"]
+    rows = [r for r in report["results"] if r["workload"] == "http"]
+    assert [("over TCP" in r["what"], "over HTTP" in r["what"]) for r in rows] == [(True, False), (False, True)]
+    assert all(r["ops"] > 0 and r["messages"] > 0 for r in rows), rows

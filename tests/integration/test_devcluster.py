@@ -41,7 +41,7 @@ def test_a_dead_node_is_named_restarted_and_the_data_removed_at_the_end():
     clients, internals = free_run(3), free_run(3)
     proc = subprocess.Popen(
         [sys.executable, "-P", "-m", "queue_server.server.devcluster", "3", "--base-port", str(clients),
-         "--internal-base-port", str(internals), "--restart"],
+         "--internal-base-port", str(internals), "--http-base-port", str(free_run(3)), "--restart"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(proc.stdout.readline, "")), daemon=True)

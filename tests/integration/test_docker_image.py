@@ -36,9 +36,10 @@ def test_default_command_serves_on_all_interfaces_and_passes_its_healthcheck(tmp
     assert "--config" not in cmd  # no hostname or file assumptions
     # The image's own command; only what cannot be shared on a test machine is overridden
     # (argparse: the last occurrence wins): ports chosen at run time, the data dir.
-    port, metrics_port = free_port(), free_port()
+    port, metrics_port, http_port = free_port(), free_port(), free_port()
     argv = [sys.executable, "-P", "-m", "queue_server.server.main", *cmd,
-            "--port", str(port), "--metrics-port", str(metrics_port), "--data-dir", str(tmp_path / "data")]
+            "--port", str(port), "--metrics-port", str(metrics_port), "--http-port", str(http_port),
+            "--data-dir", str(tmp_path / "data")]
     log = open(tmp_path / "node.log", "w+")
     proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
     try:
@@ -61,13 +62,13 @@ def test_healthcheck_and_exposed_ports_match_the_configs():
     health = instruction("HEALTHCHECK")
     assert "/readyz" in health and ":9111/" in health
     exposed = set(instruction("EXPOSE").split())
-    assert {"1111/tcp", "1111/udp", "9111/tcp"} <= exposed
+    assert {"1111/tcp", "1111/udp", "9111/tcp", "8080/tcp"} <= exposed
     assert "USER" in (ROOT / "Dockerfile").read_text() and instruction("USER") != "root"
     for i in (1, 2, 3):
         config, _ = load_config(str(ROOT / f"config/compose/node{i}.json"), {})
-        assert config.metrics_port == 9111
+        assert config.metrics_port == 9111 and f"{config.http_port}/tcp" in exposed
         assert f"{config.cluster_node_list[0].port}/tcp" in exposed
     compose = (ROOT / "docker-compose.yml").read_text()
     published = re.findall(r'ports: \[(.*)\]', compose)
     ports = [p for line in published for p in shlex.split(line.replace(",", " "))]
-    assert len(ports) == 6 and all(p.startswith("127.0.0.1:") for p in ports), ports
+    assert len(ports) == 9 and all(p.startswith("127.0.0.1:") for p in ports), ports

@@ -23,7 +23,7 @@ DEFAULTS = {
     "queue_data_dir": "./queue_data", "workers": 2, "max_request_size": 1048576,
     "udp_max_response": 60000, "max_wait": 30.0, "replication": "quorum", "fsync": "everysec",
     "in_memory": False, "snapshot_every": 100000, "repair": False, "metrics_port": 0, "election_timeout_ms": 300, "heartbeat_ms": 50,
-    "max_deliveries": 0, "dead_letter_suffix": ".dlq", "queue_metrics_max": 100, "shutdown_grace": 10, "auth_token_file": "",
+    "max_deliveries": 0, "dead_letter_suffix": ".dlq", "queue_metrics_max": 100, "shutdown_grace": 10, "http_port": 0, "auth_token_file": "",
 }
 
 THREE = [
@@ -160,6 +160,7 @@ INVALID: dict[str, list[object]] = {
     "dead_letter_suffix": [1, None, "\n", "x" * 65],
     "queue_metrics_max": [-1, 100001, "10", 2.5],
     "shutdown_grace": [0, -1, "10", None],
+    "http_port": [-1, 65536, "8080", 8080.0, True],
     "auth_token_file": [1, None, ["f"]],
 }
 
@@ -250,6 +251,9 @@ def test_cluster_validation() -> None:
 def test_port_and_timing_cross_checks() -> None:
     assert error(metrics_port=1111).key == "metrics_port"
     assert error(metrics_port=1101, cluster_node_list=THREE).key == "metrics_port"
+    assert error(http_port=1111).key == "http_port"
+    assert error(http_port=9100, metrics_port=9100).key == "http_port"
+    assert error(http_port=1101, cluster_node_list=THREE).key == "http_port"
     assert error(heartbeat_ms=300).key == "heartbeat_ms"
     assert error(heartbeat_ms=100, election_timeout_ms=50).key == "heartbeat_ms"
 
@@ -396,3 +400,14 @@ def test_load_config_file_errors(tmp_path: Path) -> None:
     good = tmp_path / "good.json"
     good.write_text('{"port": 2222} // comment\n')
     assert load_config(str(good), {"workers": 3})[0].workers == 3
+
+
+def test_cluster_node_list_may_name_each_http_port() -> None:
+    nodes = [dict(n, http_port=8110 + n["node_id"]) for n in THREE]
+    config = parse(node_id=1, cluster_node_list=nodes)
+    assert [n.http_port for n in config.cluster_node_list] == [8111, 8112, 8113]
+    assert NodeConfig.from_dict(config.to_dict()) == config
+    assert parse(node_id=1, cluster_node_list=THREE).cluster_node_list[0].http_port == 0
+    assert "http_port" not in parse(node_id=1, cluster_node_list=THREE).to_dict()["cluster_node_list"][0]
+    bad = error(node_id=1, cluster_node_list=[dict(THREE[0], http_port="8111"), *THREE[1:]])
+    assert bad.key == "cluster_node_list" and "http_port" in str(bad)

@@ -1,0 +1,125 @@
+"""The status page in a real browser: Debian's chromium driven through chromedriver by selenium,
+on a follower of a 3-node cluster with a client token. The page asks for the token, then shows the
+roles and a queue's count, and the count changes after a produce. Skipped, saying why, when chromium, chromedriver or selenium is missing
+(.ci/install-browser installs the browser and its driver).
+
+QUEUE_SERVER_SCREENSHOT=1 also writes the screenshot to docs/status-page.png (the README shows it).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+
+import pytest
+
+from queue_server.client import QueueClient
+from tests.harness import REPO, Cluster, wait_for
+
+TOKEN = "page-token"
+CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
+CHROMEDRIVER = shutil.which("chromedriver")
+try:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+except ImportError:  # pragma: no cover - the test extra has it
+    webdriver = None
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or CHROMEDRIVER is None or webdriver is None,
+    reason="needs chromium, chromedriver (apt-get install chromium chromium-driver; .ci/install-browser) "
+           "and selenium (the test extra)")
+
+
+@pytest.fixture
+def browser(tmp_path):
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1000,900", f"--user-data-dir={tmp_path / 'profile'}"):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+def text(driver, selector: str) -> str | None:
+    found = driver.find_elements(By.CSS_SELECTOR, selector)
+    return found[0].text if found else None
+
+
+def leader_of(cluster: Cluster) -> int | None:
+    """The leader every node names, once it says it leads (asked with the token)."""
+    views, roles = set(), {}
+    for node_id, node in cluster.nodes.items():
+        try:
+            with QueueClient(node.hosts, token=TOKEN, timeout=1.0) as q:
+                views.add(q.leader()["leader_node_id"])
+                roles[node_id] = q.monitor(local=True).get("role")
+        except Exception:
+            return None
+    leader = views.pop() if len(views) == 1 else None
+    return leader if leader and roles.get(leader) == "leader" else None
+
+
+def test_the_status_page_of_a_follower_shows_roles_and_a_queue_count_that_changes(tmp_path, browser):
+    (tmp_path / "token").write_text(TOKEN)
+    cluster = Cluster(str(tmp_path / "cluster"), 3, http=True, workers=1,
+                      auth_token_file=str(tmp_path / "token")).start()
+    try:
+        leader = wait_for(lambda: leader_of(cluster), 20, "the nodes to agree on a leader")
+        follower = next(i for i in cluster.nodes if i != leader)
+        with QueueClient(cluster.hosts, token=TOKEN) as q:
+            q.produce_batch("orders", ["o1", "o2", "o3"])
+            q.produce("emails", "later", delay=600)
+        browser.get(f"http://127.0.0.1:{cluster.nodes[follower].config['http_port']}/?refresh=1")
+        # The API wants the token: the page asks for it, and keeps it.
+        wait_for(lambda: browser.find_element(By.ID, "auth").is_displayed(), 20, "the page to ask for the token")
+        browser.find_element(By.ID, "token").send_keys(TOKEN)
+        browser.find_element(By.CSS_SELECTOR, "#auth button").click()
+
+        def roles() -> dict | None:
+            rows = {i: text(browser, f'#nodes tr[data-node-id="{i}"] td.role') for i in cluster.nodes}
+            return rows if all(rows.values()) else None
+        shown = wait_for(roles, 20, "the page to show the nodes")
+        assert shown == {i: "leader" if i == leader else "follower" for i in cluster.nodes}
+        assert browser.find_element(By.CSS_SELECTOR, f'#nodes tr[data-node-id="{follower}"]').get_attribute("class") == "self"
+        wait_for(lambda: text(browser, '#queues tr[data-queue="orders"] td.ready') == "3", 20, "orders to show 3 ready")
+        assert text(browser, '#queues tr[data-queue="emails"] td.delayed') == "1"
+
+        # Produce (and consume some) for a few seconds, bounded, so that the page shows the change
+        # and the rates.
+        stop = threading.Event()
+
+        def produce() -> None:
+            with QueueClient(cluster.hosts, token=TOKEN) as q:
+                for n in range(40):
+                    if stop.is_set():
+                        return
+                    q.produce_batch("orders", [f"more {n}.{i}" for i in range(5)])
+                    q.consume_batch("orders", 2)
+                    time.sleep(0.1)
+        producer = threading.Thread(target=produce)
+        producer.start()
+        try:
+            wait_for(lambda: int(text(browser, '#queues tr[data-queue="orders"] td.ready') or 0) > 3, 20,
+                     "the page to show the new messages")
+            wait_for(lambda: float(text(browser, '#queues tr[data-queue="orders"] td.produced-rate') or 0) > 0, 20,
+                     "a produce rate")
+        finally:
+            producer.join(30)
+            stop.set()
+        wait_for(lambda: text(browser, '#queues tr[data-queue="orders"] td.ready') == "123", 20,
+                 "the final count")
+        shot = tmp_path / "status-page.png"
+        browser.save_screenshot(str(shot))
+        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        if os.environ.get("QUEUE_SERVER_SCREENSHOT"):
+            shutil.copy(shot, os.path.join(REPO, "docs", "status-page.png"))
+    finally:
+        cluster.stop()
