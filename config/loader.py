@@ -285,6 +285,8 @@ _KEYS: tuple[_Key, ...] = (
     _Key("queue_metrics_max", 100, _int(0, 100000), "queues that get their own series in the per-queue metrics"),
     _Key("shutdown_grace", 10, _positive_number, "on SIGTERM: seconds to finish the requests in flight before stopping"),
     _Key("auth_token_file", "", _string(False), "file holding the token clients must send (TCP: an auth request; UDP: auth_token); '' = no authentication"),
+    _Key("cluster_secret_file", "", _string(False), "file holding the cluster's shared secret (queue-server keygen): peers use CURVE; '' = plain peers"),
+    _Key("insecure_peers", False, _bool, "true: allow plain (unauthenticated) peers on a non-loopback peer address"),
 )
 
 _BY_NAME: dict[str, _Key] = {k.name: k for k in _KEYS}
@@ -324,6 +326,8 @@ class NodeConfig:
     queue_metrics_max: int
     shutdown_grace: float
     auth_token_file: str
+    cluster_secret_file: str
+    insecure_peers: bool
 
     @property
     def is_cluster(self) -> bool:
@@ -517,6 +521,8 @@ DEFAULT_CONFIG_TEXT = """\
     "dead_letter_suffix" : ".dlq",  // dead letters of queue q go to q + this; "" = none
     "queue_metrics_max" : 100,      // queues that get their own series in per-queue metrics
     "shutdown_grace" : 10,          // on SIGTERM: seconds to finish the requests in flight
-    "auth_token_file" : ""          // file with the token clients must present; "" = no authentication
+    "auth_token_file" : "",         // file with the token clients must present; "" = no authentication
+    "cluster_secret_file" : "",     // file with the cluster's secret (queue-server keygen); "" = plain peers
+    "insecure_peers" : false        // true: plain peers even on a non-loopback peer address
 }
 """

@@ -368,6 +368,10 @@ class CoordinatorMetrics(_Metrics):
         self.elections_counter = self._counter("elections", "Elections this node started (as a candidate).")
         self.lag_gauge = self._gauge("replication_lag_records", "Records the leader has that a follower has not acknowledged, per follower node_id.", ("follower",), mode="livemax")
         self.fsync_seconds = self._histogram("log_fsync_seconds", "Time of one fsync of the change log.", FSYNC_BUCKETS)
+        self.peer_rejects: dict[str, int] = {}
+        self.peer_rejected_counter = self._counter(
+            "peer_rejected", "Peer messages dropped (unknown src, src not the authenticated node, other cluster) "
+            "and peer connections refused (bad_key: not a cluster key), by reason.", ("reason",))
 
     def set_trans_id(self, last: int, committed: int | None = None) -> None:
         """The log's last trans_id (and the last committed one, if known)."""
@@ -402,6 +406,10 @@ class CoordinatorMetrics(_Metrics):
         """One fsync of the change log took `seconds`."""
         self.fsync.observe(seconds)
 
+    def peer_rejected(self, reason: str, count: int = 1) -> None:
+        """A peer message (or connection) was refused for `reason`."""
+        self.peer_rejects[reason] = self.peer_rejects.get(reason, 0) + count
+
     def replied(self, reply: dict) -> None:
         """The coordinator answered a request itself with `reply` (a dict with action and code)."""
         count_one(self.counts, reply)
@@ -415,6 +423,7 @@ class CoordinatorMetrics(_Metrics):
         """Publish the current values."""
         if not self.active:
             self.counts.clear()
+            self.peer_rejects.clear()
             self.fsync = LocalHistogram(FSYNC_BUCKETS)
             return
         self.trans_id_gauge.set(self.trans_id)
@@ -433,6 +442,9 @@ class CoordinatorMetrics(_Metrics):
         self._forgotten.clear()
         self.fsync.drain_into(self.fsync_seconds)
         _fold_counts(self.counts, self.requests)
+        for reason, count in self.peer_rejects.items():
+            self.peer_rejected_counter.labels(reason=reason).inc(count)
+        self.peer_rejects.clear()
 
 
 # ----------------------------------------------------------------------------- the supervisor

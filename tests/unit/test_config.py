@@ -24,6 +24,7 @@ DEFAULTS = {
     "udp_max_response": 60000, "max_wait": 30.0, "replication": "quorum", "fsync": "everysec",
     "in_memory": False, "snapshot_every": 100000, "repair": False, "metrics_port": 0, "election_timeout_ms": 300, "heartbeat_ms": 50,
     "max_deliveries": 0, "dead_letter_suffix": ".dlq", "queue_metrics_max": 100, "shutdown_grace": 10, "auth_token_file": "",
+    "cluster_secret_file": "", "insecure_peers": False,
 }
 
 THREE = [
@@ -161,6 +162,8 @@ INVALID: dict[str, list[object]] = {
     "queue_metrics_max": [-1, 100001, "10", 2.5],
     "shutdown_grace": [0, -1, "10", None],
     "auth_token_file": [1, None, ["f"]],
+    "cluster_secret_file": [1, None, ["f"]],
+    "insecure_peers": [0, 1, "true", None],
 }
 
 
