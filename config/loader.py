@@ -287,6 +287,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("auth_token_file", "", _string(False), "file holding the token clients must send (TCP: an auth request; UDP: auth_token); '' = no authentication"),
     _Key("cluster_secret_file", "", _string(False), "file holding the cluster's shared secret (queue-server keygen): peers use CURVE; '' = plain peers"),
     _Key("insecure_peers", False, _bool, "true: allow plain (unauthenticated) peers on a non-loopback peer address"),
+    _Key("udp_amplification_limit", 3, _int(0, 1000), "on a non-loopback UDP address: a reply to an unauthenticated datagram is at most this many times its size; 0 = off"),
 )
 
 _BY_NAME: dict[str, _Key] = {k.name: k for k in _KEYS}
@@ -328,6 +329,7 @@ class NodeConfig:
     auth_token_file: str
     cluster_secret_file: str
     insecure_peers: bool
+    udp_amplification_limit: int
 
     @property
     def is_cluster(self) -> bool:
@@ -523,6 +525,7 @@ DEFAULT_CONFIG_TEXT = """\
     "shutdown_grace" : 10,          // on SIGTERM: seconds to finish the requests in flight
     "auth_token_file" : "",         // file with the token clients must present; "" = no authentication
     "cluster_secret_file" : "",     // file with the cluster's secret (queue-server keygen); "" = plain peers
-    "insecure_peers" : false        // true: plain peers even on a non-loopback peer address
+    "insecure_peers" : false,       // true: plain peers even on a non-loopback peer address
+    "udp_amplification_limit" : 3   // non-loopback UDP: a reply is at most 3x an unauthenticated request; 0 = off
 }
 """

@@ -15,13 +15,14 @@ import uvloop
 import zmq
 
 from queue_server.config.loader import NodeConfig
-from queue_server.server import ipc, ipc_frames, replies
+from queue_server.server import ipc, ipc_frames, replies, udp_guard
 from queue_server.server import protocol as p
 from queue_server.server.auth import AUTH_REQUIRED, Authenticator, read_token_file
 from queue_server.server.child import start
 from queue_server.server.framing import FrameDecoder, FramingError
 from queue_server.server.origin import Origin
-from queue_server.server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_one
+from queue_server.server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_limit, count_one
+from queue_server.server.preflight import is_loopback
 from queue_server.server.router import SCATTER_ACTIONS, Router
 
 _DUMPS = orjson.dumps
@@ -35,6 +36,7 @@ MAX_DRAIN = 512
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
 NO_LEADER = "no leader"
 UDP_TOO_LARGE = "response too large for UDP, use TCP"
+_TOO_LARGE = UDP_TOO_LARGE.encode()
 _SUBSCRIBE = (p.SUBSCRIBE, "subscribe")
 _AUTH = (p.AUTH, "auth")
 LINGER = 2.0  # seconds a closing connection's late input is read and dropped (see Connection._close)
@@ -217,7 +219,8 @@ class Datagrams(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: Any) -> None:  # type: ignore[override]
         acceptor = self.acceptor
-        origin = Origin(acceptor.udp_register(addr), True)
+        number = acceptor.udp_register(addr)
+        origin = Origin(number, True)
         if len(data) > acceptor.config.max_request_size:
             value: Any = FramingError(f"request exceeds max_request_size ({acceptor.config.max_request_size} bytes)", False)
         else:
@@ -229,6 +232,12 @@ class Datagrams(asyncio.DatagramProtocol):
         if not acceptor.auth.datagram(value):
             acceptor.udp_addrs.pop(origin.conn, None)
             return  # no valid auth_token: no reply at all
+        cfg = acceptor.config
+        limit = udp_guard.reply_limit(len(data), cfg.udp_max_response, cfg.udp_amplification_limit,
+                                      acceptor.udp_guarded, acceptor.auth.required)
+        acceptor.udp_addrs[number] = (addr, limit)
+        if type(value) is dict:
+            value[p.UDP_REPLY_LIMIT] = limit  # the worker refuses a consume whose reply would not fit
         acceptor.submit(origin, 0, value)
 
 
@@ -255,7 +264,8 @@ class Acceptor:
         self.flush_output_scheduled = False
         self.conns: dict[int, Connection] = {}
         self.next_conn = 1
-        self.udp_addrs: dict[int, Any] = {}
+        self.udp_addrs: dict[int, tuple[Any, int]] = {}  # datagram -> (sender, largest reply)
+        self.udp_guarded = config.udp_amplification_limit > 0 and not is_loopback(config.host)
         self.next_udp = 0
         self.next_gather = 0
         self.udp_transport: asyncio.DatagramTransport | None = None
@@ -301,7 +311,7 @@ class Acceptor:
         """Number a datagram; its reply goes to `addr`."""
         number = self.next_udp
         self.next_udp = number + 1
-        self.udp_addrs[number] = addr
+        self.udp_addrs[number] = (addr, self.config.udp_max_response)
         return number
 
     # ----------------------------------------------------------------- requests
@@ -387,17 +397,22 @@ class Acceptor:
         """Hand one encoded reply to its connection (or UDP address). A consume reply that
         cannot be delivered gives its messages back (undeliver)."""
         if origin.udp:
-            addr = self.udp_addrs.pop(origin.conn, None)
-            if addr is None or self.udp_transport is None:
+            sender = self.udp_addrs.pop(origin.conn, None)
+            if sender is None or self.udp_transport is None:
                 self.undeliver(data)
                 return
-            if len(data) > self.config.udp_max_response:
+            addr, limit = sender
+            if len(data) > limit:
                 # Last resort: the worker refuses a consume whose reply would not fit before
                 # taking anything, so this fires only for replies it could not foresee. A
                 # consume's messages are given back, not lost with the reply.
                 reply = replies.decoded(data)
                 self._give_back(reply)
                 data = _DUMPS(p.error_reply(replies.naming(reply), UDP_TOO_LARGE, self.config.node_id), option=_NEWLINE)
+            if limit < self.config.udp_max_response and (len(data) > limit or _TOO_LARGE in bytes(data)):
+                count_limit(self.metrics.limits, "udp_amplification_limit")
+                if len(data) > limit:
+                    return  # even the refusal is larger than the guard allows: no reply
             self.udp_transport.sendto(data, addr)
             return
         conn = self.conns.get(origin.conn)

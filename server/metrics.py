@@ -143,6 +143,23 @@ def count_one(counts: dict, reply: Any) -> None:
     counts[key] = counts.get(key, 0) + 1
 
 
+def _limit_counter(m: "_Metrics") -> Counter:
+    return m._counter("limit_refusals", "Requests and connections refused or cut by a resource limit "
+                      "(max_connections, idle_timeout, max_queues, max_memory_mb, max_pending_requests, "
+                      "udp_amplification_limit), by limit.", ("limit",))
+
+
+def _fold_limits(counts: dict[str, int], counter: Counter) -> None:
+    for limit, n in counts.items():
+        counter.labels(limit=limit).inc(n)
+    counts.clear()
+
+
+def count_limit(counts: dict[str, int], limit: str) -> None:
+    """A limit refused one more request or connection."""
+    counts[limit] = counts.get(limit, 0) + 1
+
+
 # ----------------------------------------------------------------------------- metric factories
 
 
@@ -205,6 +222,8 @@ class AcceptorMetrics(_Metrics):
             "auth_failures", "Client requests refused for missing or wrong credentials (auth_token_file), "
             "and attempts refused unchecked after too many failures from one address.", ("outcome",))
         self._sent = {"tcp": 0, "udp": 0, "opened": 0, "failed": 0, "throttled": 0}
+        self.limits: dict[str, int] = {}
+        self.limit_counter = _limit_counter(self)
         self.probe_conn = -1
         self.probe_no = -1
         self.probe_action = ""
@@ -249,6 +268,7 @@ class AcceptorMetrics(_Metrics):
         if not self.active:
             self.counts.clear()
             self.latency.clear()
+            self.limits.clear()
             return
         _fold_counts(self.counts, self.requests)
         for action, hist in self.latency.items():
@@ -266,6 +286,7 @@ class AcceptorMetrics(_Metrics):
                 self.auth_failures.labels(outcome=label).inc(total - sent[label])
                 sent[label] = total
         self.connections.set(open_connections)
+        _fold_limits(self.limits, self.limit_counter)
 
 
 class WorkerMetrics(_Metrics):

@@ -390,7 +390,8 @@ class PartitionService:
             raise BadRequest("times: must be true or false")
         q = self.queues.get(name)
         if q is not None and not q.paused and (q.has_ready(now) or (token is not None and q.held(token))):
-            if origin.udp and self._too_large_for_udp(q, req, count, now, lease, token, times):
+            if origin.udp and self._too_large_for_udp(q, req, count, now, lease, token, times,
+                                                      req.get(p.UDP_REPLY_LIMIT, self.udp_max_response)):
                 return self._udp_too_large(req)
             return self._deliver(q, req, count, now, lease, token, times)
         if wait > 0 and not origin.udp and not self.draining:
@@ -436,12 +437,16 @@ class PartitionService:
         lease: float | None,
         token: str | None,
         times: bool,
+        limit: Any,
     ) -> bool:
-        """Whether the reply of this consume would exceed udp_max_response (nothing is taken)."""
+        """Whether the reply of this consume would exceed `limit` (udp_max_response, or the
+        amplification guard's limit the acceptor set for the datagram). Nothing is taken."""
         messages = q.peek(now, count or 1, lease, token)
         replayed = token is not None and bool(q.held_at(token, now))
         reply = self._consume_reply(req, count, messages, times, replayed)
-        return len(orjson.dumps(reply, option=orjson.OPT_APPEND_NEWLINE)) > self.udp_max_response
+        if type(limit) is not int:
+            limit = self.udp_max_response
+        return len(orjson.dumps(reply, option=orjson.OPT_APPEND_NEWLINE)) > min(limit, self.udp_max_response)
 
     def _udp_too_large(self, req: dict) -> dict:
         """The refusal of a UDP consume whose reply would not fit a datagram: it echoes only

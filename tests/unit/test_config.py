@@ -24,7 +24,7 @@ DEFAULTS = {
     "udp_max_response": 60000, "max_wait": 30.0, "replication": "quorum", "fsync": "everysec",
     "in_memory": False, "snapshot_every": 100000, "repair": False, "metrics_port": 0, "election_timeout_ms": 300, "heartbeat_ms": 50,
     "max_deliveries": 0, "dead_letter_suffix": ".dlq", "queue_metrics_max": 100, "shutdown_grace": 10, "auth_token_file": "",
-    "cluster_secret_file": "", "insecure_peers": False,
+    "cluster_secret_file": "", "insecure_peers": False, "udp_amplification_limit": 3,
 }
 
 THREE = [
@@ -164,6 +164,7 @@ INVALID: dict[str, list[object]] = {
     "auth_token_file": [1, None, ["f"]],
     "cluster_secret_file": [1, None, ["f"]],
     "insecure_peers": [0, 1, "true", None],
+    "udp_amplification_limit": [-1, 1001, 1.5, "3", None],
 }
 
 
