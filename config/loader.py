@@ -287,6 +287,9 @@ _KEYS: tuple[_Key, ...] = (
     _Key("auth_token_file", "", _string(False), "file holding the token clients must send (TCP: an auth request; UDP: auth_token); '' = no authentication"),
     _Key("cluster_secret_file", "", _string(False), "file holding the cluster's shared secret (queue-server keygen): peers use CURVE; '' = plain peers"),
     _Key("insecure_peers", False, _bool, "true: allow plain (unauthenticated) peers on a non-loopback peer address"),
+    _Key("max_connections", 1000, _int(0), "client TCP connections at once; one past it is told why and closed; 0 = no limit"),
+    _Key("idle_timeout", 600, _int(0), "seconds a TCP connection may stay silent with nothing pending (no long poll or subscription); 0 = forever"),
+    _Key("max_pending_requests", 4096, _int(16, 1 << 20), "unanswered requests per TCP connection before the node stops reading it"),
     _Key("udp_amplification_limit", 3, _int(0, 1000), "on a non-loopback UDP address: a reply to an unauthenticated datagram is at most this many times its size; 0 = off"),
 )
 
@@ -329,6 +332,9 @@ class NodeConfig:
     auth_token_file: str
     cluster_secret_file: str
     insecure_peers: bool
+    max_connections: int
+    idle_timeout: int
+    max_pending_requests: int
     udp_amplification_limit: int
 
     @property
@@ -526,6 +532,9 @@ DEFAULT_CONFIG_TEXT = """\
     "auth_token_file" : "",         // file with the token clients must present; "" = no authentication
     "cluster_secret_file" : "",     // file with the cluster's secret (queue-server keygen); "" = plain peers
     "insecure_peers" : false,       // true: plain peers even on a non-loopback peer address
+    "max_connections" : 1000,       // TCP connections at once; 0 = no limit
+    "idle_timeout" : 600,           // close a TCP connection silent this long with nothing pending; 0 = never
+    "max_pending_requests" : 4096,  // unanswered requests per connection before reading it pauses
     "udp_amplification_limit" : 3   // non-loopback UDP: a reply is at most 3x an unauthenticated request; 0 = off
 }
 """

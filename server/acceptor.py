@@ -15,7 +15,7 @@ import uvloop
 import zmq
 
 from queue_server.config.loader import NodeConfig
-from queue_server.server import ipc, ipc_frames, replies, udp_guard
+from queue_server.server import ipc, ipc_frames, limits, replies, udp_guard
 from queue_server.server import protocol as p
 from queue_server.server.auth import AUTH_REQUIRED, Authenticator, read_token_file
 from queue_server.server.child import start
@@ -29,8 +29,6 @@ _DUMPS = orjson.dumps
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
 _LOADS = orjson.loads
 # Per-connection pipelining window: stop reading a connection with this many replies owed.
-HIGH_WATER = 4096
-LOW_WATER = 1024
 MAX_DRAIN = 512
 # This node's role, as the coordinator last reported it.
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
@@ -62,6 +60,10 @@ class Connection(asyncio.Protocol):
         self.authed = not acceptor.auth.required
         self.peer: Any = None
         self.peer_eof = False  # the client shut its write side
+        self.subscribed = False
+        self.last_read = acceptor.loop.time()
+        self.high_water = acceptor.config.max_pending_requests
+        self.low_water = self.high_water // 4
         self.lingering = False  # replies all sent, FIN sent; input read and dropped until close
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -70,15 +72,25 @@ class Connection(asyncio.Protocol):
         self.origin = Origin(self.conn_id)
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else peer
+        limit = self.acceptor.config.max_connections
+        if limits.over_connection_limit(len(self.acceptor.conns), limit):
+            count_limit(self.acceptor.metrics.limits, "max_connections")
+            transport.write(_DUMPS(p.error_reply(None, limits.too_many_connections(limit),
+                                                 self.acceptor.config.node_id), option=_NEWLINE))
+            self.close_after = -1
+            self._close(transport)
 
     def data_received(self, data: bytes) -> None:
         if self.lingering:
             return  # after the last reply: dropped, so that closing does not reset the connection
+        self.last_read = self.acceptor.loop.time()
         self._submit(self.decoder.feed(data))
         if self.decoder.closed:
             self.close_after = self.next_no - 1
             self._pause()
-        elif self.next_no - self.next_out >= HIGH_WATER:
+        elif self.next_no - self.next_out >= self.high_water:
+            # Back-pressure: the client waits for replies before the node reads more of it.
+            count_limit(self.acceptor.metrics.limits, "max_pending_requests")
             self._pause()
 
     def eof_received(self) -> bool:
@@ -129,6 +141,7 @@ class Connection(asyncio.Protocol):
                 continue
             if type(value) is dict and (value.get("wait") or value.get("action") in _SUBSCRIBE):
                 self.long_polls = True  # the workers must hear when it closes
+                self.subscribed = self.subscribed or value.get("action") in _SUBSCRIBE
             submit(origin, req_no, value)
 
     def _authenticate(self, req_no: int, value: Any) -> None:
@@ -173,7 +186,7 @@ class Connection(asyncio.Protocol):
             self.read_paused
             and not self.write_paused
             and self.close_after is None
-            and self.next_no - self.next_out <= LOW_WATER
+            and self.next_no - self.next_out <= self.low_water
             and self.transport is not None
             and not self.transport.is_closing()
         ):
@@ -476,6 +489,17 @@ class Acceptor:
             self.loop.call_soon(self.on_inbox)  # more may be waiting: the fd is edge-triggered
         self.schedule_output()
 
+    def close_idle(self) -> None:
+        """Close the connections silent for idle_timeout with nothing pending; repeats."""
+        timeout = self.config.idle_timeout
+        now = self.loop.time()
+        for conn_id in limits.idle(((c.conn_id, c.last_read, c.subscribed or c.next_out < c.next_no)
+                                    for c in self.conns.values() if c.close_after is None), now, timeout):
+            conn = self.conns[conn_id]
+            count_limit(self.metrics.limits, "idle_timeout")
+            conn.finish()
+        self.loop.call_later(min(timeout / 4, 5.0), self.close_idle)
+
     def fold_metrics(self) -> None:
         """Publish the metrics counted since the last call; repeats every FOLD_INTERVAL."""
         conns = self.conns
@@ -533,6 +557,8 @@ class Acceptor:
             lambda: Datagrams(self), local_addr=(cfg.host, port), family=socket.AF_INET
         )
         self.fold_metrics()
+        if cfg.idle_timeout:
+            self.close_idle()
         self.log.info("listening on tcp+udp %s:%d", cfg.host, port)
         await asyncio.Event().wait()
 

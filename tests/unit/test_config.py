@@ -25,6 +25,7 @@ DEFAULTS = {
     "in_memory": False, "snapshot_every": 100000, "repair": False, "metrics_port": 0, "election_timeout_ms": 300, "heartbeat_ms": 50,
     "max_deliveries": 0, "dead_letter_suffix": ".dlq", "queue_metrics_max": 100, "shutdown_grace": 10, "auth_token_file": "",
     "cluster_secret_file": "", "insecure_peers": False, "udp_amplification_limit": 3,
+    "max_connections": 1000, "idle_timeout": 600, "max_pending_requests": 4096,
 }
 
 THREE = [
@@ -165,6 +166,9 @@ INVALID: dict[str, list[object]] = {
     "cluster_secret_file": [1, None, ["f"]],
     "insecure_peers": [0, 1, "true", None],
     "udp_amplification_limit": [-1, 1001, 1.5, "3", None],
+    "max_connections": [-1, 1.5, "10", None],
+    "idle_timeout": [-1, 1.5, "10", None],
+    "max_pending_requests": [0, 15, 2**20 + 1, "10", None],
 }
 
 
