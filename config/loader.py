@@ -290,6 +290,8 @@ _KEYS: tuple[_Key, ...] = (
     _Key("max_connections", 1000, _int(0), "client TCP connections at once; one past it is told why and closed; 0 = no limit"),
     _Key("idle_timeout", 600, _int(0), "seconds a TCP connection may stay silent with nothing pending (no long poll or subscription); 0 = forever"),
     _Key("max_pending_requests", 4096, _int(16, 1 << 20), "unanswered requests per TCP connection before the node stops reading it"),
+    _Key("max_queues", 10000, _int(0), "queues a node holds; a produce that would create one past it is refused (each worker holds ceil(max_queues / workers)); 0 = no limit"),
+    _Key("max_memory_mb", 2048, _int(0), "resident memory of the node's processes (MiB) past which produces are refused (consume, confirm, purge go on); 0 = no limit"),
     _Key("udp_amplification_limit", 3, _int(0, 1000), "on a non-loopback UDP address: a reply to an unauthenticated datagram is at most this many times its size; 0 = off"),
 )
 
@@ -335,6 +337,8 @@ class NodeConfig:
     max_connections: int
     idle_timeout: int
     max_pending_requests: int
+    max_queues: int
+    max_memory_mb: int
     udp_amplification_limit: int
 
     @property
@@ -535,6 +539,8 @@ DEFAULT_CONFIG_TEXT = """\
     "max_connections" : 1000,       // TCP connections at once; 0 = no limit
     "idle_timeout" : 600,           // close a TCP connection silent this long with nothing pending; 0 = never
     "max_pending_requests" : 4096,  // unanswered requests per connection before reading it pauses
+    "max_queues" : 10000,           // queues a node holds (each worker ceil(max_queues / workers)); 0 = no limit
+    "max_memory_mb" : 2048,         // node resident memory (MiB) past which produces are refused; 0 = no limit
     "udp_amplification_limit" : 3   // non-loopback UDP: a reply is at most 3x an unauthenticated request; 0 = off
 }
 """

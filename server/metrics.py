@@ -306,6 +306,7 @@ class WorkerMetrics(_Metrics):
         self.messages = self._gauge("messages", "Stored messages, by state (ready, delayed, in_flight).", ("state",))
         self.queues = self._gauge("queues", "Queues that exist.")
         self.waiters = self._gauge("long_poll_waiters", "Consume requests parked in a long poll.")
+        self.limit_counter = _limit_counter(self)
         self.next_sizes = 0.0
 
     def batch(self, seconds: float, requests: int) -> None:
@@ -324,16 +325,21 @@ class WorkerMetrics(_Metrics):
                        p.CODE_ERROR if "error" in part else p.CODE_OK)
                 counts[key] = counts.get(key, 0) + 1
 
-    def fold(self, totals: Callable[[], Mapping[str, int]]) -> None:
+    def fold(self, totals: Callable[[], Mapping[str, int]], limits: dict[str, int] | None = None) -> None:
         """Add what was counted since the last fold. `totals()` returns the worker's queue totals
         (ready, delayed, in_flight, queue_count, waiters); it visits every queue, so it is called
-        less often when it is slow (at most ~1% of the worker's time)."""
+        less often when it is slow (at most ~1% of the worker's time). `limits`: refusals by
+        limit (the service's count, emptied here)."""
         if not self.active:
+            if limits:
+                limits.clear()
             self.counts.clear()
             self.batch_time = LocalHistogram(BATCH_SECONDS_BUCKETS)
             self.batch_size = LocalHistogram(BATCH_SIZE_BUCKETS)
             return
         _fold_counts(self.counts, self.requests)
+        if limits:
+            _fold_limits(limits, self.limit_counter)
         self.batch_time.drain_into(self.batch_seconds)
         self.batch_size.drain_into(self.batch_requests)
         started = time.monotonic()

@@ -1,5 +1,6 @@
-"""Connection limits on a real node, each reached while the node keeps serving its existing
-clients and loses nothing stored: max_connections, idle_timeout, max_pending_requests."""
+"""Limits on a real node, each reached while the node keeps serving its existing clients and
+loses nothing stored: max_connections, idle_timeout, max_pending_requests, max_queues,
+max_memory_mb."""
 from __future__ import annotations
 
 import socket
@@ -7,6 +8,7 @@ import socket
 import orjson
 import pytest
 
+from queue_server.server.node_memory import NodeMemory
 from tests.harness import NodeProcess, RawTcp, free_port, wait_for
 from tests.integration.test_peer_security import metric
 
@@ -86,3 +88,67 @@ def test_pending_requests_past_the_cap_pause_reading_and_are_all_answered(limite
         wait_for(lambda: refusals(limited, "max_pending_requests") >= 1, 10, "the pause counted")
     finally:
         conn.close()
+
+
+def test_a_produce_creating_a_queue_past_max_queues_is_refused_existing_queues_work(tmp_path):
+    node = NodeProcess(str(tmp_path), {"in_memory": True, "metrics_port": free_port(), "max_queues": 4,
+                                       "dead_letter_suffix": ""}).start()
+    conn = RawTcp(*node.address)
+    try:
+        created, refused = [], None
+        for i in range(40):  # 2 workers, a share of 2 each: at most 4 queues, whatever the hashing
+            reply = conn.call({"action": 1, "queue": f"q{i}", "data": f"m{i}"})
+            if reply["code"] == 0:
+                created.append(i)
+            else:
+                refused = reply
+        assert refused is not None and refused["reason"].startswith("too many queues: this node's max_queues (4)")
+        assert 2 <= len(created) <= 4
+        for i in created:  # existing queues keep working; nothing stored is lost
+            assert conn.call({"action": 1, "queue": f"q{i}", "data": "more"})["code"] == 0
+            assert conn.call({"action": 2, "queue": f"q{i}"})["data"] == f"m{i}"
+        assert sorted(conn.call({"action": 7})["queue_list"]) == sorted(f"q{i}" for i in created)
+        wait_for(lambda: refusals(node, "max_queues") >= 1, 10, "the refusal counted")
+    finally:
+        conn.close()
+        node.stop()
+
+
+def node_resident_mb(node: NodeProcess) -> float:
+    assert node.proc is not None
+    return NodeMemory(node.proc.pid).resident_bytes(0.0) / (1 << 20)
+
+
+def test_produce_past_max_memory_mb_is_refused_consume_confirm_purge_work(tmp_path):
+    probe = NodeProcess(str(tmp_path), {"in_memory": True}, name="probe").start()
+    try:
+        baseline = node_resident_mb(probe)
+    finally:
+        probe.stop()
+    limit = int(baseline) + 48
+    node = NodeProcess(str(tmp_path), {"in_memory": True, "metrics_port": free_port(),
+                                       "max_memory_mb": limit}).start()
+    conn = RawTcp(*node.address)
+    try:
+        block = "x" * (256 << 10)
+        stored, refused = 0, None
+        for i in range(4000):  # 1 GB of data: far past the limit
+            reply = conn.call({"action": 1, "queue": "big", "data": f"{i}:{block}", "retry": 30})
+            if reply["code"] != 0:
+                refused = reply
+                break
+            stored += 1
+        assert refused is not None, f"never refused ({node_resident_mb(node):.0f} MiB, limit {limit})"
+        assert refused["reason"].startswith(f"node memory limit reached: this node's processes use more than max_memory_mb ({limit})")
+        assert node_resident_mb(node) < limit + 200  # refused long before the memory ran away
+        assert conn.call({"action": 4, "queue": "big"})["ready"] == stored  # nothing stored lost
+        got = conn.call({"action": 2, "queue": "big"})
+        assert got["code"] == 0 and got["data"].startswith("0:")
+        assert conn.call({"action": 3, "queue": "big", "msg_id": got["msg_id"]})["code"] == 0
+        assert conn.call({"action": 1, "queue": "big", "data": "small"})["code"] == -1  # still over
+        assert conn.call({"action": 21, "queue": "big"})["code"] == 0  # purge
+        assert conn.call({"action": 4, "queue": "big"})["size"] == 0
+        wait_for(lambda: refusals(node, "max_memory_mb") >= 1, 10, "the refusal counted")
+    finally:
+        conn.close()
+        node.stop()

@@ -26,6 +26,7 @@ DEFAULTS = {
     "max_deliveries": 0, "dead_letter_suffix": ".dlq", "queue_metrics_max": 100, "shutdown_grace": 10, "auth_token_file": "",
     "cluster_secret_file": "", "insecure_peers": False, "udp_amplification_limit": 3,
     "max_connections": 1000, "idle_timeout": 600, "max_pending_requests": 4096,
+    "max_queues": 10000, "max_memory_mb": 2048,
 }
 
 THREE = [
@@ -169,6 +170,8 @@ INVALID: dict[str, list[object]] = {
     "max_connections": [-1, 1.5, "10", None],
     "idle_timeout": [-1, 1.5, "10", None],
     "max_pending_requests": [0, 15, 2**20 + 1, "10", None],
+    "max_queues": [-1, 1.5, "10", None],
+    "max_memory_mb": [-1, 1.5, "10", None],
 }
 
 
