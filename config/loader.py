@@ -292,6 +292,9 @@ _KEYS: tuple[_Key, ...] = (
     _Key("max_pending_requests", 4096, _int(16, 1 << 20), "unanswered requests per TCP connection before the node stops reading it"),
     _Key("max_queues", 10000, _int(0), "queues a node holds; a produce that would create one past it is refused (each worker holds ceil(max_queues / workers)); 0 = no limit"),
     _Key("max_memory_mb", 2048, _int(0), "resident memory of the node's processes (MiB) past which produces are refused (consume, confirm, purge go on); 0 = no limit"),
+    _Key("tls_cert_file", "", _string(False), "PEM certificate (chain) of the client TCP port: with tls_key_file, clients must speak TLS; '' = plain TCP"),
+    _Key("tls_key_file", "", _string(False), "PEM private key of tls_cert_file"),
+    _Key("tls_ca_file", "", _string(False), "PEM CA certificates: clients must present a certificate they signed; '' = no client certificates"),
     _Key("udp_amplification_limit", 3, _int(0, 1000), "on a non-loopback UDP address: a reply to an unauthenticated datagram is at most this many times its size; 0 = off"),
 )
 
@@ -339,6 +342,9 @@ class NodeConfig:
     max_pending_requests: int
     max_queues: int
     max_memory_mb: int
+    tls_cert_file: str
+    tls_key_file: str
+    tls_ca_file: str
     udp_amplification_limit: int
 
     @property
@@ -422,6 +428,11 @@ def _cross_check(c: NodeConfig) -> None:
                           f"this node's internal address {me.host}:{me.port} is its client address")
     if c.metrics_port and (c.metrics_port == c.port or (me is not None and c.metrics_port == me.port)):
         raise ConfigError("metrics_port", f"port {c.metrics_port} is already used by this node")
+    if bool(c.tls_cert_file) != bool(c.tls_key_file):
+        missing = "tls_key_file" if c.tls_cert_file else "tls_cert_file"
+        raise ConfigError(missing, "TLS needs both tls_cert_file and tls_key_file")
+    if c.tls_ca_file and not c.tls_cert_file:
+        raise ConfigError("tls_ca_file", "client certificates need TLS: set tls_cert_file and tls_key_file")
     if c.heartbeat_ms >= c.election_timeout_ms:
         raise ConfigError("heartbeat_ms", f"must be below election_timeout_ms "
                           f"({c.heartbeat_ms} >= {c.election_timeout_ms})")
@@ -541,6 +552,9 @@ DEFAULT_CONFIG_TEXT = """\
     "max_pending_requests" : 4096,  // unanswered requests per connection before reading it pauses
     "max_queues" : 10000,           // queues a node holds (each worker ceil(max_queues / workers)); 0 = no limit
     "max_memory_mb" : 2048,         // node resident memory (MiB) past which produces are refused; 0 = no limit
+    "tls_cert_file" : "",           // with tls_key_file: the client TCP port speaks TLS; "" = plain
+    "tls_key_file" : "",
+    "tls_ca_file" : "",             // CA of the client certificates required; "" = none required
     "udp_amplification_limit" : 3   // non-loopback UDP: a reply is at most 3x an unauthenticated request; 0 = off
 }
 """

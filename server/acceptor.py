@@ -15,7 +15,7 @@ import uvloop
 import zmq
 
 from queue_server.config.loader import NodeConfig
-from queue_server.server import ipc, ipc_frames, limits, replies, udp_guard
+from queue_server.server import ipc, ipc_frames, limits, replies, tls, udp_guard
 from queue_server.server import protocol as p
 from queue_server.server.auth import AUTH_REQUIRED, Authenticator, read_token_file
 from queue_server.server.child import start
@@ -550,7 +550,12 @@ class Acceptor:
         # Clients are let in once the coordinator has recovered and said who leads, so that no
         # request reaches a worker before the stored queues are back.
         await self.ready.wait()
-        server = await loop.create_server(lambda: Connection(self), cfg.host, cfg.port, backlog=1024, reuse_address=True)
+        ssl_context = tls.server_context(cfg)
+        server = await loop.create_server(
+            lambda: Connection(self), cfg.host, cfg.port, backlog=1024, reuse_address=True, ssl=ssl_context,
+            ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT if ssl_context is not None else None,
+            # A closing TLS connection waits this long for the client's close_notify.
+            ssl_shutdown_timeout=LINGER if ssl_context is not None else None)
         self.server = server
         port = server.sockets[0].getsockname()[1]
         self.udp_transport, _ = await loop.create_datagram_endpoint(
@@ -559,7 +564,7 @@ class Acceptor:
         self.fold_metrics()
         if cfg.idle_timeout:
             self.close_idle()
-        self.log.info("listening on tcp+udp %s:%d", cfg.host, port)
+        self.log.info("listening on %s+udp %s:%d", "tls" if ssl_context is not None else "tcp", cfg.host, port)
         await asyncio.Event().wait()
 
 

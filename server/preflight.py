@@ -10,6 +10,7 @@ import socket
 
 from queue_server.config.loader import NodeConfig
 from queue_server.server.auth import read_token_file
+from queue_server.server import tls
 from queue_server.server.peer_keys import read_secret
 
 
@@ -45,6 +46,10 @@ def check(config: NodeConfig) -> list[str]:
             read_token_file(config.auth_token_file)
         except ValueError as exc:
             raise StartError(str(exc)) from None
+    try:
+        tls.server_context(config)
+    except tls.TlsConfigError as exc:
+        raise StartError(str(exc)) from None
     if me is not None:
         warnings += _peer_security(config, me.host)
     return warnings

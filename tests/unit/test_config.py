@@ -27,6 +27,7 @@ DEFAULTS = {
     "cluster_secret_file": "", "insecure_peers": False, "udp_amplification_limit": 3,
     "max_connections": 1000, "idle_timeout": 600, "max_pending_requests": 4096,
     "max_queues": 10000, "max_memory_mb": 2048,
+    "tls_cert_file": "", "tls_key_file": "", "tls_ca_file": "",
 }
 
 THREE = [
@@ -172,6 +173,9 @@ INVALID: dict[str, list[object]] = {
     "max_pending_requests": [0, 15, 2**20 + 1, "10", None],
     "max_queues": [-1, 1.5, "10", None],
     "max_memory_mb": [-1, 1.5, "10", None],
+    "tls_cert_file": [1, None, ["f"]],
+    "tls_key_file": [1, None, ["f"]],
+    "tls_ca_file": [1, None, ["f"]],
 }
 
 
@@ -263,6 +267,13 @@ def test_port_and_timing_cross_checks() -> None:
     assert error(metrics_port=1101, cluster_node_list=THREE).key == "metrics_port"
     assert error(heartbeat_ms=300).key == "heartbeat_ms"
     assert error(heartbeat_ms=100, election_timeout_ms=50).key == "heartbeat_ms"
+
+
+def test_tls_keys_go_together() -> None:
+    assert error(tls_cert_file="c.pem").key == "tls_key_file"
+    assert error(tls_key_file="k.pem").key == "tls_cert_file"
+    assert error(tls_ca_file="ca.pem").key == "tls_ca_file"
+    parse(tls_cert_file="c.pem", tls_key_file="k.pem", tls_ca_file="ca.pem")
 
 
 # -- virtual queues ------------------------------------------------------------------------
