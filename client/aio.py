@@ -10,6 +10,7 @@ from typing import Any
 import orjson
 
 from . import protocol as p
+from . import tls as tls_
 from .admin import AsyncAdminMethods
 from .errors import ConnectTimeout, NoServerAvailable, QueueError, QueueTimeout
 from .protocol import Address, Message
@@ -50,9 +51,12 @@ class _Conn(asyncio.Protocol):
         self._timer: asyncio.TimerHandle | None = None
         self._paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
+        self._heard = False  # any byte from the server yet
+        self._tls = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport  # type: ignore[assignment]  # uvloop's are not asyncio.Transport
+        self._tls = transport.get_extra_info("sslcontext") is not None
         sock = transport.get_extra_info("socket")
         if sock is not None:
             try:
@@ -61,6 +65,7 @@ class _Conn(asyncio.Protocol):
                 pass
 
     def data_received(self, data: bytes) -> None:
+        self._heard = True
         if b"\n" not in data:
             self._parts.append(data)
             return
@@ -97,7 +102,8 @@ class _Conn(asyncio.Protocol):
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        detail = f"connection lost: {exc}" if exc else "connection closed by the server"
+        detail = (f"connection lost: {exc}" if exc else
+                  "connection closed by the server" if self._heard else tls_.closed_before_reply(self._tls))
         while self.pending:
             fut = self.pending.popleft()[0]
             if not fut.done():
@@ -262,9 +268,12 @@ class AsyncQueueClient(AsyncAdminMethods):
         max_idle_wait_connections: int = 8,
         idempotent: bool = True,
         token: str | None = None,
+        tls: tls_.TlsOption = None,
     ) -> None:
         """token: the cluster's client token (auth_token_file), presented on every new
-        connection (TCP) or datagram (UDP)."""
+        connection (TCP) or datagram (UDP). tls: True (verify the nodes' certificates against
+        the system's CAs) or an ssl.SSLContext (your CA, a client certificate) for nodes with
+        tls_cert_file; TCP only."""
         self.hosts: list[Address]
         self.hosts, self.transport, self.timeout = p.client_settings(hosts, transport, timeout)
         self.follow_redirects = follow_redirects
@@ -286,6 +295,8 @@ class AsyncQueueClient(AsyncAdminMethods):
         self._udp_seq = 0
         self._connect_lock: asyncio.Lock | None = None
         self.token = token
+        self.tls = tls
+        self._ssl = tls_.context(tls)
 
     @property
     def address(self) -> Address:
@@ -389,7 +400,9 @@ class AsyncQueueClient(AsyncAdminMethods):
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.timeout):
-                _, conn = await loop.create_connection(lambda: _Conn(loop, addr, epoch), addr[0], addr[1])
+                _, conn = await loop.create_connection(
+                    lambda: _Conn(loop, addr, epoch), addr[0], addr[1], ssl=self._ssl,
+                    server_hostname=addr[0] if self._ssl is not None else None)
         except TimeoutError:
             raise ConnectTimeout(f"connect timed out after {self.timeout:g} s") from None
         if self.token is not None:
@@ -683,5 +696,4 @@ def _unavailable(errors: list[str], timed_out: bool) -> QueueError:
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if isinstance(exc, _Lost) else f"{type(exc).__name__}: {text}"
+    return p.describe_failure(exc, _Lost)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import sys
 from importlib import metadata
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ import orjson
 from . import admin
 from .credentials import load_token
 from . import protocol as p
+from . import tls
 from .errors import NoServerAvailable, QueueError, QueueTimeout
 from .sync import QueueClient
 
@@ -64,6 +66,22 @@ def _common_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     parser.add_argument(
         "--token-file", default=default(None), metavar="FILE",
         help="file holding the client token (auth_token_file on the nodes); default: $QUEUE_TOKEN",
+    )
+    parser.add_argument(
+        "--tls", action="store_true", default=default(False),
+        help="connect with TLS (nodes with tls_cert_file); the nodes' certificates are verified",
+    )
+    parser.add_argument(
+        "--tls-ca", default=default(None), metavar="FILE",
+        help="CA certificates (PEM) to verify the nodes with, instead of the system's; implies --tls",
+    )
+    parser.add_argument(
+        "--tls-cert", default=default(None), metavar="FILE",
+        help="this client's certificate (PEM; nodes with tls_ca_file require one); implies --tls",
+    )
+    parser.add_argument(
+        "--tls-key", default=default(None), metavar="FILE",
+        help="the private key of --tls-cert (if not in that file)",
     )
     parser.add_argument(
         "--timeout", type=_positive, default=default(5.0), metavar="S",
@@ -215,8 +233,14 @@ def _main(argv: Sequence[str] | None) -> int:
         print(f"queue-cli: --token-file: cannot read {args.token_file}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
+        ssl_context = tls.context(args.tls or bool(args.tls_ca or args.tls_cert), args.tls_ca,
+                                  args.tls_cert, args.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        print(f"queue-cli: --tls-ca/--tls-cert/--tls-key: {tls.describe(exc) or exc}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
         with QueueClient(args.hosts, transport="udp" if args.udp else "tcp", timeout=args.timeout,
-                         token=token) as client:
+                         token=token, tls=ssl_context) as client:
             for req in requests:
                 reply = client.request(req)
                 if len(requests) > 1:

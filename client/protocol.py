@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from . import tls
 from .errors import QueueError
 
 from queue_server.server.protocol import (  # noqa: F401  (re-exported: one vocabulary for server and client)
@@ -352,3 +353,13 @@ def client_settings(hosts: Any, transport: str, timeout: float) -> tuple[list[Ad
     if timeout <= 0:
         raise ValueError("timeout must be > 0")
     return parse_hosts(hosts), transport, float(timeout)
+
+
+def describe_failure(exc: BaseException, plain: type[BaseException]) -> str:
+    """A failed attempt on one host, in one line: a `plain` exception (the client's own "lost
+    connection") by its text, a TLS failure as client/tls.py says it, others with their type."""
+    tls_text = tls.describe(exc)
+    if tls_text is not None:
+        return tls_text
+    text = str(exc) or type(exc).__name__
+    return text if isinstance(exc, plain) else f"{type(exc).__name__}: {text}"

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import Any
 
 from . import protocol as p
+from . import tls
 from .errors import NoServerAvailable, QueueError
 from .protocol import Message
 from queue_server.server.protocol import SUBSCRIBE, resolve_action
@@ -135,6 +136,8 @@ class Subscription:
                 reply = self.client.leader()
                 host, port = p.redirect_target(reply, self.client.address[0]) or self.client.address
                 sock = socket.create_connection((host, port), timeout=self.client.timeout)
+                if self.client._ssl is not None:
+                    sock = tls.wrap(sock, self.client._ssl, host)
                 sock.settimeout(None)
                 self.sock, self.buf = sock, b""
                 for req in self._requests():
@@ -254,7 +257,9 @@ class AsyncSubscription:
                 reply = await self.client.leader()
                 host, port = p.redirect_target(reply, self.client.address[0]) or self.client.address
                 self.reader, self.writer = await asyncio.wait_for(
-                    asyncio.open_connection(host, port, limit=1 << 24), self.client.timeout)
+                    asyncio.open_connection(host, port, limit=1 << 24, ssl=self.client._ssl,
+                                            server_hostname=host if self.client._ssl is not None else None),
+                    self.client.timeout)
                 for req in self._requests():
                     await self._send(req)
                 if self.writer is not None:

@@ -11,6 +11,7 @@ from typing import Any
 import orjson
 
 from . import protocol as p
+from . import tls as tls_
 from .admin import AdminMethods
 from .errors import ConnectTimeout, NoServerAvailable, QueueError, QueueTimeout
 from .protocol import Address, Message
@@ -62,9 +63,12 @@ class QueueClient(AdminMethods):
         max_redirects: int = 3,
         idempotent: bool = True,
         token: str | None = None,
+        tls: tls_.TlsOption = None,
     ) -> None:
         """token: the cluster's client token (auth_token_file), presented on every new
-        connection (TCP) or datagram (UDP)."""
+        connection (TCP) or datagram (UDP). tls: True (verify the nodes' certificates against
+        the system's CAs) or an ssl.SSLContext (your CA, a client certificate) for nodes with
+        tls_cert_file; TCP only."""
         self.hosts: list[Address]
         self.hosts, self.transport, self.timeout = p.client_settings(hosts, transport, timeout)
         self.follow_redirects = follow_redirects
@@ -81,6 +85,8 @@ class QueueClient(AdminMethods):
         self._sock_timeout: float | None = None
         self._udp_seq = 0
         self.token = token
+        self.tls = tls
+        self._ssl = tls_.context(tls)
         _clients.add(self)
 
     # ------------------------------------------------------------------ raw requests
@@ -166,6 +172,8 @@ class QueueClient(AdminMethods):
             except TimeoutError:
                 raise ConnectTimeout(f"connect timed out after {self.timeout:g} s") from None
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if self._ssl is not None:
+                sock = tls_.wrap(sock, self._ssl, addr[0])
             self._sock, self._sock_addr, self._sock_timeout = sock, addr, self.timeout
             self._file = sock.makefile("rb", buffering=65536)
             if self.token is not None:
@@ -175,6 +183,9 @@ class QueueClient(AdminMethods):
                 except (ConnectionError, ValueError) as exc:
                     self._close()
                     raise _Closed(False, _describe(exc)) from exc
+                if not line:
+                    self._close()
+                    raise _Closed(False, tls_.closed_before_reply(self._ssl is not None))
                 try:
                     p.check_auth_reply(p.decode_reply(line))
                 except QueueError:
@@ -192,7 +203,8 @@ class QueueClient(AdminMethods):
             raise _Closed(reused, _describe(exc)) from exc
         if not line.endswith(b"\n"):
             self._close()
-            raise _Closed(reused, "connection closed by the server")
+            raise _Closed(reused, "connection closed by the server" if reused or line
+                          else tls_.closed_before_reply(self._ssl is not None))
         try:
             return p.decode_reply(line)
         except QueueError:
@@ -441,5 +453,4 @@ class QueueClient(AdminMethods):
 
 
 def _describe(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if isinstance(exc, _Closed) else f"{type(exc).__name__}: {text}"
+    return p.describe_failure(exc, _Closed)

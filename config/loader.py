@@ -289,6 +289,17 @@ _KEYS: tuple[_Key, ...] = (
     _Key("shutdown_grace", 10, _positive_number, "on SIGTERM: seconds to finish the requests in flight before stopping"),
     _Key("http_port", 0, _int(0, 65535), "HTTP API and status page port (docs/http.md); 0 = off"),
     _Key("auth_token_file", "", _string(False), "file holding the token clients must send (TCP: an auth request; UDP: auth_token); '' = no authentication"),
+    _Key("cluster_secret_file", "", _string(False), "file holding the cluster's shared secret (queue-server keygen): peers use CURVE; '' = plain peers"),
+    _Key("insecure_peers", False, _bool, "true: allow plain (unauthenticated) peers on a non-loopback peer address"),
+    _Key("max_connections", 1000, _int(0), "client TCP connections at once; one past it is told why and closed; 0 = no limit"),
+    _Key("idle_timeout", 600, _int(0), "seconds a TCP connection may stay silent with nothing pending (no long poll or subscription); 0 = forever"),
+    _Key("max_pending_requests", 4096, _int(16, 1 << 20), "unanswered requests per TCP connection before the node stops reading it"),
+    _Key("max_queues", 10000, _int(0), "queues a node holds; a produce that would create one past it is refused (each worker holds ceil(max_queues / workers)); 0 = no limit"),
+    _Key("max_memory_mb", 2048, _int(0), "resident memory of the node's processes (MiB) past which produces are refused (consume, confirm, purge go on); 0 = no limit"),
+    _Key("tls_cert_file", "", _string(False), "PEM certificate (chain) of the client TCP port: with tls_key_file, clients must speak TLS; '' = plain TCP"),
+    _Key("tls_key_file", "", _string(False), "PEM private key of tls_cert_file"),
+    _Key("tls_ca_file", "", _string(False), "PEM CA certificates: clients must present a certificate they signed; '' = no client certificates"),
+    _Key("udp_amplification_limit", 3, _int(0, 1000), "on a non-loopback UDP address: a reply to an unauthenticated datagram is at most this many times its size; 0 = off"),
 )
 
 _BY_NAME: dict[str, _Key] = {k.name: k for k in _KEYS}
@@ -329,6 +340,17 @@ class NodeConfig:
     shutdown_grace: float
     http_port: int
     auth_token_file: str
+    cluster_secret_file: str
+    insecure_peers: bool
+    max_connections: int
+    idle_timeout: int
+    max_pending_requests: int
+    max_queues: int
+    max_memory_mb: int
+    tls_cert_file: str
+    tls_key_file: str
+    tls_ca_file: str
+    udp_amplification_limit: int
 
     @property
     def is_cluster(self) -> bool:
@@ -414,6 +436,11 @@ def _cross_check(c: NodeConfig) -> None:
         raise ConfigError("metrics_port", f"port {c.metrics_port} is already used by this node")
     if c.http_port and (c.http_port in (c.port, c.metrics_port) or (me is not None and c.http_port == me.port)):
         raise ConfigError("http_port", f"port {c.http_port} is already used by this node")
+    if bool(c.tls_cert_file) != bool(c.tls_key_file):
+        missing = "tls_key_file" if c.tls_cert_file else "tls_cert_file"
+        raise ConfigError(missing, "TLS needs both tls_cert_file and tls_key_file")
+    if c.tls_ca_file and not c.tls_cert_file:
+        raise ConfigError("tls_ca_file", "client certificates need TLS: set tls_cert_file and tls_key_file")
     if c.heartbeat_ms >= c.election_timeout_ms:
         raise ConfigError("heartbeat_ms", f"must be below election_timeout_ms "
                           f"({c.heartbeat_ms} >= {c.election_timeout_ms})")
@@ -526,6 +553,17 @@ DEFAULT_CONFIG_TEXT = """\
     "queue_metrics_max" : 100,      // queues that get their own series in per-queue metrics
     "shutdown_grace" : 10,          // on SIGTERM: seconds to finish the requests in flight
     "http_port" : 0,                // HTTP API and status page port (docs/http.md); 0 = off
-    "auth_token_file" : ""          // file with the token clients must present; "" = no authentication
+    "auth_token_file" : "",         // file with the token clients must present; "" = no authentication
+    "cluster_secret_file" : "",     // file with the cluster's secret (queue-server keygen); "" = plain peers
+    "insecure_peers" : false,       // true: plain peers even on a non-loopback peer address
+    "max_connections" : 1000,       // TCP connections at once; 0 = no limit
+    "idle_timeout" : 600,           // close a TCP connection silent this long with nothing pending; 0 = never
+    "max_pending_requests" : 4096,  // unanswered requests per connection before reading it pauses
+    "max_queues" : 10000,           // queues a node holds (each worker ceil(max_queues / workers)); 0 = no limit
+    "max_memory_mb" : 2048,         // node resident memory (MiB) past which produces are refused; 0 = no limit
+    "tls_cert_file" : "",           // with tls_key_file: the client TCP port speaks TLS; "" = plain
+    "tls_key_file" : "",
+    "tls_ca_file" : "",             // CA of the client certificates required; "" = none required
+    "udp_amplification_limit" : 3   // non-loopback UDP: a reply is at most 3x an unauthenticated request; 0 = off
 }
 """

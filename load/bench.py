@@ -17,6 +17,11 @@ Workloads (each on a freshly started server):
   http          per-request cycles over the HTTP API (POST, GET, DELETE; wrk, load/http_bench.py)
                 beside the same cycles over TCP (cbench), same connections, one node with
                 http_port on; skipped, with the reason, without wrk
+  security      per-request cycles without and with a client token (auth_token_file; cbench
+                authenticates each connection before the clock starts), in --repeat pairs run
+                back to back (which goes first alternates), each pair's ratio printed; then the same cycles with the Python
+                QueueClient plain and over TLS, also in pairs (load/tls_bench.py: cbench has no
+                TLS, so that ratio includes the Python client's own TLS cost)
 
     python load/bench.py                        # every workload, 10 s each, 8 connections
     python load/bench.py --seconds 3 --only per-request,pipelined --no-peers
@@ -31,6 +36,7 @@ import os
 import platform
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -43,7 +49,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
 from tests.harness import free_port  # noqa: E402  (one definition for tests and benchmarks)
-WORKLOADS = ("per-request", "pipelined", "batched", "long-poll", "quorum", "subscribe", "http")
+WORKLOADS = ("per-request", "pipelined", "batched", "long-poll", "quorum", "subscribe", "http", "security")
 PROTOCOLS = {"queue-server": "qs", "queue-server x3": "qs", "beanstalkd": "beanstalk", "redis": "redis"}
 
 
@@ -294,10 +300,12 @@ def request(addr: str, req: dict, timeout: float = 2.0) -> dict:
 
 
 def run_client(client: str, proto: str, addresses: list[str], args: argparse.Namespace, *, mode: str = "cycle",
-               batch: int = 1, depth: int = 1) -> dict:
+               batch: int = 1, depth: int = 1, token: str | None = None) -> dict:
     """One closed-loop run of cbench; returns its figures."""
     argv = [client, "-p", proto, "-a", ",".join(addresses), "-c", str(args.conns), "-t", str(args.seconds),
             "-b", str(batch), "-d", str(depth), "-m", mode, "-s", str(args.payload)]
+    if token is not None:
+        argv += ["-k", token]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=args.seconds + 90)
     if out.returncode != 0:
         raise RuntimeError(f"cbench failed: {out.stderr.strip()}")
@@ -347,19 +355,20 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         client = build_client(tmp)
 
-        def start(server: str):
+        def start(server: str, config: dict | None = None):
             if server == "queue-server":
-                return QueueServer(repo, tmp, args.workers, args.metrics)
+                return QueueServer(repo, tmp, args.workers, args.metrics, config)
             port = free_port()
             if server == "beanstalkd":
                 return Server(["beanstalkd", "-l", "127.0.0.1", "-p", str(port)], port)
             return Server(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"], port)
 
-        def measure(workload: str, server: str, what: str, starter, runner=None, **kw) -> None:
+        def measure(workload: str, server: str, what: str, starter, runner=None, repeat: int | None = None,
+                    **kw) -> None:
             """runner(server) -> figures replaces the cbench run (the HTTP workload's wrk)."""
             runs = []
             try:
-                for _ in range(args.repeat):
+                for _ in range(repeat or args.repeat):
                     srv = starter()
                     try:
                         cpu_before = srv.cpu_seconds()
@@ -456,6 +465,8 @@ def main(argv: list[str] | None = None) -> None:
                 measure("http", "queue-server", f"{what['queue-server'][0]}, over HTTP (wrk)", http_node,
                         runner=lambda srv: http_bench.run(srv.config["http_port"], args.conns, args.seconds,
                                                           args.payload, tmp))
+        if "security" in only:
+            security(args, tmp, start, measure, rows, notes)
 
         if "subscribe" in only:
             from load import subscribe_bench
@@ -489,6 +500,64 @@ def main(argv: list[str] | None = None) -> None:
     with open(args.json, "w") as f:
         json.dump({"machine": info, "args": vars(args), "results": rows, "notes": notes}, f, indent=2)
     print(f"wrote {args.json}")
+
+
+BENCH_TOKEN = "bench-token-0123456789abcdef"
+
+
+def security(args: argparse.Namespace, tmp: str, start, measure, rows: list[dict], notes: list[str]) -> None:
+    """The security workload: token vs none (cbench), then TLS vs plain (Python client), each as
+    --repeat pairs measured back to back (the machine may be loaded: a pair shares its load)."""
+    from load import tls_bench
+    from tests.tls_certs import make_tls_files
+
+    token_file = os.path.join(tmp, "bench.token")
+    with open(token_file, "w") as f:
+        f.write(BENCH_TOKEN)
+    what = "produce/consume/confirm, retry 30"
+    ratios = []
+    for i in range(args.repeat):  # alternate which goes first, so that order is no bias
+        before = len(rows)
+        plain = lambda: measure("security", "queue-server", f"{what}, no token", lambda: start("queue-server"), repeat=1)
+        token = lambda: measure("security", "queue-server", f"{what}, token",
+                                lambda: start("queue-server", {"auth_token_file": token_file}), repeat=1, token=BENCH_TOKEN)
+        for run in ((plain, token) if i % 2 == 0 else (token, plain)):
+            run()
+        if len(rows) == before + 2:
+            by = {r["what"].rsplit(", ", 1)[1]: r["ops_per_s"] for r in rows[-2:]}
+            ratios.append(by["token"] / by["no token"])
+    if ratios:
+        notes.append("token / no token, per pair: " + ", ".join(f"{r:.3f}" for r in ratios)
+                     + f" (median {sorted(ratios)[len(ratios) // 2]:.3f})")
+        print("  " + notes[-1], flush=True)
+
+    files = make_tls_files(tmp)
+    tls_config = {"tls_cert_file": files.server_cert, "tls_key_file": files.server_key}
+    ratios = []
+    for i in range(args.repeat):
+        pair = {}
+        runs = (("plain", None, None), ("TLS", tls_config, ssl.create_default_context(cafile=files.ca)))
+        for label, config, ctx in (runs if i % 2 == 0 else runs[::-1]):
+            srv = start("queue-server", config)
+            try:
+                result = tls_bench.run(srv.addresses[0], args.conns, args.seconds, args.payload, ctx)
+            except (OSError, RuntimeError) as exc:
+                notes.append(f"security, {label}: failed: {exc}")
+                break
+            finally:
+                srv.stop()
+            result.update(workload="security", server="queue-server", what=f"{what}, Python client, {label}",
+                          runs=[result["ops_per_s"]])
+            rows.append(result)
+            pair[label] = result["ops_per_s"]
+            print(f"  {'security':<12} {'queue-server':<14} {result['what']:<42} {result['ops_per_s']:>9,.0f} ops/s"
+                  f"  p50 {result['p50_ms']:.3f} p99 {result['p99_ms']:.3f} ms", flush=True)
+        if len(pair) == 2:
+            ratios.append(pair["TLS"] / pair["plain"])
+    if ratios:
+        notes.append("TLS / plain (Python client), per pair: " + ", ".join(f"{r:.3f}" for r in ratios)
+                     + f" (median {sorted(ratios)[len(ratios) // 2]:.3f})")
+        print("  " + notes[-1], flush=True)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,8 @@
  *     -m MODE    cycle | longpoll                                 (cycle)
  *     -s SIZE    payload bytes (>= 24)                             (64)
  *     -w WAIT    longpoll: the consumers' wait, seconds            (1)
+ *     -k TOKEN   qs: authenticate every connection first ({"action":"auth","token":TOKEN};
+ *                the node's auth_token_file), before the clock starts      (none)
  *
  *   cycle:    every connection runs DEPTH independent produce -> consume -> confirm loops
  *             (qs: retry 30; beanstalk: put/reserve-with-timeout 0/delete; redis:
@@ -355,26 +357,29 @@ static int open_conn(const char *host, const char *port) {
     return fd;
 }
 
-/* Blocking request/one-line-reply, for beanstalk tube setup before the run. */
+/* Blocking request/one-line-reply before the run: beanstalk tube setup (the reply starts with
+   `expect`), qs authentication (the reply contains `expect`). */
 static void setup_line(int fd, const char *cmd, const char *expect) {
-    char buf[256];
+    char buf[512];
     size_t n = 0;
     if (write(fd, cmd, strlen(cmd)) < 0) { perror("write"); exit(1); }
     while (n < sizeof buf - 1) {
         ssize_t r = read(fd, buf + n, sizeof buf - 1 - n);
         if (r <= 0) { perror("read"); exit(1); }
         n += r;
-        if (memmem(buf, n, "\r\n", 2)) break;
+        if (memchr(buf, '\n', n)) break;
     }
-    if (strncmp(buf, expect, strlen(expect))) die("beanstalk setup", buf, n);
+    buf[n] = 0;
+    if (proto == QS ? !strstr(buf, expect) : strncmp(buf, expect, strlen(expect))) die("setup", buf, n);
 }
 
 int main(int argc, char **argv) {
     const char *addrs = "127.0.0.1:1111";
     int nconn = 8;
     double seconds = 10;
+    const char *token = NULL;
     int opt;
-    while ((opt = getopt(argc, argv, "p:a:c:t:b:d:m:s:w:")) != -1) {
+    while ((opt = getopt(argc, argv, "p:a:c:t:b:d:m:s:w:k:")) != -1) {
         switch (opt) {
         case 'p': proto = !strcmp(optarg, "qs") ? QS : !strcmp(optarg, "beanstalk") ? BEANSTALK : !strcmp(optarg, "redis") ? REDIS : -1; break;
         case 'a': addrs = optarg; break;
@@ -385,6 +390,7 @@ int main(int argc, char **argv) {
         case 'm': mode = !strcmp(optarg, "longpoll") ? LONGPOLL : !strcmp(optarg, "cycle") ? CYCLE : -1; break;
         case 's': payload_size = atoi(optarg); break;
         case 'w': wait_s = atof(optarg); break;
+        case 'k': token = optarg; break;
         default: fprintf(stderr, "usage: see the comment at the top of cbench.c\n"); return 2;
         }
     }
@@ -417,6 +423,11 @@ int main(int argc, char **argv) {
         struct conn *c = &conns[i];
         c->id = i;
         c->fd = open_conn(hosts[i % n_addrs], ports[i % n_addrs]);
+        if (token && proto == QS) {
+            char cmd[512];
+            snprintf(cmd, sizeof cmd, "{\"action\":\"auth\",\"token\":\"%s\"}\n", token);
+            setup_line(c->fd, cmd, "\"code\":0");
+        }
         c->in = malloc(INBUF + 1);
         c->out_cap = 1 << 16;
         c->out = malloc(c->out_cap);

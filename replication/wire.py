@@ -16,11 +16,12 @@ from queue_server.replication.messages import (
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
-    """A decoded peer message with its sender's client address."""
+    """A decoded peer message with its sender's client address and cluster id (node_type)."""
 
     msg: object
     client_host: str
     client_port: int
+    cluster_id: int = 0
 
 
 # Each message class and its field in PeerMessage's `body`.
@@ -42,12 +43,13 @@ _CLASSES = {name: cls for cls, name in _BODIES.items()}
 _FIELDS = {cls: [f.name for f in fields(cls)][2:] for cls in _BODIES}
 
 
-def encode(msg: object, client_host: str = "", client_port: int = 0) -> bytes:
-    """The protobuf bytes of a peer message."""
+def encode(msg: object, client_host: str = "", client_port: int = 0, cluster_id: int = 0) -> bytes:
+    """The protobuf bytes of a peer message from a node of cluster `cluster_id` (node_type)."""
     name = _BODIES.get(type(msg))
     if name is None:
         raise TypeError(f"not a peer message: {type(msg).__name__}")
-    out = pb.PeerMessage(vote_id=msg.vote_id, src=msg.src, client_host=client_host, client_port=client_port)
+    out = pb.PeerMessage(vote_id=msg.vote_id, src=msg.src, client_host=client_host, client_port=client_port,
+                         cluster_id=cluster_id)
     body = getattr(out, name)
     body.SetInParent()
     dumps = orjson.dumps
@@ -99,4 +101,4 @@ def decode(data: bytes) -> Envelope:
         msg = cls(m.vote_id, m.src, *values)
     except Exception as exc:  # protobuf's DecodeError, a missing body, bad JSON inside
         raise ValueError(f"bad peer message: {exc!r}") from None
-    return Envelope(msg, m.client_host, m.client_port)
+    return Envelope(msg, m.client_host, m.client_port, m.cluster_id)

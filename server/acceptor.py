@@ -15,26 +15,26 @@ import uvloop
 import zmq
 
 from queue_server.config.loader import NodeConfig
-from queue_server.server import ipc, ipc_frames, replies
+from queue_server.server import ipc, ipc_frames, limits, replies, tls, udp_guard
 from queue_server.server import protocol as p
 from queue_server.server.auth import AUTH_REQUIRED, Authenticator, read_token_file
 from queue_server.server.child import start
 from queue_server.server.framing import FrameDecoder, FramingError
 from queue_server.server.origin import Origin
-from queue_server.server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_one
+from queue_server.server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_limit, count_one
+from queue_server.server.preflight import is_loopback
 from queue_server.server.router import SCATTER_ACTIONS, Router
 
 _DUMPS = orjson.dumps
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
 _LOADS = orjson.loads
 # Per-connection pipelining window: stop reading a connection with this many replies owed.
-HIGH_WATER = 4096
-LOW_WATER = 1024
 MAX_DRAIN = 512
 # This node's role, as the coordinator last reported it.
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
 NO_LEADER = "no leader"
 UDP_TOO_LARGE = "response too large for UDP, use TCP"
+_TOO_LARGE = UDP_TOO_LARGE.encode()
 _SUBSCRIBE = (p.SUBSCRIBE, "subscribe")
 _AUTH = (p.AUTH, "auth")
 LINGER = 2.0  # seconds a closing connection's late input is read and dropped (see Connection._close)
@@ -60,6 +60,10 @@ class Connection(asyncio.Protocol):
         self.authed = not acceptor.auth.required
         self.peer: Any = None
         self.peer_eof = False  # the client shut its write side
+        self.subscribed = False
+        self.last_read = acceptor.loop.time()
+        self.high_water = acceptor.config.max_pending_requests
+        self.low_water = self.high_water // 4
         self.lingering = False  # replies all sent, FIN sent; input read and dropped until close
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -68,15 +72,25 @@ class Connection(asyncio.Protocol):
         self.origin = Origin(self.conn_id)
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else peer
+        limit = self.acceptor.config.max_connections
+        if limits.over_connection_limit(len(self.acceptor.conns), limit):
+            count_limit(self.acceptor.metrics.limits, "max_connections")
+            transport.write(_DUMPS(p.error_reply(None, limits.too_many_connections(limit),
+                                                 self.acceptor.config.node_id), option=_NEWLINE))
+            self.close_after = -1
+            self._close(transport)
 
     def data_received(self, data: bytes) -> None:
         if self.lingering:
             return  # after the last reply: dropped, so that closing does not reset the connection
+        self.last_read = self.acceptor.loop.time()
         self._submit(self.decoder.feed(data))
         if self.decoder.closed:
             self.close_after = self.next_no - 1
             self._pause()
-        elif self.next_no - self.next_out >= HIGH_WATER:
+        elif self.next_no - self.next_out >= self.high_water:
+            # Back-pressure: the client waits for replies before the node reads more of it.
+            count_limit(self.acceptor.metrics.limits, "max_pending_requests")
             self._pause()
 
     def eof_received(self) -> bool:
@@ -127,6 +141,7 @@ class Connection(asyncio.Protocol):
                 continue
             if type(value) is dict and (value.get("wait") or value.get("action") in _SUBSCRIBE):
                 self.long_polls = True  # the workers must hear when it closes
+                self.subscribed = self.subscribed or value.get("action") in _SUBSCRIBE
             submit(origin, req_no, value)
 
     def _authenticate(self, req_no: int, value: Any) -> None:
@@ -171,7 +186,7 @@ class Connection(asyncio.Protocol):
             self.read_paused
             and not self.write_paused
             and self.close_after is None
-            and self.next_no - self.next_out <= LOW_WATER
+            and self.next_no - self.next_out <= self.low_water
             and self.transport is not None
             and not self.transport.is_closing()
         ):
@@ -217,7 +232,8 @@ class Datagrams(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: Any) -> None:  # type: ignore[override]
         acceptor = self.acceptor
-        origin = Origin(acceptor.udp_register(addr), True)
+        number = acceptor.udp_register(addr)
+        origin = Origin(number, True)
         if len(data) > acceptor.config.max_request_size:
             value: Any = FramingError(f"request exceeds max_request_size ({acceptor.config.max_request_size} bytes)", False)
         else:
@@ -229,6 +245,12 @@ class Datagrams(asyncio.DatagramProtocol):
         if not acceptor.auth.datagram(value):
             acceptor.udp_addrs.pop(origin.conn, None)
             return  # no valid auth_token: no reply at all
+        cfg = acceptor.config
+        limit = udp_guard.reply_limit(len(data), cfg.udp_max_response, cfg.udp_amplification_limit,
+                                      acceptor.udp_guarded, acceptor.auth.required)
+        acceptor.udp_addrs[number] = (addr, limit)
+        if type(value) is dict:
+            value[p.UDP_REPLY_LIMIT] = limit  # the worker refuses a consume whose reply would not fit
         acceptor.submit(origin, 0, value)
 
 
@@ -255,7 +277,8 @@ class Acceptor:
         self.flush_output_scheduled = False
         self.conns: dict[int, Connection] = {}
         self.next_conn = 1
-        self.udp_addrs: dict[int, Any] = {}
+        self.udp_addrs: dict[int, tuple[Any, int]] = {}  # datagram -> (sender, largest reply)
+        self.udp_guarded = config.udp_amplification_limit > 0 and not is_loopback(config.host)
         self.next_udp = 0
         self.next_gather = 0
         self.udp_transport: asyncio.DatagramTransport | None = None
@@ -302,7 +325,7 @@ class Acceptor:
         """Number a datagram; its reply goes to `addr`."""
         number = self.next_udp
         self.next_udp = number + 1
-        self.udp_addrs[number] = addr
+        self.udp_addrs[number] = (addr, self.config.udp_max_response)
         return number
 
     # ----------------------------------------------------------------- requests
@@ -388,17 +411,22 @@ class Acceptor:
         """Hand one encoded reply to its connection (or UDP address). A consume reply that
         cannot be delivered gives its messages back (undeliver)."""
         if origin.udp:
-            addr = self.udp_addrs.pop(origin.conn, None)
-            if addr is None or self.udp_transport is None:
+            sender = self.udp_addrs.pop(origin.conn, None)
+            if sender is None or self.udp_transport is None:
                 self.undeliver(data)
                 return
-            if len(data) > self.config.udp_max_response:
+            addr, limit = sender
+            if len(data) > limit:
                 # Last resort: the worker refuses a consume whose reply would not fit before
                 # taking anything, so this fires only for replies it could not foresee. A
                 # consume's messages are given back, not lost with the reply.
                 reply = replies.decoded(data)
                 self._give_back(reply)
                 data = _DUMPS(p.error_reply(replies.naming(reply), UDP_TOO_LARGE, self.config.node_id), option=_NEWLINE)
+            if limit < self.config.udp_max_response and (len(data) > limit or _TOO_LARGE in bytes(data)):
+                count_limit(self.metrics.limits, "udp_amplification_limit")
+                if len(data) > limit:
+                    return  # even the refusal is larger than the guard allows: no reply
             self.udp_transport.sendto(data, addr)
             return
         conn = self.conns.get(origin.conn)
@@ -462,6 +490,17 @@ class Acceptor:
             self.loop.call_soon(self.on_inbox)  # more may be waiting: the fd is edge-triggered
         self.schedule_output()
 
+    def close_idle(self) -> None:
+        """Close the connections silent for idle_timeout with nothing pending; repeats."""
+        timeout = self.config.idle_timeout
+        now = self.loop.time()
+        for conn_id in limits.idle(((c.conn_id, c.last_read, c.subscribed or c.next_out < c.next_no)
+                                    for c in self.conns.values() if c.close_after is None), now, timeout):
+            conn = self.conns[conn_id]
+            count_limit(self.metrics.limits, "idle_timeout")
+            conn.finish()
+        self.loop.call_later(min(timeout / 4, 5.0), self.close_idle)
+
     def fold_metrics(self) -> None:
         """Publish the metrics counted since the last call; repeats every FOLD_INTERVAL."""
         conns = self.conns
@@ -515,18 +554,26 @@ class Acceptor:
         # Clients are let in once the coordinator has recovered and said who leads, so that no
         # request reaches a worker before the stored queues are back.
         await self.ready.wait()
+        ssl_context = tls.server_context(cfg)
         if cfg.http_port:  # before the client port: a node that takes TCP connections serves HTTP
             from queue_server.server import http_api  # aiohttp is loaded only when HTTP is on
-            self.http = await http_api.start(self)
-            self.log.info("http api and status page on http://%s:%d/", cfg.host, cfg.http_port)
-        server = await loop.create_server(lambda: Connection(self), cfg.host, cfg.port, backlog=1024, reuse_address=True)
+            self.http = await http_api.start(self, ssl_context)
+            self.log.info("http api and status page on %s://%s:%d/", "https" if ssl_context else "http",
+                          cfg.host, cfg.http_port)
+        server = await loop.create_server(
+            lambda: Connection(self), cfg.host, cfg.port, backlog=1024, reuse_address=True, ssl=ssl_context,
+            ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT if ssl_context is not None else None,
+            # A closing TLS connection waits this long for the client's close_notify.
+            ssl_shutdown_timeout=LINGER if ssl_context is not None else None)
         self.server = server
         port = server.sockets[0].getsockname()[1]
         self.udp_transport, _ = await loop.create_datagram_endpoint(
             lambda: Datagrams(self), local_addr=(cfg.host, port), family=socket.AF_INET
         )
         self.fold_metrics()
-        self.log.info("listening on tcp+udp %s:%d", cfg.host, port)
+        if cfg.idle_timeout:
+            self.close_idle()
+        self.log.info("listening on %s+udp %s:%d", "tls" if ssl_context is not None else "tcp", cfg.host, port)
         await asyncio.Event().wait()
 
 

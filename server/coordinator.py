@@ -18,11 +18,12 @@ from queue_server.replication.datadir import DataDirLocked
 from queue_server.replication.messages import AppendAck
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog
-from queue_server.server import ipc, ipc_frames, replies
+from queue_server.server import ipc, ipc_frames, peer_keys, replies
 from queue_server.server.child import start
 from queue_server.election.state import Role
 from queue_server.server.cluster import ClusterNode
 from queue_server.server.metrics import CoordinatorMetrics
+from queue_server.server.peer_check import peer_rejection
 from queue_server.server.reachability import Reachability
 
 # Messages queued for a peer that is not answering are dropped past this many: the election and
@@ -57,16 +58,25 @@ class Coordinator:
         self.workers = [ipc.outbox(ctx, run_dir, ipc.worker_name(i)) for i in range(config.workers)]
         self.peers: dict[int, zmq.Socket] = {}
         self.router: zmq.Socket | None = None
+        self.zap: peer_keys.PeerAuthenticator | None = None
         me = config.self_node if config.is_cluster else None
+        secret = peer_keys.read_secret(config.cluster_secret_file) if config.cluster_secret_file else None
+        self.peer_ids = frozenset(n.node_id for n in config.peers)
         if me is not None:
             self.router = ctx.socket(zmq.ROUTER)
             self.router.setsockopt(zmq.LINGER, 0)
             self.router.setsockopt(zmq.RCVHWM, 0)
+            if secret is not None:
+                self.zap = peer_keys.PeerAuthenticator(ctx, peer_keys.public_keys(secret, sorted(self.peer_ids)))
+                self.zap.start()
+                peer_keys.serve_curve(self.router, secret, config.node_id)
             self.router.bind(f"tcp://{socket.gethostbyname(me.host)}:{me.port}")
             for node in config.cluster_node_list:
                 if node.node_id == config.node_id:
                     continue
                 sock = ctx.socket(zmq.DEALER)
+                if secret is not None:
+                    peer_keys.connect_curve(sock, secret, config.node_id, node.node_id)
                 sock.setsockopt(zmq.IDENTITY, str(config.node_id).encode())
                 sock.setsockopt(zmq.LINGER, 0)
                 sock.setsockopt(zmq.SNDHWM, PEER_HWM)
@@ -75,7 +85,9 @@ class Coordinator:
                 sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
                 sock.connect(f"tcp://{node.host}:{node.port}")
                 self.peers[node.node_id] = sock
-        self.client = (config.host, config.port)
+        self.client = (config.host, config.port, config.node_type)
+        self.rejections_logged: set[str] = set()
+        self.zap_refused = 0
         self.last_role = None
         self.metrics = CoordinatorMetrics()
         self.next_observe = 0.0
@@ -107,13 +119,15 @@ class Coordinator:
             if self.router is not None and self.router in events:
                 for _ in range(ipc.MAX_DRAIN):
                     try:
-                        _, data = self.router.recv_multipart(zmq.NOBLOCK)
+                        _, frame = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
                     except (zmq.Again, ValueError):
                         break
                     try:
-                        env = wire.decode(data)
+                        env = wire.decode(frame.bytes)
                     except ValueError as exc:
                         self.log.warning("dropped a bad peer message: %s", exc)
+                        continue
+                    if not self.admitted(env, frame):
                         continue
                     now = time.time()
                     if self.reachability is not None:
@@ -141,6 +155,26 @@ class Coordinator:
                 line = self.reachability.report(node.election.leader_id is not None, now)
                 if line is not None:
                     self.log.warning("%s", line)
+
+    def admitted(self, env: wire.Envelope, frame: zmq.Frame) -> bool:
+        """Whether a peer message may be acted on (server/peer_check.py); a refused one is
+        counted and, the first time for each reason, logged."""
+        src = env.msg.src  # type: ignore[attr-defined]
+        sender = None
+        if self.zap is not None:
+            user = frame.get("User-Id")
+            sender = int(user) if user and user.isdigit() else None
+        reason = peer_rejection(src, sender, env.cluster_id, peers=self.peer_ids,
+                                my_cluster=self.config.node_type, authenticated=self.zap is not None)
+        if reason is None:
+            return True
+        self.metrics.peer_rejected(reason)
+        if reason not in self.rejections_logged:
+            self.rejections_logged.add(reason)
+            self.log.warning("dropped a peer message (%s): src %d, authenticated as %s, cluster id %d "
+                             "(logged once per reason; see the peer_rejected metric)",
+                             reason, src, sender, env.cluster_id)
+        return False
 
     def dispatch(self, frames: list[bytes], now: float) -> None:
         """Handle one message from the acceptor or a worker."""
@@ -228,6 +262,9 @@ class Coordinator:
         if node.leader is not None:
             for peer in node.election.peers:
                 m.set_follower_lag(peer, log.last_trans_id - node.leader.match_of(peer))
+        if self.zap is not None and self.zap.refused != self.zap_refused:
+            m.peer_rejected("bad_key", self.zap.refused - self.zap_refused)
+            self.zap_refused = self.zap.refused
         if self.storage is not None and self.storage.last_fsync is not None:
             m.observe_fsync(self.storage.last_fsync)
             self.storage.last_fsync = None
@@ -260,6 +297,7 @@ def main(argv: list[str] | None = None) -> None:
             info.log.error("%s", exc)
             sys.exit(3)
     ctx = zmq.Context()
+    coordinator = None
     try:
         coordinator = Coordinator(cfg, ctx, info.run_dir, info.log, storage)
         info.log.info("coordinator ready")
@@ -270,6 +308,8 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         pass
     finally:
+        if coordinator is not None and coordinator.zap is not None:
+            coordinator.zap.stop()
         ctx.destroy(linger=0)
         if storage is not None:
             storage.close()

@@ -1,6 +1,7 @@
 """`queue-cluster N`: a development launcher that starts an N-node cluster on loopback with one
 command and prints the leader. When a node dies it says which and how, and the others keep
-running (kill one to watch a fail-over); --restart starts a dead node again. ^C stops every
+running (kill one to watch a fail-over); --restart starts a dead node again. The nodes share a
+new cluster secret (cluster.secret in the data directory), so their peer links use CURVE. ^C stops every
 node and removes the temporary data directory (--keep keeps it).
 
     queue-cluster 3                       # client ports 1111, 1112, 1113; status pages on 8111, 8112, 8113
@@ -18,6 +19,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from queue_server.server import peer_keys
 
 RESTART_AFTER = 1.0  # seconds between a node's death and its restart (--restart)
 
@@ -85,9 +88,13 @@ def main(argv: list[str] | None = None) -> int:
     root = args.data_root or tempfile.mkdtemp(prefix="queue-cluster-")
     clients = [args.base_port + i for i in range(args.nodes)]
     internals = [args.internal_base_port + i for i in range(args.nodes)]
+    secret = os.path.join(root, "cluster.secret")
+    if not os.path.exists(secret):  # the nodes' peer links are authenticated and encrypted (CURVE)
+        peer_keys.write_secret(secret)
     paths: dict[int, str] = {}
     https = [args.http_base_port + i for i in range(args.nodes)] if args.http_base_port else None
-    for cfg in cluster_configs(args.nodes, root, clients, internals, http_ports=https, replication=args.replication):
+    for cfg in cluster_configs(args.nodes, root, clients, internals, http_ports=https, replication=args.replication,
+                               cluster_secret_file=secret):
         paths[cfg["node_id"]] = path = os.path.join(root, f"node{cfg['node_id']}.json")
         with open(path, "w") as f:
             json.dump(cfg, f, indent=2)

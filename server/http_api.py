@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import ssl
 import time
 from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
@@ -169,12 +170,14 @@ class HttpApi:
         return web.FileResponse(os.path.join(STATIC, "index.html"))
 
 
-async def start(acceptor: "Acceptor") -> web.AppRunner:
-    """Serve the API on the acceptor's host and `http_port`; returns the runner (cleanup() stops)."""
+async def start(acceptor: "Acceptor", ssl_context: "ssl.SSLContext | None" = None) -> web.AppRunner:
+    """Serve the API on the acceptor's host and `http_port` (HTTPS with the client port's TLS
+    context when it has one); returns the runner (cleanup() stops)."""
     cfg = acceptor.config
     runner = web.AppRunner(HttpApi(acceptor).app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, cfg.host, cfg.http_port, backlog=1024, reuse_address=True).start()
+    await web.TCPSite(runner, cfg.host, cfg.http_port, backlog=1024, reuse_address=True,
+                      ssl_context=ssl_context).start()
     return runner
 
 

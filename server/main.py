@@ -18,7 +18,7 @@ import time
 import orjson
 
 from queue_server.config.loader import ConfigError, NodeConfig, load_config
-from queue_server.server import logs, metrics, metrics_http, preflight
+from queue_server.server import logs, metrics, metrics_http, peer_keys, preflight
 from queue_server.server.child import CONFIG_FILE
 
 STOP_GRACE = 5.0
@@ -36,7 +36,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(
         prog="queue-server",
-        description="Run one queue-server node (with no arguments: a single node on 127.0.0.1:1111, TCP and UDP).",
+        description="Run one queue-server node (with no arguments: a single node on 127.0.0.1:1111, TCP and UDP). "
+                    "`queue-server keygen --out FILE` writes a new cluster secret.",
     )
     try:
         version = metadata.version("queue-server")
@@ -177,8 +178,29 @@ def _describe(status: int) -> str:
     return f"exit status {os.waitstatus_to_exitcode(status)}"
 
 
+def keygen(argv: list[str]) -> int:
+    """`queue-server keygen --out FILE`: write a new cluster secret (config cluster_secret_file)."""
+    parser = argparse.ArgumentParser(prog="queue-server keygen",
+                                     description="Write a new random cluster secret (mode 0600) for cluster_secret_file.")
+    parser.add_argument("--out", required=True, help="the file to create (never overwritten)")
+    parser.add_argument("--mode", type=lambda v: int(v, 8), default=0o600,
+                        help="its permissions, octal (default 600; docker-compose.yml needs 644: the "
+                             "containers' user must read the bind-mounted file)")
+    args = parser.parse_args(argv)
+    try:
+        peer_keys.write_secret(args.out, args.mode)
+    except OSError as exc:
+        print(f"queue-server keygen: cannot create {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    print(f"wrote a new cluster secret to {args.out}; give every node a copy and set cluster_secret_file")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run a node until told to stop; returns the process exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["keygen"]:
+        return keygen(argv[1:])
     args = parse_args(argv)
     try:
         config, warnings = load_config(args.config, overrides_from(args))

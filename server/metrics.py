@@ -143,6 +143,23 @@ def count_one(counts: dict, reply: Any) -> None:
     counts[key] = counts.get(key, 0) + 1
 
 
+def _limit_counter(m: "_Metrics") -> Counter:
+    return m._counter("limit_refusals", "Requests and connections refused or cut by a resource limit "
+                      "(max_connections, idle_timeout, max_queues, max_memory_mb, max_pending_requests, "
+                      "udp_amplification_limit), by limit.", ("limit",))
+
+
+def _fold_limits(counts: dict[str, int], counter: Counter) -> None:
+    for limit, n in counts.items():
+        counter.labels(limit=limit).inc(n)
+    counts.clear()
+
+
+def count_limit(counts: dict[str, int], limit: str) -> None:
+    """A limit refused one more request or connection."""
+    counts[limit] = counts.get(limit, 0) + 1
+
+
 # ----------------------------------------------------------------------------- metric factories
 
 
@@ -205,6 +222,8 @@ class AcceptorMetrics(_Metrics):
             "auth_failures", "Client requests refused for missing or wrong credentials (auth_token_file), "
             "and attempts refused unchecked after too many failures from one address.", ("outcome",))
         self._sent = {"tcp": 0, "udp": 0, "opened": 0, "failed": 0, "throttled": 0}
+        self.limits: dict[str, int] = {}
+        self.limit_counter = _limit_counter(self)
         self.probe_conn = -1
         self.probe_no = -1
         self.probe_action = ""
@@ -249,6 +268,7 @@ class AcceptorMetrics(_Metrics):
         if not self.active:
             self.counts.clear()
             self.latency.clear()
+            self.limits.clear()
             return
         _fold_counts(self.counts, self.requests)
         for action, hist in self.latency.items():
@@ -266,6 +286,7 @@ class AcceptorMetrics(_Metrics):
                 self.auth_failures.labels(outcome=label).inc(total - sent[label])
                 sent[label] = total
         self.connections.set(open_connections)
+        _fold_limits(self.limits, self.limit_counter)
 
 
 class WorkerMetrics(_Metrics):
@@ -285,6 +306,7 @@ class WorkerMetrics(_Metrics):
         self.messages = self._gauge("messages", "Stored messages, by state (ready, delayed, in_flight).", ("state",))
         self.queues = self._gauge("queues", "Queues that exist.")
         self.waiters = self._gauge("long_poll_waiters", "Consume requests parked in a long poll.")
+        self.limit_counter = _limit_counter(self)
         self.next_sizes = 0.0
 
     def batch(self, seconds: float, requests: int) -> None:
@@ -303,16 +325,21 @@ class WorkerMetrics(_Metrics):
                        p.CODE_ERROR if "error" in part else p.CODE_OK)
                 counts[key] = counts.get(key, 0) + 1
 
-    def fold(self, totals: Callable[[], Mapping[str, int]]) -> None:
+    def fold(self, totals: Callable[[], Mapping[str, int]], limits: dict[str, int] | None = None) -> None:
         """Add what was counted since the last fold. `totals()` returns the worker's queue totals
         (ready, delayed, in_flight, queue_count, waiters); it visits every queue, so it is called
-        less often when it is slow (at most ~1% of the worker's time)."""
+        less often when it is slow (at most ~1% of the worker's time). `limits`: refusals by
+        limit (the service's count, emptied here)."""
         if not self.active:
+            if limits:
+                limits.clear()
             self.counts.clear()
             self.batch_time = LocalHistogram(BATCH_SECONDS_BUCKETS)
             self.batch_size = LocalHistogram(BATCH_SIZE_BUCKETS)
             return
         _fold_counts(self.counts, self.requests)
+        if limits:
+            _fold_limits(limits, self.limit_counter)
         self.batch_time.drain_into(self.batch_seconds)
         self.batch_size.drain_into(self.batch_requests)
         started = time.monotonic()
@@ -368,6 +395,10 @@ class CoordinatorMetrics(_Metrics):
         self.elections_counter = self._counter("elections", "Elections this node started (as a candidate).")
         self.lag_gauge = self._gauge("replication_lag_records", "Records the leader has that a follower has not acknowledged, per follower node_id.", ("follower",), mode="livemax")
         self.fsync_seconds = self._histogram("log_fsync_seconds", "Time of one fsync of the change log.", FSYNC_BUCKETS)
+        self.peer_rejects: dict[str, int] = {}
+        self.peer_rejected_counter = self._counter(
+            "peer_rejected", "Peer messages dropped (unknown src, src not the authenticated node, other cluster) "
+            "and peer connections refused (bad_key: not a cluster key), by reason.", ("reason",))
 
     def set_trans_id(self, last: int, committed: int | None = None) -> None:
         """The log's last trans_id (and the last committed one, if known)."""
@@ -402,6 +433,10 @@ class CoordinatorMetrics(_Metrics):
         """One fsync of the change log took `seconds`."""
         self.fsync.observe(seconds)
 
+    def peer_rejected(self, reason: str, count: int = 1) -> None:
+        """A peer message (or connection) was refused for `reason`."""
+        self.peer_rejects[reason] = self.peer_rejects.get(reason, 0) + count
+
     def replied(self, reply: dict) -> None:
         """The coordinator answered a request itself with `reply` (a dict with action and code)."""
         count_one(self.counts, reply)
@@ -415,6 +450,7 @@ class CoordinatorMetrics(_Metrics):
         """Publish the current values."""
         if not self.active:
             self.counts.clear()
+            self.peer_rejects.clear()
             self.fsync = LocalHistogram(FSYNC_BUCKETS)
             return
         self.trans_id_gauge.set(self.trans_id)
@@ -433,6 +469,9 @@ class CoordinatorMetrics(_Metrics):
         self._forgotten.clear()
         self.fsync.drain_into(self.fsync_seconds)
         _fold_counts(self.counts, self.requests)
+        for reason, count in self.peer_rejects.items():
+            self.peer_rejected_counter.labels(reason=reason).inc(count)
+        self.peer_rejects.clear()
 
 
 # ----------------------------------------------------------------------------- the supervisor

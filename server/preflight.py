@@ -4,11 +4,14 @@ that does not resolve, a port already in use, a data directory that cannot be wr
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 import socket
 
 from queue_server.config.loader import NodeConfig
 from queue_server.server.auth import read_token_file
+from queue_server.server import tls
+from queue_server.server.peer_keys import read_secret
 
 
 class StartError(Exception):
@@ -45,7 +48,41 @@ def check(config: NodeConfig) -> list[str]:
             read_token_file(config.auth_token_file)
         except ValueError as exc:
             raise StartError(str(exc)) from None
+    try:
+        tls.server_context(config)
+    except tls.TlsConfigError as exc:
+        raise StartError(str(exc)) from None
+    if me is not None:
+        warnings += _peer_security(config, me.host)
     return warnings
+
+
+def _peer_security(config: NodeConfig, host: str) -> list[str]:
+    """A peer port others can reach needs the cluster secret, unless insecure_peers says plainly
+    that it may go without."""
+    if config.cluster_secret_file:
+        try:
+            read_secret(config.cluster_secret_file)
+        except ValueError as exc:
+            raise StartError(str(exc)) from None
+        return []
+    if is_loopback(host):
+        return []
+    if not config.insecure_peers:
+        raise StartError(f"config key 'cluster_secret_file': the peer address {host} is not loopback, so "
+                         f"peers must be authenticated: make a secret with `queue-server keygen --out FILE` "
+                         f"and set cluster_secret_file on every node (or set insecure_peers to true)")
+    return [f"insecure_peers: the peer port on {host} takes unauthenticated, unencrypted peers: anyone who "
+            f"reaches it can take over the cluster; set cluster_secret_file"]
+
+
+def is_loopback(host: str) -> bool:
+    """Whether `host` resolves to a loopback address only (a wildcard address is not)."""
+    try:
+        addresses = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except (socket.gaierror, UnicodeError):
+        return False
+    return bool(addresses) and all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses)
 
 
 def _resolve(key: str, host: str) -> None:

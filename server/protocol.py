@@ -70,7 +70,11 @@ MAX_BATCH = 1000
 DEFAULT_TTL = 3600.0
 
 # Request fields that are not echoed in replies (bulky or replaced by the result).
-NOT_ECHOED = frozenset({"data", "msg_ids", "tokens", "delivery_counts", "auth_token"})
+# `pad`: padding a UDP client adds so that the amplification guard allows a larger reply.
+NOT_ECHOED = frozenset({"data", "msg_ids", "tokens", "delivery_counts", "auth_token", "udp_reply_limit", "pad"})
+# Set by the acceptor on every UDP request (a client's own value is replaced): the largest reply
+# in bytes this datagram may get (udp_max_response, or less under the amplification guard).
+UDP_REPLY_LIMIT = "udp_reply_limit"
 
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f]")  # Unicode category Cc
 

@@ -15,6 +15,8 @@ from typing import Callable
 
 import orjson
 
+from queue_server.server.node_memory import children
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -139,17 +141,7 @@ class NodeProcess:
     def child_pids(self) -> list[int]:
         """Pids of the supervisor's children (from /proc)."""
         assert self.proc is not None
-        pids = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    with open(f"/proc/{entry}/stat") as f:
-                        fields = f.read().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                if int(fields[1]) == self.proc.pid:
-                    pids.append(int(entry))
-        return pids
+        return children(self.proc.pid)
 
     def signal(self, sig: int) -> None:
         assert self.proc is not None

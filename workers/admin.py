@@ -116,6 +116,7 @@ class Admin:
         name = self._name(req)
         q = self.s.queues.get(name)
         if q is None and paused:
+            self.s.admit_queues((name,))
             q = self.s._queue(name)
         record = q.set_paused(paused) if q is not None else None
         if record is not None:

@@ -8,6 +8,7 @@ from typing import Any, Callable
 
 import orjson
 
+from queue_server.server import limits
 from queue_server.server import protocol as p
 from queue_server.server.origin import Origin
 from queue_server.workers import admin, subscriptions
@@ -170,13 +171,25 @@ class PartitionService:
         udp_max_response: int = DEFAULT_UDP_MAX_RESPONSE,
         max_deliveries: int = 0,
         dead_letter_suffix: str = "",
+        max_queues: int = 0,
+        queue_share: int = 0,
+        max_memory_mb: int = 0,
     ) -> None:
         """queue_class: StateQueue for a copy that only replays records and takes snapshots.
         udp_max_response: the largest reply (bytes, newline included) a UDP request may get; a
         UDP consume whose reply would be larger is refused before anything is taken.
         max_deliveries, dead_letter_suffix: the dead-letter policy (config keys of those names;
-        "" turns dead-letter queues off)."""
+        "" turns dead-letter queues off).
+        max_queues, queue_share: the node's max_queues and this worker's share of it (see
+        server/limits.py queue_share); a request that would create a queue past the share is
+        refused. max_memory_mb: named in the refusal of a produce while `memory_full` (the worker
+        sets it from the node's resident memory)."""
         self.node_id = node_id
+        self.max_queues = max_queues
+        self.queue_share = queue_share
+        self.max_memory_mb = max_memory_mb
+        self.memory_full = False
+        self.limit_refusals: dict[str, int] = {}  # limit -> refusals, emptied by the worker's metrics
         self.max_deliveries = max_deliveries
         self.dead_letter_suffix = dead_letter_suffix
         self.udp_max_response = udp_max_response
@@ -249,6 +262,17 @@ class PartitionService:
             self._configure(q)
         return q
 
+    def admit_queues(self, names: tuple[str, ...]) -> None:
+        """Refuse (BadRequest) a request that would create queues past this worker's share of
+        max_queues; existing queues always pass."""
+        new = sum(1 for name in names if name not in self.queues)
+        if limits.over_queue_share(len(self.queues), new, self.queue_share):
+            self._refused("max_queues")
+            raise BadRequest(limits.too_many_queues(self.max_queues))
+
+    def _refused(self, limit: str) -> None:
+        self.limit_refusals[limit] = self.limit_refusals.get(limit, 0) + 1
+
     def _configure(self, q: Queue) -> None:
         """Give a queue this service's dead-letter policy. A dead-letter queue's own messages
         are never ended for max_deliveries (they have been delivered that often already)."""
@@ -312,6 +336,10 @@ class PartitionService:
             seen = self._produced(targets, producer, sequence, n)
             if seen is not None:
                 return self._produce_reply(req, members, targets, batch, seen, duplicate=True)
+        self.admit_queues(targets)
+        if self.memory_full:
+            self._refused("max_memory_mb")
+            raise BadRequest(limits.memory_full(self.max_memory_mb))
         queues = [self._queue(t) for t in targets]
         if any(q.free() < n for q in queues):
             raise BadRequest("queue full")
@@ -390,7 +418,8 @@ class PartitionService:
             raise BadRequest("times: must be true or false")
         q = self.queues.get(name)
         if q is not None and not q.paused and (q.has_ready(now) or (token is not None and q.held(token))):
-            if origin.udp and self._too_large_for_udp(q, req, count, now, lease, token, times):
+            if origin.udp and self._too_large_for_udp(q, req, count, now, lease, token, times,
+                                                      req.get(p.UDP_REPLY_LIMIT, self.udp_max_response)):
                 return self._udp_too_large(req)
             return self._deliver(q, req, count, now, lease, token, times)
         if wait > 0 and not origin.udp and not self.draining:
@@ -436,12 +465,16 @@ class PartitionService:
         lease: float | None,
         token: str | None,
         times: bool,
+        limit: Any,
     ) -> bool:
-        """Whether the reply of this consume would exceed udp_max_response (nothing is taken)."""
+        """Whether the reply of this consume would exceed `limit` (udp_max_response, or the
+        amplification guard's limit the acceptor set for the datagram). Nothing is taken."""
         messages = q.peek(now, count or 1, lease, token)
         replayed = token is not None and bool(q.held_at(token, now))
         reply = self._consume_reply(req, count, messages, times, replayed)
-        return len(orjson.dumps(reply, option=orjson.OPT_APPEND_NEWLINE)) > self.udp_max_response
+        if type(limit) is not int:
+            limit = self.udp_max_response
+        return len(orjson.dumps(reply, option=orjson.OPT_APPEND_NEWLINE)) > min(limit, self.udp_max_response)
 
     def _udp_too_large(self, req: dict) -> dict:
         """The refusal of a UDP consume whose reply would not fit a datagram: it echoes only

@@ -3,6 +3,7 @@ through its PartitionService, and sends the records and replies of each batch to
 in one message."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
@@ -10,9 +11,10 @@ from typing import Any
 import orjson
 import zmq
 
-from queue_server.server import ipc, ipc_frames, replies
+from queue_server.server import ipc, ipc_frames, limits, replies
 from queue_server.server.child import start
 from queue_server.server.metrics import WorkerMetrics, count_replies
+from queue_server.server.node_memory import NodeMemory
 from queue_server.server.origin import Origin
 from queue_server.server.queue_metrics import QueueMetrics
 from queue_server.workers.service import PartitionService
@@ -25,8 +27,10 @@ class Worker:
 
     def __init__(self, service: PartitionService, inbox: zmq.Socket | None, coordinator: Any, log: Any,
                  index: int = 0, metrics: WorkerMetrics | None = None,
-                 queue_metrics: QueueMetrics | None = None) -> None:
-        """coordinator: anything with send_multipart (a ZeroMQ PUSH socket, or a test's pipe)."""
+                 queue_metrics: QueueMetrics | None = None, memory: NodeMemory | None = None) -> None:
+        """coordinator: anything with send_multipart (a ZeroMQ PUSH socket, or a test's pipe).
+        memory: the node's memory, read every MEMORY_CHECK_INTERVAL to refuse produces past
+        max_memory_mb (None: not read)."""
         self.service = service
         self.inbox = inbox
         self.coordinator = coordinator
@@ -36,6 +40,8 @@ class Worker:
         self.index = index
         self.metrics = metrics if metrics is not None else WorkerMetrics()
         self.queue_metrics = queue_metrics
+        self.memory = memory
+        self.next_memory_check = 0.0
 
     def run(self) -> None:
         """Serve until terminated."""
@@ -52,8 +58,18 @@ class Worker:
         now = time.time()
         self.service.tick(now)
         self.flush()
-        if self.metrics.due(time.monotonic()):
-            self.metrics.fold(lambda: self.service._totals(now))
+        clock = time.monotonic()
+        if self.memory is not None and clock >= self.next_memory_check:
+            self.next_memory_check = clock + limits.MEMORY_CHECK_INTERVAL
+            resident = self.memory.resident_bytes(clock)
+            full = limits.over_memory(resident, self.service.max_memory_mb)
+            if full != self.service.memory_full:
+                self.service.memory_full = full
+                self.log.warning("node memory %d MiB is %s max_memory_mb (%d): produces are %s",
+                                 resident >> 20, "over" if full else "back under",
+                                 self.service.max_memory_mb, "refused" if full else "served again")
+        if self.metrics.due(clock):
+            self.metrics.fold(lambda: self.service._totals(now), self.service.limit_refusals)
             if self.queue_metrics is not None:
                 self.queue_metrics.maybe_fold(lambda: self.service.queue_rows(now))
 
@@ -132,6 +148,9 @@ def main(argv: list[str] | None = None) -> None:
         udp_max_response=cfg.udp_max_response,
         max_deliveries=cfg.max_deliveries,
         dead_letter_suffix=cfg.dead_letter_suffix,
+        max_queues=cfg.max_queues,
+        queue_share=limits.queue_share(cfg.max_queues, cfg.workers),
+        max_memory_mb=cfg.max_memory_mb,
     )
     ctx = zmq.Context()
     inbox = ipc.inbox(ctx, ctx_info.run_dir, ipc.worker_name(ctx_info.index))
@@ -142,7 +161,8 @@ def main(argv: list[str] | None = None) -> None:
         # Each worker gives its share of queue_metrics_max queues series of their own.
         share = -(-cfg.queue_metrics_max // cfg.workers)
         Worker(service, inbox, coordinator, ctx_info.log, ctx_info.index,
-               queue_metrics=QueueMetrics(share)).run()
+               queue_metrics=QueueMetrics(share),
+               memory=NodeMemory(os.getppid()) if cfg.max_memory_mb else None).run()
     except KeyboardInterrupt:
         pass
     finally:

@@ -3,6 +3,7 @@ each, the service names in /etc/netns/NAME/hosts, started with the very configs 
 uses (config/compose/nodeN.json). Needs root and iproute2; skipped otherwise."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -12,6 +13,8 @@ import sys
 import pytest
 
 from queue_server.client import QueueClient
+from queue_server.config.loader import strip_comments
+from queue_server.server import peer_keys
 from tests.harness import REPO, alive, wait_for
 
 pytestmark = pytest.mark.skipif(
@@ -63,6 +66,19 @@ def namespaces(tmp_path):
         subprocess.run(["ip", "link", "del", bridge], capture_output=True)
 
 
+def compose_config(i: int, tmp_path) -> str:
+    """config/compose/nodeI.json with the cluster secret where this test keeps it (compose mounts
+    it at /run/secrets/cluster_secret)."""
+    data = json.loads(strip_comments(open(os.path.join(REPO, f"config/compose/node{i}.json")).read()))
+    secret = tmp_path / "cluster.secret"
+    if not secret.exists():
+        peer_keys.write_secret(str(secret))
+    data["cluster_secret_file"] = str(secret)
+    path = tmp_path / f"node{i}.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
 def test_compose_topology_in_network_namespaces(namespaces, tmp_path):
     subnet, names = namespaces
     procs = {}
@@ -70,7 +86,7 @@ def test_compose_topology_in_network_namespaces(namespaces, tmp_path):
         log = open(tmp_path / f"node{i}.log", "wb")
         procs[i] = subprocess.Popen(
             ["ip", "netns", "exec", ns, sys.executable, "-m", "queue_server.server.main",
-             "--config", f"config/compose/node{i}.json", "--data-dir", str(tmp_path / f"data{i}")],
+             "--config", compose_config(i, tmp_path), "--data-dir", str(tmp_path / f"data{i}")],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
         )
     addrs = {i: f"{subnet}.1{i}:111{i}" for i in (1, 2, 3)}

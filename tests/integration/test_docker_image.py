@@ -67,8 +67,11 @@ def test_healthcheck_and_exposed_ports_match_the_configs():
     for i in (1, 2, 3):
         config, _ = load_config(str(ROOT / f"config/compose/node{i}.json"), {})
         assert config.metrics_port == 9111 and f"{config.http_port}/tcp" in exposed
+        assert config.cluster_secret_file == "/run/secrets/cluster_secret"  # peers on a network: CURVE
         assert f"{config.cluster_node_list[0].port}/tcp" in exposed
     compose = (ROOT / "docker-compose.yml").read_text()
     published = re.findall(r'ports: \[(.*)\]', compose)
     ports = [p for line in published for p in shlex.split(line.replace(",", " "))]
     assert len(ports) == 9 and all(p.startswith("127.0.0.1:") for p in ports), ports
+    assert "secrets: [cluster_secret]" in compose and "file: ./cluster.secret" in compose
+    assert "queue-server keygen --out cluster.secret" in compose

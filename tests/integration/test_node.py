@@ -13,6 +13,7 @@ import orjson
 import pytest
 
 from tests.harness import RawTcp, udp_call, wait_for
+from tests.integration.conftest import AUTH_TOKEN
 
 
 @pytest.fixture
@@ -313,18 +314,55 @@ BAD = [
 ]
 
 
-def test_bad_input_battery_one_error_each_and_connection_stays_usable(node, qname):
-    tcp = RawTcp(*node.address)
+def with_auth_token(datagram: bytes) -> bytes:
+    """The datagram with AUTH_TOKEN as its first field, when it is a JSON object."""
+    if not datagram.startswith(b"{"):
+        return datagram
+    return b'{"auth_token": "' + AUTH_TOKEN.encode() + b'", ' + datagram[1:]
+
+
+def parses_as_object(datagram: bytes) -> bool:
     try:
+        return type(orjson.loads(datagram)) is dict
+    except orjson.JSONDecodeError:
+        return False
+
+
+def assert_no_reply(host: str, port: int, datagram: bytes) -> None:
+    """The node drops `datagram`: the first reply on the socket is the one to a valid probe sent
+    after it."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(5)
+        s.sendto(datagram, (host, port))
+        s.sendto(orjson.dumps({"action": 8, "seq": "probe", "auth_token": AUTH_TOKEN}), (host, port))
+        reply = orjson.loads(s.recvfrom(1 << 16)[0])
+    assert reply.get("seq") == "probe", (datagram[:60], reply)
+
+
+@pytest.mark.parametrize("auth", [False, True], ids=["auth-off", "auth-on"])
+def test_bad_input_battery_one_error_each_and_connection_stays_usable(request, auth, qname):
+    """Every bad request gets one error naming its field, over TCP and UDP; with auth on (the
+    connection authenticated first, datagrams carrying auth_token) the same, except that a
+    datagram that is not a JSON object cannot carry a token: it gets no reply at all."""
+    node = request.getfixturevalue("authed_node" if auth else "node")
+    host, port = node.address
+    tcp = RawTcp(host, port)
+    try:
+        if auth:
+            assert tcp.call({"action": "auth", "token": AUTH_TOKEN})["code"] == 0
         kept = tcp.call({"action": 1, "queue": qname, "data": "precious", "retry": 60})
         for raw, field in BAD:
             tcp.send(raw)
             r = tcp.recv()
             assert r["code"] == -1, raw[:60]
             assert field.lower() in r["reason"].lower(), (raw[:60], r)
-            host, port = node.address
-            u = udp_call(host, port, raw.rstrip(b"\n"))
+            datagram = with_auth_token(raw.rstrip(b"\n")) if auth else raw.rstrip(b"\n")
+            if auth and not parses_as_object(datagram):
+                assert_no_reply(host, port, datagram)
+                continue
+            u = udp_call(host, port, datagram)
             assert u["code"] == -1, raw[:60]
+            assert field.lower() in u["reason"].lower(), (raw[:60], u)
         assert tcp.call({"action": 4, "queue": qname})["size"] == 1
         got = tcp.call({"action": 2, "queue": qname})
         assert got["msg_id"] == kept["msg_id"] and got["data"] == "precious"

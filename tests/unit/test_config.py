@@ -24,6 +24,10 @@ DEFAULTS = {
     "udp_max_response": 60000, "max_wait": 30.0, "replication": "quorum", "fsync": "everysec",
     "in_memory": False, "snapshot_every": 100000, "repair": False, "metrics_port": 0, "election_timeout_ms": 300, "heartbeat_ms": 50,
     "max_deliveries": 0, "dead_letter_suffix": ".dlq", "queue_metrics_max": 100, "shutdown_grace": 10, "http_port": 0, "auth_token_file": "",
+    "cluster_secret_file": "", "insecure_peers": False, "udp_amplification_limit": 3,
+    "max_connections": 1000, "idle_timeout": 600, "max_pending_requests": 4096,
+    "max_queues": 10000, "max_memory_mb": 2048,
+    "tls_cert_file": "", "tls_key_file": "", "tls_ca_file": "",
 }
 
 THREE = [
@@ -162,6 +166,17 @@ INVALID: dict[str, list[object]] = {
     "shutdown_grace": [0, -1, "10", None],
     "http_port": [-1, 65536, "8080", 8080.0, True],
     "auth_token_file": [1, None, ["f"]],
+    "cluster_secret_file": [1, None, ["f"]],
+    "insecure_peers": [0, 1, "true", None],
+    "udp_amplification_limit": [-1, 1001, 1.5, "3", None],
+    "max_connections": [-1, 1.5, "10", None],
+    "idle_timeout": [-1, 1.5, "10", None],
+    "max_pending_requests": [0, 15, 2**20 + 1, "10", None],
+    "max_queues": [-1, 1.5, "10", None],
+    "max_memory_mb": [-1, 1.5, "10", None],
+    "tls_cert_file": [1, None, ["f"]],
+    "tls_key_file": [1, None, ["f"]],
+    "tls_ca_file": [1, None, ["f"]],
 }
 
 
@@ -256,6 +271,13 @@ def test_port_and_timing_cross_checks() -> None:
     assert error(http_port=1101, cluster_node_list=THREE).key == "http_port"
     assert error(heartbeat_ms=300).key == "heartbeat_ms"
     assert error(heartbeat_ms=100, election_timeout_ms=50).key == "heartbeat_ms"
+
+
+def test_tls_keys_go_together() -> None:
+    assert error(tls_cert_file="c.pem").key == "tls_key_file"
+    assert error(tls_key_file="k.pem").key == "tls_cert_file"
+    assert error(tls_ca_file="ca.pem").key == "tls_ca_file"
+    parse(tls_cert_file="c.pem", tls_key_file="k.pem", tls_ca_file="ca.pem")
 
 
 # -- virtual queues ------------------------------------------------------------------------

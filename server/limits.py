@@ -1,0 +1,59 @@
+"""The acceptor's connection limits (config max_connections, idle_timeout, max_pending_requests):
+the reasons a client reads and which connections are idle. Pure: the time comes in as an argument."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def too_many_connections(limit: int) -> str:
+    """The one reply a connection past max_connections gets before it is closed."""
+    return f"too many connections: this node's max_connections ({limit}) is reached; retry later or use another node"
+
+
+def over_connection_limit(open_connections: int, limit: int) -> bool:
+    """Whether a new connection (already counted in open_connections) is past max_connections
+    (0 = no limit)."""
+    return limit > 0 and open_connections > limit
+
+
+def idle(connections: Iterable[tuple[int, float, bool]], now: float, timeout: float) -> list[int]:
+    """The ids of connections to close for idle_timeout (0 = never): (conn_id, last_read, busy)
+    each; a busy connection (a request not yet answered: a long poll, or a subscription) is
+    never idle."""
+    if timeout <= 0:
+        return []
+    return [conn_id for conn_id, last_read, busy in connections if not busy and now - last_read >= timeout]
+
+
+# -- max_queues and max_memory_mb: decided in the workers, where produces are --------------------
+
+# Seconds between two readings of the node's resident memory (a few small /proc reads each).
+MEMORY_CHECK_INTERVAL = 0.5
+
+
+def queue_share(max_queues: int, workers: int) -> int:
+    """The queues one worker may hold under max_queues (0 = no limit): each worker owns a
+    partition of the queues and decides alone, so each gets ceil(max_queues / workers)."""
+    return -(-max_queues // workers) if max_queues > 0 else 0
+
+
+def over_queue_share(existing: int, new: int, share: int) -> bool:
+    """Whether creating `new` queues next to a worker's `existing` ones passes its share."""
+    return share > 0 and new > 0 and existing + new > share
+
+
+def too_many_queues(limit: int) -> str:
+    """The reason a produce that would create a queue past max_queues gets."""
+    return (f"too many queues: this node's max_queues ({limit}) is reached; "
+            "produce into an existing queue or delete unused queues (action delete_queue)")
+
+
+def over_memory(resident_bytes: int, limit_mb: int) -> bool:
+    """Whether the node's processes hold more than max_memory_mb (0 = no limit)."""
+    return limit_mb > 0 and resident_bytes > limit_mb * (1 << 20)
+
+
+def memory_full(limit_mb: int) -> str:
+    """The reason a produce gets while the node is over max_memory_mb."""
+    return (f"node memory limit reached: this node's processes use more than max_memory_mb ({limit_mb}); "
+            "consume, confirm or purge messages, or raise max_memory_mb")

@@ -1,0 +1,96 @@
+"""The cluster's peer keys (config `cluster_secret_file`): every node's CURVE keypair is derived
+from the shared secret and its node id, so that each node can compute every peer's public key.
+The coordinator's peer sockets run CURVE (authenticated and encrypted); a ZAP authenticator
+admits only the cluster's keys and names each connection by its node id (the frames' User-Id).
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+
+import zmq
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
+
+SECRET_BYTES = 32
+_PERSON = b"qs-peer-curve"  # domain separation: these keys are for the peer wire only
+
+
+def new_secret() -> str:
+    """A fresh cluster secret, as the text a secret file holds."""
+    return secrets.token_hex(SECRET_BYTES)
+
+
+def write_secret(path: str, mode: int = 0o600) -> None:
+    """Write a new secret to `path` (an existing file is not overwritten). OSError if it cannot."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(new_secret() + "\n")
+        os.fchmod(f.fileno(), mode)
+
+
+def read_secret(path: str) -> bytes:
+    """The secret in `path` (surrounding whitespace dropped). ValueError with a one-line reason
+    naming the config key if it cannot be read or is too short to be one."""
+    try:
+        with open(path, "rb") as f:
+            secret = f.read().strip()
+    except OSError as exc:
+        raise ValueError(f"config key 'cluster_secret_file': cannot read {path}: {exc.strerror or exc}") from None
+    if len(secret) < 16:
+        raise ValueError(f"config key 'cluster_secret_file': {path} holds no secret of at least 16 characters "
+                         f"(make one with: queue-server keygen --out {path})")
+    return secret
+
+
+def keypair(secret: bytes, node_id: int) -> tuple[bytes, bytes]:
+    """(public, secret) CURVE keys of node `node_id`, z85-encoded."""
+    raw = hashlib.blake2b(str(node_id).encode(), key=hashlib.sha256(secret).digest(), person=_PERSON, digest_size=32).digest()
+    secret_key = z85.encode(raw)
+    return zmq.curve_public(secret_key), secret_key
+
+
+def public_keys(secret: bytes, node_ids: list[int]) -> dict[bytes, int]:
+    """The public key (z85) of each node -> its node id."""
+    return {keypair(secret, n)[0]: n for n in node_ids}
+
+
+class PeerAuthenticator(ThreadAuthenticator):
+    """ZAP for the peer socket: admits the cluster's keys, names each by its node id."""
+
+    def __init__(self, ctx: zmq.Context, keys: dict[bytes, int]) -> None:
+        super().__init__(ctx, log=logging.getLogger("queue_server.zap"))
+        self.keys = keys
+        self.refused = 0  # connections that did not hold a cluster key
+
+    def start(self) -> None:
+        super().start()
+        self.configure_curve_callback("*", credentials_provider=self)
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        """ZAP: is `key` (z85) one of the cluster's?"""
+        if key in self.keys:
+            return True
+        self.refused += 1
+        return False
+
+    def curve_user_id(self, client_public_key: bytes) -> str:
+        return str(self.keys[z85.encode(client_public_key)])
+
+
+def serve_curve(sock: zmq.Socket, secret: bytes, node_id: int) -> None:
+    """Make `sock` (before bind) a CURVE server with node `node_id`'s keys."""
+    public, secret_key = keypair(secret, node_id)
+    sock.curve_secretkey = secret_key
+    sock.curve_publickey = public
+    sock.curve_server = True
+
+
+def connect_curve(sock: zmq.Socket, secret: bytes, node_id: int, server_id: int) -> None:
+    """Make `sock` (before connect) a CURVE client of node `server_id`, as node `node_id`."""
+    public, secret_key = keypair(secret, node_id)
+    sock.curve_secretkey = secret_key
+    sock.curve_publickey = public
+    sock.curve_serverkey = keypair(secret, server_id)[0]
