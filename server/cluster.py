@@ -18,6 +18,7 @@ from queue_server.election.messages import (
     BecomeLeader,
     PersistVote,
     Send,
+    TransferAborted,
 )
 from queue_server.election.state import Election
 from queue_server.replication.follower import Follower
@@ -48,6 +49,8 @@ LEADER, FOLLOWER, NONE = "leader", "follower", "none"
 FORWARD_GRACE = 10.0
 # How many given-up forwards are remembered, so that a reply still on its way is given back.
 ABANDONED_KEPT = 65536
+LEADER_CHANGED = "leader changed: the request may or may not have been applied"
+_NOT_APPLIED = p.LEADERSHIP_CHANGED.encode()
 _DUMPS = orjson.dumps
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
 
@@ -95,7 +98,12 @@ class ClusterNode:
         self.gatherer = gather.Gatherer()
         self.next_gather = 1  # odd: the acceptor numbers its gathers even
         # forward_id -> (conn, req_no, deadline, the request's echoed fields for an error reply)
-        self.forwards: dict[int, tuple[Origin, int, float, dict]] = {}
+        # forward_id -> (conn, req_no, deadline, the request's echoed fields for an error reply,
+        # the request, came over UDP, how long it may take): what is needed to send it again
+        self.forwards: dict[int, tuple[Origin, int, float, dict, bytes, bool, float]] = {}
+        # Forwards sent to a leader that is no longer the leader: failed as "leader changed" if
+        # that node does not answer within an election timeout.
+        self.orphaned: set[int] = set()
         # Whether this leader has served requests other nodes forwarded (their replies go back
         # over the peer wire): until then a reply batch is passed on without being read.
         self.served_forwarded = False
@@ -117,6 +125,12 @@ class ClusterNode:
         self.to_acceptor: list[list[bytes]] = []
         self.to_workers: list[tuple[int, list[bytes]]] = []
         self.persist: tuple[int, int | None] | None = None
+        # A hand-off of leadership (begin_handoff) holds client requests until this time, or
+        # until the node knows where they can go.
+        self.handoff_until: float | None = None
+        self.handoff_settle = _NEVER  # no TimeoutNow before this: in-flight batches are in by then
+        self.held: list = []  # client requests of this node's acceptor, as on_forward_requests takes them
+        self.held_forwards: list[Forward] = []  # other followers' requests
         if found.state:
             self.state.load_snapshot(found.state)
             self._reset_workers()
@@ -129,11 +143,65 @@ class ClusterNode:
         return FOLLOWER if self.election.leader_id is not None else NONE
 
     def status_fields(self) -> dict:
-        """The role and the leader's client address, as the acceptor needs them."""
+        """The role and the leader's client address, as the acceptor needs them. While this
+        leader hands over, its acceptor sees a follower: it passes every request here (held
+        until the new leader is known) instead of to the workers."""
         leader = self.election.leader_id
         host, port = self.clients.get(leader, ("", 0)) if leader is not None else ("", 0)
-        return {"role": self.role, "leader_node_id": leader or 0, "leader_host": host, "leader_port": port,
+        role = self.role
+        if role == LEADER and self.election.transfer_target is not None:
+            role = FOLLOWER
+        return {"role": role, "leader_node_id": leader or 0, "leader_host": host, "leader_port": port,
                 "epoch": self.epoch}
+
+    # ----------------------------------------------------------------- hand-off
+    def begin_handoff(self, now: float, timeout: float) -> bool:
+        """Before this node stops: hand leadership to an up-to-date follower (Raft's leadership
+        transfer). New client requests are held from now on and go to the new leader once it is
+        known (or are served here if the transfer fails); TimeoutNow goes out after a
+        heartbeat interval, by when the batches the workers were making are in the log, and once
+        the target holds all of it. False if there is nothing to hand over (not leading, or no
+        live follower)."""
+        if self.leader is None:
+            return False
+        self._run(self.election.transfer_leadership(now, timeout, {}), now)
+        if self.election.transfer_target is None:
+            return False
+        self.handoff_until = now + timeout
+        self.handoff_settle = now + self.config.heartbeat_ms / 1000
+        self._announce()
+        return True
+
+    def handing_off(self, now: float) -> bool:
+        """Whether a hand-off is still under way: requests are being held."""
+        if self.handoff_until is None or now >= self.handoff_until:
+            return False
+        if self.leader is not None:
+            return self.election.transfer_target is not None
+        return self.election.leader_id is None  # stepped down; the new leader not heard yet
+
+    def _handoff_progress(self, now: float) -> None:
+        if self.handoff_until is not None and now >= self.handoff_until:
+            self.handoff_until = None  # over, whatever came of it
+        if self.election.transfer_target is None:
+            self.handoff_settle = _NEVER
+        elif now >= self.handoff_settle and self.leader is not None:
+            self.handoff_settle = -_NEVER  # settled: from now on every step may send TimeoutNow
+            matches = {peer: self.leader.match_of(peer) for peer in self.election.peers}
+            self._run(self.election.on_progress(now, matches), now)
+
+    def _release_held(self, now: float) -> None:
+        """After a hand-off: the held requests go to the new leader (or are served here if this
+        node still leads); other followers' requests are refused as not applied, so that they
+        send them to the new leader."""
+        if not (self.held or self.held_forwards) or self.handing_off(now):
+            return
+        held, self.held = self.held, []
+        forwards, self.held_forwards = self.held_forwards, []
+        if held:
+            self.on_forward_requests(held, now)
+        for msg in forwards:
+            self._serve_forwarded(msg, now)
 
     def _announce(self) -> None:
         status = self.status_fields()
@@ -147,18 +215,27 @@ class ClusterNode:
         self._run(self.election.tick(now), now)
         if self.leader is not None:
             self._run(self.leader.tick(now), now)
+        self._handoff_progress(now)
         if self.unsent and now >= self.resend_at:
             self._resend_forwards(now)
         if self.forwards and now >= self.forwards_due:
-            expired = [fid for fid, (_, _, deadline, _) in self.forwards.items() if deadline <= now]
-            if expired:
+            expired = [fid for fid, f in self.forwards.items() if f[2] <= now]
+            orphaned = [fid for fid in expired if fid in self.orphaned]
+            if orphaned:
+                self._fail_forwards(orphaned, LEADER_CHANGED)
+            if len(orphaned) < len(expired):
                 self._fail_forwards(expired, "forwarded request timed out: the leader did not answer")
             self.forwards_due = min((f[2] for f in self.forwards.values()), default=_NEVER)
+        self._release_held(now)
         self._announce()
 
     def wake_at(self) -> float:
         """When tick() next has something to do."""
         wake = self.election.wake_at
+        if self.election.transfer_target is not None and self.handoff_settle > -_NEVER:
+            wake = min(wake, self.handoff_settle)
+        if self.handoff_until is not None:
+            wake = min(wake, self.handoff_until)
         if self.forwards:
             wake = min(wake, self.forwards_due)
         if self.unsent:
@@ -176,10 +253,22 @@ class ClusterNode:
 
     def _resend_forwards(self, now: float) -> None:
         leader = self.election.leader_id
-        waiting = tuple(r for msg in self.unsent for r in msg.requests if r[0] in self.forwards)
+        if leader is None:  # kept until a leader is known (or they time out)
+            self.resend_at = now + self.config.heartbeat_ms / 1000
+            return
+        # by forward id: a request both unsent and then refused is in here twice, and must be
+        # served once
+        waiting = tuple({r[0]: r for msg in self.unsent for r in msg.requests if r[0] in self.forwards}.values())
         self.unsent.clear()
-        if waiting and leader is not None and leader != self.node_id:
+        if not waiting:
+            return
+        if leader != self.node_id:
             self.to_peers.append((leader, Forward(self.election.vote_id, self.node_id, waiting)))
+            return
+        for fid, raw, _ in waiting:  # this node leads now: serve them here
+            where, req_no = self.forwards.pop(fid)[:2]
+            self.orphaned.discard(fid)
+            self._route(where, req_no, replies.decoded(raw))
 
     def on_peer(self, msg: object, client: tuple[str, int], now: float) -> None:
         """A message from another node."""
@@ -190,9 +279,12 @@ class ClusterNode:
             self.clients[src] = client
         kind = type(msg)
         if kind is Forward:
-            self._serve_forwarded(msg, now)
+            if self.handing_off(now):
+                self.held_forwards.append(msg)
+            else:
+                self._serve_forwarded(msg, now)
         elif kind is ForwardReply:
-            self._forward_replies(msg)
+            self._forward_replies(msg, now)
         elif kind is GiveBack:
             if self.leader is not None:  # else the messages stay taken: never handed out twice
                 self.on_undelivered(msg.queue, [list(m) for m in zip(msg.msg_ids, msg.delivery_counts)])
@@ -203,6 +295,8 @@ class ClusterNode:
                     self._run(self.leader.on_message(msg, now), now)
                 elif type(msg).SENDER == "leader" and self.election.leader_id == src:
                     self._run(self.follower.on_message(msg, now), now)
+            self._handoff_progress(now)
+        self._release_held(now)
         self._announce()
 
     def on_batch(self, records: bytes, header: bytes, blob: bytes, partials: bytes, epoch: int,
@@ -219,7 +313,7 @@ class ClusterNode:
             # wiped those changes in the worker, so they must not enter the log, and no reply
             # may promise what they did.
             if header != ipc_frames.EMPTY_LIST:
-                self._refuse(header, blob, "not leader: leadership changed; retry"
+                self._refuse(header, blob, p.LEADERSHIP_CHANGED
                              if self.leader is None else "not applied: the node changed mode; retry")
             header = ipc_frames.EMPTY_LIST
         elif records != ipc_frames.EMPTY_LIST:
@@ -243,7 +337,10 @@ class ClusterNode:
 
     def on_forward_requests(self, items: list, now: float) -> None:
         """Client requests this follower's acceptor could not serve ((origin, req_no, request),
-        origin in wire form): send them to the leader."""
+        origin in wire form): send them to the leader (held while this node hands over)."""
+        if self.handing_off(now):
+            self.held.extend(items)
+            return
         leader = self.election.leader_id
         if self.leader is not None:
             for origin, req_no, request in items:
@@ -260,9 +357,10 @@ class ClusterNode:
             wait = request.get("wait") if type(request) is dict else None
             grace = FORWARD_GRACE + (min(wait, self.config.max_wait) if isinstance(wait, (int, float)) and wait > 0 else 0)
             where = Origin.from_wire(origin)
-            self.forwards[fid] = (where, req_no, now + grace, p.echo(request))
+            raw = _DUMPS(request)
+            self.forwards[fid] = (where, req_no, now + grace, p.echo(request), raw, where.udp, grace)
             self.forwards_due = min(self.forwards_due, now + grace)
-            batch.append((fid, _DUMPS(request), where.udp))
+            batch.append((fid, raw, where.udp))
         self.to_peers.append((leader, Forward(self.election.vote_id, self.node_id, tuple(batch))))
 
     def on_undelivered(self, queue: str, given: list[list[int]]) -> None:
@@ -288,7 +386,7 @@ class ClusterNode:
             elif kind is BecomeLeader:
                 self._lead(a.vote_id, now)
             elif kind is BecomeFollower or kind is BecomeCandidate:
-                self._stop_leading()
+                self._stop_leading(now)
                 if kind is BecomeFollower and a.leader_id is not None:
                     self._run(self.follower.pull(a.leader_id, a.vote_id, now), now)
             elif kind is SendSnapshot:
@@ -302,6 +400,8 @@ class ClusterNode:
                 self._reset_workers()
                 self.truncated_to = -1  # the log on disk restarts after the snapshot
                 self.snapshot_now = True
+            elif kind is TransferAborted:
+                pass  # still leading: held requests are served here (_release_held)
             elif kind is Discarded:
                 # Never applied (followers apply committed entries only; a leader resets its
                 # workers when it stops leading), but the disk must forget them too.
@@ -315,7 +415,7 @@ class ClusterNode:
         """This node won: bring the workers up to the whole log (entries of earlier terms will be
         committed with this term's first), then let them accept writes."""
         self.follower.reset()
-        self._fail_forwards(list(self.forwards), "leader changed: the request may or may not have been applied")
+        self._orphan_forwards(now)
         self.leader = LeaderReplication(
             self.node_id, self.members, self.log, vote_id, now,
             sync_rate=self.config.queue_sync_rate, max_batch=5000,
@@ -326,12 +426,11 @@ class ClusterNode:
         self._set_mode(True)
         self._run(self.leader.replicate(now), now)
 
-    def _stop_leading(self) -> None:
+    def _stop_leading(self, now: float) -> None:
         """Whatever the reason: stop accepting writes; the workers go back to the committed
         state; writes waiting for a commit are answered with an error."""
         self.follower.reset()
-        if self.forwards:
-            self._fail_forwards(list(self.forwards), "leader changed: the request may or may not have been applied")
+        self._orphan_forwards(now)
         if self.leader is None:
             return
         self.leader = None
@@ -340,6 +439,19 @@ class ClusterNode:
             _, header, blob = self.pending.popleft()
             self._refuse(header, blob, "not leader: leadership lost before the write was committed; it may or may not take effect")
         self._reset_workers()
+
+    def _orphan_forwards(self, now: float) -> None:
+        """The leader changed: requests forwarded to the old one wait an election timeout for its
+        answer (a leader that handed over answers them, or refuses them as not applied: they are
+        then sent to the new leader, or served here) before they fail as "leader changed"."""
+        if not self.forwards:
+            return
+        due = now + self.config.election_timeout_ms / 1000
+        for fid, f in self.forwards.items():
+            if f[2] > due:
+                self.forwards[fid] = (*f[:2], due, *f[3:])
+            self.orphaned.add(fid)
+        self.forwards_due = min(self.forwards_due, due)
 
     def _commit(self, c: Commit) -> None:
         """Entries are committed: replay them into the committed state (and on a follower into
@@ -482,7 +594,7 @@ class ClusterNode:
         """A follower's clients' requests: serve them here (each keeps its transport's rules), or
         say there is no leader here."""
         if self.leader is None:
-            refused = tuple((fid, _DUMPS(p.error_reply(replies.decoded(raw), "not leader: leadership changed; retry",
+            refused = tuple((fid, _DUMPS(p.error_reply(replies.decoded(raw), p.LEADERSHIP_CHANGED,
                                                        self.node_id), option=_NEWLINE))
                             for fid, raw, _ in msg.requests)
             self.to_peers.append((msg.src, ForwardReply(self.election.vote_id, self.node_id, refused)))
@@ -491,10 +603,11 @@ class ClusterNode:
         for fid, raw, udp in msg.requests:
             self._route(Origin(fid, udp, msg.src), 0, replies.decoded(raw))
 
-    def _forward_replies(self, msg: ForwardReply) -> None:
+    def _forward_replies(self, msg: ForwardReply, now: float) -> None:
         """The leader's replies to requests this node forwarded: to their clients. A consume reply
         whose request was already given up on (timed out, or failed by a change of leader) is
-        given back, never dropped with its messages."""
+        given back, never dropped with its messages. A request the node refused because it no
+        longer leads was not applied: it goes to the current leader."""
         rows = []
         for fid, reply in msg.replies:
             target = self.forwards.pop(fid, None)
@@ -502,9 +615,20 @@ class ClusterNode:
                 if self.abandoned.pop(fid, False):  # not a second copy of a delivered reply
                     self._give_back(reply)
                 continue
+            if _NOT_APPLIED in reply and replies.decoded(reply).get("reason") == p.LEADERSHIP_CHANGED:
+                self._send_again(fid, target, now)
+                continue
+            self.orphaned.discard(fid)
             rows.append((target[0], target[1], reply))
         if rows:
             self.to_acceptor.append([ipc_frames.REP, *replies.encode_raw(rows)])
+
+    def _send_again(self, fid: int, target: tuple, now: float) -> None:
+        """Forward a request again (to whoever leads by the next heartbeat), with its full time."""
+        self.orphaned.discard(fid)
+        where, req_no, _, echo, raw, udp, grace = target
+        self.forwards[fid] = (where, req_no, now + grace, echo, raw, udp, grace)
+        self.on_unsent(Forward(self.election.vote_id, self.node_id, ((fid, raw, udp),)), now)
 
     def _give_back(self, reply: bytes) -> None:
         """If `reply` is a successful consume reply, give its messages back (on_undelivered)."""
@@ -516,6 +640,7 @@ class ClusterNode:
         failed = []
         for fid in fids:
             target = self.forwards.pop(fid, None)
+            self.orphaned.discard(fid)
             if target is not None:
                 failed.append((target[0], target[1], p.error_reply(target[3], reason, self.node_id)))
                 self.abandoned[fid] = True

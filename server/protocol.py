@@ -62,6 +62,9 @@ LOCAL_ACTIONS: frozenset[int] = frozenset({LOCAL_MONITOR, LOCAL_LIST, LOCAL_PEEK
 CODE_OK = 0
 CODE_ERROR = -1
 CODE_REDIRECT = -2
+# The reason of an error reply to a request that was not applied because the node it reached
+# stopped leading first: sending it again (to the new leader) is safe.
+LEADERSHIP_CHANGED = "not leader: leadership changed; retry"
 
 # delay/ttl values at or above this are unix timestamps; below it, seconds from now.
 ABSOLUTE_TIME_THRESHOLD = 1_000_000_000
