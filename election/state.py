@@ -203,12 +203,14 @@ class Election:
         return actions
 
     def transfer_leadership(self, now: float, timeout: float, matches: Mapping[int, int],
-                            target: int | None = None) -> list[Action]:
+                            target: int | None = None, settled: bool = True) -> list[Action]:
         """Start handing leadership over (the caller stops taking new writes): to `target`, or
         to the live follower whose log reaches furthest. matches: each follower's match
-        trans_id (how far its log is known to equal ours). Nothing happens unless this node
-        leads and some follower answered within an election timeout; transfer_target says
-        whether a transfer started."""
+        trans_id (how far its log is known to equal ours). settled=False: writes this leader
+        decided may still be on their way into its log, so no TimeoutNow goes out now; the
+        caller calls on_progress once they are all in. Nothing happens unless this node leads
+        and some follower answered within an election timeout; transfer_target says whether a
+        transfer started."""
         actions: list[Action] = []
         if self._role is not Role.LEADER or self._transfer_target is not None:
             return actions
@@ -222,12 +224,14 @@ class Election:
         self._transfer_target = target
         self._transfer_deadline = now + timeout
         self._transfer_sent = False
-        actions.extend(self.on_progress(now, matches))
+        if settled:
+            actions.extend(self.on_progress(now, matches))
         return actions
 
     def on_progress(self, now: float, matches: Mapping[int, int]) -> list[Action]:
-        """The followers' logs or the commit point moved: during a transfer, send TimeoutNow
-        once the target's log equals ours and all of it is committed."""
+        """The followers' logs or the commit point moved (or, after transfer_leadership(...,
+        settled=False), every write is in the log now): during a transfer, send TimeoutNow once
+        the target's log equals ours and all of it is committed."""
         target = self._transfer_target
         if target is None or self._transfer_sent or self._role is not Role.LEADER:
             return []

@@ -128,9 +128,13 @@ class ClusterNode:
         # A hand-off of leadership (begin_handoff) holds client requests until this time, or
         # until the node knows where they can go.
         self.handoff_until: float | None = None
-        self.handoff_settle = _NEVER  # no TimeoutNow before this: in-flight batches are in by then
+        # The hand-off's barrier: the mode whose workers were fenced, and which of them have
+        # answered FENCED (sent every batch of that mode, decide nothing more in it).
+        self.fence_epoch = -1
+        self.fenced: set[int] = set()
         self.held: list = []  # client requests of this node's acceptor, as on_forward_requests takes them
         self.held_forwards: list[Forward] = []  # other followers' requests
+        self.held_undelivered: list[tuple[str, list[list[int]]]] = []  # messages to give back
         if found.state:
             self.state.load_snapshot(found.state)
             self._reset_workers()
@@ -158,50 +162,88 @@ class ClusterNode:
     def begin_handoff(self, now: float, timeout: float) -> bool:
         """Before this node stops: hand leadership to an up-to-date follower (Raft's leadership
         transfer). New client requests are held from now on and go to the new leader once it is
-        known (or are served here if the transfer fails); TimeoutNow goes out after a
-        heartbeat interval, by when the batches the workers were making are in the log, and once
-        the target holds all of it. False if there is nothing to hand over (not leading, or no
-        live follower)."""
+        known (or are served here if the transfer fails). The workers are fenced
+        (_fence_workers): TimeoutNow goes out once every worker has answered FENCED, so that
+        every record decided while leading is in the log, and once the target holds all of it,
+        committed. False if there is nothing to hand over (not leading, or no live follower)."""
         if self.leader is None:
             return False
-        self._run(self.election.transfer_leadership(now, timeout, {}), now)
+        self._run(self.election.transfer_leadership(now, timeout, self._matches(), settled=False), now)
         if self.election.transfer_target is None:
             return False
         self.handoff_until = now + timeout
-        self.handoff_settle = now + self.config.heartbeat_ms / 1000
-        self._announce()
+        self._fence_workers()
+        self._announce()  # the acceptor hears it no longer leads: it fences its own requests
         return True
 
     def handing_off(self, now: float) -> bool:
         """Whether a hand-off is still under way: requests are being held."""
-        if self.handoff_until is None or now >= self.handoff_until:
-            return False
-        if self.leader is not None:
+        if self.leader is not None:  # until TimeoutNow deposes this node, or the transfer aborts
             return self.election.transfer_target is not None
-        return self.election.leader_id is None  # stepped down; the new leader not heard yet
+        # stepped down; the new leader not heard yet
+        return self.handoff_until is not None and now < self.handoff_until and self.election.leader_id is None
+
+    def on_fenced(self, epoch: int, index: int, now: float) -> None:
+        """Worker `index` has sent every batch of mode `epoch` and decides nothing more in it."""
+        if epoch == self.fence_epoch == self.epoch:
+            self.fenced.add(index)
+            self._handoff_progress(now)
+
+    def _fence_workers(self) -> None:
+        """Close the hand-off's barrier in the workers: a FENCE from this coordinator behind the
+        requests it sent them, and one from the acceptor behind its own (it sends that when it
+        hears it no longer leads; sent from here if it never heard that it leads in this mode,
+        in which case it has routed no request of the mode)."""
+        self.fence_epoch = self.epoch
+        self.fenced = set()
+        status = self.status or {}
+        acceptor_routes = status.get("role") == LEADER and status.get("epoch") == self.epoch
+        for index in range(self.config.workers):
+            self.to_workers.append((index, ipc_frames.fence_frames(self.epoch, ipc_frames.FROM_COORDINATOR)))
+            if not acceptor_routes:
+                self.to_workers.append((index, ipc_frames.fence_frames(self.epoch, ipc_frames.FROM_ACCEPTOR)))
+
+    def _workers_fenced(self) -> bool:
+        """Whether every record the workers decided in this mode is in the log, and they decide
+        no more."""
+        return self.fence_epoch == self.epoch and len(self.fenced) == self.config.workers
+
+    def _matches(self) -> dict[int, int]:
+        leader = self.leader
+        return {peer: leader.match_of(peer) for peer in self.election.peers} if leader is not None else {}
 
     def _handoff_progress(self, now: float) -> None:
         if self.handoff_until is not None and now >= self.handoff_until:
             self.handoff_until = None  # over, whatever came of it
-        if self.election.transfer_target is None:
-            self.handoff_settle = _NEVER
-        elif now >= self.handoff_settle and self.leader is not None:
-            self.handoff_settle = -_NEVER  # settled: from now on every step may send TimeoutNow
-            matches = {peer: self.leader.match_of(peer) for peer in self.election.peers}
-            self._run(self.election.on_progress(now, matches), now)
+        if self.leader is not None and self.election.transfer_target is not None and self._workers_fenced():
+            self._run(self.election.on_progress(now, self._matches()), now)
+
+    def _resume_leading(self) -> None:
+        """A hand-off that did not happen: the workers accept requests again, in a new mode. If
+        all of them were fenced, their state is the log's; otherwise some may still be deciding
+        under the old mode, so they start over from the log (their late batches are refused)."""
+        if self.leader is None:
+            return
+        if self._workers_fenced():
+            self._set_mode(True)
+        else:
+            self._reset_workers()
 
     def _release_held(self, now: float) -> None:
         """After a hand-off: the held requests go to the new leader (or are served here if this
         node still leads); other followers' requests are refused as not applied, so that they
-        send them to the new leader."""
-        if not (self.held or self.held_forwards) or self.handing_off(now):
+        send them to the new leader; messages to give back go to whoever leads."""
+        if not (self.held or self.held_forwards or self.held_undelivered) or self.handing_off(now):
             return
         held, self.held = self.held, []
         forwards, self.held_forwards = self.held_forwards, []
+        undelivered, self.held_undelivered = self.held_undelivered, []
         if held:
             self.on_forward_requests(held, now)
         for msg in forwards:
             self._serve_forwarded(msg, now)
+        for queue, given in undelivered:
+            self.on_undelivered(queue, given)
 
     def _announce(self) -> None:
         status = self.status_fields()
@@ -232,8 +274,6 @@ class ClusterNode:
     def wake_at(self) -> float:
         """When tick() next has something to do."""
         wake = self.election.wake_at
-        if self.election.transfer_target is not None and self.handoff_settle > -_NEVER:
-            wake = min(wake, self.handoff_settle)
         if self.handoff_until is not None:
             wake = min(wake, self.handoff_until)
         if self.forwards:
@@ -350,6 +390,11 @@ class ClusterNode:
             self._reply_now([(Origin.from_wire(origin), req_no, p.error_reply(request, "no leader", self.node_id))
                              for origin, req_no, request in items])
             return
+        if not self.config.forward_request:  # held while this node handed over: to the new leader
+            fields = {k: v for k, v in self.status_fields().items() if k.startswith("leader_")}
+            self._reply_now([(Origin.from_wire(origin), req_no, p.redirect_reply(request, self.node_id, fields))
+                             for origin, req_no, request in items])
+            return
         batch = []
         for origin, req_no, request in items:
             fid = self.next_forward
@@ -366,8 +411,11 @@ class ClusterNode:
     def on_undelivered(self, queue: str, given: list[list[int]]) -> None:
         """The messages of a consume reply that could not be delivered ([msg_id, delivery_count]
         each; the client left, or the reply came too late): the leader's worker gives them back
-        (leases released, at-most-once messages restored). A follower passes them to the leader."""
-        if self.leader is not None:
+        (leases released, at-most-once messages restored). A follower passes them to the leader.
+        While the workers are fenced (a hand-off) they are held until it is over."""
+        if self.leader is not None and self.fence_epoch == self.epoch:
+            self.held_undelivered.append((queue, given))
+        elif self.leader is not None:
             self.to_workers.append((self.router.worker_for(queue), [ipc_frames.UNDELIVER, _DUMPS([queue, given])]))
         elif self.election.leader_id is not None:
             self.to_peers.append((self.election.leader_id, GiveBack(
@@ -401,7 +449,7 @@ class ClusterNode:
                 self.truncated_to = -1  # the log on disk restarts after the snapshot
                 self.snapshot_now = True
             elif kind is TransferAborted:
-                pass  # still leading: held requests are served here (_release_held)
+                self._resume_leading()  # held requests are then served here (_release_held)
             elif kind is Discarded:
                 # Never applied (followers apply committed entries only; a leader resets its
                 # workers when it stops leading), but the disk must forget them too.
@@ -517,6 +565,8 @@ class ClusterNode:
         self.epoch += 1
         for index in range(self.config.workers):
             self.to_workers.append((index, [ipc_frames.MODE, _DUMPS([accepting, self.epoch])]))
+        if accepting and self.election.transfer_target is not None:
+            self._fence_workers()  # reset during a hand-off: the new mode is fenced too
 
     # ----------------------------------------------------------------- replies
     def _release(self, header: bytes, blob: bytes) -> None:

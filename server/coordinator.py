@@ -200,6 +200,8 @@ class Coordinator:
             self.node.on_forward_requests(orjson.loads(frames[1]), now)
         elif kind == ipc_frames.UNDELIVER:
             self.node.on_undelivered(*orjson.loads(frames[1]))
+        elif kind == ipc_frames.FENCED:
+            self.node.on_fenced(*ipc_frames.read_fenced(frames), now)
         else:
             self.log.warning("unknown message kind %r", kind)
 

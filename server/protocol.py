@@ -122,6 +122,22 @@ def error_reply(request: Any, reason: str, node_id: int | None = None) -> dict:
     return reply
 
 
+def redirect_reply(request: Any, node_id: int, leader: dict) -> dict:
+    """A code -2 reply to `request`: ask the leader (leader: leader_node_id, leader_host,
+    leader_port)."""
+    reply = echo(request)
+    reply.update(code=CODE_REDIRECT, node_id=node_id, **leader)
+    return reply
+
+
+def passes_to_coordinator(forward_request: bool, leader_node_id: int, node_id: int) -> bool:
+    """Whether a follower's acceptor passes a queue request to its coordinator rather than
+    redirecting it: it forwards requests (forward_request), or the leader it knows is its own
+    node, which is handing leadership over; its coordinator holds the request until the new
+    leader is known, then sends it there or redirects it."""
+    return bool(forward_request) or leader_node_id == node_id
+
+
 def delivered(reply: Any) -> tuple[str, list[list[int]]] | None:
     """(queue, [[msg_id, delivery_count], ...]) handed out by a successful consume reply or
     subscription push (a decoded dict), else None."""

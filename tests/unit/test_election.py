@@ -532,6 +532,15 @@ def test_transfer_waits_for_everything_to_be_committed():
     assert e.on_progress(t + 0.01, {2: 10, 3: 10}) == [Send(2, TimeoutNow(1, 1))]
 
 
+def test_an_unsettled_transfer_waits_for_on_progress():
+    """settled=False: writes may still be on their way into the log (the coordinator's fence):
+    no TimeoutNow yet, even to a follower that matches the log as it stands."""
+    e, t = _leader_of_three(_log_with(10))
+    assert e.transfer_leadership(t, 5.0, {2: 10, 3: 10}, settled=False) == []
+    assert e.transfer_target == 2
+    assert e.on_progress(t + 0.01, {2: 10, 3: 10}) == [Send(2, TimeoutNow(1, 1))]
+
+
 def test_transfer_to_a_chosen_target_and_not_to_strangers():
     e, t = _leader_of_three()
     assert e.transfer_leadership(t, 5.0, {}, target=3) == [Send(3, TimeoutNow(1, 1))]

@@ -146,7 +146,11 @@ class SimAcceptor:
             for index, item in plan:
                 self.pending[index].append(item)
         elif self.role == "follower":
-            self.forwarding.append((origin.wire(), req_no, value))
+            if sp.passes_to_coordinator(self.node.config.forward_request, self.leader.get("leader_node_id", 0),
+                                        node_id):
+                self.forwarding.append((origin.wire(), req_no, value))
+            else:
+                self.reply(origin, req_no, sp.redirect_reply(value, node_id, self.leader))
         else:
             self.reply(origin, req_no, sp.error_reply(value, "no leader", node_id))
         self.flush()
@@ -179,7 +183,13 @@ class SimAcceptor:
                 self.deliver(origin, req_no, data)
         elif frames[0] == ipc_frames.STATUS:
             status = orjson.loads(frames[1])
-            self.role = status.pop("role")
+            role = status.pop("role")
+            if self.role == "leader" and role != "leader":  # fence what it routed while leading
+                self.flush()
+                for i in range(self.node.config.workers):
+                    self.node.pipe(ACCEPTOR, _worker_proc(i),
+                                   ipc_frames.fence_frames(int(self.epoch), ipc_frames.FROM_ACCEPTOR))
+            self.role = role
             self.epoch = b"%d" % status.pop("epoch")
             self.leader = status
 
@@ -239,6 +249,8 @@ class SimNode:
                 self.cn.on_forward_requests(orjson.loads(frames[1]), now)
             elif kind == ipc_frames.UNDELIVER:
                 self.cn.on_undelivered(*orjson.loads(frames[1]))
+            elif kind == ipc_frames.FENCED:
+                self.cn.on_fenced(*ipc_frames.read_fenced(frames), now)
             else:
                 raise Violation(f"coordinator got {kind!r}")
             self.coord_timer()
