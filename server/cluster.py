@@ -148,13 +148,15 @@ class ClusterNode:
 
     def status_fields(self) -> dict:
         """The role and the leader's client address, as the acceptor needs them. While this
-        leader hands over, its acceptor sees a follower: it passes every request here (held
-        until the new leader is known) instead of to the workers."""
+        leader hands over, and after it stepped down until the new leader is heard, its
+        acceptor sees a follower of this node: it passes every request here (held until the new
+        leader is known) instead of to the workers, and answers no "no leader" meanwhile."""
         leader = self.election.leader_id
-        host, port = self.clients.get(leader, ("", 0)) if leader is not None else ("", 0)
         role = self.role
-        if role == LEADER and self.election.transfer_target is not None:
-            role = FOLLOWER
+        if (role == LEADER and self.election.transfer_target is not None) or (
+                role == NONE and self.handoff_until is not None):
+            role, leader = FOLLOWER, self.node_id
+        host, port = self.clients.get(leader, ("", 0)) if leader is not None else ("", 0)
         return {"role": role, "leader_node_id": leader or 0, "leader_host": host, "leader_port": port,
                 "epoch": self.epoch}
 

@@ -329,11 +329,16 @@ def test_in_redirect_mode_requests_held_during_a_hand_off_are_redirected_to_the_
     node.on_forward_requests([[[3, False, 0], 1, {"action": 1, "queue": "q", "data": "x", "seq": 1}]], now)
     term = timeout_now.vote_id + 1  # node 2 campaigns at once, and wins
     node.on_peer(VoteRequest(term, 2, node.log.last_trans_id, node.election.vote_id, transfer=True), NODE2, now + 0.01)
-    assert node.role == "none" and _replies(_drain(node)[0]) == []  # still held: the leader is not known
+    to_acceptor = _drain(node)[0]
+    assert node.role == "none" and _replies(to_acceptor) == []  # still held: the leader is not known
+    # and its acceptor goes on passing requests here instead of answering "no leader"
+    assert all((s["role"], s["leader_node_id"]) == ("follower", 1) for s in _statuses(to_acceptor))
     last, vote = node.log.last_trans_id, node.log.last_vote_id
     node.on_peer(Heartbeat(term, 2, last, vote, last, vote),
                  NODE2, now + 0.02)
-    (origin, seq, reply), = _replies(_drain(node)[0])
+    to_acceptor = _drain(node)[0]
+    assert (_statuses(to_acceptor)[-1]["role"], _statuses(to_acceptor)[-1]["leader_node_id"]) == ("follower", 2)
+    (origin, seq, reply), = _replies(to_acceptor)
     assert (origin, seq, reply["seq"]) == (Origin(3), 1, 1)
     assert (reply["code"], reply["leader_node_id"], reply["leader_host"], reply["leader_port"]) == (
         p.CODE_REDIRECT, 2, "127.0.0.1", 2222)
