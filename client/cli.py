@@ -1,7 +1,9 @@
-"""queue-cli: send one request to a queue-server cluster and print the reply as JSON.
+"""queue-cli: send one request to a queue-server cluster and print the reply: readable lines by
+default, the reply's JSON (one line per reply) with --json, for scripts. `queue-cli top` shows
+per-queue rates live (client/top.py).
 
-Exit status: 0 ok (reply on stdout), 1 the server answered with an error (error JSON on
-stderr), 2 no server could be reached or a usage error.
+Exit status: 0 ok (reply on stdout), 1 the server answered with an error (on stderr: one line,
+or the error reply's JSON with --json), 2 no server could be reached or a usage error.
 """
 from __future__ import annotations
 
@@ -10,12 +12,12 @@ import os
 import ssl
 import sys
 from importlib import metadata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
 
-from . import admin
+from . import admin, top
 from .credentials import load_token
 from . import protocol as p
 from . import tls
@@ -86,6 +88,10 @@ def _common_options(parser: argparse.ArgumentParser, defaults: bool) -> None:
     parser.add_argument(
         "--timeout", type=_positive, default=default(5.0), metavar="S",
         help="seconds to wait for a reply (default 5; a consume's --wait is added)",
+    )
+    parser.add_argument(
+        "--json", action="store_true", default=default(False),
+        help="print each reply as one line of JSON, and errors as their JSON on stderr (for scripts)",
     )
 
 
@@ -195,12 +201,50 @@ def build_parser() -> argparse.ArgumentParser:
 
     cmd = command("leader", "the leader's node id and address")
     cmd.set_defaults(build=lambda a: p.leader_request())
+
+    cmd = command("top", "per-queue rates, refreshed live (like top)")
+    cmd.add_argument("pattern", nargs="?", default="", metavar="PATTERN", help="only queues containing PATTERN")
+    cmd.add_argument("--interval", type=_positive, default=2.0, metavar="S", help="seconds between refreshes (default 2)")
+    cmd.add_argument("--once", action="store_true", help="measure one interval, print the table once and exit")
+    cmd.add_argument("--limit", type=int, default=top.DEFAULT_LIMIT, metavar="N",
+                     help=f"show the N busiest queues (default {top.DEFAULT_LIMIT})")
+    cmd.set_defaults(build=None)
     admin.add_commands(command, lambda parser: _common_options(parser, defaults=False))
     return parser
 
 
 def _dump(obj: Any) -> str:
     return orjson.dumps(obj).decode()
+
+
+def human(request: dict, reply: dict) -> str:
+    """A reply as lines a person reads: the fields the request did not send (no echo, no code),
+    `key: value` each; messages one per line; queue names one per line."""
+    lines = []
+    for key, value in reply.items():
+        if key in request or key in ("code", "seq"):
+            continue
+        if key == "messages" and isinstance(value, list):
+            lines.append(f"messages: {len(value)}")
+            lines.extend("  " + "  ".join(f"{k}={_scalar(v)}" for k, v in m.items()) for m in value
+                         if isinstance(m, dict))
+        elif key == "queue_list" and isinstance(value, list):
+            lines.extend(str(name) for name in value)
+        else:
+            lines.append(f"{key}: {_scalar(value)}")
+    return "\n".join(lines) if lines else "ok"
+
+
+def _scalar(value: Any) -> str:
+    return value if isinstance(value, str) else _dump(value)
+
+
+def _print_reply(request: dict, reply: dict, as_json: bool) -> None:
+    print(_dump(reply) if as_json else human(request, reply))
+
+
+def _print_error(exc: QueueError, as_json: bool) -> None:
+    print(_dump(exc.reply) if as_json else f"queue-cli: {exc.reason}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -221,12 +265,23 @@ def _main(argv: Sequence[str] | None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # usage error (2) or --help (0)
         return exc.code if isinstance(exc.code, int) else EXIT_OK
+    if args.build is None:
+        return _top(args)
     try:
         built = args.build(args)
     except SystemExit as exc:  # bad input found while building (stdin), as one line
         print(exc.code, file=sys.stderr)
         return EXIT_USAGE
     requests = built if isinstance(built, list) else [built]
+
+    def send(client: QueueClient) -> None:
+        for req in requests:
+            _print_reply(req, client.request(req), args.json)
+    return _with_client(args, send)
+
+
+def _with_client(args: argparse.Namespace, work: Callable[[QueueClient], None]) -> int:
+    """Run work(client) with a client made from the options; the exit status, errors printed."""
     try:
         token = load_token(args.token_file)
     except OSError as exc:
@@ -241,21 +296,33 @@ def _main(argv: Sequence[str] | None) -> int:
     try:
         with QueueClient(args.hosts, transport="udp" if args.udp else "tcp", timeout=args.timeout,
                          token=token, tls=ssl_context) as client:
-            for req in requests:
-                reply = client.request(req)
-                if len(requests) > 1:
-                    print(_dump(reply))
+            work(client)
     except (NoServerAvailable, QueueTimeout) as exc:
-        print(_dump(exc.reply), file=sys.stderr)
+        _print_error(exc, args.json)
         return EXIT_UNREACHABLE
     except QueueError as exc:
-        print(_dump(exc.reply), file=sys.stderr)
+        _print_error(exc, args.json)
         return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
-    if len(requests) == 1:
-        print(_dump(reply))
     return EXIT_OK
+
+
+def _top(args: argparse.Namespace) -> int:
+    """queue-cli top: the table live until ^C, or once (--once; with --json: the rows as JSON)."""
+    def show(client: QueueClient) -> None:
+        sampler = top.Sampler(client, args.pattern)
+        if args.json:
+            rows = sampler.measure(args.interval, args.limit)
+            print(_dump({"node": sampler.node, "queues": [row._asdict() for row in rows]}))
+        elif args.once:
+            top.print_once(sampler, sampler.measure(args.interval, args.limit))
+        else:
+            try:
+                top.live(sampler, args.interval, args.limit)
+            except KeyboardInterrupt:
+                pass  # ^C is how top ends
+    return _with_client(args, show)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from queue_server.server.protocol import (  # noqa: F401  (re-exported: one voca
     CODE_OK,
     CODE_REDIRECT,
     CONFIRM,
+    LEADERSHIP_CHANGED,
     CONSUME,
     EXTEND,
     LEADER,
@@ -336,10 +337,11 @@ def try_elsewhere(reply: dict) -> bool:
 
 
 def retry_elsewhere(req: dict, reply: dict) -> bool:
-    """Whether a failed request is tried on the next host: the node knows no leader (nothing was
-    applied), or the leader changed while it waited and the request is an idempotent produce
-    (applied or not, sending it again stores it once)."""
-    if try_elsewhere(reply):
+    """Whether a failed request is tried on the next host: the node knows no leader, or stopped
+    leading before it applied the request (nothing was applied either way), or the leader
+    changed while it waited and the request is an idempotent produce (applied or not, sending it
+    again stores it once)."""
+    if try_elsewhere(reply) or (reply.get("code") == CODE_ERROR and reply.get("reason") == LEADERSHIP_CHANGED):
         return True
     return (reply.get("code") == CODE_ERROR and str(reply.get("reason", "")).startswith("leader changed")
             and req.get("action") in (PRODUCE, "produce") and req.get("producer") is not None

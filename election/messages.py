@@ -26,6 +26,9 @@ class VoteRequest:
     last_trans_id: int
     last_vote_id: int
     pre_vote: bool = False
+    # Asked for by the leader (TimeoutNow): voters grant it even while they hear from that
+    # leader (its lease), since the leader is handing over.
+    transfer: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +69,17 @@ class HeartbeatAck:
     last_vote_id: int
 
 
-ELECTION_MESSAGES = (VoteRequest, VoteReply, Heartbeat, HeartbeatAck)
+@dataclass(frozen=True, slots=True)
+class TimeoutNow:
+    """Leader -> the follower it hands leadership to (whose log equals the leader's): start an
+    election at once, without pre-vote, in the term after vote_id."""
+
+    SENDER: ClassVar[str] = "vote"
+    vote_id: int
+    src: int
+
+
+ELECTION_MESSAGES = (VoteRequest, VoteReply, Heartbeat, HeartbeatAck, TimeoutNow)
 
 
 # ------------------------------------------------------------------ actions
@@ -102,6 +115,14 @@ class BecomeFollower:
 
     vote_id: int
     leader_id: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class TransferAborted:
+    """A leadership transfer to `target` did not finish by its deadline: this node still leads
+    and may accept writes again."""
+
+    target: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,12 +16,18 @@ Pure logic: the time and messages are arguments, the result is a list of actions
 * Check quorum: a leader that has not heard from a majority (itself included) within an election
   timeout steps down and stops accepting writes. Followers that heard from a leader within an
   election timeout ignore vote requests (the leader's lease).
+* Leadership transfer (Raft thesis 3.10): a leader asked to hand over (transfer_leadership)
+  picks a live follower, waits until that follower's log equals its own and all of it is
+  committed (on_progress; the caller has stopped taking new writes), then sends it TimeoutNow.
+  The follower starts an election at once, without pre-vote, and marks its vote requests as a
+  transfer, which voters grant even within the leader's lease. A transfer not finished by its
+  deadline is aborted (TransferAborted): the node goes on leading.
 """
 
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from enum import Enum
 from typing import Protocol
 
@@ -33,11 +39,13 @@ from queue_server.election.messages import (
     HeartbeatAck,
     PersistVote,
     Send,
+    TimeoutNow,
+    TransferAborted,
     VoteReply,
     VoteRequest,
 )
 
-Action = Send | PersistVote | BecomeLeader | BecomeFollower | BecomeCandidate
+Action = Send | PersistVote | BecomeLeader | BecomeFollower | BecomeCandidate | TransferAborted
 
 
 class LogView(Protocol):
@@ -101,6 +109,10 @@ class Election:
         self._leader_contact = float("-inf")  # last time we heard from the current leader
         self._acks: dict[int, float] = {}  # leader: last time each peer answered
         self._next_heartbeat = now
+        # A leadership transfer under way: to whom, until when, and whether TimeoutNow went out.
+        self._transfer_target: int | None = None
+        self._transfer_deadline = float("inf")
+        self._transfer_sent = False
         # A cluster of one elects itself on the first tick.
         self._deadline = now if not self.peers else now + self._random_timeout()
 
@@ -130,11 +142,17 @@ class Election:
         return self._role is Role.LEADER
 
     @property
+    def transfer_target(self) -> int | None:
+        """The follower this leader is handing leadership to, while a transfer is under way."""
+        return self._transfer_target
+
+    @property
     def wake_at(self) -> float:
         """The latest time at which tick() should next be called."""
         if self._role is Role.LEADER:
             expiry = min(self._acks.values(), default=float("inf")) + self.election_timeout
-            return min(self._next_heartbeat, expiry) if self.check_quorum else self._next_heartbeat
+            wake = min(self._next_heartbeat, expiry) if self.check_quorum else self._next_heartbeat
+            return min(wake, self._transfer_deadline)
         return self._deadline
 
     @property
@@ -151,6 +169,9 @@ class Election:
             if self.check_quorum and not self._has_quorum(now):
                 self._become_follower(self._vote_id, None, now, actions)
                 return actions
+            if now >= self._transfer_deadline:
+                actions.append(TransferAborted(self._transfer_target))
+                self._end_transfer()
             if now >= self._next_heartbeat:
                 self._broadcast_heartbeat(now, actions)
             return actions
@@ -169,6 +190,10 @@ class Election:
             self._on_vote_request(msg, now, actions)
         elif isinstance(msg, VoteReply):
             self._on_vote_reply(msg, now, actions)
+        elif isinstance(msg, TimeoutNow):
+            # Only from the leader of our term (the only node that sends it in that term).
+            if msg.vote_id == self._vote_id and self._role is Role.FOLLOWER:
+                self._campaign(now, actions, pre=False, transfer=True)
         else:
             sender = getattr(type(msg), "SENDER", None)
             if sender == "leader":
@@ -177,10 +202,49 @@ class Election:
                 self._on_from_follower(msg, now, actions)
         return actions
 
+    def transfer_leadership(self, now: float, timeout: float, matches: Mapping[int, int],
+                            target: int | None = None, settled: bool = True) -> list[Action]:
+        """Start handing leadership over (the caller stops taking new writes): to `target`, or
+        to the live follower whose log reaches furthest. matches: each follower's match
+        trans_id (how far its log is known to equal ours). settled=False: writes this leader
+        decided may still be on their way into its log, so no TimeoutNow goes out now; the
+        caller calls on_progress once they are all in. Nothing happens unless this node leads
+        and some follower answered within an election timeout; transfer_target says whether a
+        transfer started."""
+        actions: list[Action] = []
+        if self._role is not Role.LEADER or self._transfer_target is not None:
+            return actions
+        live = [p for p in self.peers if now - self._acks.get(p, float("-inf")) < self.election_timeout]
+        if target is None:
+            if not live:
+                return actions
+            target = max(live, key=lambda p: (matches.get(p, 0), -p))
+        elif target not in self.peers:
+            raise ValueError(f"{target} is not a peer of node {self.node_id}")
+        self._transfer_target = target
+        self._transfer_deadline = now + timeout
+        self._transfer_sent = False
+        if settled:
+            actions.extend(self.on_progress(now, matches))
+        return actions
+
+    def on_progress(self, now: float, matches: Mapping[int, int]) -> list[Action]:
+        """The followers' logs or the commit point moved (or, after transfer_leadership(...,
+        settled=False), every write is in the log now): during a transfer, send TimeoutNow once
+        the target's log equals ours and all of it is committed."""
+        target = self._transfer_target
+        if target is None or self._transfer_sent or self._role is not Role.LEADER:
+            return []
+        last = self.log.last_trans_id
+        if matches.get(target, 0) < last or self.log.commit_trans_id < last:
+            return []
+        self._transfer_sent = True
+        return [Send(target, TimeoutNow(self._vote_id, self.node_id))]
+
     # ----------------------------------------------------------------- handlers
 
     def _on_vote_request(self, m: VoteRequest, now: float, actions: list[Action]) -> None:
-        in_lease = self.check_quorum and self._in_lease(now)
+        in_lease = self.check_quorum and self._in_lease(now) and not m.transfer
         up_to_date = (m.last_vote_id, m.last_trans_id) >= (self.log.last_vote_id, self.log.last_trans_id)
         if m.pre_vote:
             granted = m.vote_id > self._vote_id and up_to_date and not in_lease
@@ -249,7 +313,7 @@ class Election:
 
     # ----------------------------------------------------------------- transitions
 
-    def _campaign(self, now: float, actions: list[Action], pre: bool) -> None:
+    def _campaign(self, now: float, actions: list[Action], pre: bool, transfer: bool = False) -> None:
         self._deadline = now + self._random_timeout()
         self._votes = {self.node_id}
         self._leader_id = None
@@ -269,13 +333,14 @@ class Election:
             else:
                 self._become_leader(now, actions)
             return
-        req = VoteRequest(term, self.node_id, self.log.last_trans_id, self.log.last_vote_id, pre)
+        req = VoteRequest(term, self.node_id, self.log.last_trans_id, self.log.last_vote_id, pre, transfer)
         actions.extend(Send(p, req) for p in self.peers)
 
     def _become_leader(self, now: float, actions: list[Action]) -> None:
         self._role = Role.LEADER
         self._leader_id = self.node_id
         self._votes = set()
+        self._end_transfer()
         self._acks = {p: now for p in self.peers}  # a full timeout of grace before check quorum
         actions.append(BecomeLeader(self._vote_id))
         self._broadcast_heartbeat(now, actions)
@@ -290,11 +355,17 @@ class Election:
         self._role = Role.FOLLOWER
         self._leader_id = leader_id
         self._votes = set()
+        self._end_transfer()
         self._deadline = now + self._random_timeout()
         if was != (Role.FOLLOWER, leader_id, self._vote_id):
             actions.append(BecomeFollower(self._vote_id, leader_id))
 
     # ----------------------------------------------------------------- helpers
+
+    def _end_transfer(self) -> None:
+        self._transfer_target = None
+        self._transfer_deadline = float("inf")
+        self._transfer_sent = False
 
     def _broadcast_heartbeat(self, now: float, actions: list[Action]) -> None:
         self._next_heartbeat = now + self.heartbeat_interval

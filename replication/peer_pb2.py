@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16replication/peer.proto\x12\x10queueserver.peer"L\n\x0bVoteRequest\x12\x15\n\rlast_trans_id\x18\x01 \x01(\x04\x12\x14\n\x0clast_vote_id\x18\x02 \x01(\x04\x12\x10\n\x08pre_vote\x18\x03 \x01(\x08".\n\tVoteReply\x12\x0f\n\x07granted\x18\x01 \x01(\x08\x12\x10\n\x08pre_vote\x18\x02 \x01(\x08"i\n\tHeartbeat\x12\x17\n\x0fcommit_trans_id\x18\x01 \x01(\x04\x12\x16\n\x0ecommit_vote_id\x18\x02 \x01(\x04\x12\x15\n\rlast_trans_id\x18\x03 \x01(\x04\x12\x14\n\x0clast_vote_id\x18\x04 \x01(\x04";\n\x0cHeartbeatAck\x12\x15\n\rlast_trans_id\x18\x01 \x01(\x04\x12\x14\n\x0clast_vote_id\x18\x02 \x01(\x04"x\n\rAppendEntries\x12\x15\n\rprev_trans_id\x18\x01 \x01(\x04\x12\x14\n\x0cprev_vote_id\x18\x02 \x01(\x04\x12\x17\n\x0fcommit_trans_id\x18\x04 \x01(\x04\x12\x10\n\x08vote_ids\x18\x05 \x03(\x04\x12\x0f\n\x07records\x18\x06 \x01(\x0c"#\n\tAppendAck\x12\x16\n\x0ematch_trans_id\x18\x01 \x01(\x04"L\n\x04Pull\x12\x15\n\rlast_trans_id\x18\x01 \x01(\x04\x12\x14\n\x0clast_vote_id\x18\x02 \x01(\x04\x12\x17\n\x0fcommit_trans_id\x18\x03 \x01(\x04"H\n\x0fInstallSnapshot\x12\x10\n\x08trans_id\x18\x01 \x01(\x04\x12\x15\n\rtrans_vote_id\x18\x02 \x01(\x04\x12\x0c\n\x04data\x18\x03 \x01(\x0c"D\n\x10ForwardedRequest\x12\x12\n\nforward_id\x18\x01 \x01(\x04\x12\x0f\n\x07request\x18\x02 \x01(\x0c\x12\x0b\n\x03udp\x18\x03 \x01(\x08"?\n\x07Forward\x124\n\x08requests\x18\x01 \x03(\x0b2".queueserver.peer.ForwardedRequest"3\n\x0eForwardedReply\x12\x12\n\nforward_id\x18\x01 \x01(\x04\x12\r\n\x05reply\x18\x02 \x01(\x0c"A\n\x0cForwardReply\x121\n\x07replies\x18\x01 \x03(\x0b2 .queueserver.peer.ForwardedReply"C\n\x08GiveBack\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0f\n\x07msg_ids\x18\x02 \x03(\x04\x12\x17\n\x0fdelivery_counts\x18\x03 \x03(\x04"\xbe\x05\n\x0bPeerMessage\x12\x0f\n\x07vote_id\x18\x01 \x01(\x04\x12\x0b\n\x03src\x18\x02 \x01(\r\x12\x13\n\x0bclient_host\x18\x03 \x01(\t\x12\x13\n\x0bclient_port\x18\x04 \x01(\r\x12\x1d\n\ncluster_id\x18\x05 \x01(\rR\tclusterId\x125\n\x0cvote_request\x18\n \x01(\x0b2\x1d.queueserver.peer.VoteRequestH\x00\x121\n\nvote_reply\x18\x0b \x01(\x0b2\x1b.queueserver.peer.VoteReplyH\x00\x120\n\theartbeat\x18\x0c \x01(\x0b2\x1b.queueserver.peer.HeartbeatH\x00\x127\n\rheartbeat_ack\x18\r \x01(\x0b2\x1e.queueserver.peer.HeartbeatAckH\x00\x129\n\x0eappend_entries\x18\x0e \x01(\x0b2\x1f.queueserver.peer.AppendEntriesH\x00\x121\n\nappend_ack\x18\x0f \x01(\x0b2\x1b.queueserver.peer.AppendAckH\x00\x12&\n\x04pull\x18\x10 \x01(\x0b2\x16.queueserver.peer.PullH\x00\x12=\n\x10install_snapshot\x18\x11 \x01(\x0b2!.queueserver.peer.InstallSnapshotH\x00\x12,\n\x07forward\x18\x12 \x01(\x0b2\x19.queueserver.peer.ForwardH\x00\x127\n\rforward_reply\x18\x13 \x01(\x0b2\x1e.queueserver.peer.ForwardReplyH\x00\x12/\n\tgive_back\x18\x14 \x01(\x0b2\x1a.queueserver.peer.GiveBackH\x00B\x06\n\x04bodyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16replication/peer.proto\x12\x10queueserver.peer\"^\n\x0bVoteRequest\x12\x15\n\rlast_trans_id\x18\x01 \x01(\x04\x12\x14\n\x0clast_vote_id\x18\x02 \x01(\x04\x12\x10\n\x08pre_vote\x18\x03 \x01(\x08\x12\x10\n\x08transfer\x18\x04 \x01(\x08\".\n\tVoteReply\x12\x0f\n\x07granted\x18\x01 \x01(\x08\x12\x10\n\x08pre_vote\x18\x02 \x01(\x08\"\x0c\n\nTimeoutNow\"i\n\tHeartbeat\x12\x17\n\x0f\x63ommit_trans_id\x18\x01 \x01(\x04\x12\x16\n\x0e\x63ommit_vote_id\x18\x02 \x01(\x04\x12\x15\n\rlast_trans_id\x18\x03 \x01(\x04\x12\x14\n\x0clast_vote_id\x18\x04 \x01(\x04\";\n\x0cHeartbeatAck\x12\x15\n\rlast_trans_id\x18\x01 \x01(\x04\x12\x14\n\x0clast_vote_id\x18\x02 \x01(\x04\"x\n\rAppendEntries\x12\x15\n\rprev_trans_id\x18\x01 \x01(\x04\x12\x14\n\x0cprev_vote_id\x18\x02 \x01(\x04\x12\x17\n\x0f\x63ommit_trans_id\x18\x04 \x01(\x04\x12\x10\n\x08vote_ids\x18\x05 \x03(\x04\x12\x0f\n\x07records\x18\x06 \x01(\x0c\"#\n\tAppendAck\x12\x16\n\x0ematch_trans_id\x18\x01 \x01(\x04\"L\n\x04Pull\x12\x15\n\rlast_trans_id\x18\x01 \x01(\x04\x12\x14\n\x0clast_vote_id\x18\x02 \x01(\x04\x12\x17\n\x0f\x63ommit_trans_id\x18\x03 \x01(\x04\"H\n\x0fInstallSnapshot\x12\x10\n\x08trans_id\x18\x01 \x01(\x04\x12\x15\n\rtrans_vote_id\x18\x02 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x03 \x01(\x0c\"D\n\x10\x46orwardedRequest\x12\x12\n\nforward_id\x18\x01 \x01(\x04\x12\x0f\n\x07request\x18\x02 \x01(\x0c\x12\x0b\n\x03udp\x18\x03 \x01(\x08\"?\n\x07\x46orward\x12\x34\n\x08requests\x18\x01 \x03(\x0b\x32\".queueserver.peer.ForwardedRequest\"3\n\x0e\x46orwardedReply\x12\x12\n\nforward_id\x18\x01 \x01(\x04\x12\r\n\x05reply\x18\x02 \x01(\x0c\"A\n\x0c\x46orwardReply\x12\x31\n\x07replies\x18\x01 \x03(\x0b\x32 .queueserver.peer.ForwardedReply\"C\n\x08GiveBack\x12\r\n\x05queue\x18\x01 \x01(\t\x12\x0f\n\x07msg_ids\x18\x02 \x03(\x04\x12\x17\n\x0f\x64\x65livery_counts\x18\x03 \x03(\x04\"\xe8\x05\n\x0bPeerMessage\x12\x0f\n\x07vote_id\x18\x01 \x01(\x04\x12\x0b\n\x03src\x18\x02 \x01(\r\x12\x13\n\x0b\x63lient_host\x18\x03 \x01(\t\x12\x13\n\x0b\x63lient_port\x18\x04 \x01(\r\x12\x12\n\ncluster_id\x18\x05 \x01(\r\x12\x35\n\x0cvote_request\x18\n \x01(\x0b\x32\x1d.queueserver.peer.VoteRequestH\x00\x12\x31\n\nvote_reply\x18\x0b \x01(\x0b\x32\x1b.queueserver.peer.VoteReplyH\x00\x12\x30\n\theartbeat\x18\x0c \x01(\x0b\x32\x1b.queueserver.peer.HeartbeatH\x00\x12\x37\n\rheartbeat_ack\x18\r \x01(\x0b\x32\x1e.queueserver.peer.HeartbeatAckH\x00\x12\x39\n\x0e\x61ppend_entries\x18\x0e \x01(\x0b\x32\x1f.queueserver.peer.AppendEntriesH\x00\x12\x31\n\nappend_ack\x18\x0f \x01(\x0b\x32\x1b.queueserver.peer.AppendAckH\x00\x12&\n\x04pull\x18\x10 \x01(\x0b\x32\x16.queueserver.peer.PullH\x00\x12=\n\x10install_snapshot\x18\x11 \x01(\x0b\x32!.queueserver.peer.InstallSnapshotH\x00\x12,\n\x07\x66orward\x18\x12 \x01(\x0b\x32\x19.queueserver.peer.ForwardH\x00\x12\x37\n\rforward_reply\x18\x13 \x01(\x0b\x32\x1e.queueserver.peer.ForwardReplyH\x00\x12/\n\tgive_back\x18\x14 \x01(\x0b\x32\x1a.queueserver.peer.GiveBackH\x00\x12\x33\n\x0btimeout_now\x18\x15 \x01(\x0b\x32\x1c.queueserver.peer.TimeoutNowH\x00\x42\x06\n\x04\x62odyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,31 +32,33 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'replication.peer_pb2', _glo
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_VOTEREQUEST']._serialized_start=44
-  _globals['_VOTEREQUEST']._serialized_end=120
-  _globals['_VOTEREPLY']._serialized_start=122
-  _globals['_VOTEREPLY']._serialized_end=168
-  _globals['_HEARTBEAT']._serialized_start=170
-  _globals['_HEARTBEAT']._serialized_end=275
-  _globals['_HEARTBEATACK']._serialized_start=277
-  _globals['_HEARTBEATACK']._serialized_end=336
-  _globals['_APPENDENTRIES']._serialized_start=338
-  _globals['_APPENDENTRIES']._serialized_end=458
-  _globals['_APPENDACK']._serialized_start=460
-  _globals['_APPENDACK']._serialized_end=495
-  _globals['_PULL']._serialized_start=497
-  _globals['_PULL']._serialized_end=573
-  _globals['_INSTALLSNAPSHOT']._serialized_start=575
-  _globals['_INSTALLSNAPSHOT']._serialized_end=647
-  _globals['_FORWARDEDREQUEST']._serialized_start=649
-  _globals['_FORWARDEDREQUEST']._serialized_end=717
-  _globals['_FORWARD']._serialized_start=719
-  _globals['_FORWARD']._serialized_end=782
-  _globals['_FORWARDEDREPLY']._serialized_start=784
-  _globals['_FORWARDEDREPLY']._serialized_end=835
-  _globals['_FORWARDREPLY']._serialized_start=837
-  _globals['_FORWARDREPLY']._serialized_end=902
-  _globals['_GIVEBACK']._serialized_start=904
-  _globals['_GIVEBACK']._serialized_end=971
-  _globals['_PEERMESSAGE']._serialized_start=974
-  _globals['_PEERMESSAGE']._serialized_end=1676
+  _globals['_VOTEREQUEST']._serialized_end=138
+  _globals['_VOTEREPLY']._serialized_start=140
+  _globals['_VOTEREPLY']._serialized_end=186
+  _globals['_TIMEOUTNOW']._serialized_start=188
+  _globals['_TIMEOUTNOW']._serialized_end=200
+  _globals['_HEARTBEAT']._serialized_start=202
+  _globals['_HEARTBEAT']._serialized_end=307
+  _globals['_HEARTBEATACK']._serialized_start=309
+  _globals['_HEARTBEATACK']._serialized_end=368
+  _globals['_APPENDENTRIES']._serialized_start=370
+  _globals['_APPENDENTRIES']._serialized_end=490
+  _globals['_APPENDACK']._serialized_start=492
+  _globals['_APPENDACK']._serialized_end=527
+  _globals['_PULL']._serialized_start=529
+  _globals['_PULL']._serialized_end=605
+  _globals['_INSTALLSNAPSHOT']._serialized_start=607
+  _globals['_INSTALLSNAPSHOT']._serialized_end=679
+  _globals['_FORWARDEDREQUEST']._serialized_start=681
+  _globals['_FORWARDEDREQUEST']._serialized_end=749
+  _globals['_FORWARD']._serialized_start=751
+  _globals['_FORWARD']._serialized_end=814
+  _globals['_FORWARDEDREPLY']._serialized_start=816
+  _globals['_FORWARDEDREPLY']._serialized_end=867
+  _globals['_FORWARDREPLY']._serialized_start=869
+  _globals['_FORWARDREPLY']._serialized_end=934
+  _globals['_GIVEBACK']._serialized_start=936
+  _globals['_GIVEBACK']._serialized_end=1003
+  _globals['_PEERMESSAGE']._serialized_start=1006
+  _globals['_PEERMESSAGE']._serialized_end=1750
 # @@protoc_insertion_point(module_scope)

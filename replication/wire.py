@@ -6,7 +6,7 @@ from dataclasses import dataclass, fields
 
 import orjson
 
-from queue_server.election.messages import Heartbeat, HeartbeatAck, VoteReply, VoteRequest
+from queue_server.election.messages import Heartbeat, HeartbeatAck, TimeoutNow, VoteReply, VoteRequest
 from queue_server.replication import peer_pb2 as pb
 from queue_server.replication.log import Entry
 from queue_server.replication.messages import (
@@ -37,6 +37,7 @@ _BODIES: dict[type, str] = {
     Forward: "forward",
     ForwardReply: "forward_reply",
     GiveBack: "give_back",
+    TimeoutNow: "timeout_now",
 }
 _CLASSES = {name: cls for cls, name in _BODIES.items()}
 # The fields of each class after vote_id and src, which the envelope carries.

@@ -348,13 +348,12 @@ class Acceptor:
         elif self.role == LEADER or action in p.LOCAL_ACTIONS:
             self.route(action, value, origin, req_no)
         elif self.role == FOLLOWER:
-            if self.config.forward_request:
+            if p.passes_to_coordinator(self.config.forward_request, self.leader["leader_node_id"],
+                                       self.config.node_id):
                 self.forwarding.append((origin.wire(), req_no, value))
                 self.schedule_requests()
             else:
-                reply = p.echo(value)
-                reply.update(code=p.CODE_REDIRECT, node_id=self.config.node_id, **self.leader)
-                self.reply(origin, req_no, reply)
+                self.reply(origin, req_no, p.redirect_reply(value, self.config.node_id, self.leader))
         else:
             self.reply(origin, req_no, p.error_reply(value, NO_LEADER, self.config.node_id))
 
@@ -399,6 +398,14 @@ class Acceptor:
         if self.forwarding:
             self.coordinator.send_multipart([ipc_frames.FORWARD, _DUMPS(self.forwarding)], zmq.NOBLOCK)
             self.forwarding.clear()
+
+    def fence(self) -> None:
+        """This node stopped leading (or is handing leadership over): behind the requests routed
+        while it led, tell each worker that no more come in that mode (see ipc_frames FENCE)."""
+        self.flush_requests()
+        epoch = int(self.epoch)
+        for sock in self.workers:
+            sock.send_multipart(ipc_frames.fence_frames(epoch, ipc_frames.FROM_ACCEPTOR), zmq.NOBLOCK)
 
     # ----------------------------------------------------------------- replies
     def reply(self, origin: Origin, req_no: int, reply: dict) -> None:
@@ -482,7 +489,10 @@ class Acceptor:
                         metrics.end_probe(origin.conn)
             elif frames[0] == ipc_frames.STATUS:
                 status = _LOADS(frames[1])
-                self.role = status.pop("role")
+                role = status.pop("role")
+                if self.role == LEADER and role != LEADER:
+                    self.fence()
+                self.role = role
                 self.epoch = b"%d" % status.pop("epoch")
                 self.leader.update(status)
                 self.ready.set()

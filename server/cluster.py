@@ -18,6 +18,7 @@ from queue_server.election.messages import (
     BecomeLeader,
     PersistVote,
     Send,
+    TransferAborted,
 )
 from queue_server.election.state import Election
 from queue_server.replication.follower import Follower
@@ -48,6 +49,8 @@ LEADER, FOLLOWER, NONE = "leader", "follower", "none"
 FORWARD_GRACE = 10.0
 # How many given-up forwards are remembered, so that a reply still on its way is given back.
 ABANDONED_KEPT = 65536
+LEADER_CHANGED = "leader changed: the request may or may not have been applied"
+_NOT_APPLIED = p.LEADERSHIP_CHANGED.encode()
 _DUMPS = orjson.dumps
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
 
@@ -95,7 +98,12 @@ class ClusterNode:
         self.gatherer = gather.Gatherer()
         self.next_gather = 1  # odd: the acceptor numbers its gathers even
         # forward_id -> (conn, req_no, deadline, the request's echoed fields for an error reply)
-        self.forwards: dict[int, tuple[Origin, int, float, dict]] = {}
+        # forward_id -> (conn, req_no, deadline, the request's echoed fields for an error reply,
+        # the request, came over UDP, how long it may take): what is needed to send it again
+        self.forwards: dict[int, tuple[Origin, int, float, dict, bytes, bool, float]] = {}
+        # Forwards sent to a leader that is no longer the leader: failed as "leader changed" if
+        # that node does not answer within an election timeout.
+        self.orphaned: set[int] = set()
         # Whether this leader has served requests other nodes forwarded (their replies go back
         # over the peer wire): until then a reply batch is passed on without being read.
         self.served_forwarded = False
@@ -117,6 +125,16 @@ class ClusterNode:
         self.to_acceptor: list[list[bytes]] = []
         self.to_workers: list[tuple[int, list[bytes]]] = []
         self.persist: tuple[int, int | None] | None = None
+        # A hand-off of leadership (begin_handoff) holds client requests until this time, or
+        # until the node knows where they can go.
+        self.handoff_until: float | None = None
+        # The hand-off's barrier: the mode whose workers were fenced, and which of them have
+        # answered FENCED (sent every batch of that mode, decide nothing more in it).
+        self.fence_epoch = -1
+        self.fenced: set[int] = set()
+        self.held: list = []  # client requests of this node's acceptor, as on_forward_requests takes them
+        self.held_forwards: list[Forward] = []  # other followers' requests
+        self.held_undelivered: list[tuple[str, list[list[int]]]] = []  # messages to give back
         if found.state:
             self.state.load_snapshot(found.state)
             self._reset_workers()
@@ -129,11 +147,105 @@ class ClusterNode:
         return FOLLOWER if self.election.leader_id is not None else NONE
 
     def status_fields(self) -> dict:
-        """The role and the leader's client address, as the acceptor needs them."""
+        """The role and the leader's client address, as the acceptor needs them. While this
+        leader hands over, and after it stepped down until the new leader is heard, its
+        acceptor sees a follower of this node: it passes every request here (held until the new
+        leader is known) instead of to the workers, and answers no "no leader" meanwhile."""
         leader = self.election.leader_id
+        role = self.role
+        if (role == LEADER and self.election.transfer_target is not None) or (
+                role == NONE and self.handoff_until is not None):
+            role, leader = FOLLOWER, self.node_id
         host, port = self.clients.get(leader, ("", 0)) if leader is not None else ("", 0)
-        return {"role": self.role, "leader_node_id": leader or 0, "leader_host": host, "leader_port": port,
+        return {"role": role, "leader_node_id": leader or 0, "leader_host": host, "leader_port": port,
                 "epoch": self.epoch}
+
+    # ----------------------------------------------------------------- hand-off
+    def begin_handoff(self, now: float, timeout: float) -> bool:
+        """Before this node stops: hand leadership to an up-to-date follower (Raft's leadership
+        transfer). New client requests are held from now on and go to the new leader once it is
+        known (or are served here if the transfer fails). The workers are fenced
+        (_fence_workers): TimeoutNow goes out once every worker has answered FENCED, so that
+        every record decided while leading is in the log, and once the target holds all of it,
+        committed. False if there is nothing to hand over (not leading, or no live follower)."""
+        if self.leader is None:
+            return False
+        self._run(self.election.transfer_leadership(now, timeout, self._matches(), settled=False), now)
+        if self.election.transfer_target is None:
+            return False
+        self.handoff_until = now + timeout
+        self._fence_workers()
+        self._announce()  # the acceptor hears it no longer leads: it fences its own requests
+        return True
+
+    def handing_off(self, now: float) -> bool:
+        """Whether a hand-off is still under way: requests are being held."""
+        if self.leader is not None:  # until TimeoutNow deposes this node, or the transfer aborts
+            return self.election.transfer_target is not None
+        # stepped down; the new leader not heard yet
+        return self.handoff_until is not None and now < self.handoff_until and self.election.leader_id is None
+
+    def on_fenced(self, epoch: int, index: int, now: float) -> None:
+        """Worker `index` has sent every batch of mode `epoch` and decides nothing more in it."""
+        if epoch == self.fence_epoch == self.epoch:
+            self.fenced.add(index)
+            self._handoff_progress(now)
+
+    def _fence_workers(self) -> None:
+        """Close the hand-off's barrier in the workers: a FENCE from this coordinator behind the
+        requests it sent them, and one from the acceptor behind its own (it sends that when it
+        hears it no longer leads; sent from here if it never heard that it leads in this mode,
+        in which case it has routed no request of the mode)."""
+        self.fence_epoch = self.epoch
+        self.fenced = set()
+        status = self.status or {}
+        acceptor_routes = status.get("role") == LEADER and status.get("epoch") == self.epoch
+        for index in range(self.config.workers):
+            self.to_workers.append((index, ipc_frames.fence_frames(self.epoch, ipc_frames.FROM_COORDINATOR)))
+            if not acceptor_routes:
+                self.to_workers.append((index, ipc_frames.fence_frames(self.epoch, ipc_frames.FROM_ACCEPTOR)))
+
+    def _workers_fenced(self) -> bool:
+        """Whether every record the workers decided in this mode is in the log, and they decide
+        no more."""
+        return self.fence_epoch == self.epoch and len(self.fenced) == self.config.workers
+
+    def _matches(self) -> dict[int, int]:
+        leader = self.leader
+        return {peer: leader.match_of(peer) for peer in self.election.peers} if leader is not None else {}
+
+    def _handoff_progress(self, now: float) -> None:
+        if self.handoff_until is not None and now >= self.handoff_until:
+            self.handoff_until = None  # over, whatever came of it
+        if self.leader is not None and self.election.transfer_target is not None and self._workers_fenced():
+            self._run(self.election.on_progress(now, self._matches()), now)
+
+    def _resume_leading(self) -> None:
+        """A hand-off that did not happen: the workers accept requests again, in a new mode. If
+        all of them were fenced, their state is the log's; otherwise some may still be deciding
+        under the old mode, so they start over from the log (their late batches are refused)."""
+        if self.leader is None:
+            return
+        if self._workers_fenced():
+            self._set_mode(True)
+        else:
+            self._reset_workers()
+
+    def _release_held(self, now: float) -> None:
+        """After a hand-off: the held requests go to the new leader (or are served here if this
+        node still leads); other followers' requests are refused as not applied, so that they
+        send them to the new leader; messages to give back go to whoever leads."""
+        if not (self.held or self.held_forwards or self.held_undelivered) or self.handing_off(now):
+            return
+        held, self.held = self.held, []
+        forwards, self.held_forwards = self.held_forwards, []
+        undelivered, self.held_undelivered = self.held_undelivered, []
+        if held:
+            self.on_forward_requests(held, now)
+        for msg in forwards:
+            self._serve_forwarded(msg, now)
+        for queue, given in undelivered:
+            self.on_undelivered(queue, given)
 
     def _announce(self) -> None:
         status = self.status_fields()
@@ -147,18 +259,25 @@ class ClusterNode:
         self._run(self.election.tick(now), now)
         if self.leader is not None:
             self._run(self.leader.tick(now), now)
+        self._handoff_progress(now)
         if self.unsent and now >= self.resend_at:
             self._resend_forwards(now)
         if self.forwards and now >= self.forwards_due:
-            expired = [fid for fid, (_, _, deadline, _) in self.forwards.items() if deadline <= now]
-            if expired:
+            expired = [fid for fid, f in self.forwards.items() if f[2] <= now]
+            orphaned = [fid for fid in expired if fid in self.orphaned]
+            if orphaned:
+                self._fail_forwards(orphaned, LEADER_CHANGED)
+            if len(orphaned) < len(expired):
                 self._fail_forwards(expired, "forwarded request timed out: the leader did not answer")
             self.forwards_due = min((f[2] for f in self.forwards.values()), default=_NEVER)
+        self._release_held(now)
         self._announce()
 
     def wake_at(self) -> float:
         """When tick() next has something to do."""
         wake = self.election.wake_at
+        if self.handoff_until is not None:
+            wake = min(wake, self.handoff_until)
         if self.forwards:
             wake = min(wake, self.forwards_due)
         if self.unsent:
@@ -176,10 +295,22 @@ class ClusterNode:
 
     def _resend_forwards(self, now: float) -> None:
         leader = self.election.leader_id
-        waiting = tuple(r for msg in self.unsent for r in msg.requests if r[0] in self.forwards)
+        if leader is None:  # kept until a leader is known (or they time out)
+            self.resend_at = now + self.config.heartbeat_ms / 1000
+            return
+        # by forward id: a request both unsent and then refused is in here twice, and must be
+        # served once
+        waiting = tuple({r[0]: r for msg in self.unsent for r in msg.requests if r[0] in self.forwards}.values())
         self.unsent.clear()
-        if waiting and leader is not None and leader != self.node_id:
+        if not waiting:
+            return
+        if leader != self.node_id:
             self.to_peers.append((leader, Forward(self.election.vote_id, self.node_id, waiting)))
+            return
+        for fid, raw, _ in waiting:  # this node leads now: serve them here
+            where, req_no = self.forwards.pop(fid)[:2]
+            self.orphaned.discard(fid)
+            self._route(where, req_no, replies.decoded(raw))
 
     def on_peer(self, msg: object, client: tuple[str, int], now: float) -> None:
         """A message from another node."""
@@ -190,9 +321,12 @@ class ClusterNode:
             self.clients[src] = client
         kind = type(msg)
         if kind is Forward:
-            self._serve_forwarded(msg, now)
+            if self.handing_off(now):
+                self.held_forwards.append(msg)
+            else:
+                self._serve_forwarded(msg, now)
         elif kind is ForwardReply:
-            self._forward_replies(msg)
+            self._forward_replies(msg, now)
         elif kind is GiveBack:
             if self.leader is not None:  # else the messages stay taken: never handed out twice
                 self.on_undelivered(msg.queue, [list(m) for m in zip(msg.msg_ids, msg.delivery_counts)])
@@ -203,6 +337,8 @@ class ClusterNode:
                     self._run(self.leader.on_message(msg, now), now)
                 elif type(msg).SENDER == "leader" and self.election.leader_id == src:
                     self._run(self.follower.on_message(msg, now), now)
+            self._handoff_progress(now)
+        self._release_held(now)
         self._announce()
 
     def on_batch(self, records: bytes, header: bytes, blob: bytes, partials: bytes, epoch: int,
@@ -219,7 +355,7 @@ class ClusterNode:
             # wiped those changes in the worker, so they must not enter the log, and no reply
             # may promise what they did.
             if header != ipc_frames.EMPTY_LIST:
-                self._refuse(header, blob, "not leader: leadership changed; retry"
+                self._refuse(header, blob, p.LEADERSHIP_CHANGED
                              if self.leader is None else "not applied: the node changed mode; retry")
             header = ipc_frames.EMPTY_LIST
         elif records != ipc_frames.EMPTY_LIST:
@@ -243,7 +379,10 @@ class ClusterNode:
 
     def on_forward_requests(self, items: list, now: float) -> None:
         """Client requests this follower's acceptor could not serve ((origin, req_no, request),
-        origin in wire form): send them to the leader."""
+        origin in wire form): send them to the leader (held while this node hands over)."""
+        if self.handing_off(now):
+            self.held.extend(items)
+            return
         leader = self.election.leader_id
         if self.leader is not None:
             for origin, req_no, request in items:
@@ -253,6 +392,11 @@ class ClusterNode:
             self._reply_now([(Origin.from_wire(origin), req_no, p.error_reply(request, "no leader", self.node_id))
                              for origin, req_no, request in items])
             return
+        if not self.config.forward_request:  # held while this node handed over: to the new leader
+            fields = {k: v for k, v in self.status_fields().items() if k.startswith("leader_")}
+            self._reply_now([(Origin.from_wire(origin), req_no, p.redirect_reply(request, self.node_id, fields))
+                             for origin, req_no, request in items])
+            return
         batch = []
         for origin, req_no, request in items:
             fid = self.next_forward
@@ -260,16 +404,20 @@ class ClusterNode:
             wait = request.get("wait") if type(request) is dict else None
             grace = FORWARD_GRACE + (min(wait, self.config.max_wait) if isinstance(wait, (int, float)) and wait > 0 else 0)
             where = Origin.from_wire(origin)
-            self.forwards[fid] = (where, req_no, now + grace, p.echo(request))
+            raw = _DUMPS(request)
+            self.forwards[fid] = (where, req_no, now + grace, p.echo(request), raw, where.udp, grace)
             self.forwards_due = min(self.forwards_due, now + grace)
-            batch.append((fid, _DUMPS(request), where.udp))
+            batch.append((fid, raw, where.udp))
         self.to_peers.append((leader, Forward(self.election.vote_id, self.node_id, tuple(batch))))
 
     def on_undelivered(self, queue: str, given: list[list[int]]) -> None:
         """The messages of a consume reply that could not be delivered ([msg_id, delivery_count]
         each; the client left, or the reply came too late): the leader's worker gives them back
-        (leases released, at-most-once messages restored). A follower passes them to the leader."""
-        if self.leader is not None:
+        (leases released, at-most-once messages restored). A follower passes them to the leader.
+        While the workers are fenced (a hand-off) they are held until it is over."""
+        if self.leader is not None and self.fence_epoch == self.epoch:
+            self.held_undelivered.append((queue, given))
+        elif self.leader is not None:
             self.to_workers.append((self.router.worker_for(queue), [ipc_frames.UNDELIVER, _DUMPS([queue, given])]))
         elif self.election.leader_id is not None:
             self.to_peers.append((self.election.leader_id, GiveBack(
@@ -288,7 +436,7 @@ class ClusterNode:
             elif kind is BecomeLeader:
                 self._lead(a.vote_id, now)
             elif kind is BecomeFollower or kind is BecomeCandidate:
-                self._stop_leading()
+                self._stop_leading(now)
                 if kind is BecomeFollower and a.leader_id is not None:
                     self._run(self.follower.pull(a.leader_id, a.vote_id, now), now)
             elif kind is SendSnapshot:
@@ -302,6 +450,8 @@ class ClusterNode:
                 self._reset_workers()
                 self.truncated_to = -1  # the log on disk restarts after the snapshot
                 self.snapshot_now = True
+            elif kind is TransferAborted:
+                self._resume_leading()  # held requests are then served here (_release_held)
             elif kind is Discarded:
                 # Never applied (followers apply committed entries only; a leader resets its
                 # workers when it stops leading), but the disk must forget them too.
@@ -315,7 +465,7 @@ class ClusterNode:
         """This node won: bring the workers up to the whole log (entries of earlier terms will be
         committed with this term's first), then let them accept writes."""
         self.follower.reset()
-        self._fail_forwards(list(self.forwards), "leader changed: the request may or may not have been applied")
+        self._orphan_forwards(now)
         self.leader = LeaderReplication(
             self.node_id, self.members, self.log, vote_id, now,
             sync_rate=self.config.queue_sync_rate, max_batch=5000,
@@ -326,12 +476,11 @@ class ClusterNode:
         self._set_mode(True)
         self._run(self.leader.replicate(now), now)
 
-    def _stop_leading(self) -> None:
+    def _stop_leading(self, now: float) -> None:
         """Whatever the reason: stop accepting writes; the workers go back to the committed
         state; writes waiting for a commit are answered with an error."""
         self.follower.reset()
-        if self.forwards:
-            self._fail_forwards(list(self.forwards), "leader changed: the request may or may not have been applied")
+        self._orphan_forwards(now)
         if self.leader is None:
             return
         self.leader = None
@@ -340,6 +489,19 @@ class ClusterNode:
             _, header, blob = self.pending.popleft()
             self._refuse(header, blob, "not leader: leadership lost before the write was committed; it may or may not take effect")
         self._reset_workers()
+
+    def _orphan_forwards(self, now: float) -> None:
+        """The leader changed: requests forwarded to the old one wait an election timeout for its
+        answer (a leader that handed over answers them, or refuses them as not applied: they are
+        then sent to the new leader, or served here) before they fail as "leader changed"."""
+        if not self.forwards:
+            return
+        due = now + self.config.election_timeout_ms / 1000
+        for fid, f in self.forwards.items():
+            if f[2] > due:
+                self.forwards[fid] = (*f[:2], due, *f[3:])
+            self.orphaned.add(fid)
+        self.forwards_due = min(self.forwards_due, due)
 
     def _commit(self, c: Commit) -> None:
         """Entries are committed: replay them into the committed state (and on a follower into
@@ -405,6 +567,8 @@ class ClusterNode:
         self.epoch += 1
         for index in range(self.config.workers):
             self.to_workers.append((index, [ipc_frames.MODE, _DUMPS([accepting, self.epoch])]))
+        if accepting and self.election.transfer_target is not None:
+            self._fence_workers()  # reset during a hand-off: the new mode is fenced too
 
     # ----------------------------------------------------------------- replies
     def _release(self, header: bytes, blob: bytes) -> None:
@@ -498,7 +662,7 @@ class ClusterNode:
         """A follower's clients' requests: serve them here (each keeps its transport's rules), or
         say there is no leader here."""
         if self.leader is None:
-            refused = tuple((fid, _DUMPS(p.error_reply(replies.decoded(raw), "not leader: leadership changed; retry",
+            refused = tuple((fid, _DUMPS(p.error_reply(replies.decoded(raw), p.LEADERSHIP_CHANGED,
                                                        self.node_id), option=_NEWLINE))
                             for fid, raw, _ in msg.requests)
             self.to_peers.append((msg.src, ForwardReply(self.election.vote_id, self.node_id, refused)))
@@ -507,10 +671,11 @@ class ClusterNode:
         for fid, raw, udp in msg.requests:
             self._route(Origin(fid, udp, msg.src), 0, replies.decoded(raw))
 
-    def _forward_replies(self, msg: ForwardReply) -> None:
+    def _forward_replies(self, msg: ForwardReply, now: float) -> None:
         """The leader's replies to requests this node forwarded: to their clients. A consume reply
         whose request was already given up on (timed out, or failed by a change of leader) is
-        given back, never dropped with its messages."""
+        given back, never dropped with its messages. A request the node refused because it no
+        longer leads was not applied: it goes to the current leader."""
         rows = []
         for fid, reply in msg.replies:
             target = self.forwards.pop(fid, None)
@@ -518,9 +683,20 @@ class ClusterNode:
                 if self.abandoned.pop(fid, False):  # not a second copy of a delivered reply
                     self._give_back(reply)
                 continue
+            if _NOT_APPLIED in reply and replies.decoded(reply).get("reason") == p.LEADERSHIP_CHANGED:
+                self._send_again(fid, target, now)
+                continue
+            self.orphaned.discard(fid)
             rows.append((target[0], target[1], reply))
         if rows:
             self.to_acceptor.append([ipc_frames.REP, *replies.encode_raw(rows)])
+
+    def _send_again(self, fid: int, target: tuple, now: float) -> None:
+        """Forward a request again (to whoever leads by the next heartbeat), with its full time."""
+        self.orphaned.discard(fid)
+        where, req_no, _, echo, raw, udp, grace = target
+        self.forwards[fid] = (where, req_no, now + grace, echo, raw, udp, grace)
+        self.on_unsent(Forward(self.election.vote_id, self.node_id, ((fid, raw, udp),)), now)
 
     def _give_back(self, reply: bytes) -> None:
         """If `reply` is a successful consume reply, give its messages back (on_undelivered)."""
@@ -532,6 +708,7 @@ class ClusterNode:
         failed = []
         for fid in fids:
             target = self.forwards.pop(fid, None)
+            self.orphaned.discard(fid)
             if target is not None:
                 failed.append((target[0], target[1], p.error_reply(target[3], reason, self.node_id)))
                 self.abandoned[fid] = True

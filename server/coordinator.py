@@ -4,6 +4,8 @@ messages: replication/peer.proto) and the ClusterNode that decides everything (s
 """
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import sys
 import time
@@ -31,6 +33,9 @@ from queue_server.server.reachability import Reachability
 PEER_HWM = 10000
 # How often the node's figures are handed to the metrics (they are published once a second).
 OBSERVE_INTERVAL = 0.2
+# Written in the run directory once a hand-off asked for by SIGUSR1 is over (or there was nothing
+# to hand over): the supervisor then lets the acceptor drain.
+HANDOFF_DONE = "handoff-done"
 # Peer messages that tell the leader how far this node's log reaches: not sent while the disk
 # refuses the log.
 _CLAIMS_LOG = (AppendAck, HeartbeatAck)
@@ -41,6 +46,9 @@ class Coordinator:
 
     def __init__(self, config: NodeConfig, ctx: zmq.Context, run_dir: str, log, storage: Storage | None) -> None:
         self.config = config
+        self.run_dir = run_dir
+        self.handoff_asked = False  # SIGUSR1: the node is stopping, hand leadership over
+        self.handoff_started: float | None = None
         self.log = log
         self.storage = storage
         started = time.monotonic()
@@ -100,6 +108,13 @@ class Coordinator:
         """Serve until terminated."""
         poller = zmq.Poller()
         poller.register(self.inbox, zmq.POLLIN)
+        # SIGUSR1 (the supervisor got SIGTERM) wakes the poll through this pipe.
+        wake_r, wake_w = os.pipe()
+        os.set_blocking(wake_r, False)
+        os.set_blocking(wake_w, False)
+        signal.set_wakeup_fd(wake_w)
+        signal.signal(signal.SIGUSR1, self._ask_handoff)
+        poller.register(wake_r, zmq.POLLIN)
         if self.router is not None:
             poller.register(self.router, zmq.POLLIN)
         node = self.node
@@ -113,6 +128,15 @@ class Coordinator:
                     wake = min(wake, sync_at)
             timeout = max(0.0, min(wake - time.time(), 1.0))
             events = dict(poller.poll(timeout * 1000 + 0.5))
+            if wake_r in events:
+                while True:
+                    try:
+                        if not os.read(wake_r, 64):
+                            break
+                    except BlockingIOError:
+                        break
+            if self.handoff_asked:
+                self.hand_off(time.time())
             # Peers first: elections are the most sensitive to delay. The time is read per
             # message, and timers run between messages, so that a long backlog never makes a
             # leader's messages look late or hides a heartbeat that is due.
@@ -176,6 +200,31 @@ class Coordinator:
                              reason, src, sender, env.cluster_id)
         return False
 
+    def _ask_handoff(self, signum: int, frame: object) -> None:
+        self.handoff_asked = True
+
+    def hand_off(self, now: float) -> None:
+        """The node is stopping: hand leadership to an up-to-date follower (for up to half of
+        shutdown_grace), then tell the supervisor (HANDOFF_DONE)."""
+        node = self.node
+        if self.handoff_started is None:
+            self.handoff_started = now
+            if node.begin_handoff(now, self.config.shutdown_grace / 2):
+                self.log.info("stopping: handing leadership to node %d", node.election.transfer_target)
+                self.flush()
+                return
+        elif node.handing_off(now):
+            return
+        elif node.leader is not None:
+            self.log.warning("stopping: no follower took over within %.1f s; leading until the end",
+                             now - self.handoff_started)
+        else:
+            self.log.info("stopping: node %s leads now (hand-off took %.0f ms)", node.election.leader_id,
+                          (now - self.handoff_started) * 1000)
+        self.handoff_asked = False
+        with open(os.path.join(self.run_dir, HANDOFF_DONE), "w"):
+            pass
+
     def dispatch(self, frames: list[bytes], now: float) -> None:
         """Handle one message from the acceptor or a worker."""
         kind = frames[0]
@@ -185,6 +234,8 @@ class Coordinator:
             self.node.on_forward_requests(orjson.loads(frames[1]), now)
         elif kind == ipc_frames.UNDELIVER:
             self.node.on_undelivered(*orjson.loads(frames[1]))
+        elif kind == ipc_frames.FENCED:
+            self.node.on_fenced(*ipc_frames.read_fenced(frames), now)
         else:
             self.log.warning("unknown message kind %r", kind)
 

@@ -16,6 +16,16 @@ FORWARD = b"forward"  # acceptor -> coordinator: [FORWARD, json [[origin, req_no
 MODE = b"mode"  # coordinator -> worker: [MODE, json [accepting, epoch]] whether to accept queue requests
 RESET = b"reset"  # coordinator -> worker: [RESET, json {queue: snapshot}] replace all queues
 DRAIN = b"drain"  # acceptor -> worker: [DRAIN] the node is shutting down: answer long polls now, park no more
+# The hand-off barrier (ClusterNode.begin_handoff): each sender of requests to a worker (the
+# acceptor and the coordinator) puts a FENCE behind the last request it sent under a leading mode;
+# a worker that has both serves nothing more in that mode, sends its batch, then FENCED. The pipes
+# are FIFO, so once the coordinator has FENCED from every worker, every record they decided in
+# that mode is in its log.
+FENCE = b"fence"  # acceptor | coordinator -> worker: [FENCE, epoch, sender]
+FENCED = b"fenced"  # worker -> coordinator: [FENCED, epoch, worker index]
+FROM_ACCEPTOR = b"acceptor"
+FROM_COORDINATOR = b"coordinator"
+FENCE_SENDERS = frozenset({FROM_ACCEPTOR, FROM_COORDINATOR})
 
 EMPTY_LIST = b"[]"
 
@@ -29,3 +39,26 @@ def read_batch(frames: list[bytes]) -> tuple[bytes, bytes, bytes, bytes, int]:
     """The (records, header, blob, partials, epoch) of a BATCH message."""
     _, records, header, blob, partials, epoch = frames
     return records, header, blob, partials, int(epoch)
+
+
+def fence_frames(epoch: int, sender: bytes) -> list[bytes]:
+    """A FENCE: `sender` (FROM_ACCEPTOR or FROM_COORDINATOR) sends the worker no more requests of
+    mode `epoch`."""
+    return [FENCE, b"%d" % epoch, sender]
+
+
+def read_fence(frames: list[bytes]) -> tuple[int, bytes]:
+    """The (epoch, sender) of a FENCE message."""
+    _, epoch, sender = frames
+    return int(epoch), sender
+
+
+def fenced_frames(epoch: int, index: int) -> list[bytes]:
+    """A FENCED: worker `index` has sent every batch of mode `epoch` and decides nothing more in it."""
+    return [FENCED, b"%d" % epoch, b"%d" % index]
+
+
+def read_fenced(frames: list[bytes]) -> tuple[int, int]:
+    """The (epoch, worker index) of a FENCED message."""
+    _, epoch, index = frames
+    return int(epoch), int(index)

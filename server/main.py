@@ -1,7 +1,8 @@
 """`queue-server`: the supervisor of one node. It loads the config, starts the coordinator, the
 workers and the acceptor as child processes wired by ZeroMQ in a private run directory, and stops
-them all together: on SIGTERM or SIGINT after letting the acceptor drain (exit 0; a second
-signal stops at once), and when any child dies unexpectedly by
+them all together: on SIGTERM or SIGINT after handing leadership over (if it leads) and letting
+the acceptor drain, within shutdown_grace (exit 0; a second signal stops at once), and when any
+child dies unexpectedly by
 stopping the rest and exiting non-zero -- never a half-alive node."""
 from __future__ import annotations
 
@@ -22,6 +23,9 @@ from queue_server.server import logs, metrics, metrics_http, peer_keys, prefligh
 from queue_server.server.child import CONFIG_FILE
 
 STOP_GRACE = 5.0
+# Must match server/coordinator.py's HANDOFF_DONE (not imported: the supervisor loads no ZeroMQ).
+HANDOFF_DONE = "handoff-done"
+HANDOFF_POLL = 0.01
 
 
 class _Shutdown(Exception):
@@ -96,6 +100,7 @@ class Supervisor:
         self.run_dir = tempfile.mkdtemp(prefix="queue-server-")
         self.children: dict[int, tuple[str, subprocess.Popen]] = {}
         self.metrics_server = None
+        self.stop_by: float | None = None  # a graceful stop ends by then (shutdown_grace)
 
     def start(self) -> None:
         """Write the resolved config to the run directory and start every child."""
@@ -140,17 +145,40 @@ class Supervisor:
                 )
                 return 1
 
+    def _child(self, name: str) -> subprocess.Popen | None:
+        for child, proc in self.children.values():
+            if child == name and proc.poll() is None:
+                return proc
+        return None
+
+    def hand_off(self) -> None:
+        """Ask the coordinator to hand leadership to an up-to-date follower (SIGUSR1) and wait
+        until it says it is done (it gives up after half of shutdown_grace). A signal during the
+        wait raises _Shutdown: the caller then stops at once."""
+        self.stop_by = time.monotonic() + self.config.shutdown_grace
+        coordinator = self._child("coordinator")
+        if coordinator is None or not self.config.is_cluster:
+            return
+        done = os.path.join(self.run_dir, HANDOFF_DONE)
+        coordinator.send_signal(signal.SIGUSR1)
+        give_up = time.monotonic() + self.config.shutdown_grace / 2 + 0.5
+        while not os.path.exists(done) and coordinator.poll() is None and time.monotonic() < give_up:
+            time.sleep(HANDOFF_POLL)
+
     def drain(self) -> None:
         """Let the acceptor finish what its clients are owed (it stops taking connections and has
-        long polls answered at once), for up to shutdown_grace; the other processes keep serving
-        it meanwhile. A signal during the wait raises _Shutdown: the caller then stops at once."""
-        for name, proc in self.children.values():
-            if name == "acceptor" and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(self.config.shutdown_grace + STOP_GRACE)
-                except subprocess.TimeoutExpired:
-                    self.log.warning("the acceptor did not finish within shutdown_grace")
+        long polls answered at once), until shutdown_grace is up; the other processes keep
+        serving it meanwhile. A signal during the wait raises _Shutdown: the caller then stops
+        at once."""
+        acceptor = self._child("acceptor")
+        if acceptor is None:
+            return
+        acceptor.terminate()
+        stop_by = self.stop_by if self.stop_by is not None else time.monotonic() + self.config.shutdown_grace
+        try:
+            acceptor.wait(max(0.0, stop_by - time.monotonic()) + 0.5)
+        except subprocess.TimeoutExpired:
+            self.log.warning("the acceptor did not finish within shutdown_grace")
 
     def stop(self) -> None:
         """Terminate every child (SIGKILL after a grace period) and remove the run directory."""
@@ -222,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     except _Shutdown as exc:
         log.info("signal %d: stopping (a second signal stops at once)", exc.args[0])
         try:
+            supervisor.hand_off()
             supervisor.drain()
         except _Shutdown:
             log.info("second signal: stopping at once")

@@ -62,6 +62,9 @@ LOCAL_ACTIONS: frozenset[int] = frozenset({LOCAL_MONITOR, LOCAL_LIST, LOCAL_PEEK
 CODE_OK = 0
 CODE_ERROR = -1
 CODE_REDIRECT = -2
+# The reason of an error reply to a request that was not applied because the node it reached
+# stopped leading first: sending it again (to the new leader) is safe.
+LEADERSHIP_CHANGED = "not leader: leadership changed; retry"
 
 # delay/ttl values at or above this are unix timestamps; below it, seconds from now.
 ABSOLUTE_TIME_THRESHOLD = 1_000_000_000
@@ -121,6 +124,22 @@ def error_reply(request: Any, reason: str, node_id: int | None = None) -> dict:
     if node_id is not None:
         reply["node_id"] = node_id
     return reply
+
+
+def redirect_reply(request: Any, node_id: int, leader: dict) -> dict:
+    """A code -2 reply to `request`: ask the leader (leader: leader_node_id, leader_host,
+    leader_port)."""
+    reply = echo(request)
+    reply.update(code=CODE_REDIRECT, node_id=node_id, **leader)
+    return reply
+
+
+def passes_to_coordinator(forward_request: bool, leader_node_id: int, node_id: int) -> bool:
+    """Whether a follower's acceptor passes a queue request to its coordinator rather than
+    redirecting it: it forwards requests (forward_request), or the leader it knows is its own
+    node, which is handing leadership over; its coordinator holds the request until the new
+    leader is known, then sends it there or redirects it."""
+    return bool(forward_request) or leader_node_id == node_id
 
 
 def delivered(reply: Any) -> tuple[str, list[list[int]]] | None:

@@ -37,6 +37,7 @@ class Worker:
         self.log = log
         self.epoch = 0  # of the last mode change received (see ClusterNode.epoch)
         self.held: list[list[bytes]] = []
+        self.fences: set[bytes] = set()  # who fenced the current mode (ipc_frames FENCE)
         self.index = index
         self.metrics = metrics if metrics is not None else WorkerMetrics()
         self.queue_metrics = queue_metrics
@@ -93,6 +94,12 @@ class Worker:
                 else:
                     service.partial(item[3], item[2], now)
             self.metrics.batch(time.perf_counter() - started, len(items))
+        elif kind == ipc_frames.FENCE:
+            epoch, sender = ipc_frames.read_fence(frames)
+            if epoch > self.epoch:
+                self.held.append(frames)  # behind the held requests it fences
+            else:
+                self.fence(epoch, sender)
         elif kind == ipc_frames.CLOSE:
             service.cancel(orjson.loads(frames[1]))
         elif kind == ipc_frames.UNDELIVER:
@@ -106,6 +113,7 @@ class Worker:
             # changes from a mode that is over: a reset has wiped them here).
             self.flush()
             service.accepting, self.epoch = orjson.loads(frames[1])
+            self.fences.clear()
             held, self.held = self.held, []
             for message in held:
                 self.dispatch(message, now)
@@ -115,6 +123,19 @@ class Worker:
             service.draining = True
         else:
             self.log.warning("unknown message kind %r", kind)
+
+    def fence(self, epoch: int, sender: bytes) -> None:
+        """A sender of requests sends none more in mode `epoch`. Once both have said so (the
+        node is handing leadership over), every request of the mode has been served: send the
+        batch, decide nothing more (no long poll served, no lease swept) until the next mode, and
+        tell the coordinator (FENCED), after the batch on the same pipe."""
+        if epoch != self.epoch:
+            return  # a mode that is over: its changes were wiped or refused already
+        self.fences.add(sender)
+        if self.fences >= ipc_frames.FENCE_SENDERS:
+            self.flush()
+            self.service.accepting = False
+            self.coordinator.send_multipart(ipc_frames.fenced_frames(epoch, self.index))
 
     def flush(self) -> None:
         """Send what the service produced since the last flush, as one message."""

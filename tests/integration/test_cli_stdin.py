@@ -17,7 +17,7 @@ def run_cli(monkeypatch, stdin: str, *args: str) -> tuple[int, list[dict], str]:
     out, err = io.StringIO(), io.StringIO()
     monkeypatch.setattr(sys, "stdout", out)
     monkeypatch.setattr(sys, "stderr", err)
-    status = cli.main(list(args))
+    status = cli.main(["--json", *args])
     return status, [json.loads(line) for line in out.getvalue().splitlines()], err.getvalue()
 
 

@@ -26,7 +26,7 @@ def tcp(node):
 def _cli(hosts: str, *args: str) -> dict:
     out = io.StringIO()
     with redirect_stdout(out):
-        status = cli.main(["--hosts", hosts, *args])
+        status = cli.main(["--hosts", hosts, "--json", *args])
     assert status == 0, out.getvalue()
     return json.loads(out.getvalue())
 

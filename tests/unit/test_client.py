@@ -824,7 +824,8 @@ def test_async_udp_failover_and_timeout(servers: Any, run: Any) -> None:
 
 
 def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
+    """queue-cli with --json (the output scripts parse); its exit status, stdout and stderr."""
+    code = main(["--json", *argv])
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -902,3 +903,5 @@ def test_retry_elsewhere_only_where_sending_again_is_safe() -> None:
     assert not p.retry_elsewhere(p.consume_request("q"), changed)  # could lose an at-most-once message
     assert p.retry_elsewhere(p.consume_request("q"), {"code": -1, "reason": "no leader"})
     assert not p.retry_elsewhere(idem, {"code": -1, "reason": "queue full"})
+    # refused unapplied by a node that stopped leading: safe for any request
+    assert p.retry_elsewhere(p.consume_request("q"), {"code": -1, "reason": p.LEADERSHIP_CHANGED})

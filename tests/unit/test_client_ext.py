@@ -100,7 +100,7 @@ def test_async_token_consume_and_idempotent_produce(server: FakeTcpServer) -> No
 
 
 def test_cli_token_and_producer_flags(server: FakeTcpServer, capsys: pytest.CaptureFixture[str]) -> None:
-    h = ("--hosts", server.addr)
+    h = ("--hosts", server.addr, "--json")
     assert main([*h, "produce", "q", "a", "b", "--producer", "w", "--sequence", "1"]) == 0
     assert main([*h, "produce", "q", "a", "b", "--producer", "w", "--sequence", "1"]) == 0
     out = capsys.readouterr().out.splitlines()

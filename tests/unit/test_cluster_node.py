@@ -7,21 +7,23 @@ import random
 import orjson
 
 from queue_server.config.loader import parse_config
-from queue_server.election.messages import Heartbeat, VoteReply, VoteRequest
-from queue_server.replication.messages import Recovered
+from queue_server.election.messages import Heartbeat, HeartbeatAck, TimeoutNow, VoteReply, VoteRequest
+from queue_server.replication.messages import AppendAck, AppendEntries, Recovered
 from queue_server.replication.messages import Forward, ForwardReply, GiveBack
+from queue_server.server import protocol as p
 from queue_server.server import ipc_frames, replies
 from queue_server.server.cluster import FORWARD_GRACE, ClusterNode
 from queue_server.server.origin import Origin
 
 T0 = 1_000_000.0
+NODE2 = ("127.0.0.1", 2222)  # node 2's client address, as its peer messages carry it
 
 
-def _config(n: int, node_id: int = 1):
+def _config(n: int, node_id: int = 1, **extra):
     nodes = [{"node_id": i, "host": "127.0.0.1", "port": 1100 + i} for i in range(1, n + 1)]
     cfg, _ = parse_config(orjson.dumps({
         "node_id": node_id, "workers": 2, "cluster_node_list": nodes if n > 1 else [],
-        "election_timeout_ms": 300, "heartbeat_ms": 50}).decode())
+        "election_timeout_ms": 300, "heartbeat_ms": 50, **extra}).decode())
     return cfg
 
 
@@ -36,16 +38,21 @@ def _leader() -> ClusterNode:
 
 def _leader_of_three() -> ClusterNode:
     """Node 1 of three, elected with node 2's votes (node 3 never answers)."""
-    node = ClusterNode(_config(3), T0, recovered=Recovered(), rng=random.Random(1))
+    return _elected(_config(3))[0]
+
+
+def _elected(config) -> tuple[ClusterNode, float]:
+    """Node 1 of three elected with node 2's votes, and the time it won."""
+    node = ClusterNode(config, T0, recovered=Recovered(), rng=random.Random(1))
     now = T0
     while node.role != "leader":
         now += 0.05
         node.tick(now)
         for to, msg in _drain(node)[2]:
             if type(msg) is VoteRequest and to == 2:
-                node.on_peer(VoteReply(msg.vote_id, 2, True, msg.pre_vote), ("127.0.0.1", 2222), now)
+                node.on_peer(VoteReply(msg.vote_id, 2, True, msg.pre_vote), NODE2, now)
     _drain(node)
-    return node
+    return node, now
 
 
 def _follower() -> ClusterNode:
@@ -200,3 +207,138 @@ def test_a_reply_without_records_waits_for_what_was_logged_before_it():
     assert node.role == "follower"
     answered = {n: r for _, n, r in _replies(_drain(node)[0])}
     assert answered[1]["code"] == -1 and answered[2]["code"] == -1 and "duplicate" not in answered[2]
+
+
+# ------------------------------------------------------------------ hand-off (leadership transfer)
+
+
+def _handing_over(**extra) -> tuple[ClusterNode, float]:
+    """Node 1 leading three, node 2 holding its whole log, committed; then begin_handoff."""
+    node, now = _elected(_config(3, **extra))
+    node.on_peer(AppendAck(node.election.vote_id, 2, node.log.last_trans_id), NODE2, now)
+    assert node.log.commit_trans_id == node.log.last_trans_id
+    _drain(node)
+    assert node.begin_handoff(now, 1.0)
+    assert node.election.transfer_target == 2
+    return node, now
+
+
+def _timeout_nows(to_peers: list) -> list:
+    return [(to, m) for to, m in to_peers if type(m) is TimeoutNow]
+
+
+def _statuses(to_acceptor: list) -> list[dict]:
+    return [orjson.loads(f[1]) for f in to_acceptor if f[0] == ipc_frames.STATUS]
+
+
+def test_a_hand_off_sends_timeout_now_only_once_every_worker_is_fenced():
+    """The target holds the whole log at once, but a worker may still be sending a batch it
+    decided while this node led: TimeoutNow waits for FENCED from every worker."""
+    node, now = _handing_over()
+    to_acceptor, to_workers, to_peers = _drain(node)
+    assert _timeout_nows(to_peers) == []
+    # the acceptor, told it leads in this mode, fences its own requests when told it no longer does
+    assert [s["role"] for s in _statuses(to_acceptor)] == ["follower"]
+    assert sorted((i, ipc_frames.read_fence(f)) for i, f in to_workers if f[0] == ipc_frames.FENCE) == [
+        (0, (node.epoch, ipc_frames.FROM_COORDINATOR)), (1, (node.epoch, ipc_frames.FROM_COORDINATOR))]
+    node.on_fenced(node.epoch, 0, now + 0.01)
+    node.on_fenced(node.epoch - 1, 1, now + 0.01)  # of a mode that is over: not this barrier
+    node.tick(now + 0.2)  # no time makes up for a missing fence
+    assert _timeout_nows(_drain(node)[2]) == []
+    node.on_fenced(node.epoch, 1, now + 0.21)
+    assert _timeout_nows(_drain(node)[2]) == [(2, TimeoutNow(node.election.vote_id, 1))]
+
+
+def test_a_batch_that_arrives_before_the_fence_is_logged_and_replicated_before_timeout_now():
+    node, now = _handing_over()
+    _drain(node)
+    last = node.log.last_trans_id
+    header, blob = replies.encode([(Origin(7), 1, {"action": 1, "queue": "q", "seq": 1, "code": 0, "msg_id": 1})])
+    node.on_batch(orjson.dumps([PRODUCE]), header, blob, ipc_frames.EMPTY_LIST, node.epoch, now + 0.01)
+    assert node.log.last_trans_id == last + 1
+    node.on_fenced(node.epoch, 0, now + 0.02)
+    node.on_fenced(node.epoch, 1, now + 0.02)
+    to_acceptor, _, to_peers = _drain(node)
+    assert _timeout_nows(to_peers) == []  # node 2 does not have the produce yet
+    assert _replies(to_acceptor) == []  # nor is it committed
+    pushed = [m for to, m in to_peers if to == 2 and type(m) is AppendEntries]
+    assert pushed and pushed[-1].entries[-1].trans_id == last + 1
+    node.on_peer(AppendAck(node.election.vote_id, 2, last + 1), NODE2, now + 0.03)
+    to_acceptor, _, to_peers = _drain(node)
+    assert [(o, r["code"]) for o, _, r in _replies(to_acceptor)] == [(Origin(7), 0)]  # answered, and then
+    assert _timeout_nows(to_peers) == [(2, TimeoutNow(node.election.vote_id, 1))]
+
+
+def test_a_hand_off_that_times_out_leads_on_and_serves_what_it_held():
+    node, now = _handing_over(forward_request=0)
+    node.on_fenced(node.epoch, 0, now)
+    node.on_fenced(node.epoch, 1, now)
+    to_peers = _drain(node)[2]
+    assert _timeout_nows(to_peers)  # sent, but node 2 never takes over
+    epoch = node.epoch
+    node.on_forward_requests([[[3, False, 0], 1, {"action": 1, "queue": "q", "data": "x", "seq": 1}]], now)
+    node.on_undelivered("q", [[5, 1]])
+    to_acceptor, to_workers, _ = _drain(node)
+    assert to_acceptor == [] and to_workers == []  # held
+    t = now
+    while t < now + 1.1:  # node 2 answers heartbeats but never campaigns
+        t += 0.05
+        node.on_peer(HeartbeatAck(node.election.vote_id, 2, node.log.last_trans_id, node.election.vote_id), NODE2, t)
+        node.tick(t)
+    assert node.role == "leader" and node.election.transfer_target is None
+    to_acceptor, to_workers, _ = _drain(node)
+    assert _statuses(to_acceptor)[-1]["role"] == "leader"
+    kinds = [(i, f[0]) for i, f in to_workers]
+    # the workers accept again (a new mode, no reset: fenced, their state is the log's); then
+    # the held request and the messages to give back reach them
+    assert ipc_frames.RESET not in [k for _, k in kinds]
+    assert [orjson.loads(f[1]) for _, f in to_workers if f[0] == ipc_frames.MODE] == [[True, epoch + 1]] * 2
+    worker = node.router.worker_for("q")
+    mine = [f for i, f in to_workers if i == worker]
+    assert [f[0] for f in mine] == [ipc_frames.MODE, ipc_frames.REQ, ipc_frames.UNDELIVER]
+    assert mine[1][2] == b"%d" % (epoch + 1)
+
+
+def test_a_hand_off_that_times_out_before_every_fence_resets_the_workers():
+    """A worker that never answered FENCED may still be deciding under the old mode: the
+    workers start over from the log, so that its late batch is refused with nothing applied."""
+    node, now = _handing_over()
+    node.on_fenced(node.epoch, 0, now)
+    t = now
+    while t < now + 1.1:
+        t += 0.05
+        node.on_peer(HeartbeatAck(node.election.vote_id, 2, node.log.last_trans_id, node.election.vote_id), NODE2, t)
+        node.tick(t)
+    assert node.role == "leader"
+    kinds = [f[0] for _, f in _drain(node)[1]]
+    assert ipc_frames.RESET in kinds and kinds.index(ipc_frames.RESET) < kinds.index(ipc_frames.MODE)
+
+
+def test_in_redirect_mode_requests_held_during_a_hand_off_are_redirected_to_the_new_leader():
+    """forward_request 0: the acceptor of a node handing over passes requests to its
+    coordinator (its status names itself as leader) rather than redirecting clients to itself;
+    once the new leader is known they are redirected there."""
+    assert p.passes_to_coordinator(False, 1, 1) and p.passes_to_coordinator(True, 2, 1)
+    assert not p.passes_to_coordinator(False, 2, 1)
+    node, now = _handing_over(forward_request=0)
+    status = _statuses(_drain(node)[0])[-1]
+    assert (status["role"], status["leader_node_id"]) == ("follower", 1)
+    node.on_fenced(node.epoch, 0, now)
+    node.on_fenced(node.epoch, 1, now)
+    (_, timeout_now), = _timeout_nows(_drain(node)[2])
+    node.on_forward_requests([[[3, False, 0], 1, {"action": 1, "queue": "q", "data": "x", "seq": 1}]], now)
+    term = timeout_now.vote_id + 1  # node 2 campaigns at once, and wins
+    node.on_peer(VoteRequest(term, 2, node.log.last_trans_id, node.election.vote_id, transfer=True), NODE2, now + 0.01)
+    to_acceptor = _drain(node)[0]
+    assert node.role == "none" and _replies(to_acceptor) == []  # still held: the leader is not known
+    # and its acceptor goes on passing requests here instead of answering "no leader"
+    assert all((s["role"], s["leader_node_id"]) == ("follower", 1) for s in _statuses(to_acceptor))
+    last, vote = node.log.last_trans_id, node.log.last_vote_id
+    node.on_peer(Heartbeat(term, 2, last, vote, last, vote),
+                 NODE2, now + 0.02)
+    to_acceptor = _drain(node)[0]
+    assert (_statuses(to_acceptor)[-1]["role"], _statuses(to_acceptor)[-1]["leader_node_id"]) == ("follower", 2)
+    (origin, seq, reply), = _replies(to_acceptor)
+    assert (origin, seq, reply["seq"]) == (Origin(3), 1, 1)
+    assert (reply["code"], reply["leader_node_id"], reply["leader_host"], reply["leader_port"]) == (
+        p.CODE_REDIRECT, 2, "127.0.0.1", 2222)

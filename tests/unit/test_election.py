@@ -13,6 +13,8 @@ from queue_server.election.messages import (
     HeartbeatAck,
     PersistVote,
     Send,
+    TimeoutNow,
+    TransferAborted,
     VoteReply,
     VoteRequest,
 )
@@ -488,3 +490,130 @@ def test_become_candidate_action():
     e = make(1, [1, 2, 3], pre_vote=False)
     a = e.tick(10.0)
     assert BecomeCandidate(1, False) in a and e.leader_id is None
+
+
+# ------------------------------------------------------------------ leadership transfer
+
+
+def _log_with(n, term=1, committed=None):
+    log = ChangeLog(100)
+    if n:
+        log.append(term, [{}] * n)
+    log.commit_to(n if committed is None else committed)
+    return log
+
+
+def _leader_of_three(log=None, now=0.0):
+    """Node 1 leading term 1 of [1, 2, 3], both followers acked at `now`."""
+    e = make(1, [1, 2, 3], log=log, pre_vote=False)
+    e.tick(now + 2 * T)
+    e.on_message(VoteReply(1, 2, True), now + 2 * T)
+    assert e.is_leader
+    for peer in (2, 3):
+        e.on_message(HeartbeatAck(1, peer, 0, 0), now + 2 * T)
+    return e, now + 2 * T
+
+
+def test_transfer_waits_for_the_target_to_match_then_sends_timeout_now():
+    e, t = _leader_of_three(_log_with(10))
+    assert e.transfer_leadership(t, 5.0, {2: 7, 3: 4}) == []  # the target is behind: wait
+    assert e.transfer_target == 2  # the live follower whose log reaches furthest
+    assert e.on_progress(t + 0.01, {2: 9, 3: 4}) == []
+    a = e.on_progress(t + 0.02, {2: 10, 3: 4})
+    assert a == [Send(2, TimeoutNow(1, 1))]
+    assert e.on_progress(t + 0.03, {2: 10, 3: 10}) == []  # sent once
+    assert e.is_leader  # until the target's election deposes it
+
+
+def test_transfer_waits_for_everything_to_be_committed():
+    e, t = _leader_of_three(_log_with(10, committed=8))
+    assert e.transfer_leadership(t, 5.0, {2: 10, 3: 10}) == []
+    e.log.commit_to(10)
+    assert e.on_progress(t + 0.01, {2: 10, 3: 10}) == [Send(2, TimeoutNow(1, 1))]
+
+
+def test_an_unsettled_transfer_waits_for_on_progress():
+    """settled=False: writes may still be on their way into the log (the coordinator's fence):
+    no TimeoutNow yet, even to a follower that matches the log as it stands."""
+    e, t = _leader_of_three(_log_with(10))
+    assert e.transfer_leadership(t, 5.0, {2: 10, 3: 10}, settled=False) == []
+    assert e.transfer_target == 2
+    assert e.on_progress(t + 0.01, {2: 10, 3: 10}) == [Send(2, TimeoutNow(1, 1))]
+
+
+def test_transfer_to_a_chosen_target_and_not_to_strangers():
+    e, t = _leader_of_three()
+    assert e.transfer_leadership(t, 5.0, {}, target=3) == [Send(3, TimeoutNow(1, 1))]
+    other, t = _leader_of_three()
+    with pytest.raises(ValueError):
+        other.transfer_leadership(t, 1.0, {}, target=9)
+
+
+def test_no_transfer_without_a_live_follower_or_when_not_leading():
+    e, t = _leader_of_three()  # neither follower answers for an election timeout
+    assert e.transfer_leadership(t + T, 5.0, {}) == [] and e.transfer_target is None
+    follower = make(2, [1, 2, 3])
+    assert follower.transfer_leadership(0.0, 5.0, {}) == [] and follower.transfer_target is None
+
+
+def test_transfer_aborts_at_its_deadline_and_the_node_leads_on():
+    e, t = _leader_of_three(_log_with(10))
+    e.transfer_leadership(t, 0.5, {2: 3, 3: 3})
+    assert e.wake_at <= t + 0.5
+    for peer in (2, 3):  # keep the quorum alive
+        e.on_message(HeartbeatAck(1, peer, 10, 1), t + 0.4)
+    a = e.tick(t + 0.5)
+    assert TransferAborted(2) in a and e.is_leader and e.transfer_target is None
+    assert e.on_progress(t + 0.6, {2: 10, 3: 10}) == []  # no late TimeoutNow
+
+
+def test_timeout_now_starts_an_election_at_once_without_pre_vote():
+    f = make(2, [1, 2, 3])  # pre-vote on
+    f.on_message(Heartbeat(1, 1, 0, 0, 0, 0), 0.0)
+    a = f.on_message(TimeoutNow(1, 1), 0.01)
+    assert f.role is Role.CANDIDATE and f.vote_id == 2
+    reqs = sends(a, VoteRequest)
+    assert {r.to for r in reqs} == {1, 3}
+    assert all(r.msg.transfer and not r.msg.pre_vote for r in reqs)
+
+
+def test_timeout_now_of_an_old_term_is_ignored():
+    f = make(2, [1, 2, 3])
+    f.on_message(Heartbeat(3, 1, 0, 0, 0, 0), 0.0)
+    assert f.on_message(TimeoutNow(2, 1), 0.01) == [] and f.role is Role.FOLLOWER
+
+
+def test_transfer_vote_is_granted_within_the_leaders_lease():
+    voter = make(3, [1, 2, 3])
+    voter.on_message(Heartbeat(1, 1, 0, 0, 0, 0), 0.0)
+    plain = sends(voter.on_message(VoteRequest(2, 2, 0, 0), 0.1), VoteReply)[0].msg
+    assert not plain.granted  # the lease holds against an ordinary candidate
+    granted = sends(voter.on_message(VoteRequest(2, 2, 0, 0, transfer=True), 0.1), VoteReply)[0].msg
+    assert granted.granted and voter.voted_for == 2
+    # and the old leader itself steps down for it
+    e, t = _leader_of_three()
+    reply = sends(e.on_message(VoteRequest(2, 2, 0, 0, transfer=True), t + 0.01), VoteReply)[0].msg
+    assert reply.granted and not e.is_leader and e.transfer_target is None
+
+
+def test_transfer_vote_still_needs_an_up_to_date_log():
+    voter = make(3, [1, 2, 3], log=_log_with(5))
+    reply = sends(voter.on_message(VoteRequest(2, 2, 3, 1, transfer=True), 0.1), VoteReply)[0].msg
+    assert not reply.granted
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_transfer_in_a_cluster_elects_the_target_within_a_heartbeat(seed):
+    net = Net(3, seed=seed)
+    net.run(3 * T)
+    (old,) = net.leader_ids()
+    target = max(p for p in net.members if p != old)
+    start = net.now
+    queue = deque()
+    net._handle(old, net.nodes[old].transfer_leadership(start, 2 * T, {}, target=target), queue)
+    while queue:
+        dst, msg = queue.popleft()
+        net._handle(dst, net.nodes[dst].on_message(msg, start), queue)
+    net.run(start + HB)
+    assert net.leader_ids() == [target]
+    assert all(n.leader_id == target for n in net.nodes.values())

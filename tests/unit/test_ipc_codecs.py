@@ -67,3 +67,17 @@ def test_batch_frames_round_trip(records, header, blob, partials, epoch):
     frames = ipc_frames.batch_frames(records, header, blob, partials, epoch)
     assert frames[0] == ipc_frames.BATCH
     assert ipc_frames.read_batch(frames) == (records, header, blob, partials, epoch)
+
+
+@given(st.integers(0, 2**62), st.sampled_from(sorted(ipc_frames.FENCE_SENDERS)))
+def test_fence_frames_round_trip(epoch, sender):
+    frames = ipc_frames.fence_frames(epoch, sender)
+    assert frames[0] == ipc_frames.FENCE
+    assert ipc_frames.read_fence(frames) == (epoch, sender)
+
+
+@given(st.integers(0, 2**62), st.integers(0, 1023))
+def test_fenced_frames_round_trip(epoch, index):
+    frames = ipc_frames.fenced_frames(epoch, index)
+    assert frames[0] == ipc_frames.FENCED
+    assert ipc_frames.read_fenced(frames) == (epoch, index)

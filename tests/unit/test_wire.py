@@ -3,13 +3,15 @@ from __future__ import annotations
 
 import pytest
 
-from queue_server.election.messages import Heartbeat, HeartbeatAck, VoteReply, VoteRequest
+from queue_server.election.messages import Heartbeat, HeartbeatAck, TimeoutNow, VoteReply, VoteRequest
 from queue_server.replication import messages, wire
 from queue_server.replication.log import Entry
 from queue_server.replication.messages import AppendAck, AppendEntries, InstallSnapshot, Pull
 
 MESSAGES = [
     VoteRequest(3, 1, 10, 2, True),
+    VoteRequest(4, 2, 10, 3, False, True),
+    TimeoutNow(3, 1),
     VoteReply(3, 2, True),
     Heartbeat(3, 1, 5, 2, 9, 3),
     HeartbeatAck(3, 2, 4, 1),

@@ -134,3 +134,46 @@ def test_replayed_records_and_a_reset_replace_the_state(worker):
 def test_an_unknown_message_kind_is_logged_not_fatal(worker):
     worker.dispatch([b"nonsense"], NOW)
     assert worker.log.lines and worker.log.lines[0][0] == "warning"
+
+
+def fence(epoch: int, sender: bytes) -> list[bytes]:
+    return ipc_frames.fence_frames(epoch, sender)
+
+
+def test_fenced_by_both_senders_the_worker_sends_its_batch_then_fenced_and_decides_no_more(worker):
+    """The hand-off barrier: what was decided before the second fence leaves before FENCED on
+    the same pipe, and afterwards no timer decides anything (a parked long poll is answered
+    empty, not served by a message becoming ready)."""
+    worker.dispatch(mode(True, 1), NOW)
+    worker.dispatch(req([(5, 1, produce("q", "later", delay=1)), (6, 1, {"action": 2, "queue": "q", "wait": 10})], 1), NOW)
+    worker.dispatch(fence(1, ipc_frames.FROM_ACCEPTOR), NOW)
+    worker.dispatch(req([(7, 1, produce("r", "a"))], 1), NOW)  # the coordinator's, sent before its fence
+    assert not any(f[0] == ipc_frames.FENCED for f in worker.coordinator.sent)
+    worker.dispatch(fence(1, ipc_frames.FROM_COORDINATOR), NOW)
+    *_, fenced = worker.coordinator.sent
+    assert ipc_frames.read_fenced(fenced) == (1, 0)
+    worker.coordinator.sent.pop()
+    (records, got, epoch), = batches(worker)
+    assert epoch == 1 and [r["data"] for r in records if r["op"] == "produce"] == ["later", "a"]
+    worker.service.tick(NOW + 2)  # "later" is ready now, but nothing may be decided
+    worker.flush()
+    (records, got, _), = batches(worker)[1:]
+    assert records == [] and [(o.conn, "data" in r) for o, _, r in got] == [(6, False)]
+
+
+def test_a_fence_waits_behind_the_requests_it_fences_and_a_stale_fence_is_ignored(worker):
+    worker.dispatch(mode(True, 1), NOW)
+    worker.dispatch(req([(5, 1, produce("q", "a"))], 2), NOW)  # overtook its MODE: held
+    worker.dispatch(fence(2, ipc_frames.FROM_ACCEPTOR), NOW)  # held behind it
+    worker.dispatch(fence(1, ipc_frames.FROM_COORDINATOR), NOW)  # one of two for mode 1: nothing yet
+    assert worker.coordinator.sent == []
+    worker.dispatch(mode(True, 2), NOW)
+    worker.dispatch(fence(2, ipc_frames.FROM_COORDINATOR), NOW)
+    batch, fenced = worker.coordinator.sent
+    assert orjson.loads(ipc_frames.read_batch(batch)[0])[0]["data"] == "a"
+    assert ipc_frames.read_fenced(fenced) == (2, 0)
+    worker.dispatch(mode(True, 3), NOW)  # a hand-off that did not happen: deciding again
+    worker.dispatch(req([(5, 2, produce("q", "b"))], 3), NOW)
+    worker.flush()
+    *_, last = worker.coordinator.sent
+    assert orjson.loads(ipc_frames.read_batch(last)[0])[0]["data"] == "b"
