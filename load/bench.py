@@ -530,6 +530,19 @@ def security(args: argparse.Namespace, tmp: str, start, measure, rows: list[dict
         notes.append("token / no token, per pair: " + ", ".join(f"{r:.3f}" for r in ratios)
                      + f" (median {sorted(ratios)[len(ratios) // 2]:.3f})")
         print("  " + notes[-1], flush=True)
+        # On a loaded machine ops/s swings by tens of percent between runs; CPU per request
+        # swings less, and the workers' (which never see the token) say how much is noise.
+        runs = [r for r in rows if r.get("workload") == "security" and r.get("cpu_us_per_op")]
+        for process in ("acceptor", "worker-0", "worker-1"):
+            medians = {}
+            for mode in ("no token", "token"):
+                values = sorted(r["cpu_us_per_op"].get(process, 0.0) for r in runs if r["what"].endswith(", " + mode))
+                if values:
+                    medians[mode] = values[len(values) // 2]
+            if len(medians) == 2:
+                notes.append(f"{process} CPU us/op, median of {args.repeat}: no token {medians['no token']:.1f}, "
+                             f"token {medians['token']:.1f}")
+                print("  " + notes[-1], flush=True)
 
     files = make_tls_files(tmp)
     tls_config = {"tls_cert_file": files.server_cert, "tls_key_file": files.server_key}

@@ -72,8 +72,9 @@ class Connection(asyncio.Protocol):
         self.origin = Origin(self.conn_id)
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else peer
+        self.acceptor.tcp_connections += 1
         limit = self.acceptor.config.max_connections
-        if limits.over_connection_limit(len(self.acceptor.conns), limit):
+        if limits.over_connection_limit(self.acceptor.open_connections(), limit):
             count_limit(self.acceptor.metrics.limits, "max_connections")
             transport.write(_DUMPS(p.error_reply(None, limits.too_many_connections(limit),
                                                  self.acceptor.config.node_id), option=_NEWLINE))
@@ -166,6 +167,7 @@ class Connection(asyncio.Protocol):
         acceptor.reply(self.origin, req_no, p.error_reply(named, reason, acceptor.config.node_id))
 
     def connection_lost(self, exc: Exception | None) -> None:
+        self.acceptor.tcp_connections -= 1
         self.acceptor.unregister(self)
 
     def pause_writing(self) -> None:
@@ -275,8 +277,10 @@ class Acceptor:
         self.flush_requests_scheduled = False
         self.dirty: list[Connection] = []
         self.flush_output_scheduled = False
-        self.conns: dict[int, Connection] = {}
+        self.conns: dict[int, Connection] = {}  # TCP connections, and HTTP requests in flight (http_api.Exchange)
         self.next_conn = 1
+        self.tcp_connections = 0  # open client TCP connections
+        self.http_connections = 0  # open HTTP connections (server/http_api.py counts them)
         self.udp_addrs: dict[int, tuple[Any, int]] = {}  # datagram -> (sender, largest reply)
         self.udp_guarded = config.udp_amplification_limit > 0 and not is_loopback(config.host)
         self.next_udp = 0
@@ -320,6 +324,10 @@ class Acceptor:
             message = [ipc_frames.CLOSE, _DUMPS(conn.conn_id)]
             for sock in self.workers:
                 sock.send_multipart(message, zmq.NOBLOCK)
+
+    def open_connections(self) -> int:
+        """The connections max_connections bounds: client TCP and HTTP, one budget."""
+        return self.tcp_connections + self.http_connections
 
     def udp_register(self, addr: Any) -> int:
         """Number a datagram; its reply goes to `addr`."""
@@ -504,8 +512,10 @@ class Acceptor:
         """Close the connections silent for idle_timeout with nothing pending; repeats."""
         timeout = self.config.idle_timeout
         now = self.loop.time()
+        # (HTTP connections: aiohttp's keepalive_timeout, server/http_api.py)
         for conn_id in limits.idle(((c.conn_id, c.last_read, c.subscribed or c.next_out < c.next_no)
-                                    for c in self.conns.values() if c.close_after is None), now, timeout):
+                                    for c in self.conns.values() if type(c) is Connection and c.close_after is None),
+                                   now, timeout):
             conn = self.conns[conn_id]
             count_limit(self.metrics.limits, "idle_timeout")
             conn.finish()
@@ -515,8 +525,8 @@ class Acceptor:
         """Publish the metrics counted since the last call; repeats every FOLD_INTERVAL."""
         conns = self.conns
         tcp_requests = self.closed_requests + sum(c.next_no for c in conns.values())
-        self.metrics.fold(len(conns), tcp_requests, self.next_udp, self.next_conn - 1,
-                          self.auth.failed_total, self.auth.throttled_total)
+        self.metrics.fold(self.tcp_connections, tcp_requests, self.next_udp, self.next_conn - 1,
+                          self.auth.failed_total, self.auth.throttled_total, self.http_connections)
         self.loop.call_later(FOLD_INTERVAL, self.fold_metrics)
 
     # ----------------------------------------------------------------- stop

@@ -1,11 +1,15 @@
-"""Client authentication (config `auth_token_file`): the shared token, compared in constant
-time, and a limit on failed attempts per source address. Pure: the time comes in as an
-argument."""
+"""Client authentication (config `auth_token_file`): the shared tokens (one per line: any of
+them passes, so that a token can be rotated without downtime), compared in constant time, and a
+limit on failed attempts per source address. Pure but for reading the file: the time comes in as
+an argument."""
 from __future__ import annotations
 
 import hmac
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
+
+from queue_server.server import secret_file
 
 AUTH_REQUIRED = "authentication required: send {\"action\": \"auth\", \"token\": ...} first"
 AUTH_FAILED = "authentication failed"
@@ -15,24 +19,17 @@ MAX_FAILURES = 5  # failed attempts per address within WINDOW before it is refus
 WINDOW = 10.0  # seconds
 
 
-def read_token_file(path: str) -> bytes:
-    """The token in `path` (surrounding whitespace dropped). ValueError with a one-line reason
-    if the file cannot be read or holds no token."""
-    try:
-        with open(path, "rb") as f:
-            token = f.read().strip()
-    except OSError as exc:
-        raise ValueError(f"config key 'auth_token_file': cannot read {path}: {exc.strerror or exc}") from None
-    if not token:
-        raise ValueError(f"config key 'auth_token_file': {path} holds no token")
-    return token
+def read_token_file(path: str) -> tuple[bytes, ...]:
+    """The tokens in `path`, one per line. ValueError with a one-line reason if the file cannot
+    be read or holds no token."""
+    return tuple(secret_file.read(path, "auth_token_file", "token"))
 
 
 class Authenticator:
-    """Checks client credentials; None as the token means authentication is off."""
+    """Checks client credentials; None as the tokens means authentication is off."""
 
-    def __init__(self, token: bytes | None, max_failures: int = MAX_FAILURES, window: float = WINDOW) -> None:
-        self.token = token
+    def __init__(self, tokens: Sequence[bytes] | None, max_failures: int = MAX_FAILURES, window: float = WINDOW) -> None:
+        self.tokens = tuple(tokens) if tokens is not None else None
         self.max_failures = max_failures
         self.window = window
         self.failures: dict[Any, deque[float]] = {}
@@ -41,17 +38,21 @@ class Authenticator:
 
     @property
     def required(self) -> bool:
-        return self.token is not None
+        return self.tokens is not None
 
     def valid(self, candidate: Any) -> bool:
-        """The candidate is the token (a str or bytes); constant time in the token's content."""
-        if self.token is None:
+        """The candidate (a str or bytes) is one of the tokens. Every token is compared, each in
+        constant time: the time taken says nothing of the tokens' content, nor which one matched."""
+        if self.tokens is None:
             return True
         if type(candidate) is str:
             candidate = candidate.encode()
         if type(candidate) is not bytes:
             return False
-        return hmac.compare_digest(candidate, self.token)
+        matched = False
+        for token in self.tokens:
+            matched |= hmac.compare_digest(candidate, token)
+        return matched
 
     def attempt(self, address: Any, candidate: Any, now: float) -> str | None:
         """A TCP auth request from `address`: None if it passes, else the reason to answer."""
@@ -78,7 +79,7 @@ class Authenticator:
         authentication is off. A datagram that fails gets no reply at all (no amplification, no
         oracle): the caller drops it."""
         candidate = value.pop("auth_token", None) if type(value) is dict else None
-        if self.token is None:
+        if self.tokens is None:
             return True
         if type(value) is not dict or not self.valid(candidate):
             self.failed_total += 1

@@ -64,35 +64,38 @@ class Coordinator:
         self.inbox = ipc.inbox(ctx, run_dir, "coordinator")
         self.acceptor = ipc.outbox(ctx, run_dir, "acceptor")
         self.workers = [ipc.outbox(ctx, run_dir, ipc.worker_name(i)) for i in range(config.workers)]
-        self.peers: dict[int, zmq.Socket] = {}
+        self.peers: dict[int, peer_keys.PeerLink] = {}
         self.router: zmq.Socket | None = None
         self.zap: peer_keys.PeerAuthenticator | None = None
         me = config.self_node if config.is_cluster else None
-        secret = peer_keys.read_secret(config.cluster_secret_file) if config.cluster_secret_file else None
+        secrets = peer_keys.read_secrets(config.cluster_secret_file) if config.cluster_secret_file else None
         self.peer_ids = frozenset(n.node_id for n in config.peers)
         if me is not None:
             self.router = ctx.socket(zmq.ROUTER)
             self.router.setsockopt(zmq.LINGER, 0)
             self.router.setsockopt(zmq.RCVHWM, 0)
-            if secret is not None:
-                self.zap = peer_keys.PeerAuthenticator(ctx, peer_keys.public_keys(secret, sorted(self.peer_ids)))
+            if secrets is not None:
+                self.zap = peer_keys.PeerAuthenticator(ctx, peer_keys.public_keys(secrets, sorted(self.peer_ids)))
                 self.zap.start()
-                peer_keys.serve_curve(self.router, secret, config.node_id)
+                peer_keys.serve_curve(self.router, secrets[0], config.node_id)
             self.router.bind(f"tcp://{socket.gethostbyname(me.host)}:{me.port}")
             for node in config.cluster_node_list:
                 if node.node_id == config.node_id:
                     continue
-                sock = ctx.socket(zmq.DEALER)
-                if secret is not None:
-                    peer_keys.connect_curve(sock, secret, config.node_id, node.node_id)
-                sock.setsockopt(zmq.IDENTITY, str(config.node_id).encode())
-                sock.setsockopt(zmq.LINGER, 0)
-                sock.setsockopt(zmq.SNDHWM, PEER_HWM)
-                sock.setsockopt(zmq.IMMEDIATE, 1)
-                sock.setsockopt(zmq.RECONNECT_IVL, 50)
-                sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
-                sock.connect(f"tcp://{node.host}:{node.port}")
-                self.peers[node.node_id] = sock
+                sockets = []
+                for secret in secrets or [None]:  # one connection per secret: see PeerLink
+                    sock = ctx.socket(zmq.DEALER)
+                    if secret is not None:
+                        peer_keys.connect_curve(sock, secrets[0], config.node_id, secret, node.node_id)
+                    sock.setsockopt(zmq.IDENTITY, str(config.node_id).encode())
+                    sock.setsockopt(zmq.LINGER, 0)
+                    sock.setsockopt(zmq.SNDHWM, PEER_HWM)
+                    sock.setsockopt(zmq.IMMEDIATE, 1)
+                    sock.setsockopt(zmq.RECONNECT_IVL, 50)
+                    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 500)
+                    sock.connect(f"tcp://{node.host}:{node.port}")
+                    sockets.append(sock)
+                self.peers[node.node_id] = peer_keys.PeerLink(sockets)
         self.client = (config.host, config.port, config.node_type)
         self.rejections_logged: set[str] = set()
         self.zap_refused = 0
@@ -268,11 +271,11 @@ class Coordinator:
             node.to_acceptor.clear()
         unsent = []
         for target, msg in node.to_peers:
-            sock = self.peers.get(target)
-            if sock is None:
+            link = self.peers.get(target)
+            if link is None:
                 continue
             try:
-                sock.send(wire.encode(msg, *self.client), zmq.NOBLOCK)
+                link.send(wire.encode(msg, *self.client))
             except zmq.Again:  # not connected yet, or too far behind
                 unsent.append(msg)
         node.to_peers.clear()

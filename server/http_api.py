@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import orjson
 from aiohttp import web
 
+from queue_server.server import limits
 from queue_server.server import protocol as p
 from queue_server.server import replies
 from queue_server.server.http_openapi import openapi
 from queue_server.server.http_routes import (AUTH_MISSING, ROUTES, TOO_LARGE, Route, bearer, build,
                                              cluster_view, leader_headers, leader_http, status_of)
+from queue_server.server.metrics import count_limit
 from queue_server.server.metrics_http import readiness
 from queue_server.server.origin import Origin
 
@@ -32,6 +34,10 @@ STATIC = os.path.join(os.path.dirname(__file__), "static")
 JSON = "application/json"
 # Paths served without a token: the page and its files carry no queue data, only the API does.
 OPEN = ("/", "/v1/openapi.json", "/healthz", "/readyz")
+# Answered even on a connection past max_connections: a saturated node is still alive and says so.
+HEALTH = ("/healthz", "/readyz")
+# Seconds a connection past max_connections may take to send the request that is told why.
+OVER_LIMIT_GRACE = 2.0
 
 
 class Exchange:
@@ -68,8 +74,9 @@ class HttpApi:
         self.members = [n.node_id for n in acceptor.config.cluster_node_list]
         self.http_ports = {n.node_id: n.http_port for n in acceptor.config.cluster_node_list if n.http_port}
         self.spec = orjson.dumps(openapi(ROUTES), option=orjson.OPT_INDENT_2)
+        self.over_limit: set = set()  # connections past max_connections (aiohttp RequestHandlers)
         app = web.Application(client_max_size=acceptor.config.max_request_size,
-                              middlewares=[self.errors, self.authenticate])
+                              middlewares=[self.errors, self.connection_limit, self.authenticate])
         for route in ROUTES:
             app.router.add_route(route.method, route.path, self.handler(route))
         app.router.add_get("/v1/cluster", self.cluster)
@@ -133,6 +140,43 @@ class HttpApi:
                                f"route: no {request.method} {request.path} (the routes: GET /v1/openapi.json)")
 
     @web.middleware
+    async def connection_limit(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        """On a connection past max_connections, every request but a health check gets 503 with
+        the reason, and the connection closes."""
+        if request.protocol not in self.over_limit or request.path in HEALTH:
+            return await handler(request)
+        response = self.refuse(503, None, limits.too_many_connections(self.acceptor.config.max_connections))
+        response.force_close()
+        return response
+
+    # ----------------------------------------------------------------- connections
+    def count_connections(self, server: web.Server) -> None:
+        """Count the server's connections in the acceptor's budget (max_connections is shared
+        with the client TCP port). A connection past it is kept only to answer its first
+        request with the reason, for at most OVER_LIMIT_GRACE seconds."""
+        acceptor = self.acceptor
+        made, lost = server.connection_made, server.connection_lost
+        over_limit = self.over_limit
+
+        def connection_made(handler: Any, transport: asyncio.Transport) -> None:
+            made(handler, transport)
+            acceptor.http_connections += 1
+            limit = acceptor.config.max_connections
+            if limits.over_connection_limit(acceptor.open_connections(), limit):
+                count_limit(acceptor.metrics.limits, "max_connections")
+                over_limit.add(handler)
+                acceptor.loop.call_later(OVER_LIMIT_GRACE, handler.force_close)
+
+        def connection_lost(handler: Any, exc: BaseException | None = None) -> None:
+            acceptor.http_connections -= 1
+            over_limit.discard(handler)
+            lost(handler, exc)
+
+        # aiohttp calls these once per connection (web.Server's connection_made/_lost)
+        server.connection_made = connection_made  # type: ignore[method-assign]
+        server.connection_lost = connection_lost  # type: ignore[method-assign]
+
+    @web.middleware
     async def authenticate(self, request: web.Request, handler: Callable) -> web.StreamResponse:
         """With auth_token_file set, every API route needs `Authorization: Bearer <token>`: 401
         without one, 403 for a wrong one (and while the address is throttled)."""
@@ -174,8 +218,14 @@ async def start(acceptor: "Acceptor", ssl_context: "ssl.SSLContext | None" = Non
     """Serve the API on the acceptor's host and `http_port` (HTTPS with the client port's TLS
     context when it has one); returns the runner (cleanup() stops)."""
     cfg = acceptor.config
-    runner = web.AppRunner(HttpApi(acceptor).app, handler_cancellation=True, access_log=None)
+    api = HttpApi(acceptor)
+    # idle_timeout: aiohttp closes a connection waiting that long for its next request (never
+    # one whose request is in progress, such as a long poll); 0 keeps aiohttp's own default.
+    idle = {"keepalive_timeout": float(cfg.idle_timeout)} if cfg.idle_timeout > 0 else {}
+    runner = web.AppRunner(api.app, handler_cancellation=True, access_log=None, **idle)
     await runner.setup()
+    assert runner.server is not None
+    api.count_connections(runner.server)
     await web.TCPSite(runner, cfg.host, cfg.http_port, backlog=1024, reuse_address=True,
                       ssl_context=ssl_context).start()
     return runner

@@ -217,6 +217,7 @@ class AcceptorMetrics(_Metrics):
         )
         self.received = self._counter("received_requests", "Requests received, by transport.", ("transport",))
         self.connections = self._gauge("tcp_connections", "Open client TCP connections.")
+        self.http_connections = self._gauge("http_connections", "Open HTTP connections (http_port).")
         self.connections_opened = self._counter("tcp_connections_opened", "Client TCP connections accepted.")
         self.auth_failures = self._counter(
             "auth_failures", "Client requests refused for missing or wrong credentials (auth_token_file), "
@@ -260,7 +261,7 @@ class AcceptorMetrics(_Metrics):
             self.probe_no = -1
 
     def fold(self, open_connections: int, tcp_requests: int, udp_requests: int, connections_opened: int,
-             auth_failed: int = 0, auth_throttled: int = 0) -> None:
+             auth_failed: int = 0, auth_throttled: int = 0, http_connections: int = 0) -> None:
         """Add what was counted since the last fold to the shared metrics. The arguments are the
         acceptor's running totals."""
         if self.probe_no >= 0 and time.perf_counter() - self.probe_started > PROBE_GIVE_UP:
@@ -286,6 +287,7 @@ class AcceptorMetrics(_Metrics):
                 self.auth_failures.labels(outcome=label).inc(total - sent[label])
                 sent[label] = total
         self.connections.set(open_connections)
+        self.http_connections.set(http_connections)
         _fold_limits(self.limits, self.limit_counter)
 
 

@@ -2,6 +2,12 @@
 from the shared secret and its node id, so that each node can compute every peer's public key.
 The coordinator's peer sockets run CURVE (authenticated and encrypted); a ZAP authenticator
 admits only the cluster's keys and names each connection by its node id (the frames' User-Id).
+
+The file may hold several secrets, one per line, for a rotation without downtime
+(docs/security.md): a node's own keys are those of the first (it serves and connects with them),
+it admits peers holding the keys of any line, and it connects to each peer once per line, each
+connection expecting the peer's server key under that line's secret (PeerLink): whichever of
+them the peer serves with, one connection completes its handshake.
 """
 from __future__ import annotations
 
@@ -13,6 +19,8 @@ import secrets
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
+
+from queue_server.server import secret_file
 
 SECRET_BYTES = 32
 _PERSON = b"qs-peer-curve"  # domain separation: these keys are for the peer wire only
@@ -31,18 +39,15 @@ def write_secret(path: str, mode: int = 0o600) -> None:
         os.fchmod(f.fileno(), mode)
 
 
-def read_secret(path: str) -> bytes:
-    """The secret in `path` (surrounding whitespace dropped). ValueError with a one-line reason
-    naming the config key if it cannot be read or is too short to be one."""
-    try:
-        with open(path, "rb") as f:
-            secret = f.read().strip()
-    except OSError as exc:
-        raise ValueError(f"config key 'cluster_secret_file': cannot read {path}: {exc.strerror or exc}") from None
-    if len(secret) < 16:
-        raise ValueError(f"config key 'cluster_secret_file': {path} holds no secret of at least 16 characters "
-                         f"(make one with: queue-server keygen --out {path})")
-    return secret
+def read_secrets(path: str) -> list[bytes]:
+    """The secrets in `path`, one per line, the one this node serves with first. ValueError with
+    a one-line reason naming the config key if it cannot be read or a line is too short to be one."""
+    secrets_ = secret_file.read(path, "cluster_secret_file", "secret")
+    for secret in secrets_:
+        if len(secret) < 16:
+            raise ValueError(f"config key 'cluster_secret_file': {path} holds a line that is no secret of at least "
+                             f"16 characters (make one with: queue-server keygen --out {path})")
+    return secrets_
 
 
 def keypair(secret: bytes, node_id: int) -> tuple[bytes, bytes]:
@@ -52,9 +57,9 @@ def keypair(secret: bytes, node_id: int) -> tuple[bytes, bytes]:
     return zmq.curve_public(secret_key), secret_key
 
 
-def public_keys(secret: bytes, node_ids: list[int]) -> dict[bytes, int]:
-    """The public key (z85) of each node -> its node id."""
-    return {keypair(secret, n)[0]: n for n in node_ids}
+def public_keys(secrets_: list[bytes], node_ids: list[int]) -> dict[bytes, int]:
+    """The public key (z85) of each node under each secret -> its node id."""
+    return {keypair(secret, n)[0]: n for secret in secrets_ for n in node_ids}
 
 
 class PeerAuthenticator(ThreadAuthenticator):
@@ -88,9 +93,37 @@ def serve_curve(sock: zmq.Socket, secret: bytes, node_id: int) -> None:
     sock.curve_server = True
 
 
-def connect_curve(sock: zmq.Socket, secret: bytes, node_id: int, server_id: int) -> None:
-    """Make `sock` (before connect) a CURVE client of node `server_id`, as node `node_id`."""
+def connect_curve(sock: zmq.Socket, secret: bytes, node_id: int, server_secret: bytes, server_id: int) -> None:
+    """Make `sock` (before connect) a CURVE client, as node `node_id` with `secret`'s keys, of node
+    `server_id` serving with `server_secret`'s."""
     public, secret_key = keypair(secret, node_id)
     sock.curve_secretkey = secret_key
     sock.curve_publickey = public
-    sock.curve_serverkey = keypair(secret, server_id)[0]
+    sock.curve_serverkey = keypair(server_secret, server_id)[0]
+
+
+class PeerLink:
+    """The way to one peer: a DEALER per secret, each expecting the peer's server key under that
+    secret. The peer serves with one of them, so only that socket completes its handshake; with
+    IMMEDIATE set the others take no message (Again), and send() uses the one that does."""
+
+    def __init__(self, sockets: list[zmq.Socket]) -> None:
+        self.sockets = sockets
+
+    def send(self, data: bytes) -> None:
+        """Send without blocking on the first socket that takes it (and try that one first next
+        time). zmq.Again if none does: not connected yet, or too far behind."""
+        sockets = self.sockets
+        for i, sock in enumerate(sockets):
+            try:
+                sock.send(data, zmq.NOBLOCK)
+            except zmq.Again:
+                continue
+            if i:
+                sockets.insert(0, sockets.pop(i))
+            return
+        raise zmq.Again()
+
+    def close(self) -> None:
+        for sock in self.sockets:
+            sock.close(linger=0)

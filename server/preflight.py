@@ -11,7 +11,7 @@ import socket
 from queue_server.config.loader import NodeConfig
 from queue_server.server.auth import read_token_file
 from queue_server.server import tls
-from queue_server.server.peer_keys import read_secret
+from queue_server.server.peer_keys import read_secrets
 
 
 class StartError(Exception):
@@ -62,7 +62,7 @@ def _peer_security(config: NodeConfig, host: str) -> list[str]:
     that it may go without."""
     if config.cluster_secret_file:
         try:
-            read_secret(config.cluster_secret_file)
+            read_secrets(config.cluster_secret_file)
         except ValueError as exc:
             raise StartError(str(exc)) from None
         return []

@@ -351,6 +351,7 @@ class Cluster:
         https = [free_port() for _ in range(n)] if http else None  # http_port of each node
         configs = cluster_configs(n, workdir, clients, internals, peer_ports, https, **config)
         self.nodes = {c["node_id"]: NodeProcess(workdir, c, name=f"node{c['node_id']}") for c in configs}
+        self.token: str | None = None  # the client token ask() presents (nodes with auth_token_file)
 
     @property
     def hosts(self) -> str:
@@ -369,6 +370,8 @@ class Cluster:
         try:
             conn = RawTcp(*self.nodes[node_id].address, timeout=1.0)
             try:
+                if self.token is not None and conn.call({"action": "auth", "token": self.token}).get("code") != 0:
+                    return None
                 return conn.call(request)
             finally:
                 conn.close()

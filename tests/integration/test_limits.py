@@ -1,9 +1,12 @@
 """Limits on a real node, each reached while the node keeps serving its existing clients and
-loses nothing stored: max_connections, idle_timeout, max_pending_requests, max_queues,
-max_memory_mb."""
+loses nothing stored: max_connections (TCP and HTTP, one budget), idle_timeout (TCP and HTTP),
+max_pending_requests, max_queues, max_memory_mb."""
 from __future__ import annotations
 
+import http.client
+import json
 import socket
+import threading
 
 import orjson
 import pytest
@@ -16,8 +19,8 @@ from tests.integration.test_peer_security import metric
 @pytest.fixture(scope="module")
 def limited(tmp_path_factory):
     node = NodeProcess(str(tmp_path_factory.mktemp("limits")), {
-        "in_memory": True, "metrics_port": free_port(), "max_connections": 3, "idle_timeout": 2,
-        "max_pending_requests": 16}).start()
+        "in_memory": True, "metrics_port": free_port(), "http_port": free_port(), "max_connections": 3,
+        "idle_timeout": 2, "max_pending_requests": 16}).start()
     yield node
     node.stop()
 
@@ -55,6 +58,87 @@ def test_a_connection_past_max_connections_is_told_why_and_closed(limited):
     finally:
         first.close()
         second.close()
+
+
+def http_get(conn: http.client.HTTPConnection, path: str) -> tuple[int, dict]:
+    """status and body; the server's `Connection: close` is in the body as `_closes`."""
+    conn.request("GET", path)
+    response = conn.getresponse()
+    body = json.loads(response.read())
+    body["_closes"] = response.getheader("Connection") == "close"
+    return response.status, body
+
+
+def http_closed(conn: http.client.HTTPConnection) -> bool:
+    assert conn.sock is not None
+    conn.sock.settimeout(10)
+    return conn.sock.recv(1) == b""
+
+
+def test_http_connections_count_in_max_connections(limited):
+    port = limited.config["http_port"]
+    first, second = RawTcp(*limited.address), RawTcp(*limited.address)
+    webs = [http.client.HTTPConnection("127.0.0.1", port, timeout=10) for _ in range(3)]
+    try:
+        assert first.call({"action": 1, "queue": "web", "data": "a"})["code"] == 0
+        assert second.call({"action": 4, "queue": "web"})["code"] == 0
+        # two TCP connections of 3: one HTTP connection may be served, the next is past the limit
+        answers = [http_get(w, "/v1/queues/web") for w in webs[:2]]
+        assert 503 in [status for status, _ in answers]
+        assert all(body["_closes"] for status, body in answers if status == 503)
+        status, body = http_get(webs[2], "/healthz")  # past the limit too, but health is answered
+        assert status == 200
+        status, body = http_get(webs[2], "/v1/queues/web")
+        assert status == 503 and body["reason"].startswith("too many connections: this node's max_connections (3)")
+        assert body["_closes"]
+        # HTTP connections count against TCP ones too
+        third = RawTcp(*limited.address)
+        try:
+            assert third.call({"action": 4, "queue": "web"})["reason"].startswith("too many connections")
+        finally:
+            third.close()
+        for w in webs:
+            w.close()
+        # once HTTP connections close, the budget is back: existing and new clients are served
+        assert first.call({"action": 2, "queue": "web"})["data"] == "a"
+        again = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        try:
+            wait_for(lambda: http_get(again, "/v1/queues/web")[0] == 200, 10, "an HTTP connection served again")
+        finally:
+            again.close()
+    finally:
+        first.close()
+        second.close()
+        for w in webs:
+            w.close()
+
+
+def test_an_idle_http_connection_is_closed_a_long_poll_is_not(limited):
+    port = limited.config["http_port"]
+    idle = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    polling = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
+    polled: list = []
+    poller = threading.Thread(target=lambda: polled.append(http_get(polling, "/v1/queues/webpoll/messages?wait=6")))
+    try:
+        assert http_get(idle, "/v1/queues/webidle")[0] == 200
+        poller.start()
+        assert http_closed(idle)  # after idle_timeout (2 s)
+        tcp_idle = RawTcp(*limited.address)  # the TCP idle check goes on beside the HTTP long poll
+        try:
+            assert tcp_idle.call({"action": 4, "queue": "webidle"})["code"] == 0
+            assert closed(tcp_idle)
+        finally:
+            tcp_idle.close()
+        producer = RawTcp(*limited.address)
+        try:
+            assert producer.call({"action": 1, "queue": "webpoll", "data": "x"})["code"] == 0
+        finally:
+            producer.close()
+        poller.join(15)
+        assert polled and polled[0][0] == 200 and polled[0][1]["data"] == "x"  # outlived idle_timeout
+    finally:
+        idle.close()
+        polling.close()
 
 
 def test_an_idle_connection_is_closed_a_long_poll_is_not(limited):

@@ -116,7 +116,7 @@ def unchanged_after(cluster: Cluster, send, expected: dict[int, dict[str, int]])
     is closed before it has connected); once every node counts the refusals `expected` (node ->
     reason -> at least), the leaders, terms and queue contents are what they were."""
     before, terms = prepared(cluster)
-    secret = peer_keys.read_secret(cluster.nodes[1].config["cluster_secret_file"])
+    secret = peer_keys.read_secrets(cluster.nodes[1].config["cluster_secret_file"])[0]
     ctx = zmq.Context()
     try:
         kept = send(ctx, secret, before)

@@ -1,5 +1,6 @@
-"""Client authentication's pure parts (server/auth.py): the token check, the per-address limit
-on failures with a fake clock, the UDP auth_token, reading the token file."""
+"""Client authentication's pure parts (server/auth.py): the token check (any of the file's
+tokens passes), the per-address limit on failures with a fake clock, the UDP auth_token,
+reading the token file (one token per line)."""
 from __future__ import annotations
 
 import pytest
@@ -15,14 +16,24 @@ def test_off_lets_everything_through_and_strips_auth_token():
 
 
 def test_token_check():
-    auth = Authenticator(b"s3cret")
+    auth = Authenticator([b"s3cret"])
     assert auth.valid("s3cret") and auth.valid(b"s3cret")
     for wrong in ("s3cre", "s3cret ", "", None, 123, ["s3cret"]):
         assert not auth.valid(wrong)
 
 
+def test_any_of_several_tokens_passes():
+    auth = Authenticator([b"old-token", b"new-token"])
+    assert auth.valid("old-token") and auth.valid("new-token")
+    for wrong in ("old-tokennew-token", "old-token\nnew-token", "new", ""):
+        assert not auth.valid(wrong)
+    good = {"action": 2, "queue": "q", "auth_token": "new-token"}
+    assert auth.datagram(good) and good == {"action": 2, "queue": "q"}
+    assert auth.attempt("10.0.0.1", "old-token", 1.0) is None
+
+
 def test_failures_are_limited_per_address_and_forgotten_after_the_window():
-    auth = Authenticator(b"t", max_failures=3, window=10.0)
+    auth = Authenticator([b"t"], max_failures=3, window=10.0)
     for i in range(3):
         assert auth.attempt("10.0.0.1", "wrong", 100.0 + i) == AUTH_FAILED
     # the right token is refused unchecked while the address is over its limit...
@@ -35,7 +46,7 @@ def test_failures_are_limited_per_address_and_forgotten_after_the_window():
 
 
 def test_datagrams_need_a_valid_auth_token():
-    auth = Authenticator(b"t")
+    auth = Authenticator([b"t"])
     good = {"action": 2, "queue": "q", "auth_token": "t"}
     assert auth.datagram(good) and good == {"action": 2, "queue": "q"}
     assert not auth.datagram({"action": 2, "queue": "q"})
@@ -48,8 +59,10 @@ def test_datagrams_need_a_valid_auth_token():
 def test_token_file(tmp_path):
     path = tmp_path / "token"
     path.write_text("  abc\n")
-    assert read_token_file(str(path)) == b"abc"
-    path.write_text("\n")
+    assert read_token_file(str(path)) == (b"abc",)
+    path.write_text("# rotation: the new token first\nnew token \n\n  old\n# old\nnew token\n")
+    assert read_token_file(str(path)) == (b"new token", b"old")
+    path.write_text("\n# nothing but a comment\n")
     with pytest.raises(ValueError, match="holds no token"):
         read_token_file(str(path))
     with pytest.raises(ValueError, match="cannot read"):
