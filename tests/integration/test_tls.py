@@ -62,7 +62,7 @@ def test_tls_round_trip_with_every_client(tls_node, certs, capsys):
     assert asyncio.run(aio()) == "three"
     capsys.readouterr()
     assert cli.main(["--hosts", tls_node.hosts, "--tls-ca", certs.ca, "produce", "cli", "four"]) == 0
-    assert cli.main(["--hosts", tls_node.hosts, "--tls-ca", certs.ca, "consume", "cli"]) == 0
+    assert cli.main(["--json", "--hosts", tls_node.hosts, "--tls-ca", certs.ca, "consume", "cli"]) == 0
     assert '"data":"four"' in capsys.readouterr().out
 
 
