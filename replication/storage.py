@@ -1,6 +1,8 @@
-"""A node's disk: the data dir lock, the change log written ahead to segment files (group
-commit, fsync by policy), snapshots taken in a forked child so requests do not stall, and
-recovery from the newest valid snapshot plus the log after it. Used by the coordinator only."""
+"""A node's disk as the coordinator sees it: the Storage object. It holds the data dir lock
+and the vote (datadir.py), writes the change log ahead to segment files (wal.py: group commit,
+fsync by the SyncPolicy "always", "everysec" or "no"), takes snapshots (snapshot.py) in a forked
+child so requests do not stall, and recovers from the newest valid snapshot plus the log after
+it. Used by the coordinator only."""
 from __future__ import annotations
 
 import logging

@@ -8,7 +8,11 @@ trans_id comes next (what ``reset`` leaves behind). A record is a 25-byte header
 
 little-endian. The crc covers every byte after it (length, trans_id, vote_id, payload). It is
 zlib's crc32: the standard library has no crc32c, and zlib's is fast enough (it guards against
-torn and rotted writes, not against tampering).
+torn and rotted writes, not against tampering). ``scan`` is the one walker over a segment's
+records; recovery (read_wal) and the writer both use it.
+
+This file also holds SyncPolicy, when the log is fsync'd. The disk helpers it shares with the
+snapshots and the data dir are in disk.py.
 
 Durability rules the writer keeps:
 
