@@ -106,13 +106,8 @@ def _valid_record_after(data: bytes, pos: int, above: int) -> bool:
     return False
 
 
-class Frame(NamedTuple):
-    """An intact record found by scan: its ids and where it lies in the buffer."""
-
-    trans_id: int
-    vote_id: int
-    offset: int
-    end: int
+Frame = tuple[int, int, int, int]  # a plain tuple: recovery makes one per record
+"""An intact record found by scan: (trans_id, vote_id, offset, end) in the buffer."""
 
 
 class Damage(NamedTuple):
@@ -138,7 +133,7 @@ def scan(data: bytes, first: int) -> Iterator[Frame | Damage]:
         if trans_id != expected:
             yield Damage(pos, f"trans_id {trans_id} where {expected} was expected", True)
             return
-        yield Frame(trans_id, vote_id, pos, end)
+        yield trans_id, vote_id, pos, end
         pos, expected = end, expected + 1
 
 
@@ -215,8 +210,9 @@ def read_wal(
                         and not _valid_record_after(data, item.offset, expected - 1))
                 cut(index, item.offset, item.reason, torn)
                 return
-            if item.trans_id > after:
-                yield item.trans_id, item.vote_id, data[item.offset + HEADER_SIZE : item.end]
+            trans_id, vote_id, offset, end = item
+            if trans_id > after:
+                yield trans_id, vote_id, data[offset + HEADER_SIZE : end]
             expected += 1
 
 
@@ -277,7 +273,7 @@ class WalWriter:
                 for item in scan(data, first):
                     if isinstance(item, Damage):
                         raise CorruptLog(path, item.offset, f"{item.reason} (recover with read_wal before writing)")
-                    last = item.trans_id
+                    last = item[0]
                 self._segments[-1][2] = len(data)
             self._file = self._opener(path)
             self._fsync(self._file.fileno())  # what a crashed process left in the page cache
@@ -483,8 +479,8 @@ class WalWriter:
         for item in scan(data, first):
             if isinstance(item, Damage):
                 raise CorruptLog(path, item.offset, item.reason)
-            if item.trans_id == trans_id:
-                return item.end
+            if item[0] == trans_id:
+                return item[3]
         raise CorruptLog(path, len(data), f"trans_id {trans_id} is not in this segment")
 
     def remove_segments_before(self, trans_id: int) -> int:

@@ -136,11 +136,11 @@ def damage_record(path, trans_id: int) -> int:
     """Flip the last byte of record trans_id's payload; returns the record's offset."""
     segment = last_segment(path)
     data = bytearray(open(segment, "rb").read())
-    frame = list(scan(bytes(data), 1))[trans_id - 1]
-    data[frame.end - 1] ^= 0xFF
+    _, _, offset, end = list(scan(bytes(data), 1))[trans_id - 1]
+    data[end - 1] ^= 0xFF
     with open(segment, "wb") as f:
         f.write(data)
-    return frame.offset
+    return offset
 
 
 def test_damage_in_the_middle_stops_the_start_naming_file_and_offset(tmp_path):
