@@ -18,7 +18,7 @@ import os
 
 import orjson
 
-from queue_server.replication.wal import StorageError, fsync_dir
+from queue_server.replication.disk import StorageError, read_file, replace_file
 
 _VOTE_FILE = "vote.json"
 
@@ -67,8 +67,7 @@ class DataDir:
         """(vote_id, voted_for) last saved; (0, None) for a new directory. A damaged file raises
         ValueError rather than forgetting a vote."""
         try:
-            with open(self._vote_path, "rb") as f:
-                data = f.read()
+            data = read_file(self._vote_path)
         except FileNotFoundError:
             return 0, None
         try:
@@ -86,14 +85,8 @@ class DataDir:
 
     def save_vote_state(self, vote_id: int, voted_for: int | None) -> None:
         """Durably record the vote state before this returns; raises StorageError if it can't."""
-        tmp = self._vote_path + ".tmp"
         try:
-            with open(tmp, "wb") as f:
-                f.write(orjson.dumps({"vote_id": vote_id, "voted_for": voted_for}))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self._vote_path)
-            fsync_dir(self.path)
+            replace_file(self._vote_path, (orjson.dumps({"vote_id": vote_id, "voted_for": voted_for}),))
         except OSError as e:
             raise StorageError(f"cannot save the vote state in {self.path}: {e}") from e
 

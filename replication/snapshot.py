@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 import orjson
 
-from queue_server.replication.wal import StorageError, fsync_dir, numbered_files
+from queue_server.replication.disk import TMP_SUFFIX, StorageError, numbered_files, read_file, replace_file
 
 _log = logging.getLogger(__name__)
 
@@ -32,7 +32,6 @@ _MAGIC = b"QSNAP\x00\x00\x01"
 _HEADER = struct.Struct("<8sQQQ")  # magic, trans_id, vote_id, body length
 _TRAILER = struct.Struct("<I")
 _NAME_RE = re.compile(r"snapshot-(\d{20})\.snap")
-_TMP_SUFFIX = ".tmp"
 KEEP = 2
 
 
@@ -59,21 +58,9 @@ def write_snapshot(directory: str, trans_id: int, vote_id: int, state: dict) -> 
     header = _HEADER.pack(_MAGIC, trans_id, vote_id, len(body))
     crc = zlib.crc32(body, zlib.crc32(header))
     path = os.path.join(directory, snapshot_name(trans_id))
-    tmp = path + _TMP_SUFFIX
     try:
-        with open(tmp, "wb") as f:
-            f.write(header)
-            f.write(body)
-            f.write(_TRAILER.pack(crc))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        fsync_dir(directory)
+        replace_file(path, (header, body, _TRAILER.pack(crc)))
     except OSError as e:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
         raise StorageError(f"cannot write snapshot {path}: {e}") from e
     _prune(directory)
     return path
@@ -82,7 +69,7 @@ def write_snapshot(directory: str, trans_id: int, vote_id: int, state: dict) -> 
 def _prune(directory: str) -> None:
     """Delete snapshots older than the newest KEEP, and leftover temporary files."""
     doomed = [p for _, p in _snapshots(directory)[:-KEEP]]
-    doomed += [os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(_TMP_SUFFIX)]
+    doomed += [os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(TMP_SUFFIX)]
     for path in doomed:
         try:
             os.remove(path)
@@ -92,8 +79,7 @@ def _prune(directory: str) -> None:
 
 def read_snapshot(path: str) -> tuple[int, int, dict]:
     """(trans_id, vote_id, state) of the snapshot file at path; ValueError says what is wrong."""
-    with open(path, "rb") as f:
-        data = f.read()
+    data = read_file(path)
     if len(data) < _HEADER.size + _TRAILER.size:
         raise ValueError(f"only {len(data)} bytes")
     magic, trans_id, vote_id, length = _HEADER.unpack_from(data)

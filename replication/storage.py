@@ -1,6 +1,8 @@
-"""A node's disk: the data dir lock, the change log written ahead to segment files (group
-commit, fsync by policy), snapshots taken in a forked child so requests do not stall, and
-recovery from the newest valid snapshot plus the log after it. Used by the coordinator only."""
+"""A node's disk as the coordinator sees it: the Storage object. It holds the data dir lock
+and the vote (datadir.py), writes the change log ahead to segment files (wal.py: group commit,
+fsync by the SyncPolicy "always", "everysec" or "no"), takes snapshots (snapshot.py) in a forked
+child so requests do not stall, and recovers from the newest valid snapshot plus the log after
+it. Used by the coordinator only."""
 from __future__ import annotations
 
 import logging
@@ -15,7 +17,7 @@ from queue_server.server.child import die_with_parent
 from queue_server.replication.log import ChangeLog, Entry
 from queue_server.replication.messages import Recovered
 from queue_server.replication.snapshot import read_latest_snapshot, snapshot_trans_ids, write_snapshot
-from queue_server.replication.wal import StorageError, SyncPolicy, WalWriter, read_wal
+from queue_server.replication.wal import Opener, StorageError, SyncPolicy, WalWriter, read_wal
 
 __all__ = ["Recovered", "Storage", "StorageError"]
 
@@ -24,12 +26,17 @@ class Storage:
     """The coordinator's disk."""
 
     def __init__(self, path: str, fsync: str = "everysec", *, repair: bool = False,
-                 log: logging.Logger | None = None, segment_bytes: int = 64 << 20) -> None:
+                 log: logging.Logger | None = None, segment_bytes: int = 64 << 20,
+                 wal_opener: Opener | None = None, wal_fsync: Callable[[int], None] | None = None) -> None:
+        """Lock the data dir at path. `fsync` is the policy (always, everysec, no);
+        wal_opener and wal_fsync stand in for the log's file and os.fsync (tests, faults)."""
         self.log = log or logging.getLogger(__name__)
         self.datadir = DataDir(path)
         self.repair = repair
         self.policy = SyncPolicy(fsync)
         self.segment_bytes = segment_bytes
+        self._wal_opener = wal_opener
+        self._wal_fsync = wal_fsync
         self.wal: WalWriter | None = None
         self.snapshot_pid: int | None = None
         self.snapshot_at = 0  # trans_id of the newest snapshot written or being written
@@ -47,7 +54,8 @@ class Storage:
         for trans_id, vote_id, payload in read_wal(self.datadir.wal_dir, after=found.trans_id,
                                                    repair=self.repair, warn=self.log.warning):
             found.entries.append(Entry(trans_id, vote_id, loads(payload)))
-        self.wal = WalWriter(self.datadir.wal_dir, segment_bytes=self.segment_bytes)
+        self.wal = WalWriter(self.datadir.wal_dir, segment_bytes=self.segment_bytes,
+                             opener=self._wal_opener, fsync=self._wal_fsync)
         if self.wal.last_trans_id < found.trans_id:
             self.wal.reset(found.trans_id)  # the snapshot is newer than what the log kept
         self.snapshot_at = found.trans_id

@@ -8,7 +8,11 @@ trans_id comes next (what ``reset`` leaves behind). A record is a 25-byte header
 
 little-endian. The crc covers every byte after it (length, trans_id, vote_id, payload). It is
 zlib's crc32: the standard library has no crc32c, and zlib's is fast enough (it guards against
-torn and rotted writes, not against tampering).
+torn and rotted writes, not against tampering). ``scan`` is the one walker over a segment's
+records; recovery (read_wal) and the writer both use it.
+
+This file also holds SyncPolicy, when the log is fsync'd. The disk helpers it shares with the
+snapshots and the data dir are in disk.py.
 
 Durability rules the writer keeps:
 
@@ -28,8 +32,14 @@ import re
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from typing import Any, NamedTuple
 
+from queue_server.replication.disk import StorageError, fsync_dir, numbered_files, read_file, truncate_file
+
+__all__ = [
+    "HEADER_SIZE", "CorruptLog", "Damage", "Frame", "StorageError", "SyncPolicy", "WalWriter",
+    "encode_record", "list_segments", "read_wal", "scan", "segment_name",
+]
 _log = logging.getLogger(__name__)
 
 MAGIC = 0xD1  # format version 1
@@ -44,11 +54,6 @@ _SEGMENT_RE = re.compile(r"wal-(\d{20})\.log")
 Opener = Callable[[str], Any]
 """Opens (creating if needed) a segment for appending; returns an object with write (may write
 short), truncate, fileno and close, like ``open(path, "ab", buffering=0)``."""
-
-
-class StorageError(Exception):
-    """The disk failed a write, an fsync or a file operation (full, I/O error): writes must be
-    answered "storage unavailable" until a later call succeeds."""
 
 
 class CorruptLog(Exception):
@@ -101,40 +106,40 @@ def _valid_record_after(data: bytes, pos: int, above: int) -> bool:
     return False
 
 
-def numbered_files(directory: str, pattern: re.Pattern) -> list[tuple[int, str]]:
-    """(number, path) of every file in `directory` whose name matches `pattern` (one group: the
-    number), in number order; [] if the directory does not exist."""
-    try:
-        names = os.listdir(directory)
-    except FileNotFoundError:
-        return []
-    found = []
-    for name in names:
-        m = pattern.fullmatch(name)
-        if m:
-            found.append((int(m.group(1)), os.path.join(directory, name)))
-    found.sort()
-    return found
+Frame = tuple[int, int, int, int]  # a plain tuple: recovery makes one per record
+"""An intact record found by scan: (trans_id, vote_id, offset, end) in the buffer."""
+
+
+class Damage(NamedTuple):
+    """Where scan stopped before the end of the buffer, and why. `intact` is true for a whole
+    record out of sequence: that is never a torn write."""
+
+    offset: int
+    reason: str
+    intact: bool
+
+
+def scan(data: bytes, first: int) -> Iterator[Frame | Damage]:
+    """The records of a segment whose first record should be trans_id `first`, in order. When a
+    record is damaged or out of sequence, yields a Damage for it as the last item."""
+    buf = memoryview(data)
+    pos, expected = 0, first
+    while pos < len(data):
+        found = _parse(buf, pos)
+        if isinstance(found, str):
+            yield Damage(pos, found, False)
+            return
+        trans_id, vote_id, end = found
+        if trans_id != expected:
+            yield Damage(pos, f"trans_id {trans_id} where {expected} was expected", True)
+            return
+        yield trans_id, vote_id, pos, end
+        pos, expected = end, expected + 1
 
 
 def list_segments(directory: str) -> list[tuple[int, str]]:
     """(first trans_id, path) of every segment, oldest first."""
     return numbered_files(directory, _SEGMENT_RE)
-
-
-def fsync_dir(directory: str) -> None:
-    """Make the directory's entries (created, renamed, removed files) durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _truncate_file(path: str, size: int) -> None:
-    with open(path, "r+b") as f:
-        f.truncate(size)
-        os.fsync(f.fileno())
 
 
 def read_wal(
@@ -189,7 +194,7 @@ def read_wal(
         if offset == 0 and segments[index][0] != expected:
             os.remove(path)  # a misnamed segment cannot be kept even empty
         else:
-            _truncate_file(path, offset)
+            truncate_file(path, offset)
         fsync_dir(directory)
 
     expected = segments[start][0]
@@ -198,25 +203,17 @@ def read_wal(
         if first != expected:
             cut(index, 0, f"segment should start at trans_id {expected}", torn=False)
             return
-        with open(path, "rb") as f:
-            data = f.read()
-        buf = memoryview(data)
-        pos = 0
-        while pos < len(data):
-            found = _parse(buf, pos)
-            if isinstance(found, str):
-                torn = index >= last_with_data and not _valid_record_after(data, pos, expected - 1)
-                cut(index, pos, found, torn)
+        data = read_file(path)
+        for item in scan(data, expected):
+            if isinstance(item, Damage):
+                torn = (not item.intact and index >= last_with_data
+                        and not _valid_record_after(data, item.offset, expected - 1))
+                cut(index, item.offset, item.reason, torn)
                 return
-            trans_id, vote_id, end = found
-            if trans_id != expected:
-                # an intact record out of sequence is never a torn write
-                cut(index, pos, f"trans_id {trans_id} where {expected} was expected", torn=False)
-                return
+            trans_id, vote_id, offset, end = item
             if trans_id > after:
-                yield trans_id, vote_id, bytes(buf[pos + HEADER_SIZE : end])
+                yield trans_id, vote_id, data[offset + HEADER_SIZE : end]
             expected += 1
-            pos = end
 
 
 def _default_opener(path: str) -> Any:
@@ -272,16 +269,11 @@ class WalWriter:
             first, path, size = self._segments[-1]
             last = first - 1
             if size:
-                with open(path, "rb") as f:
-                    data = f.read()
-                buf = memoryview(data)
-                pos = 0
-                while pos < len(data):
-                    found = _parse(buf, pos)
-                    if isinstance(found, str) or found[0] != last + 1:
-                        reason = found if isinstance(found, str) else f"trans_id {found[0]} where {last + 1} was expected"
-                        raise CorruptLog(path, pos, f"{reason} (recover with read_wal before writing)")
-                    last, pos = found[0], found[2]
+                data = read_file(path)
+                for item in scan(data, first):
+                    if isinstance(item, Damage):
+                        raise CorruptLog(path, item.offset, f"{item.reason} (recover with read_wal before writing)")
+                    last = item[0]
                 self._segments[-1][2] = len(data)
             self._file = self._opener(path)
             self._fsync(self._file.fileno())  # what a crashed process left in the page cache
@@ -483,19 +475,13 @@ class WalWriter:
     @staticmethod
     def _end_of(path: str, first: int, trans_id: int) -> int:
         """Offset just after record trans_id in the segment at path."""
-        with open(path, "rb") as f:
-            data = f.read()
-        buf = memoryview(data)
-        pos, expected = 0, first
-        while pos < len(data):
-            found = _parse(buf, pos)
-            if isinstance(found, str) or found[0] != expected:
-                raise CorruptLog(path, pos, found if isinstance(found, str) else "trans_id out of sequence")
-            pos = found[2]
-            if expected == trans_id:
-                return pos
-            expected += 1
-        raise CorruptLog(path, pos, f"trans_id {trans_id} is not in this segment")
+        data = read_file(path)
+        for item in scan(data, first):
+            if isinstance(item, Damage):
+                raise CorruptLog(path, item.offset, item.reason)
+            if item[0] == trans_id:
+                return item[3]
+        raise CorruptLog(path, len(data), f"trans_id {trans_id} is not in this segment")
 
     def remove_segments_before(self, trans_id: int) -> int:
         """Delete the segments whose records are all <= trans_id (never the current one); returns

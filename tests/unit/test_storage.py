@@ -1,0 +1,309 @@
+"""Storage (replication/storage.py) without processes: recovery of a torn or damaged log, the
+fsync policy with a fake clock and a fake file, a full disk, and recovery from snapshots."""
+
+import errno
+import logging
+import os
+
+import pytest
+
+from queue_server.replication.log import ChangeLog, Entry
+from queue_server.replication.snapshot import read_snapshot, snapshot_name, write_snapshot
+from queue_server.replication.storage import Storage, StorageError
+from queue_server.replication.wal import CorruptLog, list_segments, scan
+
+
+def record(n: int) -> dict:
+    return {"op": "produce", "queue": "q", "msg_id": n, "data": "x" * (n % 5)}
+
+
+class FakeDisk:
+    """The log's opener and fsync: files that count fsyncs and refuse writes while `full`."""
+
+    def __init__(self) -> None:
+        self.full = False
+        self.fsyncs = 0
+
+    def opener(self, path: str) -> "FakeFile":
+        return FakeFile(open(path, "ab", buffering=0), self)
+
+    def fsync(self, fd: int) -> None:
+        self.fsyncs += 1
+
+
+class FakeFile:
+    def __init__(self, f, disk: FakeDisk) -> None:
+        self.f = f
+        self.disk = disk
+
+    def write(self, data) -> int:
+        if self.disk.full:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return self.f.write(data)
+
+    def truncate(self, size: int) -> int:
+        return self.f.truncate(size)
+
+    def fileno(self) -> int:
+        return self.f.fileno()
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class Messages(logging.Handler):
+    """A logger's records as (level name, message)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, str]] = []
+        self.log = logging.getLogger(f"test_storage.{id(self)}")
+        self.log.propagate = False
+        self.log.setLevel(logging.DEBUG)
+        self.log.addHandler(self)
+
+    def emit(self, r: logging.LogRecord) -> None:
+        self.seen.append((r.levelname, r.getMessage()))
+
+
+def open_storage(path, fsync: str = "everysec", disk: FakeDisk | None = None, **kw) -> Storage:
+    disk = disk or FakeDisk()
+    return Storage(str(path), fsync, wal_opener=disk.opener, wal_fsync=disk.fsync, **kw)
+
+
+def write_log(path, last: int, fsync: str = "always") -> None:
+    """A data dir whose log holds records 1..last (vote_id 1)."""
+    s = open_storage(path, fsync)
+    s.recover()
+    log = ChangeLog(1000)
+    log.append(1, [record(n) for n in range(1, last + 1)])
+    s.write(log, None, 0.0)
+    s.close()
+
+
+def entries(first: int, last: int, vote_id: int = 1) -> list[Entry]:
+    return [Entry(n, vote_id, record(n)) for n in range(first, last + 1)]
+
+
+def last_segment(path) -> str:
+    return list_segments(os.path.join(str(path), "wal"))[-1][1]
+
+
+# ---------------------------------------------------------------------- recovery
+
+
+def test_a_new_data_dir_recovers_nothing(tmp_path):
+    s = open_storage(tmp_path)
+    found = s.recover()
+    assert (found.trans_id, found.vote_id, found.state, found.entries, found.vote) == (0, 0, {}, [], (0, None))
+    s.close()
+
+
+def test_written_records_and_the_vote_come_back(tmp_path):
+    write_log(tmp_path, 6)
+    s = open_storage(tmp_path)
+    s.recover()
+    s.save_vote(4, 2)
+    s.close()
+    s = open_storage(tmp_path)
+    found = s.recover()
+    assert found.entries == entries(1, 6) and found.vote == (4, 2)
+    s.close()
+
+
+def test_a_torn_tail_is_cut_on_recovery_and_writing_goes_on_after_it(tmp_path):
+    write_log(tmp_path, 5)
+    segment = last_segment(tmp_path)
+    os.truncate(segment, os.path.getsize(segment) - 3)  # record 5 written only in part
+
+    messages = Messages()
+    s = open_storage(tmp_path, log=messages.log)
+    found = s.recover()
+    assert found.entries == entries(1, 4)
+    assert [level for level, _ in messages.seen] == ["WARNING"]
+    assert "cutting off" in messages.seen[0][1] and "ends at trans_id 4" in messages.seen[0][1]
+
+    log = ChangeLog(1000, 4, 1)
+    log.append(2, [record(5), record(6)])
+    assert s.write(log, None, 0.0) == 6
+    s.close()
+    s = open_storage(tmp_path)
+    assert s.recover().entries == entries(1, 4) + entries(5, 6, vote_id=2)
+    s.close()
+
+
+def damage_record(path, trans_id: int) -> int:
+    """Flip the last byte of record trans_id's payload; returns the record's offset."""
+    segment = last_segment(path)
+    data = bytearray(open(segment, "rb").read())
+    _, _, offset, end = list(scan(bytes(data), 1))[trans_id - 1]
+    data[end - 1] ^= 0xFF
+    with open(segment, "wb") as f:
+        f.write(data)
+    return offset
+
+
+def test_damage_in_the_middle_stops_the_start_naming_file_and_offset(tmp_path):
+    write_log(tmp_path, 5)
+    offset = damage_record(tmp_path, 2)
+    s = open_storage(tmp_path)
+    with pytest.raises(CorruptLog) as e:
+        s.recover()
+    s.close()
+    assert (e.value.path, e.value.offset, e.value.reason) == (last_segment(tmp_path), offset, "a checksum mismatch")
+    s = open_storage(tmp_path)  # the refusal changed nothing on disk
+    with pytest.raises(CorruptLog):
+        s.recover()
+    s.close()
+
+
+def test_repair_cuts_the_log_at_the_damage(tmp_path):
+    write_log(tmp_path, 5)
+    damage_record(tmp_path, 2)
+    messages = Messages()
+    s = open_storage(tmp_path, repair=True, log=messages.log)
+    assert s.recover().entries == entries(1, 1)
+    assert len(messages.seen) == 1 and messages.seen[0][1].startswith("REPAIR: ")
+    s.close()
+    s = open_storage(tmp_path)  # repaired for good: a start without --repair works
+    assert s.recover().entries == entries(1, 1)
+    s.close()
+
+
+# ---------------------------------------------------------------------- fsync policy
+
+
+def started(path, fsync: str) -> tuple[Storage, FakeDisk, ChangeLog]:
+    disk = FakeDisk()
+    s = open_storage(path, fsync, disk)
+    s.recover()
+    return s, disk, ChangeLog(1000)
+
+
+def test_fsync_always_syncs_every_write_and_reports_synced_records(tmp_path):
+    s, disk, log = started(tmp_path, "always")
+    assert s.sync_deadline() is None
+    for n in range(1, 4):
+        log.append(1, [record(n)])
+        assert s.write(log, None, 100.0) == n
+        assert disk.fsyncs == n and s.wal.synced_trans_id == n
+    assert s.write(log, None, 100.0) == 3 and disk.fsyncs == 3  # nothing new: no fsync
+    s.close()
+
+
+def test_fsync_everysec_syncs_at_most_once_a_second_and_on_the_deadline(tmp_path):
+    s, disk, log = started(tmp_path, "everysec")
+    log.append(1, [record(1)])
+    assert s.write(log, None, 100.0) == 1 and disk.fsyncs == 1  # nothing was synced before
+    log.append(1, [record(2)])
+    assert s.write(log, None, 100.4) == 2  # handed to the OS, not fsync'd yet
+    assert disk.fsyncs == 1 and s.wal.synced_trans_id == 1
+    assert s.sync_deadline() == 101.0
+    assert s.write(log, None, 100.9) == 2 and disk.fsyncs == 1
+    assert s.write(log, None, 101.0) == 2 and disk.fsyncs == 2  # the timer's turn, no new records
+    assert s.wal.synced_trans_id == 2 and s.sync_deadline() is None
+    log.append(1, [record(3)])
+    assert s.write(log, None, 105.0) == 3 and disk.fsyncs == 3  # a second has passed since
+    s.close()
+
+
+def test_fsync_no_leaves_it_to_the_os(tmp_path):
+    s, disk, log = started(tmp_path, "no")
+    for n in range(1, 4):
+        log.append(1, [record(n)])
+        assert s.write(log, None, float(n)) == n
+    assert disk.fsyncs == 0 and s.sync_deadline() is None
+    assert s.wal.flushed_trans_id == 3 and s.wal.synced_trans_id == 0
+    s.close()
+
+
+# ---------------------------------------------------------------------- full disk
+
+
+def test_a_full_disk_fails_writes_until_space_returns(tmp_path):
+    disk = FakeDisk()
+    messages = Messages()
+    s = open_storage(tmp_path, "always", disk, log=messages.log)
+    s.recover()
+    log = ChangeLog(1000)
+    log.append(1, [record(1), record(2)])
+    assert s.write(log, None, 0.0) == 2
+
+    disk.full = True
+    log.append(1, [record(3)])
+    with pytest.raises(StorageError, match="No space left"):
+        s.write(log, None, 1.0)
+    log.append(1, [record(4)])
+    with pytest.raises(StorageError):
+        s.write(log, None, 2.0)
+    assert s.failed and s.wal.synced_trans_id == 2
+    assert [level for level, _ in messages.seen] == ["ERROR"]  # said once, not per write
+    assert messages.seen[0][1].startswith("storage unavailable: ")
+
+    disk.full = False
+    assert s.write(log, None, 3.0) == 4
+    assert not s.failed and messages.seen[-1] == ("WARNING", "storage available again")
+    s.close()
+    s = open_storage(tmp_path)
+    assert s.recover().entries == entries(1, 4)
+    s.close()
+
+
+# ---------------------------------------------------------------------- cutting the log
+
+
+def test_a_discarded_tail_is_cut_from_the_disk(tmp_path):
+    s, _, log = started(tmp_path, "always")
+    log.append(1, [record(n) for n in range(1, 6)])
+    s.write(log, None, 0.0)
+    log.truncate_after(3)
+    log.append(2, [record(40)])
+    assert s.write(log, 3, 1.0) == 4
+    s.close()
+    s = open_storage(tmp_path)
+    assert s.recover().entries == entries(1, 3) + [Entry(4, 2, record(40))]
+    s.close()
+
+
+def test_a_log_reset_to_an_installed_snapshot_starts_after_it(tmp_path):
+    s, _, log = started(tmp_path, "always")
+    log.append(1, [record(1), record(2)])
+    s.write(log, None, 0.0)
+    write_snapshot(s.datadir.snapshot_dir, 10, 3, {"queues": {}})  # what the leader sent
+    log.reset(10, 3)
+    log.append(3, [record(11)])
+    assert s.write(log, 2, 1.0) == 11
+    s.close()
+    s = open_storage(tmp_path)
+    found = s.recover()
+    assert (found.trans_id, found.vote_id, found.entries) == (10, 3, [Entry(11, 3, record(11))])
+    s.close()
+
+
+# ---------------------------------------------------------------------- snapshots
+
+
+def test_recovery_starts_from_the_newest_valid_snapshot(tmp_path):
+    write_log(tmp_path, 8)
+    snapshots = os.path.join(str(tmp_path), "snapshots")
+    write_snapshot(snapshots, 3, 1, {"at": 3})
+    assert read_snapshot(os.path.join(snapshots, snapshot_name(3))) == (3, 1, {"at": 3})
+    newest = write_snapshot(snapshots, 6, 1, {"at": 6})
+
+    s = open_storage(tmp_path)
+    found = s.recover()
+    assert (found.trans_id, found.vote_id, found.state, found.entries) == (6, 1, {"at": 6}, entries(7, 8))
+    s.close()
+
+    data = bytearray(open(newest, "rb").read())
+    data[-1] ^= 0x01  # the crc
+    open(newest, "wb").write(data)
+    with pytest.raises(ValueError, match="checksum mismatch"):
+        read_snapshot(newest)
+
+    messages = Messages()
+    s = open_storage(tmp_path, log=messages.log)
+    found = s.recover()
+    assert (found.trans_id, found.state, found.entries) == (3, {"at": 3}, entries(4, 8))
+    assert messages.seen == [("WARNING", f"skipping snapshot {newest}: checksum mismatch")]
+    s.close()
