@@ -12,18 +12,11 @@ import orjson
 from . import protocol as p
 from . import tls as tls_
 from .admin import AsyncAdminMethods
-from .errors import ConnectTimeout, NoServerAvailable, QueueError, QueueTimeout
+from .errors import ConnectTimeout, QueueError
+from .failover import DONE, NEXT, Drop, Failover, Lost, Route
 from .protocol import Address, Message
 
 _NO_SEQ = object()
-
-
-class _Lost(Exception):
-    """The connection closed before the reply arrived."""
-
-    def __init__(self, detail: str, reused: bool = False) -> None:
-        super().__init__(detail)
-        self.reused = reused
 
 
 class _Moved(Exception):
@@ -107,7 +100,7 @@ class _Conn(asyncio.Protocol):
         while self.pending:
             fut = self.pending.popleft()[0]
             if not fut.done():
-                fut.set_exception(_Lost(detail))
+                fut.set_exception(Lost(detail))
         self._wake_writers()
 
     def pause_writing(self) -> None:
@@ -126,7 +119,7 @@ class _Conn(asyncio.Protocol):
     def send(self, payload: bytes, timeout: float) -> asyncio.Future[dict[str, Any]]:
         """Queue one request for writing; the future gets its reply, or TimeoutError."""
         if self.closed or self._retiring or self.transport is None or self.transport.is_closing():
-            raise _Lost("connection closed")
+            raise Lost("connection closed")
         loop = self.loop
         fut = loop.create_future()
         deadline = loop.time() + timeout
@@ -228,7 +221,7 @@ class _Udp(asyncio.DatagramProtocol):
         self.closed = True
         for fut in self.pending.values():
             if not fut.done():
-                fut.set_exception(_Lost("endpoint closed"))
+                fut.set_exception(Lost("endpoint closed"))
         self.pending.clear()
 
     def forget(self, seq: int) -> None:
@@ -282,11 +275,8 @@ class AsyncQueueClient(AsyncAdminMethods):
         self._producer = p.ProducerSequence() if idempotent else None
         self.max_idle_wait_connections = max_idle_wait_connections
         self._udp = transport == "udp"
-        self._host_set = frozenset(self.hosts)
-        self._index = 0
-        self._leader: Address | None = None
-        # Bumped whenever the current host changes; connections remember the epoch they serve.
-        self._epoch = 0
+        # Its epoch is bumped whenever the current host changes; connections remember the epoch they serve.
+        self._route = Route(self.hosts)
         self._close_gen = 0
         self._conn: _Conn | None = None
         self._wait_idle: list[_Conn] = []
@@ -301,91 +291,46 @@ class AsyncQueueClient(AsyncAdminMethods):
     @property
     def address(self) -> Address:
         """The host the next request goes to."""
-        return self._leader or self.hosts[self._index]
+        return self._route.address
 
     # ------------------------------------------------------------------ raw requests
 
     async def request(self, req: dict[str, Any]) -> dict[str, Any]:
         """Send one request; its reply if code is 0, else QueueError (redirects are followed)."""
-        wait = p.reply_wait(req)
+        f = Failover(self._route, req, self.timeout, self.follow_redirects, self.max_redirects)
         payload = None if self._udp else p.encode(req)
         gen = self._close_gen
-        redirects = 0
-        may_reuse = True
-        failed: set[Address] | None = None
-        errors: list[str] = []
-        last_timed_out = False
         while True:
-            epoch = self._epoch
-            addr = self._leader or self.hosts[self._index]
-            if failed and addr in failed:
-                if self._host_set <= failed:
-                    raise _unavailable(errors, last_timed_out)
-                self._advance(epoch, abort=False)  # others may be using it: let their replies come
-                continue
+            attempt = f.next()
+            if isinstance(attempt, QueueError):
+                raise attempt
+            if attempt.drop:
+                self._drop_connections(abort=attempt.drop is Drop.CLOSE)
+            addr, epoch = attempt.addr, attempt.epoch
             try:
                 if payload is None:
-                    reply = await self._udp_roundtrip(addr, epoch, req, wait)
-                elif wait > 0:
-                    reply = await self._wait_roundtrip(addr, epoch, payload, wait)
+                    reply = await self._udp_roundtrip(addr, epoch, req, f.wait)
+                elif f.wait > 0:
+                    reply = await self._wait_roundtrip(addr, epoch, payload, f.wait)
                 else:
                     reply = await self._roundtrip(addr, epoch, payload)
             except _Moved:
                 continue
-            except _Lost as exc:
+            except (Lost, OSError) as exc:  # TimeoutError among them
                 if gen != self._close_gen:
                     raise QueueError(p.CODE_ERROR, "client closed") from None
-                if exc.reused and may_reuse:
-                    may_reuse = False
-                    continue
-                failure: Exception = exc
-                last_timed_out = False
-            except TimeoutError as exc:
-                failure, last_timed_out = exc, True
-            except OSError as exc:
-                failure, last_timed_out = exc, False
+                verdict = f.failed(attempt, exc)
             else:
-                code = reply.get("code")
-                if code == 0:
+                verdict = f.replied(attempt, reply)
+                if verdict is DONE:
                     return reply
-                if code == p.CODE_REDIRECT and self.follow_redirects and redirects < self.max_redirects:
-                    target = p.redirect_target(reply, addr[0])
-                    if target is not None:
-                        redirects += 1
-                        self._move(epoch, target)
-                        continue
-                if not p.retry_elsewhere(req, reply) or len(self._host_set) < 2:
-                    raise p.error_from_reply(reply)
-                failure, last_timed_out = p.error_from_reply(reply), False
-            if gen != self._close_gen:
-                raise QueueError(p.CODE_ERROR, "client closed") from None
-            if failed is None:
-                failed = set()
-            failed.add(addr)
-            errors.append(f"{p.format_address(addr)}: {_describe(failure)}")
-            if self._host_set <= failed:
-                raise _unavailable(errors, last_timed_out)
-            self._advance(epoch)
+                if verdict is NEXT and gen != self._close_gen:
+                    raise QueueError(p.CODE_ERROR, "client closed") from None
+            if isinstance(verdict, QueueError):
+                raise verdict
 
-    def _advance(self, epoch: int, abort: bool = True) -> None:
-        """Go on to the next host, dropping the current one's connections (it failed)."""
-        if epoch != self._epoch:
-            return  # another call has moved on already
-        if self._leader is not None:
-            self._leader = None
-        else:
-            self._index = (self._index + 1) % len(self.hosts)
-        self._new_epoch(abort)
-
-    def _move(self, epoch: int, target: Address) -> None:
-        """A redirect named the leader: send the following requests there."""
-        if epoch != self._epoch and self._leader == target:
-            return
-        self._leader = target
-        self._new_epoch(abort=False)
-
-    def _new_epoch(self, abort: bool) -> None:
-        self._epoch += 1
+    def _drop_connections(self, abort: bool) -> None:
+        """The route moved on: close the old host's connections now, or once their replies came."""
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.abort() if abort else conn.retire()
@@ -420,13 +365,13 @@ class AsyncQueueClient(AsyncAdminMethods):
         if self._connect_lock is None:
             self._connect_lock = asyncio.Lock()
         async with self._connect_lock:
-            if epoch != self._epoch:
+            if epoch != self._route.epoch:
                 raise _Moved
             conn = self._conn
             if conn is not None and not conn.closed and conn.epoch == epoch:
                 return conn, False
             conn = await self._open(addr, epoch)
-            if epoch != self._epoch:
+            if epoch != self._route.epoch:
                 conn.close()
                 raise _Moved
             self._conn = conn
@@ -439,8 +384,8 @@ class AsyncQueueClient(AsyncAdminMethods):
             if conn.busy:
                 await conn.drain()
             return await fut
-        except _Lost as exc:
-            raise _Lost(str(exc), reused) from None
+        except Lost as exc:
+            raise Lost(str(exc), reused) from None
 
     async def _wait_roundtrip(self, addr: Address, epoch: int, payload: bytes, wait: float) -> dict[str, Any]:
         conn = None
@@ -459,14 +404,14 @@ class AsyncQueueClient(AsyncAdminMethods):
             if conn.busy:
                 await conn.drain()
             return await fut
-        except _Lost as exc:
-            raise _Lost(str(exc), reused) from None
+        except Lost as exc:
+            raise Lost(str(exc), reused) from None
         finally:
             self._wait_busy.discard(conn)
             if (
                 conn.closed
                 or conn.pending
-                or conn.epoch != self._epoch
+                or conn.epoch != self._route.epoch
                 or len(self._wait_idle) >= self.max_idle_wait_connections
             ):
                 conn.close()
@@ -477,7 +422,7 @@ class AsyncQueueClient(AsyncAdminMethods):
         if self._connect_lock is None:
             self._connect_lock = asyncio.Lock()
         async with self._connect_lock:
-            if epoch != self._epoch:
+            if epoch != self._route.epoch:
                 raise _Moved
             ep = self._udp_ep
             if ep is not None and not ep.closed and ep.epoch == epoch:
@@ -520,7 +465,8 @@ class AsyncQueueClient(AsyncAdminMethods):
     async def close(self) -> None:
         """Close every connection; calls still waiting fail with QueueError("client closed")."""
         self._close_gen += 1
-        self._new_epoch(abort=True)
+        self._route.renew()
+        self._drop_connections(abort=True)
         for conn in list(self._wait_busy):
             conn.abort()
         self._wait_busy.clear()
@@ -689,11 +635,5 @@ class AsyncQueueClient(AsyncAdminMethods):
         return f"AsyncQueueClient({hosts!r}, transport={self.transport!r})"
 
 
-def _unavailable(errors: list[str], timed_out: bool) -> QueueError:
-    if timed_out:
-        return QueueTimeout(p.CODE_ERROR, "timed out: " + "; ".join(errors))
-    return NoServerAvailable(p.CODE_ERROR, "no server available: " + "; ".join(errors))
-
-
 def _describe(exc: BaseException) -> str:
-    return p.describe_failure(exc, _Lost)
+    return p.describe_failure(exc, Lost)

@@ -10,12 +10,15 @@ from typing import Any
 
 from . import protocol as p
 from . import tls
-from .errors import NoServerAvailable, QueueError
+from .errors import QueueError
+from .failover import Reconnect
 from .protocol import Message
 from queue_server.server.protocol import SUBSCRIBE, resolve_action
 
 # How long a subscription keeps trying to find the (new) leader after it lost its connection.
 RESUBSCRIBE_FOR = 30.0
+# How long it waits before subscribing again when its subscription ended or was refused.
+AGAIN_PAUSE = 0.1
 
 
 PUSH, AGAIN, OTHER = "push", "again", "other"
@@ -47,7 +50,46 @@ def _confirm(queue: str, msg_id: int) -> dict:
     return {"action": p.CONFIRM, "queue": queue, "msg_id": msg_id}
 
 
-class Subscription:
+class _SubscriptionState:
+    """What both subscriptions share: their requests, where the leader is, when to give up."""
+
+    def __init__(self, client: Any, queues: str | Iterable[str], credit: int) -> None:
+        self.client = client
+        self.queues = (queues,) if isinstance(queues, str) else tuple(queues)
+        self._credit = credit
+        self.closed = False
+
+    def _requests(self) -> list[dict]:
+        auth = [p.auth_request(self.client.token)] if self.client.token is not None else []
+        return auth + [{"action": SUBSCRIBE, "queue": q, "credit": self._credit} for q in self.queues]
+
+    def _reconnect(self) -> Reconnect:
+        return Reconnect(time.monotonic(), f"subscribe {','.join(self.queues)}", RESUBSCRIBE_FOR)
+
+    def _leader_address(self, reply: dict) -> p.Address:
+        return p.redirect_target(reply, self.client.address[0]) or self.client.address
+
+    def _take(self, line: bytes) -> dict | float | None:
+        """A line read on the subscription: the push it carries; or, when the subscription has to
+        be made again, the seconds to wait first (the connection is dropped); else None."""
+        kind = classify(reply := p.decode_reply(line))
+        if kind == PUSH:
+            return reply
+        if kind == AGAIN:
+            self._drop()
+            return AGAIN_PAUSE
+        return None
+
+    def _drop(self) -> None:  # pragma: no cover - provided
+        raise NotImplementedError
+
+    @staticmethod
+    def _settle(m: Message) -> tuple[str, int] | None:
+        """An at-most-once message's credit is freed (by a confirm) once the caller moves on."""
+        return (m.queue, m.msg_id) if m.lease_until is None else None
+
+
+class Subscription(_SubscriptionState):
     """An iterator over the messages pushed to a subscription to one or more queues (the credit
     holds per queue; each Message names its queue).
 
@@ -59,12 +101,9 @@ class Subscription:
     """
 
     def __init__(self, client: Any, queues: str | Iterable[str], credit: int) -> None:
-        self.client = client
-        self.queues = (queues,) if isinstance(queues, str) else tuple(queues)
-        self._credit = credit
+        super().__init__(client, queues, credit)
         self.sock: socket.socket | None = None
         self.buf = b""
-        self.closed = False
 
     # ------------------------------------------------------------------ public
     def __iter__(self) -> Iterator[Message]:
@@ -77,8 +116,7 @@ class Subscription:
             if push is None:
                 return
             m = message(push)
-            if m.lease_until is None:
-                settle = (m.queue, m.msg_id)  # at most once: its credit is free once the caller moves on
+            settle = self._settle(m)
             yield m
 
     def credit(self, credit: int) -> None:
@@ -110,10 +148,6 @@ class Subscription:
         self.close()
 
     # ------------------------------------------------------------------ connection
-    def _requests(self) -> list[dict]:
-        auth = [p.auth_request(self.client.token)] if self.client.token is not None else []
-        return auth + [{"action": SUBSCRIBE, "queue": q, "credit": self._credit} for q in self.queues]
-
     def _send(self, req: dict) -> None:
         try:
             assert self.sock is not None
@@ -129,12 +163,10 @@ class Subscription:
 
     def _open(self) -> None:
         """Connect to the leader and subscribe; retried until RESUBSCRIBE_FOR has passed."""
-        deadline = time.monotonic() + RESUBSCRIBE_FOR
-        last = "no attempt"
+        reconnect = self._reconnect()
         while True:
             try:
-                reply = self.client.leader()
-                host, port = p.redirect_target(reply, self.client.address[0]) or self.client.address
+                host, port = self._leader_address(self.client.leader())
                 sock = socket.create_connection((host, port), timeout=self.client.timeout)
                 if self.client._ssl is not None:
                     sock = tls.wrap(sock, self.client._ssl, host)
@@ -142,14 +174,15 @@ class Subscription:
                 self.sock, self.buf = sock, b""
                 for req in self._requests():
                     self._send(req)
-                if self.sock is not None:
-                    return
+                if self.sock is None:
+                    raise ConnectionError("connection lost while subscribing")
+                return
             except (OSError, QueueError) as exc:
-                last = str(exc) or type(exc).__name__
                 self._drop()
-            if time.monotonic() > deadline:
-                raise NoServerAvailable(p.CODE_ERROR, f"subscribe {','.join(self.queues)}: no leader reachable: {last}")
-            time.sleep(0.2)
+                pause = reconnect.failed(time.monotonic(), exc)
+                if isinstance(pause, QueueError):
+                    raise pause from None
+                time.sleep(pause)
 
     def _next_push(self) -> dict | None:
         """The next pushed message; None once closed."""
@@ -163,13 +196,11 @@ class Subscription:
             if line is None:
                 self._drop()  # lost: subscribe again, on whichever node leads
                 continue
-            reply = p.decode_reply(line)
-            kind = classify(reply)
-            if kind == PUSH:
-                return reply
-            if kind == AGAIN:
-                self._drop()
-                time.sleep(0.1)
+            got = self._take(line)
+            if isinstance(got, dict):
+                return got
+            if got is not None:
+                time.sleep(got)
         return None
 
     def _line(self) -> bytes | None:
@@ -186,16 +217,13 @@ class Subscription:
         return line
 
 
-class AsyncSubscription:
+class AsyncSubscription(_SubscriptionState):
     """Subscription for AsyncQueueClient: `async for m in client.subscribe(queue, credit)`."""
 
     def __init__(self, client: Any, queues: str | Iterable[str], credit: int) -> None:
-        self.client = client
-        self.queues = (queues,) if isinstance(queues, str) else tuple(queues)
-        self._credit = credit
+        super().__init__(client, queues, credit)
         self.reader: Any = None
         self.writer: Any = None
-        self.closed = False
 
     async def __aiter__(self) -> AsyncIterator[Message]:
         settle: tuple[str, int] | None = None
@@ -207,8 +235,7 @@ class AsyncSubscription:
             if push is None:
                 return
             m = message(push)
-            if m.lease_until is None:
-                settle = (m.queue, m.msg_id)
+            settle = self._settle(m)
             yield m
 
     async def credit(self, credit: int) -> None:
@@ -233,10 +260,6 @@ class AsyncSubscription:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    def _requests(self) -> list[dict]:
-        auth = [p.auth_request(self.client.token)] if self.client.token is not None else []
-        return auth + [{"action": SUBSCRIBE, "queue": q, "credit": self._credit} for q in self.queues]
-
     async def _send(self, req: dict) -> None:
         try:
             self.writer.write(p.encode(req))
@@ -250,26 +273,25 @@ class AsyncSubscription:
         self.reader = self.writer = None
 
     async def _open(self) -> None:
-        deadline = time.monotonic() + RESUBSCRIBE_FOR
-        last = "no attempt"
+        reconnect = self._reconnect()
         while True:
             try:
-                reply = await self.client.leader()
-                host, port = p.redirect_target(reply, self.client.address[0]) or self.client.address
+                host, port = self._leader_address(await self.client.leader())
                 self.reader, self.writer = await asyncio.wait_for(
                     asyncio.open_connection(host, port, limit=1 << 24, ssl=self.client._ssl,
                                             server_hostname=host if self.client._ssl is not None else None),
                     self.client.timeout)
                 for req in self._requests():
                     await self._send(req)
-                if self.writer is not None:
-                    return
+                if self.writer is None:
+                    raise ConnectionError("connection lost while subscribing")
+                return
             except (OSError, QueueError, asyncio.TimeoutError) as exc:
-                last = str(exc) or type(exc).__name__
                 self._drop()
-            if time.monotonic() > deadline:
-                raise NoServerAvailable(p.CODE_ERROR, f"subscribe {','.join(self.queues)}: no leader reachable: {last}")
-            await asyncio.sleep(0.2)
+                pause = reconnect.failed(time.monotonic(), exc)
+                if isinstance(pause, QueueError):
+                    raise pause from None
+                await asyncio.sleep(pause)
 
     async def _next_push(self) -> dict | None:
         while not self.closed:
@@ -282,11 +304,9 @@ class AsyncSubscription:
             if not line:
                 self._drop()
                 continue
-            reply = p.decode_reply(line)
-            kind = classify(reply)
-            if kind == PUSH:
-                return reply
-            if kind == AGAIN:
-                self._drop()
-                await asyncio.sleep(0.1)
+            got = self._take(line)
+            if isinstance(got, dict):
+                return got
+            if got is not None:
+                await asyncio.sleep(got)
         return None

@@ -13,7 +13,8 @@ import orjson
 from . import protocol as p
 from . import tls as tls_
 from .admin import AdminMethods
-from .errors import ConnectTimeout, NoServerAvailable, QueueError, QueueTimeout
+from .errors import ConnectTimeout, QueueError
+from .failover import DONE, Failover, Lost, Route
 from .protocol import Address, Message
 
 _NO_SEQ = object()
@@ -31,14 +32,6 @@ def _forget_inherited_connections() -> None:
 
 
 os.register_at_fork(after_in_child=_forget_inherited_connections)
-
-
-class _Closed(Exception):
-    """The connection closed or reset before the reply arrived."""
-
-    def __init__(self, reused: bool, detail: str) -> None:
-        super().__init__(detail)
-        self.reused = reused
 
 
 class QueueClient(AdminMethods):
@@ -76,9 +69,7 @@ class QueueClient(AdminMethods):
         # Gives every produce a (producer, sequence): a retried produce is stored once.
         self._producer = p.ProducerSequence() if idempotent else None
         self._udp = transport == "udp"
-        self._host_set = frozenset(self.hosts)
-        self._index = 0
-        self._leader: Address | None = None  # where a redirect sent us; tried before the list
+        self._route = Route(self.hosts)
         self._sock: socket.socket | None = None
         self._file: Any = None
         self._sock_addr: Address | None = None
@@ -94,73 +85,32 @@ class QueueClient(AdminMethods):
     @property
     def address(self) -> Address:
         """The host the next request goes to."""
-        return self._leader or self.hosts[self._index]
+        return self._route.address
 
     def request(self, req: dict[str, Any]) -> dict[str, Any]:
         """Send one request; its reply if code is 0, else QueueError (redirects are followed)."""
-        timeout = self.timeout + p.reply_wait(req)
+        f = Failover(self._route, req, self.timeout, self.follow_redirects, self.max_redirects)
         payload = None if self._udp else p.encode(req)
-        redirects = 0
-        may_reuse = True  # one free retry when a kept-open connection turns out to be closed
-        failed: set[Address] | None = None
-        errors: list[str] = []
-        last_timed_out = False
         while True:
-            addr = self._leader or self.hosts[self._index]
-            if failed and addr in failed:
-                if self._host_set <= failed:
-                    raise self._unavailable(errors, last_timed_out)
-                self._advance()
-                continue
+            attempt = f.next()
+            if isinstance(attempt, QueueError):
+                raise attempt
             try:
                 if payload is None:
-                    reply = self._udp_roundtrip(addr, req, timeout)
+                    reply = self._udp_roundtrip(attempt.addr, req, f.timeout)
                 else:
-                    reply = self._tcp_roundtrip(addr, payload, timeout)
-            except _Closed as exc:
-                if exc.reused and may_reuse:
-                    may_reuse = False
-                    continue
-                failure: Exception = exc
-                last_timed_out = False
-            except TimeoutError as exc:
+                    reply = self._tcp_roundtrip(attempt.addr, payload, f.timeout)
+            except Lost as exc:
+                verdict = f.failed(attempt, exc)
+            except OSError as exc:  # TimeoutError among them
                 self._close()
-                failure, last_timed_out = exc, True
-            except OSError as exc:
-                self._close()
-                failure, last_timed_out = exc, False
+                verdict = f.failed(attempt, exc)
             else:
-                code = reply.get("code")
-                if code == 0:
+                verdict = f.replied(attempt, reply)
+                if verdict is DONE:
                     return reply
-                if code == p.CODE_REDIRECT and self.follow_redirects and redirects < self.max_redirects:
-                    target = p.redirect_target(reply, addr[0])
-                    if target is not None:
-                        redirects += 1
-                        self._leader = target
-                        continue
-                if not p.retry_elsewhere(req, reply) or len(self._host_set) < 2:
-                    raise p.error_from_reply(reply)
-                failure, last_timed_out = p.error_from_reply(reply), False
-            if failed is None:
-                failed = set()
-            failed.add(addr)
-            errors.append(f"{p.format_address(addr)}: {_describe(failure)}")
-            if self._host_set <= failed:
-                raise self._unavailable(errors, last_timed_out)
-            self._advance()
-
-    def _advance(self) -> None:
-        if self._leader is not None:
-            self._leader = None
-        else:
-            self._index = (self._index + 1) % len(self.hosts)
-
-    @staticmethod
-    def _unavailable(errors: list[str], timed_out: bool) -> QueueError:
-        if timed_out:
-            return QueueTimeout(p.CODE_ERROR, "timed out: " + "; ".join(errors))
-        return NoServerAvailable(p.CODE_ERROR, "no server available: " + "; ".join(errors))
+            if isinstance(verdict, QueueError):
+                raise verdict
 
     def _tcp_roundtrip(self, addr: Address, payload: bytes, timeout: float) -> dict[str, Any]:
         sock = self._sock
@@ -182,10 +132,10 @@ class QueueClient(AdminMethods):
                     line = self._file.readline()
                 except (ConnectionError, ValueError) as exc:
                     self._close()
-                    raise _Closed(False, _describe(exc)) from exc
+                    raise Lost(_describe(exc)) from exc
                 if not line:
                     self._close()
-                    raise _Closed(False, tls_.closed_before_reply(self._ssl is not None))
+                    raise Lost(tls_.closed_before_reply(self._ssl is not None))
                 try:
                     p.check_auth_reply(p.decode_reply(line))
                 except QueueError:
@@ -200,11 +150,11 @@ class QueueClient(AdminMethods):
             line = self._file.readline()
         except (ConnectionError, ValueError) as exc:  # ValueError: file of a timed-out socket
             self._close()
-            raise _Closed(reused, _describe(exc)) from exc
+            raise Lost(_describe(exc), reused) from exc
         if not line.endswith(b"\n"):
             self._close()
-            raise _Closed(reused, "connection closed by the server" if reused or line
-                          else tls_.closed_before_reply(self._ssl is not None))
+            raise Lost("connection closed by the server" if reused or line
+                       else tls_.closed_before_reply(self._ssl is not None), reused)
         try:
             return p.decode_reply(line)
         except QueueError:
@@ -453,4 +403,4 @@ class QueueClient(AdminMethods):
 
 
 def _describe(exc: BaseException) -> str:
-    return p.describe_failure(exc, _Closed)
+    return p.describe_failure(exc, Lost)

@@ -1,0 +1,183 @@
+"""client/failover.py: every decision of the clients' shared fail-over core, without sockets."""
+from __future__ import annotations
+
+import pytest
+
+from queue_server.client.errors import NoServerAvailable, QueueError, QueueTimeout
+from queue_server.client.protocol import LEADERSHIP_CHANGED, PRODUCE as PRODUCE_ACTION
+from queue_server.client.failover import AGAIN, DONE, NEXT, Attempt, Drop, Failover, Lost, Reconnect, Route
+
+A, B, C = ("a", 1), ("b", 2), ("c", 3)
+PRODUCE = {"action": PRODUCE_ACTION, "queue": "q", "data": "x", "producer": "p", "sequence": 7}
+
+
+def failover(hosts=(A, B, C), req=None, **kw) -> Failover:
+    return Failover(Route(hosts), req if req is not None else {"action": 103, "queue": "q"}, 5.0, **kw)
+
+
+def attempt(f: Failover) -> Attempt:
+    step = f.next()
+    assert isinstance(step, Attempt), step
+    return step
+
+
+def test_ok_reply_is_done_and_the_route_stays():
+    f = failover()
+    a = attempt(f)
+    assert (a.addr, a.drop) == (A, Drop.KEEP)
+    assert f.replied(a, {"code": 0}) is DONE
+    assert f.route.address == A
+
+
+def test_attempt_timeout_adds_the_long_poll_wait():
+    assert failover().timeout == 5.0
+    f = failover(req={"action": 103, "queue": "q", "wait": 2.5})
+    assert (f.wait, f.timeout) == (2.5, 7.5)
+    assert failover(req={"action": 103, "wait": True}).timeout == 5.0  # not a number of seconds
+
+
+def test_redirect_moves_to_the_leader_and_lets_the_old_connection_finish():
+    f = failover()
+    a = attempt(f)
+    assert f.replied(a, {"code": -2, "leader_host": "c", "leader_port": 3}) is AGAIN
+    b = attempt(f)
+    assert (b.addr, b.drop) == (C, Drop.FINISH)
+    assert b.epoch == a.epoch + 1
+    assert f.route.address == C  # later calls go there first too
+
+
+def test_redirect_to_a_wildcard_host_keeps_the_host_name():
+    f = failover()
+    a = attempt(f)
+    assert f.replied(a, {"code": -2, "leader_host": "0.0.0.0", "leader_port": 9}) is AGAIN
+    assert attempt(f).addr == ("a", 9)
+
+
+def test_redirects_stop_after_max_and_when_not_followed():
+    f = failover(max_redirects=2)
+    for _ in range(2):
+        assert f.replied(attempt(f), {"code": -2, "leader_host": "c", "leader_port": 3}) is AGAIN
+    err = f.replied(attempt(f), {"code": -2, "leader_host": "c", "leader_port": 3})
+    assert isinstance(err, QueueError) and err.code == -2
+    err = failover(follow_redirects=False).replied(attempt(failover()), {"code": -2, "leader_port": 3})
+    assert isinstance(err, QueueError) and err.code == -2
+
+
+def test_redirect_without_a_usable_port_is_the_error():
+    f = failover()
+    err = f.replied(attempt(f), {"code": -2, "reason": "redirect", "leader_port": 0})
+    assert isinstance(err, QueueError) and err.reason == "redirect"
+
+
+def test_a_redirect_another_call_already_followed_keeps_the_connections():
+    route = Route([A, B])
+    f, g = Failover(route, {}, 1.0), Failover(route, {}, 1.0)
+    fa, ga = attempt(f), attempt(g)
+    assert f.replied(fa, {"code": -2, "leader_host": "c", "leader_port": 3}) is AGAIN
+    assert g.replied(ga, {"code": -2, "leader_host": "c", "leader_port": 3}) is AGAIN
+    assert attempt(f).drop is Drop.FINISH
+    assert (attempt(g).addr, route.epoch) == (C, 1)
+    assert Failover(route, {}, 1.0).next().drop is Drop.KEEP
+
+
+@pytest.mark.parametrize("reason", ["no leader", LEADERSHIP_CHANGED])
+def test_nothing_applied_errors_go_to_the_next_host(reason):
+    f = failover()
+    a = attempt(f)
+    assert f.replied(a, {"code": -1, "reason": reason}) is NEXT
+    b = attempt(f)
+    assert (b.addr, b.drop) == (B, Drop.CLOSE)
+
+
+def test_leader_changed_resends_only_an_idempotent_produce():
+    f = failover(req=PRODUCE)
+    assert f.replied(attempt(f), {"code": -1, "reason": "leader changed while waiting"}) is NEXT
+    assert attempt(f).addr == B  # the same request again: (producer, sequence) stores it once
+    plain = dict(PRODUCE)
+    del plain["sequence"]
+    f = failover(req=plain)
+    err = f.replied(attempt(f), {"code": -1, "reason": "leader changed while waiting"})
+    assert isinstance(err, QueueError) and not isinstance(err, NoServerAvailable)
+    f = failover()  # a consume: it may have been applied
+    assert isinstance(f.replied(attempt(f), {"code": -1, "reason": "leader changed"}), QueueError)
+    f = failover(req={**PRODUCE, "action": "produce"})  # the action by name
+    assert f.replied(attempt(f), {"code": -1, "reason": "leader changed"}) is NEXT
+
+
+def test_other_errors_and_a_single_host_are_the_reply_error():
+    f = failover()
+    err = f.replied(attempt(f), {"code": -1, "reason": "queue: missing"})
+    assert isinstance(err, QueueError) and err.reason == "queue: missing"
+    f = failover(hosts=[A])
+    err = f.replied(attempt(f), {"code": -1, "reason": "no leader"})
+    assert type(err) is QueueError and err.reason == "no leader"
+
+
+def test_a_closed_kept_open_connection_is_retried_once_on_the_same_host():
+    f = failover()
+    a = attempt(f)
+    assert f.failed(a, Lost("connection closed by the server", reused=True)) is AGAIN
+    b = attempt(f)
+    assert (b.addr, b.epoch, b.drop) == (A, a.epoch, Drop.KEEP)
+    assert f.failed(b, Lost("connection closed by the server", reused=True)) is NEXT
+    assert attempt(f).addr == B
+
+
+def test_every_host_failing_names_each_failure():
+    f = failover()
+    assert f.failed(attempt(f), ConnectionRefusedError(111, "refused")) is NEXT
+    assert f.failed(attempt(f), Lost("connection closed by the server")) is NEXT
+    assert f.replied(attempt(f), {"code": -1, "reason": "no leader"}) is NEXT
+    err = f.next()
+    assert isinstance(err, NoServerAvailable)
+    assert err.reason == ("no server available: a:1: ConnectionRefusedError: [Errno 111] refused; "
+                          "b:2: connection closed by the server; c:3: QueueError: [-1] no leader")
+    assert f.route.address == C  # the last host stays current: the next call starts there
+
+
+def test_a_timeout_on_the_last_host_tried_is_a_timeout():
+    f = failover(hosts=[A, B])
+    assert f.failed(attempt(f), ConnectionRefusedError("refused")) is NEXT
+    assert f.failed(attempt(f), TimeoutError("timed out")) is NEXT
+    err = f.next()
+    assert isinstance(err, QueueTimeout) and err.reason.startswith("timed out: a:1: ")
+    f = failover(hosts=[A, B])
+    assert f.failed(attempt(f), TimeoutError("timed out")) is NEXT
+    assert f.failed(attempt(f), ConnectionRefusedError("refused")) is NEXT
+    assert type(f.next()) is NoServerAvailable
+
+
+def test_each_host_is_tried_at_most_once_even_when_redirected_back():
+    f = failover()
+    assert f.failed(attempt(f), TimeoutError("timed out")) is NEXT
+    b = attempt(f)
+    assert f.replied(b, {"code": -2, "leader_host": "a", "leader_port": 1}) is AGAIN
+    skip = attempt(f)  # the leader named is A, which failed this call: back to the list (B did not fail)
+    assert (skip.addr, skip.drop) == (B, Drop.FINISH)
+
+
+def test_a_failure_after_another_call_moved_on_does_not_move_again():
+    route = Route([A, B, C])
+    f, g = Failover(route, {}, 1.0), Failover(route, {}, 1.0)
+    fa, ga = attempt(f), attempt(g)
+    assert f.failed(fa, TimeoutError()) is NEXT
+    assert g.failed(ga, TimeoutError()) is NEXT
+    assert route.address == B  # one move for the one failed host
+    assert attempt(f).drop is Drop.CLOSE
+    assert (attempt(g).addr, attempt(g).drop) == (B, Drop.KEEP)
+
+
+def test_route_renew_keeps_the_host():
+    route = Route([A, B])
+    route.renew()
+    assert (route.address, route.epoch) == (A, 1)
+
+
+def test_reconnect_pauses_until_its_patience_runs_out():
+    clock = 100.0
+    r = Reconnect(clock, "subscribe q", patience=30.0, pause=0.2)
+    assert r.failed(clock + 1, OSError("refused")) == 0.2
+    assert r.failed(clock + 30.0, OSError("refused")) == 0.2
+    err = r.failed(clock + 30.01, ConnectionRefusedError())
+    assert isinstance(err, NoServerAvailable)
+    assert err.reason == "subscribe q: no leader reachable: ConnectionRefusedError"
