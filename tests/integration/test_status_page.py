@@ -48,9 +48,14 @@ def browser(tmp_path):
         driver.quit()
 
 
-def text(driver, selector: str) -> str | None:
-    found = driver.find_elements(By.CSS_SELECTOR, selector)
-    return found[0].text if found else None
+def text(driver, selector: str, attribute: str = "textContent") -> str | None:
+    """The element's text (or another property) read in one step inside the page: the page
+    re-renders its tables every refresh, so an element found first and read after can be gone
+    (selenium's StaleElementReferenceException)."""
+    value = driver.execute_script(
+        "const e = document.querySelector(arguments[0]); return e ? e[arguments[1]] : null;",
+        selector, attribute)
+    return value.strip() if isinstance(value, str) else value
 
 
 def leader_of(cluster: Cluster) -> int | None:
@@ -88,7 +93,7 @@ def test_the_status_page_of_a_follower_shows_roles_and_a_queue_count_that_change
             return rows if all(rows.values()) else None
         shown = wait_for(roles, 20, "the page to show the nodes")
         assert shown == {i: "leader" if i == leader else "follower" for i in cluster.nodes}
-        assert browser.find_element(By.CSS_SELECTOR, f'#nodes tr[data-node-id="{follower}"]').get_attribute("class") == "self"
+        assert text(browser, f'#nodes tr[data-node-id="{follower}"]', "className") == "self"
         wait_for(lambda: text(browser, '#queues tr[data-queue="orders"] td.ready') == "3", 20, "orders to show 3 ready")
         assert text(browser, '#queues tr[data-queue="emails"] td.delayed') == "1"
 
