@@ -234,8 +234,10 @@ class Datagrams(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: Any) -> None:  # type: ignore[override]
         acceptor = self.acceptor
-        number = acceptor.udp_register(addr)
-        origin = Origin(number, True)
+        cfg = acceptor.config
+        limit = udp_guard.reply_limit(len(data), cfg.udp_max_response, cfg.udp_amplification_limit,
+                                      acceptor.udp_guarded, acceptor.auth.required)
+        number = acceptor.udp_register(addr, limit)
         if len(data) > acceptor.config.max_request_size:
             value: Any = FramingError(f"request exceeds max_request_size ({acceptor.config.max_request_size} bytes)", False)
         else:
@@ -245,15 +247,11 @@ class Datagrams(asyncio.DatagramProtocol):
                 reason = "invalid UTF-8" if "UTF-8" in str(exc) else f"malformed JSON: {exc}"
                 value = FramingError(reason, False)
         if not acceptor.auth.datagram(value):
-            acceptor.udp_addrs.pop(origin.conn, None)
+            acceptor.udp_addrs.pop(number, None)
             return  # no valid auth_token: no reply at all
-        cfg = acceptor.config
-        limit = udp_guard.reply_limit(len(data), cfg.udp_max_response, cfg.udp_amplification_limit,
-                                      acceptor.udp_guarded, acceptor.auth.required)
-        acceptor.udp_addrs[number] = (addr, limit)
         if type(value) is dict:
             value[p.UDP_REPLY_LIMIT] = limit  # the worker refuses a consume whose reply would not fit
-        acceptor.submit(origin, 0, value)
+        acceptor.submit(Origin(number, True), 0, value)
 
 
 class Acceptor:
@@ -329,11 +327,12 @@ class Acceptor:
         """The connections max_connections bounds: client TCP and HTTP, one budget."""
         return self.tcp_connections + self.http_connections
 
-    def udp_register(self, addr: Any) -> int:
-        """Number a datagram; its reply goes to `addr`."""
+    def udp_register(self, addr: Any, limit: int | None = None) -> int:
+        """Number a datagram; its reply goes to `addr` and may be at most `limit` bytes
+        (default udp_max_response; the amplification guard may set less)."""
         number = self.next_udp
         self.next_udp = number + 1
-        self.udp_addrs[number] = (addr, self.config.udp_max_response)
+        self.udp_addrs[number] = (addr, self.config.udp_max_response if limit is None else limit)
         return number
 
     # ----------------------------------------------------------------- requests

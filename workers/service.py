@@ -472,9 +472,9 @@ class PartitionService:
         messages = q.peek(now, count or 1, lease, token)
         replayed = token is not None and bool(q.held_at(token, now))
         reply = self._consume_reply(req, count, messages, times, replayed)
-        if type(limit) is not int:
+        if type(limit) is not int or limit > self.udp_max_response:
             limit = self.udp_max_response
-        return len(orjson.dumps(reply, option=orjson.OPT_APPEND_NEWLINE)) > min(limit, self.udp_max_response)
+        return len(orjson.dumps(reply, option=orjson.OPT_APPEND_NEWLINE)) > limit
 
     def _udp_too_large(self, req: dict) -> dict:
         """The refusal of a UDP consume whose reply would not fit a datagram: it echoes only
