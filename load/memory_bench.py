@@ -1,0 +1,231 @@
+"""Memory per stored message: fill a freshly started server with N messages of --payload bytes
+(over --queues queues), and report what the server's processes grew by, divided by N. The same
+fill, in the same run, for beanstalkd (jobs in tubes) and redis (lists). A benchmark, not a test.
+
+Memory is read from /proc: RSS, and PSS (proportional set size: a page shared by several
+processes counts once in the sum), summed over the server process and all its children. The
+figure to compare is PSS growth per message; RSS is printed beside it.
+
+    python load/memory_bench.py                                   # 1M messages, one queue
+    python load/memory_bench.py --messages 10000000 --queues 10   # 10M over 10 queues
+    python load/memory_bench.py --messages 100000 --no-peers      # a quick look
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+
+import orjson
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from load.bench import REPO, QueueServer, Server, machine  # noqa: E402
+from tests.harness import free_port  # noqa: E402
+
+BATCH = 1000  # messages per request / command while filling
+
+
+def tree_pids(pid: int) -> list[int]:
+    """`pid` and all its descendants."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo.extend(children.get(p, ()))
+    return out
+
+
+def process_name(pid: int) -> str:
+    """A short name for a server process: queue-server's children are named by their module
+    (acceptor, worker, coordinator) and worker index; others by their program."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = f.read().split(b"\0")
+    except OSError:
+        return str(pid)
+    words = [a.decode(errors="replace") for a in argv if a]
+    for i, word in enumerate(words):
+        if word.startswith("queue_server.") and i and words[i - 1] == "-m":
+            name = word.rsplit(".", 1)[1]
+            rest = [w for w in words[i + 1:] if w.isdigit()]
+            return f"{name}-{rest[0]}" if name == "worker" and rest else name
+    return os.path.basename(words[0]) if words else str(pid)
+
+
+def memory(pid: int) -> dict:
+    """RSS and PSS in bytes, summed over `pid` and its descendants; PSS by process name too."""
+    total: dict = {"rss": 0, "pss": 0, "by_process": {}}
+    for p in tree_pids(pid):
+        found = {"rss": 0, "pss": 0}
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    key, _, rest = line.partition(":")
+                    if key in ("Rss", "Pss"):
+                        found[key.lower()] = int(rest.split()[0]) * 1024
+        except OSError:
+            continue
+        total["rss"] += found["rss"]
+        total["pss"] += found["pss"]
+        name = process_name(p)
+        total["by_process"][name] = total["by_process"].get(name, 0) + found["pss"]
+    return total
+
+
+def settled(pid: int, seconds: float = 1.0) -> dict[str, int]:
+    """Memory once it stops moving (background work such as a snapshot has finished), within 30 s."""
+    last = memory(pid)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        time.sleep(seconds)
+        now = memory(pid)
+        if abs(now["pss"] - last["pss"]) < 1 << 20:
+            return now
+        last = now
+    return last
+
+
+def recv_until(sock: socket.socket, buf: bytearray, count: int, sep: bytes) -> bytearray:
+    """Read until `buf` holds at least `count` `sep`-terminated replies; return what is left over."""
+    while buf.count(sep) < count:
+        chunk = sock.recv(1 << 20)
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        buf += chunk
+    return buf
+
+
+def fill_queue_server(port: int, queues: list[str], per_queue: int, payload: bytes) -> None:
+    body = payload.decode()
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        for q in queues:
+            left = per_queue
+            while left:
+                n = min(BATCH, left)
+                sock.sendall(orjson.dumps({"action": 1, "queue": q, "data": [body] * n, "retry": 30}) + b"\n")
+                buf = recv_until(sock, bytearray(), 1, b"\n")
+                reply = orjson.loads(bytes(buf).split(b"\n", 1)[0])
+                if reply.get("code") != 0:
+                    raise RuntimeError(f"queue-server refused a produce: {reply}")
+                left -= n
+
+
+def fill_beanstalkd(port: int, queues: list[str], per_queue: int, payload: bytes) -> None:
+    put = b"put 0 0 120 %d\r\n%s\r\n" % (len(payload), payload)
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        for q in queues:
+            sock.sendall(b"use %s\r\n" % q.encode())
+            recv_until(sock, bytearray(), 1, b"\r\n")
+            left = per_queue
+            while left:
+                n = min(BATCH, left)
+                sock.sendall(put * n)
+                buf = recv_until(sock, bytearray(), n, b"\r\n")
+                if buf.count(b"INSERTED") != n:
+                    raise RuntimeError(f"beanstalkd refused a put: {bytes(buf[:200])!r}")
+                left -= n
+
+
+def fill_redis(port: int, queues: list[str], per_queue: int, payload: bytes) -> None:
+    item = b"$%d\r\n%s\r\n" % (len(payload), payload)
+    with socket.create_connection(("127.0.0.1", port)) as sock:
+        for q in queues:
+            key = q.encode()
+            left = per_queue
+            while left:
+                n = min(BATCH, left)
+                head = b"*%d\r\n$5\r\nRPUSH\r\n$%d\r\n%s\r\n" % (n + 2, len(key), key)
+                sock.sendall(head + item * n)
+                buf = recv_until(sock, bytearray(), 1, b"\r\n")
+                if not buf.startswith(b":"):
+                    raise RuntimeError(f"redis refused an RPUSH: {bytes(buf[:200])!r}")
+                left -= n
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=1_000_000, help="messages in all (default 1,000,000)")
+    parser.add_argument("--queues", type=int, default=1, help="spread over this many queues (default 1)")
+    parser.add_argument("--payload", type=int, default=100, help="message bytes (default 100)")
+    parser.add_argument("--workers", type=int, default=2, help="queue-server workers (default 2)")
+    parser.add_argument("--no-peers", action="store_true", help="skip beanstalkd and redis")
+    parser.add_argument("--repo", default=REPO, help="queue-server checkout to run (default: this one)")
+    args = parser.parse_args(argv)
+    per_queue = args.messages // args.queues
+    total = per_queue * args.queues
+    queues = [f"mem{i}" for i in range(args.queues)]
+    payload = b"x" * args.payload
+    info = machine()
+    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['memory']}, Python {info['python']}")
+    print(f"fill: {total:,} messages of {args.payload} bytes over {args.queues} queue(s)")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="memory-bench-") as tmp:
+        def qs() -> Server:
+            return QueueServer(args.repo, tmp, args.workers, False, {
+                "queue_size": per_queue + 1, "max_memory_mb": 0, "max_request_size": 1 << 24})
+
+        def beanstalkd() -> Server:
+            port = free_port()
+            return Server(["beanstalkd", "-l", "127.0.0.1", "-p", str(port), "-z", str(1 << 20)], port)
+
+        def redis() -> Server:
+            port = free_port()
+            return Server(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                           "--appendonly", "no"], port)
+
+        servers = [("queue-server", qs, fill_queue_server)]
+        if not args.no_peers:
+            for name, start, fill, binary in (("beanstalkd", beanstalkd, fill_beanstalkd, "beanstalkd"),
+                                              ("redis", redis, fill_redis, "redis-server")):
+                if shutil.which(binary):
+                    servers.append((name, start, fill))
+                else:
+                    print(f"{binary} not installed (apt-get install {binary}): peer skipped")
+        for name, start, fill in servers:
+            server = start()
+            try:
+                idle = settled(server.proc.pid)
+                began = time.monotonic()
+                fill(server.port, queues, per_queue, payload)
+                took = time.monotonic() - began
+                full = settled(server.proc.pid)
+            finally:
+                server.stop()
+            row = {"server": name, "idle_pss": idle["pss"], "full_pss": full["pss"],
+                   "pss_per_msg": (full["pss"] - idle["pss"]) / total,
+                   "rss_per_msg": (full["rss"] - idle["rss"]) / total, "fill_s": took}
+            rows.append(row)
+            print(f"{name}: idle {idle['pss'] / 2**20:,.0f} MiB, full {full['pss'] / 2**20:,.0f} MiB (PSS); "
+                  f"{row['pss_per_msg']:,.0f} B/msg PSS, {row['rss_per_msg']:,.0f} B/msg RSS; "
+                  f"filled in {took:.1f} s ({total / took:,.0f} msg/s)")
+            if len(full["by_process"]) > 1:
+                grown = {n: (b - idle["by_process"].get(n, 0)) / total for n, b in sorted(full["by_process"].items())}
+                print("  per process, B/msg (PSS): " + ", ".join(f"{n} {g:,.0f}" for n, g in grown.items()))
+    print()
+    print("| server | idle MiB | full MiB | B per message (PSS) | B per message (RSS) | ratio to beanstalkd |")
+    print("|---|---:|---:|---:|---:|---:|")
+    base = next((r["pss_per_msg"] for r in rows if r["server"] == "beanstalkd"), None)
+    for r in rows:
+        ratio = f"{r['pss_per_msg'] / base:.2f}x" if base else ""
+        print(f"| {r['server']} | {r['idle_pss'] / 2**20:,.0f} | {r['full_pss'] / 2**20:,.0f} | "
+              f"{r['pss_per_msg']:,.0f} | {r['rss_per_msg']:,.0f} | {ratio} |")
+
+
+if __name__ == "__main__":
+    main()
