@@ -48,6 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
+from load.procs import descendants, process_name  # noqa: E402
 from tests.harness import free_port  # noqa: E402  (one definition for tests and benchmarks)
 WORKLOADS = ("per-request", "pipelined", "batched", "long-poll", "quorum", "subscribe", "http", "security")
 PROTOCOLS = {"queue-server": "qs", "queue-server x3": "qs", "beanstalkd": "beanstalk", "redis": "redis"}
@@ -258,27 +259,16 @@ _TICK = os.sysconf("SC_CLK_TCK")
 
 
 def process_cpu(pid: int) -> dict[str, float]:
-    """CPU seconds of process `pid` and of its direct children, by name ("server" for `pid`
-    itself; a queue-server child by its module and index: acceptor, worker-0, coordinator)."""
+    """CPU seconds of process `pid` and of its descendants, by name ("server" for `pid` itself;
+    a queue-server child by its module and index: acceptor, worker-0, coordinator)."""
     found: dict[str, float] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for p in descendants(pid):
         try:
-            with open(f"/proc/{entry}/stat", "rb") as f:
+            with open(f"/proc/{p}/stat", "rb") as f:
                 fields = f.read().rsplit(b")", 1)[1].split()
-            if int(entry) != pid and int(fields[1]) != pid:
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                argv = f.read().split(b"\0")
         except OSError:
             continue
-        name = "server"
-        if int(entry) != pid:
-            module = argv[argv.index(b"-m") + 1].decode() if b"-m" in argv else argv[0].decode()
-            name = module.rsplit(".", 1)[-1]
-            if b"--index" in argv:
-                name += "-" + argv[argv.index(b"--index") + 1].decode()
+        name = "server" if p == pid else process_name(p)
         found[name] = found.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / _TICK
     if len(found) > 1 and "server" in found:
         found["supervisor"] = found.pop("server")

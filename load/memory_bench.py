@@ -26,52 +26,16 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from load.bench import REPO, QueueServer, Server, machine  # noqa: E402
+from load.procs import descendants, process_name  # noqa: E402
 from tests.harness import free_port  # noqa: E402
 
 BATCH = 1000  # messages per request / command while filling
 
 
-def tree_pids(pid: int) -> list[int]:
-    """`pid` and all its descendants."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo.extend(children.get(p, ()))
-    return out
-
-
-def process_name(pid: int) -> str:
-    """A short name for a server process: queue-server's children are named by their module
-    (acceptor, worker, coordinator) and worker index; others by their program."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv = f.read().split(b"\0")
-    except OSError:
-        return str(pid)
-    words = [a.decode(errors="replace") for a in argv if a]
-    for i, word in enumerate(words):
-        if word.startswith("queue_server.") and i and words[i - 1] == "-m":
-            name = word.rsplit(".", 1)[1]
-            rest = [w for w in words[i + 1:] if w.isdigit()]
-            return f"{name}-{rest[0]}" if name == "worker" and rest else name
-    return os.path.basename(words[0]) if words else str(pid)
-
-
 def memory(pid: int) -> dict:
     """RSS and PSS in bytes, summed over `pid` and its descendants; PSS by process name too."""
     total: dict = {"rss": 0, "pss": 0, "by_process": {}}
-    for p in tree_pids(pid):
+    for p in descendants(pid):
         found = {"rss": 0, "pss": 0}
         try:
             with open(f"/proc/{p}/smaps_rollup") as f:

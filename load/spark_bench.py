@@ -27,6 +27,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from load.procs import descendants  # noqa: E402
 from tests.harness import free_port  # noqa: E402
 
 from queue_server.client import AsyncQueueClient, QueueClient
@@ -95,30 +96,11 @@ def fill(hosts: str, queues: list[str], total: int, size: int) -> float:
     return time.perf_counter() - started
 
 
-def _children(pid: int) -> list[int]:
-    """pid and all its descendants (from /proc)."""
-    parents: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(entry))
-    found, todo = [], [pid]
-    while todo:
-        p = todo.pop()
-        found.append(p)
-        todo.extend(parents.get(p, ()))
-    return found
-
-
 def cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) used so far by pid and its descendants alive now."""
     total = 0.0
     tick = os.sysconf("SC_CLK_TCK")
-    for p in _children(pid):
+    for p in descendants(pid):
         try:
             with open(f"/proc/{p}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()

@@ -1,0 +1,41 @@
+"""A server's processes, read from /proc, for the benchmarks: the process tree under a pid and a
+short name for each process (queue-server's children by their module and worker index)."""
+from __future__ import annotations
+
+import os
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and all its descendants alive now."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        todo.extend(children.get(p, ()))
+    return found
+
+
+def process_name(pid: int) -> str:
+    """queue-server's children by module (acceptor, coordinator, worker-N); any other process by
+    its program's name."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return str(pid)
+    if "-m" in argv[:-1]:
+        name = argv[argv.index("-m") + 1].rsplit(".", 1)[-1]
+        if "--index" in argv[:-1]:
+            name += "-" + argv[argv.index("--index") + 1]
+        return name
+    return os.path.basename(argv[0]) if argv else str(pid)
