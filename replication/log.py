@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from queue_server.server.records import Record
+
 # Drop the dead head of the backing list once it is at least this long and half the list.
 _COMPACT_MIN = 1024
 
@@ -23,7 +25,7 @@ class Entry:
 
     trans_id: int
     vote_id: int
-    record: dict
+    record: Record
 
 
 class ChangeLog:
@@ -105,7 +107,7 @@ class ChangeLog:
 
     # ----------------------------------------------------------------- changes
 
-    def append(self, vote_id: int, records: list[dict]) -> tuple[int, int]:
+    def append(self, vote_id: int, records: list[Record]) -> tuple[int, int]:
         """Leader: give records the next trans_ids in term vote_id; returns (first, last).
 
         With no records returns (last + 1, last)."""

@@ -10,7 +10,6 @@ import os
 import time
 from typing import Callable
 
-import orjson
 
 from queue_server.replication.datadir import DataDir
 from queue_server.server.child import die_with_parent
@@ -18,6 +17,7 @@ from queue_server.replication.log import ChangeLog, Entry
 from queue_server.replication.messages import Recovered
 from queue_server.replication.snapshot import read_latest_snapshot, snapshot_trans_ids, write_snapshot
 from queue_server.replication.wal import Opener, StorageError, SyncPolicy, WalWriter, read_wal
+from queue_server.server.records import decode, encode
 
 __all__ = ["Recovered", "Storage", "StorageError"]
 
@@ -50,10 +50,9 @@ class Storage:
         latest = read_latest_snapshot(self.datadir.snapshot_dir, warn=self.log.warning)
         if latest is not None:
             found.trans_id, found.vote_id, found.state = latest
-        loads = orjson.loads
         for trans_id, vote_id, payload in read_wal(self.datadir.wal_dir, after=found.trans_id,
                                                    repair=self.repair, warn=self.log.warning):
-            found.entries.append(Entry(trans_id, vote_id, loads(payload)))
+            found.entries.append(Entry(trans_id, vote_id, decode(payload)))
         self.wal = WalWriter(self.datadir.wal_dir, segment_bytes=self.segment_bytes,
                              opener=self._wal_opener, fsync=self._wal_fsync)
         if self.wal.last_trans_id < found.trans_id:
@@ -79,8 +78,7 @@ class Storage:
                 if entries is None:  # what the disk lacks fell off the log: start after a snapshot
                     wal.reset(log.base_trans_id)
                     entries = log.entries_after(log.base_trans_id, 1 << 62) or []
-                dumps = orjson.dumps
-                wal.append((e.trans_id, e.vote_id, dumps(e.record)) for e in entries)
+                wal.append((e.trans_id, e.vote_id, encode(e.record)) for e in entries)
                 sync = self.policy.after_append(now)
             else:
                 sync = self.policy.due(now)

@@ -9,6 +9,7 @@ import orjson
 from queue_server.election.messages import Heartbeat, HeartbeatAck, TimeoutNow, VoteReply, VoteRequest
 from queue_server.replication import peer_pb2 as pb
 from queue_server.replication.log import Entry
+from queue_server.server.records import decode_many, encode_many
 from queue_server.replication.messages import (
     AppendAck, AppendEntries, Forward, ForwardReply, GiveBack, InstallSnapshot, Pull,
 )
@@ -58,7 +59,7 @@ def encode(msg: object, client_host: str = "", client_port: int = 0, cluster_id:
         value = getattr(msg, field)
         if field == "entries":
             body.vote_ids.extend([e.vote_id for e in value])
-            body.records = dumps([e.record for e in value])
+            body.records = encode_many([e.record for e in value])
         elif field == "data":
             body.data = dumps(value)
         elif field == "requests":
@@ -85,7 +86,7 @@ def decode(data: bytes) -> Envelope:
         for field in _FIELDS[cls]:
             value = getattr(body, field, None)
             if field == "entries":
-                records = loads(body.records) if body.records else []
+                records = decode_many(body.records) if body.records else []
                 if len(records) != len(body.vote_ids):
                     raise ValueError("entries: records and vote_ids differ in length")
                 first = body.prev_trans_id + 1

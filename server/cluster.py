@@ -37,12 +37,13 @@ from queue_server.replication.messages import (
 from queue_server.replication.progress import LeaderReplication
 from queue_server.server import gather, ipc_frames, replies
 from queue_server.server.origin import Origin
+from queue_server.server.records import Noop, Record, decode_many, encode_many
 from queue_server.server import protocol as p
 from queue_server.server.router import SCATTER_ACTIONS, Router
 from queue_server.workers.queue import StateQueue
 from queue_server.workers.service import PartitionService
 
-NOOP = {"op": "noop"}
+NOOP = Noop()
 _NEVER = float("inf")
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
 # A forwarded request not answered this long after its own wait is failed (the leader is gone).
@@ -365,7 +366,7 @@ class ClusterNode:
                     self._reset_workers()  # undo the changes in the workers too
                 header = ipc_frames.EMPTY_LIST
             else:
-                _, last = self.log.append(self.election.vote_id, orjson.loads(records))
+                _, last = self.log.append(self.election.vote_id, decode_many(records))
                 self.workers_trans_id = last
                 self._run(self.leader.replicate(now), now)
         if header != ipc_frames.EMPTY_LIST:
@@ -538,14 +539,14 @@ class ClusterNode:
     def _apply_to_workers(self, entries: list[Entry]) -> None:
         if not entries:
             return
-        per_worker: dict[int, list[dict]] = {}
+        per_worker: dict[int, list[Record]] = {}
         worker_for = self.router.worker_for
         for e in entries:
             record = e.record
-            if record["op"] != "noop":
-                per_worker.setdefault(worker_for(record["queue"]), []).append(record)
+            if type(record) is not Noop:
+                per_worker.setdefault(worker_for(record.queue), []).append(record)
         for index, records in per_worker.items():
-            self.to_workers.append((index, [ipc_frames.APPLY, _DUMPS(records)]))
+            self.to_workers.append((index, [ipc_frames.APPLY, encode_many(records)]))
         self.workers_trans_id = max(self.workers_trans_id, entries[-1].trans_id)
 
     def _reset_workers(self) -> None:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from queue_server.server import protocol as p
 from queue_server.server.origin import Origin
+from queue_server.server.records import DeleteQueue
 from queue_server.workers.bad_request import BadRequest
 from queue_server.workers.queue import PEEK_STATES, Message
 
@@ -88,7 +89,7 @@ class Admin:
             self.s.records.append(record)
             self.s.forget_restorable(name)
         reply = self.s._ok(req)
-        reply["purged"] = record["count"] if record is not None else 0
+        reply["purged"] = record.count if record is not None else 0
         return reply
 
     def delete_queue(self, req: dict, origin: Origin, req_no: int, now: float) -> dict:
@@ -98,7 +99,7 @@ class Admin:
         reply = self.s._ok(req)
         reply["deleted"] = 0 if q is None else 1
         if q is not None:
-            record = {"op": "delete_queue", "queue": name}
+            record = DeleteQueue(queue=name)
             self.s.apply(record)
             self.s.records.append(record)
             self.s.forget_restorable(name)
@@ -140,7 +141,7 @@ class Admin:
             q = self.s._queue(name)
             record = q.replay_dead(dlq, now, now + p.DEFAULT_TTL)
         reply = self.s._ok(req)
-        reply["moved"] = len(record["moves"]) if record is not None else 0
+        reply["moved"] = len(record.moves) if record is not None else 0
         if record is not None:
             self.s.records.append(record)
             if name in self.s.waiters:

@@ -1,7 +1,7 @@
 """One queue: the message index, its delayed / ready / leased orderings, leases and ttl.
 
 Pure logic: no I/O and no clock reads; the time (`now`, float unix seconds) is always an argument.
-Every change is a record (a dict, see docs/architecture.md "The change log"). Leader-side methods
+Every change is a record (a type of server/records.py). Leader-side methods
 build the record and then `apply` it, the same code a replica runs, so the two cannot diverge.
 """
 
@@ -13,6 +13,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from sortedcontainers import SortedDict, SortedList
+
+from queue_server.server.records import (
+    Confirm, Consume, DeadLetter, DlqReplay, Expire, Pause, Produce, Purge, Record, Release, Restore,
+    count,
+)
 
 MAX_MSG_ID = 2**63 - 1
 # How many idempotent produces (producer, sequence) a queue remembers, oldest forgotten first.
@@ -132,7 +137,7 @@ class Queue:
         producer: str | None = None,
         sequence: int | None = None,
         max_deliveries: int | None = None,
-    ) -> dict:
+    ) -> Produce:
         """Store a new message; return its produce record. Raises QueueFull, OverflowError.
 
         With `producer` and `sequence` the produce is remembered in the dedupe window (see
@@ -149,7 +154,7 @@ class Queue:
         producer: str | None = None,
         sequence: int | None = None,
         max_deliveries: int | None = None,
-    ) -> list[dict]:
+    ) -> list[Produce]:
         """Store (data, ready, ttl, retry, priority) items, all or none; return their records.
 
         The items get consecutive msg_ids. With `producer` and `sequence` the batch is
@@ -166,26 +171,11 @@ class Queue:
         name = self.name
         # Every record is built before any is applied, so a malformed item changes nothing.
         records = [
-            {
-                "op": "produce",
-                "queue": name,
-                "msg_id": first + i,
-                "ready": ready,
-                "ttl": ttl,
-                "retry": retry,
-                "priority": priority,
-                "data": data,
-                "delivery_count": 0,
-            }
+            Produce(queue=name, msg_id=first + i, ready=ready, ttl=ttl, retry=retry,
+                    priority=priority, data=data, delivery_count=0, producer=producer,
+                    sequence=sequence, max_deliveries=max_deliveries)
             for i, (data, ready, ttl, retry, priority) in enumerate(items)
         ]
-        if producer is not None:
-            for record in records:
-                record["producer"] = producer
-                record["sequence"] = sequence
-        if max_deliveries is not None:
-            for record in records:
-                record["max_deliveries"] = max_deliveries
         apply = self.apply
         for record in records:
             apply(record, now)
@@ -193,7 +183,7 @@ class Queue:
 
     def consume(
         self, now: float, count: int = 1, lease: float | None = None, token: str | None = None
-    ) -> tuple[list[Message], list[dict]]:
+    ) -> tuple[list[Message], list[Record]]:
         """Deliver up to `count` ready messages, best first.
 
         `lease` (seconds) leases every delivered message until now + lease, at-most-once ones
@@ -206,7 +196,7 @@ class Queue:
         incremented; never aliased with stored state) and the records: first those of leases
         that ended by `now` (release / expire, as in expire_due), then one consume per message.
         """
-        records: list[dict] = []
+        records: list[Record] = []
         self._settle(now, records)
         if self.paused:
             return [], records
@@ -219,10 +209,8 @@ class Queue:
         if lease is not None:
             # One record for the whole batch: every message gets the same lease and token.
             ids = [key[2] for key in ready.islice(0, count)]
-            record = {"op": "consume", "queue": self.name, "msg_ids": ids, "lease": now + lease,
-                      "delivery_counts": [index[i].delivery_count + 1 for i in ids]}
-            if token is not None:
-                record["token"] = token
+            record = Consume(queue=self.name, msg_ids=ids, lease=now + lease, token=token,
+                             delivery_counts=[index[i].delivery_count + 1 for i in ids])
             self.apply(record, now)
             records.append(record)
             return [_copy(index[i]) for i in ids], records
@@ -234,25 +222,13 @@ class Queue:
             m = index[msg_id]
             retry = m.retry if lease is None else lease
             if retry > 0:
-                record = {
-                    "op": "consume",
-                    "queue": name,
-                    "msg_id": msg_id,
-                    "lease": now + retry,
-                    "delivery_count": m.delivery_count + 1,
-                }
-                if token is not None:
-                    record["token"] = token
+                record = Consume(queue=name, msg_id=msg_id, lease=now + retry,
+                                 delivery_count=m.delivery_count + 1, token=token)
                 apply(record, now)
                 delivered.append(_copy(m))
             else:
-                record = {
-                    "op": "consume",
-                    "queue": name,
-                    "msg_id": msg_id,
-                    "lease": None,
-                    "delivery_count": m.delivery_count + 1,
-                }
+                record = Consume(queue=name, msg_id=msg_id, lease=None,
+                                 delivery_count=m.delivery_count + 1)
                 apply(record, now)
                 delivered.append(m)  # deleted: no longer referenced by the queue
             records.append(record)
@@ -260,21 +236,21 @@ class Queue:
         return delivered, records
 
     def _redeliver(
-        self, token: str, now: float, lease: float | None, records: list[dict]
+        self, token: str, now: float, lease: float | None, records: list[Record]
     ) -> list[Message]:
         """The messages `token` holds, their leases renewed to now + lease when `lease` is given."""
         index = self._index
         ids = sorted(self._tokens[token])
         if lease is not None:
-            record = {"op": "consume", "queue": self.name, "msg_ids": ids, "lease": now + lease,
-                      "delivery_counts": [index[i].delivery_count for i in ids], "token": token}
+            record = Consume(queue=self.name, msg_ids=ids, lease=now + lease, token=token,
+                             delivery_counts=[index[i].delivery_count for i in ids])
             self.apply(record)
             records.append(record)
         return [_copy(index[i]) for i in ids]
 
     def confirm(
         self, msg_id: int, token: str | None = None, delivery_count: int | None = None
-    ) -> dict | None:
+    ) -> Confirm | None:
         """Delete a stored message (leased or not); its confirm record, or None if not stored.
 
         Guards: with `token`, only a message leased under that token; with `delivery_count`,
@@ -283,13 +259,13 @@ class Queue:
         m = self._index.get(msg_id)
         if m is None or not _passes(m, token, delivery_count):
             return None
-        record = {"op": "confirm", "queue": self.name, "msg_id": msg_id}
+        record = Confirm(queue=self.name, msg_id=msg_id)
         self.apply(record)
         return record
 
     def release(
         self, msg_id: int, now: float, token: str | None = None, delivery_count: int | None = None
-    ) -> dict | None:
+    ) -> Release | None:
         """Give a lease back: the message is ready again at `now`, delivery_count unchanged.
 
         Returns the release record, or None if the message is not leased (or a guard fails,
@@ -298,13 +274,7 @@ class Queue:
         m = self._index.get(msg_id)
         if m is None or m.lease is None or not _passes(m, token, delivery_count):
             return None
-        record = {
-            "op": "release",
-            "queue": self.name,
-            "msg_id": msg_id,
-            "ready": now,
-            "delivery_count": m.delivery_count,
-        }
+        record = Release(queue=self.name, msg_id=msg_id, ready=now, delivery_count=m.delivery_count)
         self.apply(record, now)
         return record
 
@@ -314,7 +284,7 @@ class Queue:
         lease_until: float,
         token: str | None = None,
         delivery_count: int | None = None,
-    ) -> dict | None:
+    ) -> Consume | None:
         """Move a lease deadline (the token binding is kept); a consume record with the new
         lease, or None if not leased (or a guard fails, as for confirm)."""
         m = self._index.get(msg_id)
@@ -324,7 +294,7 @@ class Queue:
         self.apply(record)
         return record
 
-    def confirm_many(self, targets: Iterable[tuple[int, str | None, int | None]]) -> dict | None:
+    def confirm_many(self, targets: Iterable[tuple[int, str | None, int | None]]) -> Confirm | None:
         """Confirm (msg_id, token guard, delivery_count guard) targets as in confirm(); one
         record for all that pass (single form when one does), or None if none does."""
         index = self._index
@@ -337,15 +307,15 @@ class Queue:
         if not ids:
             return None
         if len(ids) == 1:
-            record = {"op": "confirm", "queue": self.name, "msg_id": ids[0]}
+            record = Confirm(queue=self.name, msg_id=ids[0])
         else:
-            record = {"op": "confirm", "queue": self.name, "msg_ids": ids}
+            record = Confirm(queue=self.name, msg_ids=ids)
         self.apply(record)
         return record
 
     def release_many(
         self, targets: Iterable[tuple[int, str | None, int | None]], now: float
-    ) -> dict | None:
+    ) -> Release | None:
         """Release targets as in release(); one record for all leases given back, or None."""
         index = self._index
         ids = []
@@ -356,13 +326,13 @@ class Queue:
         ids = list(dict.fromkeys(ids))
         if len(ids) <= 1:
             return self.release(ids[0], now) if ids else None
-        record = {"op": "release", "queue": self.name, "msg_ids": ids, "ready": now}
+        record = Release(queue=self.name, msg_ids=ids, ready=now)
         self.apply(record, now)
         return record
 
     def extend_many(
         self, targets: Iterable[tuple[int, str | None, int | None]], lease_until: float
-    ) -> list[dict]:
+    ) -> list[Consume]:
         """Extend targets as in extend(); one record per token among the leases moved."""
         index = self._index
         by_token: dict[str | None, dict[int, None]] = {}
@@ -376,27 +346,17 @@ class Queue:
             if len(ids) == 1:
                 record = self._lease_record(index[ids[0]], lease_until)
             else:
-                record = {"op": "consume", "queue": self.name, "msg_ids": ids, "lease": lease_until,
-                          "delivery_counts": [index[i].delivery_count for i in ids]}
-                if token is not None:
-                    record["token"] = token
+                record = Consume(queue=self.name, msg_ids=ids, lease=lease_until, token=token,
+                                 delivery_counts=[index[i].delivery_count for i in ids])
             self.apply(record)
             records.append(record)
         return records
 
-    def _lease_record(self, m: Message, lease_until: float) -> dict:
-        record = {
-            "op": "consume",
-            "queue": self.name,
-            "msg_id": m.msg_id,
-            "lease": lease_until,
-            "delivery_count": m.delivery_count,
-        }
-        if m.token is not None:
-            record["token"] = m.token
-        return record
+    def _lease_record(self, m: Message, lease_until: float) -> Consume:
+        return Consume(queue=self.name, msg_id=m.msg_id, lease=lease_until,
+                       delivery_count=m.delivery_count, token=m.token)
 
-    def restore(self, message: Message) -> dict:
+    def restore(self, message: Message) -> Restore:
         """Put back an at-most-once message that never reached a client; its restore record.
 
         Same msg_id and ready time, delivery_count one lower (not below 0). A restore is not
@@ -405,39 +365,31 @@ class Queue:
         """
         if message.msg_id in self._index:
             raise ValueError(f"msg_id {message.msg_id} is still stored")
-        record = {
-            "op": "restore",
-            "queue": self.name,
-            "msg_id": message.msg_id,
-            "ready": message.ready,
-            "ttl": message.ttl,
-            "retry": message.retry,
-            "priority": message.priority,
-            "data": message.data,
-            "delivery_count": max(0, message.delivery_count - 1),
-        }
+        record = Restore(queue=self.name, msg_id=message.msg_id, ready=message.ready,
+                         ttl=message.ttl, retry=message.retry, priority=message.priority,
+                         data=message.data, delivery_count=max(0, message.delivery_count - 1))
         self.apply(record)
         return record
 
-    def set_paused(self, paused: bool) -> dict | None:
+    def set_paused(self, paused: bool) -> Pause | None:
         """Pause (consumes deliver nothing) or resume the queue; the record, or None if it
         already was so."""
         if self.paused == paused:
             return None
-        record = {"op": "pause", "queue": self.name, "paused": paused}
+        record = Pause(queue=self.name, paused=paused)
         self.apply(record)
         return record
 
-    def purge(self) -> dict | None:
+    def purge(self) -> Purge | None:
         """Delete every stored message (ids are not reused; tokens are forgotten); the purge
         record with the count, or None if the queue holds nothing."""
         if not self._index:
             return None
-        record = {"op": "purge", "queue": self.name, "count": len(self._index)}
+        record = Purge(queue=self.name, count=len(self._index))
         self.apply(record)
         return record
 
-    def replay_dead(self, dlq: Queue, now: float, min_ttl: float) -> dict | None:
+    def replay_dead(self, dlq: Queue, now: float, min_ttl: float) -> DlqReplay | None:
         """Move the unleased messages of `dlq` (this queue's dead letters) back here, as many as
         fit, oldest first: ready at `now`, delivery_count 0, their old retry and max_deliveries,
         ttl the old one or `min_ttl`, whichever is later. The dlq_replay record, or None."""
@@ -451,21 +403,21 @@ class Queue:
             if m.lease is not None:
                 continue
             dead = (m.extra or {}).get("dead") or {}
-            moves.append([dead_id, new_id, max(dead.get("ttl", m.ttl), min_ttl)])
+            moves.append((dead_id, new_id, max(dead.get("ttl", m.ttl), min_ttl)))
             new_id += 1
         if not moves:
             return None
-        record = {"op": "dlq_replay", "queue": self.name, "dlq": dlq.name, "moves": moves, "ready": now}
+        record = DlqReplay(queue=self.name, dlq=dlq.name, moves=moves, ready=now)
         self.apply(record, now)
         return record
 
-    def expire_due(self, now: float) -> list[dict]:
+    def expire_due(self, now: float) -> list[Record]:
         """Settle every lease that ended by `now`; return the records.
 
         A lease that ended at or after the message's ttl removes it ('expire'); any other ended
         lease makes the message ready again at its lease deadline ('release').
         """
-        records: list[dict] = []
+        records: list[Record] = []
         self._settle(now, records)
         return records
 
@@ -666,7 +618,7 @@ class Queue:
 
     # ------------------------------------------------------------------ replica side
 
-    def apply(self, record: dict, now: float | None = None) -> None:
+    def apply(self, record: Record, now: float | None = None) -> None:
         """Replay one change record exactly as the leader decided it.
 
         `now` is only passed by the leader's own methods: it lets a message that is already
@@ -674,34 +626,27 @@ class Queue:
         Raises KeyError / ValueError for a record that does not fit the state (out of sync).
         """
         try:
-            handler = _APPLY[record["op"]]
+            handler = _APPLY[type(record)]
         except KeyError:
-            raise ValueError(f"unknown record op: {record.get('op')!r}") from None
+            raise ValueError(f"not a queue record: {record!r}") from None
         handler(self, record, now)
 
-    def _apply_produce(self, record: dict, now: float | None) -> None:
-        msg_id = record["msg_id"]
+    def _apply_produce(self, record: Produce, now: float | None) -> None:
+        msg_id = record.msg_id
         index = self._index
         if msg_id in index:
             raise ValueError(f"msg_id {msg_id} already stored in queue {self.name!r}")
-        m = Message(
-            msg_id,
-            record["data"],
-            record["ready"],
-            record["ttl"],
-            record["retry"],
-            record["priority"],
-            record["delivery_count"],
-        )
-        limit = record.get("max_deliveries")
+        m = Message(msg_id, record.data, record.ready, record.ttl, record.retry, record.priority,
+                    record.delivery_count)
+        limit = record.max_deliveries
         if limit is not None:
             m.extra = {"max_deliveries": limit}
-        if record["op"] == "produce":
+        if type(record) is Produce:
             self.counts["produced"] += 1
         self._insert(m, now)
-        producer = record.get("producer")
+        producer = record.producer
         if producer is not None:
-            self._remember(producer, record["sequence"], msg_id)
+            self._remember(producer, record.sequence, msg_id)
 
     def _remember(self, producer: str, sequence: int, msg_id: int) -> None:
         """Add msg_id to the dedupe entry of (producer, sequence); the oldest entries go first."""
@@ -717,25 +662,25 @@ class Queue:
         else:
             raise ValueError(f"produce {producer!r}/{sequence}: msg_id {msg_id} not consecutive")
 
-    def _apply_consume(self, record: dict, now: float | None) -> None:
-        ids = record.get("msg_ids")
+    def _apply_consume(self, record: Consume, now: float | None) -> None:
+        ids = record.msg_ids
         if ids is None:
-            msg_id = record["msg_id"]
-            if record["delivery_count"] > self._index[msg_id].delivery_count:
+            msg_id = record.msg_id
+            if record.delivery_count > self._index[msg_id].delivery_count:
                 self.counts["consumed"] += 1
-            self._lease(msg_id, record["lease"], record["delivery_count"], record.get("token"))
+            self._lease(msg_id, record.lease, record.delivery_count, record.token)
             return
-        lease = record["lease"]
+        lease = record.lease
         if lease is None:
             raise ValueError("a consume record with msg_ids needs a lease")
-        counts = record["delivery_counts"]
+        counts = record.delivery_counts
         if len(counts) != len(ids) or len(set(ids)) != len(ids):
             raise ValueError("a consume record needs distinct msg_ids, one delivery_count each")
         index = self._index
         ms = [index[i] for i in ids]
         self.counts["consumed"] += sum(1 for m, n in zip(ms, counts) if n > m.delivery_count)
         self._unlink_many(ms)
-        token = record.get("token")
+        token = record.token
         tokens = self._tokens
         for m, delivery_count in zip(ms, counts):
             m.delivery_count = delivery_count
@@ -783,10 +728,10 @@ class Queue:
             del self._tokens[m.token]
         m.token = None
 
-    def _apply_delete(self, record: dict, now: float | None) -> None:
-        ids = record.get("msg_ids")
+    def _apply_delete(self, record: Confirm | Expire, now: float | None) -> None:
+        ids = record.msg_ids
         if ids is None:
-            m = self._index.pop(record["msg_id"])
+            m = self._index.pop(record.msg_id)
             self._unlink(m)
             if m.token is not None:
                 self._unbind(m)
@@ -800,18 +745,18 @@ class Queue:
             if m.token is not None:
                 self._unbind(m)
 
-    def _apply_confirm(self, record: dict, now: float | None) -> None:
+    def _apply_confirm(self, record: Confirm, now: float | None) -> None:
         self._apply_delete(record, now)
-        self.counts["confirmed"] += _count(record)
+        self.counts["confirmed"] += count(record)
 
-    def _apply_expire(self, record: dict, now: float | None) -> None:
+    def _apply_expire(self, record: Expire, now: float | None) -> None:
         self._apply_delete(record, now)
-        self.counts["expired"] += _count(record)
+        self.counts["expired"] += count(record)
 
-    def _apply_pause(self, record: dict, now: float | None) -> None:
-        self.paused = bool(record["paused"])
+    def _apply_pause(self, record: Pause, now: float | None) -> None:
+        self.paused = bool(record.paused)
 
-    def _apply_purge(self, record: dict, now: float | None) -> None:
+    def _apply_purge(self, record: Purge, now: float | None) -> None:
         self._index.clear()
         self._delayed.clear()
         self._ready.clear()
@@ -827,27 +772,27 @@ class Queue:
             self._unbind(m)
         return m
 
-    def _apply_dead_letter(self, record: dict, now: float | None) -> None:
-        dlq = self._dead_letters(record["dlq"])
-        if record["dlq_msg_id"] in dlq._index:
-            raise ValueError(f"msg_id {record['dlq_msg_id']} already stored in {dlq.name!r}")
-        m = self._take(record["msg_id"])
-        reason = record["reason"]
+    def _apply_dead_letter(self, record: DeadLetter, now: float | None) -> None:
+        dlq = self._dead_letters(record.dlq)
+        if record.dlq_msg_id in dlq._index:
+            raise ValueError(f"msg_id {record.dlq_msg_id} already stored in {dlq.name!r}")
+        m = self._take(record.msg_id)
+        reason = record.reason
         dead = {"queue": self.name, "reason": reason, "retry": m.retry, "ttl": m.ttl}
         if m.extra is not None and "max_deliveries" in m.extra:
             dead["max_deliveries"] = m.extra["max_deliveries"]
-        ready = record["ready"]
-        dlq._insert(Message(record["dlq_msg_id"], m.data, ready, max(m.ttl, ready), 0.0, m.priority,
+        ready = record.ready
+        dlq._insert(Message(record.dlq_msg_id, m.data, ready, max(m.ttl, ready), 0.0, m.priority,
                             m.delivery_count, extra={"dead": dead}), now)
         self.counts["dead_lettered"] += 1
         if reason == DEAD_TTL:
             self.counts["expired"] += 1
 
-    def _apply_dlq_replay(self, record: dict, now: float | None) -> None:
-        dlq = self._dead_letters(record["dlq"])
-        ready = record["ready"]
+    def _apply_dlq_replay(self, record: DlqReplay, now: float | None) -> None:
+        dlq = self._dead_letters(record.dlq)
+        ready = record.ready
         index = self._index
-        moves = record["moves"]
+        moves = record.moves
         if any(new_id in index for _, new_id, _ in moves):
             raise ValueError(f"dlq_replay names msg_ids already stored in {self.name!r}")
         for dead_id, new_id, ttl in moves:
@@ -867,13 +812,13 @@ class Queue:
         if m.msg_id >= self.next_id:
             self.next_id = m.msg_id + 1
 
-    def _apply_release(self, record: dict, now: float | None) -> None:
-        ids = record.get("msg_ids")
+    def _apply_release(self, record: Release, now: float | None) -> None:
+        ids = record.msg_ids
         if ids is None:
-            self._release(record["msg_id"], record["ready"], record["delivery_count"], now)
+            self._release(record.msg_id, record.ready, record.delivery_count, now)
         else:
             for msg_id in ids:
-                self._release(msg_id, record["ready"], None, now)
+                self._release(msg_id, record.ready, None, now)
 
     def _release(self, msg_id: int, ready: float, delivery_count: int | None, now: float | None) -> None:
         m = self._index[msg_id]
@@ -920,7 +865,7 @@ class Queue:
 
     # ------------------------------------------------------------------ moving due messages
 
-    def _settle(self, now: float, records: list[dict]) -> None:
+    def _settle(self, now: float, records: list[Record]) -> None:
         """Move due delayed messages to ready; end due leases (release or expire records)."""
         delayed = self._delayed
         if delayed and delayed[0][0] <= now:
@@ -942,13 +887,8 @@ class Queue:
                 if end is not None:
                     record = self._end_record(m, end, lease)
                 else:
-                    record = {
-                        "op": "release",
-                        "queue": name,
-                        "msg_id": msg_id,
-                        "ready": lease,
-                        "delivery_count": m.delivery_count,
-                    }
+                    record = Release(queue=name, msg_id=msg_id, ready=lease,
+                                     delivery_count=m.delivery_count)
                 apply(record, now)
                 records.append(record)
 
@@ -965,19 +905,17 @@ class Queue:
             return DEAD_MAX_DELIVERIES
         return None
 
-    def _end_record(self, m: Message, reason: str, at: float) -> dict:
+    def _end_record(self, m: Message, reason: str, at: float) -> Expire | DeadLetter:
         """The record that ends `m`'s life at time `at`: a dead_letter into the dead-letter
         queue when there is one, else an expire. The record names the dead-letter queue, the
         new msg_id and ready time there: a replica decides nothing."""
         dlq_name = self.dlq_name
         if dlq_name is None:
-            record = {"op": "expire", "queue": self.name, "msg_id": m.msg_id}
-            if reason != DEAD_TTL:
-                record["reason"] = reason
-            return record
+            return Expire(queue=self.name, msg_id=m.msg_id,
+                          reason=None if reason == DEAD_TTL else reason)
         dlq = self._dead_letters(dlq_name)
-        return {"op": "dead_letter", "queue": self.name, "msg_id": m.msg_id, "reason": reason,
-                "dlq": dlq_name, "dlq_msg_id": dlq.next_id, "ready": at}
+        return DeadLetter(queue=self.name, msg_id=m.msg_id, reason=reason, dlq=dlq_name,
+                          dlq_msg_id=dlq.next_id, ready=at)
 
     def _due_requeues(self, now: float) -> int:
         """Leases ended by `now` whose message will be ready again (not expired)."""
@@ -1095,23 +1033,18 @@ def _passes(m: Message, token: str | None, delivery_count: int | None) -> bool:
 
 
 _APPLY = {
-    "produce": Queue._apply_produce,
-    "consume": Queue._apply_consume,
-    "confirm": Queue._apply_confirm,
-    "expire": Queue._apply_expire,
-    "release": Queue._apply_release,
-    "restore": Queue._apply_produce,
-    "pause": Queue._apply_pause,
-    "purge": Queue._apply_purge,
-    "dead_letter": Queue._apply_dead_letter,
-    "dlq_replay": Queue._apply_dlq_replay,
+    Produce: Queue._apply_produce,
+    Consume: Queue._apply_consume,
+    Confirm: Queue._apply_confirm,
+    Expire: Queue._apply_expire,
+    Release: Queue._apply_release,
+    Restore: Queue._apply_produce,
+    Pause: Queue._apply_pause,
+    Purge: Queue._apply_purge,
+    DeadLetter: Queue._apply_dead_letter,
+    DlqReplay: Queue._apply_dlq_replay,
 }
 
-
-def _count(record: dict) -> int:
-    """How many messages a (single or list form) record names."""
-    ids = record.get("msg_ids")
-    return 1 if ids is None else len(ids)
 
 
 class _NoOrdering:

@@ -13,6 +13,7 @@ from queue_server.server import protocol as p
 from queue_server.server.origin import Origin
 from queue_server.workers import admin, subscriptions
 from queue_server.workers.bad_request import BadRequest
+from queue_server.server.records import Confirm, Consume, DeleteQueue, Noop, Record, Release, count
 from queue_server.workers.queue import Message, Queue
 
 # How many just-deleted at-most-once messages are kept to be restored if their reply cannot be
@@ -202,7 +203,7 @@ class PartitionService:
         self.queues: dict[str, Queue] = {}
         self.waiters: dict[str, deque[Waiter]] = {}
         self.replies: list[tuple[int, int, dict]] = []
-        self.records: list[dict] = []
+        self.records: list[Record] = []
         self.partials: list[list] = []
         self.errors: list[Exception] = []
         self._restorable: OrderedDict[tuple[str, int], Message] = OrderedDict()
@@ -352,7 +353,7 @@ class PartitionService:
             else:
                 recs = q.produce_many(items, now, producer, sequence, max_deliveries)
             self.records.extend(recs)
-            ids[q.name] = (recs[0]["msg_id"], len(recs))
+            ids[q.name] = (recs[0].msg_id, len(recs))
             if q.name in self.waiters:
                 self._serve_waiters(q, now)
         return self._produce_reply(req, members, targets, batch, ids, duplicate=False)
@@ -708,13 +709,13 @@ class PartitionService:
             self._serve_waiters(q, now)
 
     # ----------------------------------------------------------------------------- replicas
-    def apply(self, record: dict) -> None:
+    def apply(self, record: Record) -> None:
         """Replay a change record decided by the leader."""
-        op = record["op"]
-        if op == "delete_queue":
-            self.queues.pop(record["queue"], None)
-        elif op != "noop":
-            self._queue(record["queue"]).apply(record)
+        kind = type(record)
+        if kind is DeleteQueue:
+            self.queues.pop(record.queue, None)
+        elif kind is not Noop:
+            self._queue(record.queue).apply(record)
 
     def snapshot(self) -> dict:
         """The state of every queue, JSON-able."""
@@ -733,12 +734,9 @@ class PartitionService:
         self.subs.end_all()
 
 
-def _count(record: dict | None) -> int:
-    """How many messages a (single or list form) record changed."""
-    if record is None:
-        return 0
-    ids = record.get("msg_ids")
-    return 1 if ids is None else len(ids)
+def _count(record: Consume | Confirm | Release | None) -> int:
+    """How many messages a record changed (0: no record)."""
+    return 0 if record is None else count(record)
 
 
 def _empty_stats(max_size: int) -> dict:

@@ -11,7 +11,7 @@ from typing import Any
 import orjson
 import zmq
 
-from queue_server.server import ipc, ipc_frames, limits, replies
+from queue_server.server import ipc, ipc_frames, limits, records, replies
 from queue_server.server.child import start
 from queue_server.server.metrics import WorkerMetrics, count_replies
 from queue_server.server.node_memory import NodeMemory
@@ -106,7 +106,7 @@ class Worker:
             queue, given = orjson.loads(frames[1])
             service.undeliver(queue, given, now)
         elif kind == ipc_frames.APPLY:
-            for record in orjson.loads(frames[1]):
+            for record in records.decode_many(frames[1]):
                 service.apply(record)
         elif kind == ipc_frames.MODE:
             # What was decided under the old mode leaves stamped with it (the coordinator refuses
@@ -149,12 +149,12 @@ class Worker:
         if service.partials:
             self.metrics.count_partials(service.partials, self.index)
         header, blob = replies.encode(service.replies)
-        records = _DUMPS(service.records) if service.records else ipc_frames.EMPTY_LIST
+        changes = records.encode_many(service.records) if service.records else ipc_frames.EMPTY_LIST
         partials = _DUMPS(service.partials) if service.partials else ipc_frames.EMPTY_LIST
         service.replies.clear()
         service.records.clear()
         service.partials.clear()
-        self.coordinator.send_multipart(ipc_frames.batch_frames(records, header, blob, partials, self.epoch))
+        self.coordinator.send_multipart(ipc_frames.batch_frames(changes, header, blob, partials, self.epoch))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -15,6 +15,7 @@ import zmq
 from prometheus_client.parser import text_string_to_metric_families
 
 from queue_server.election.messages import VoteRequest
+from queue_server.server.records import Purge
 from queue_server.replication import wire
 from queue_server.replication.log import Entry
 from queue_server.replication.messages import AppendEntries, InstallSnapshot
@@ -62,7 +63,7 @@ def peer_address(cluster: Cluster, node_id: int) -> str:
 def forgeries(src: int, leader: int) -> list:
     return [
         VoteRequest(HUGE, src, HUGE, HUGE, False),
-        AppendEntries(HUGE, src, 0, 0, (Entry(1, HUGE, {"op": "purge", "queue": "jobs"}),), HUGE),
+        AppendEntries(HUGE, src, 0, 0, (Entry(1, HUGE, Purge(queue="jobs", count=1)),), HUGE),
         InstallSnapshot(HUGE, src, HUGE, HUGE, {}),
     ]
 

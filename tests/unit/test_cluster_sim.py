@@ -49,6 +49,7 @@ from queue_server.replication.messages import (
     SendSnapshot,
 )
 from queue_server.replication.progress import LeaderReplication
+from queue_server.server.records import Confirm, Noop
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "200"))
 
@@ -59,7 +60,12 @@ CHAOS = 5.0  # seconds of faults
 WRITES_UNTIL = CHAOS + 1.0  # clients keep writing a little after the faults stop
 HEAL_CAP = 15.0  # the cluster must have converged this long after the faults stopped
 LOG_CAPACITIES = (40, 1000)  # small: followers often need snapshots; large: they never do
-NOOP = {"op": "noop"}
+NOOP = Noop()
+
+
+def _rid(record: Confirm | Noop) -> int | None:
+    """The id of the client write a log record stands for (None: a leader's noop)."""
+    return getattr(record, "msg_id", None)
 
 REPLICATION_TYPES = (AppendEntries, AppendAck, Pull, InstallSnapshot, HeartbeatAck)
 
@@ -119,7 +125,7 @@ class SimNode:
         """A batch of writes, appended together (as the coordinator does with a worker's batch)."""
         if self.leader is None:
             return False
-        first, last = self.log.append(self.election.vote_id, [{"rid": rid} for rid in rids])
+        first, last = self.log.append(self.election.vote_id, [Confirm(queue="q", msg_id=rid) for rid in rids])
         for tid, rid in zip(range(first, last + 1), rids):
             self.pending_writes[tid] = rid
         self.run(self.leader.replicate(now), now)
@@ -158,7 +164,7 @@ class SimNode:
                 assert len(self.applied) == a.trans_id
             elif isinstance(a, Discarded):
                 for e in a.entries:
-                    if self.sim.committed.get(e.trans_id) == (e.vote_id, e.record.get("rid")):
+                    if self.sim.committed.get(e.trans_id) == (e.vote_id, _rid(e.record)):
                         raise Violation(f"node {self.node_id} discarded committed entry {e.trans_id}")
             else:
                 raise TypeError(f"unknown action {a!r}")
@@ -169,7 +175,7 @@ class SimNode:
                 continue
             if e.trans_id != len(self.applied) + 1:
                 raise Violation(f"node {self.node_id} applies {e.trans_id} after {len(self.applied)}")
-            item = (e.trans_id, e.vote_id, e.record.get("rid"))
+            item = (e.trans_id, e.vote_id, _rid(e.record))
             self.sim.record_commit(self, item)
             self.applied.append(item)
         if len(self.applied) < c.trans_id:
@@ -256,7 +262,7 @@ class Sim:
                     raise Violation(f"leader {node.node_id} (vote_id {vote_id}) lacks committed {tid}")
             else:
                 e = log.entry_at(tid)
-                if e is None or (e.vote_id, e.record.get("rid")) != (vid, rid):
+                if e is None or (e.vote_id, _rid(e.record)) != (vid, rid):
                     raise Violation(f"leader {node.node_id} (vote_id {vote_id}) lacks committed {tid}")
 
     def record_commit(self, node: SimNode, item: tuple[int, int, object]) -> None:

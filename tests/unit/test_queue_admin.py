@@ -12,6 +12,17 @@ from queue_server.server.router import Router
 from queue_server.workers.queue import Queue, StateQueue
 from tests.unit.test_queue import HOUR, T0, check_invariants, put
 from tests.unit.test_service import Svc
+from queue_server.server.records import Record, decode, decode_many, encode
+
+def as_json(value):
+    """Records (one, a list, or None) as their JSON says them: the format on the wire and disk."""
+    return orjson.loads(encode(value))
+
+
+def record_of(fields: dict) -> Record:
+    """The record whose JSON is `fields`."""
+    return decode(orjson.dumps(fields))
+
 
 
 def dlq_pair(max_deliveries: int = 0) -> tuple[Queue, dict[str, Queue]]:
@@ -39,8 +50,8 @@ def replay(records: list[dict]) -> dict[str, StateQueue]:
             queues[name].dead_letters_to(None, lookup)
         return queues[name]
 
-    for record in orjson.loads(orjson.dumps(records)):
-        lookup(record["queue"]).apply(record)
+    for record in decode_many(encode(records)):
+        lookup(record.queue).apply(record)
     return queues
 
 
@@ -55,8 +66,8 @@ def test_unconfirmed_deliveries_move_the_message_to_the_dlq_with_count_and_reaso
     msgs, recs = q.consume(T0 + 40)
     records += recs
     assert msgs == [] and len(q) == 0
-    assert [r["op"] for r in recs] == ["dead_letter"]
-    assert recs[0]["reason"] == "max_deliveries" and recs[0]["ready"] == T0 + 30
+    assert [as_json(r)["op"] for r in recs] == ["dead_letter"]
+    assert recs[0].reason == "max_deliveries" and recs[0].ready == T0 + 30
     dlq = queues["q.dlq"]
     [(_, dead)] = dlq.look(T0 + 40, "ready", 10)
     assert (dead.data, dead.delivery_count, dead.retry) == ("job", 2, 0.0)
@@ -88,9 +99,9 @@ def test_an_at_least_once_message_outliving_its_ttl_becomes_a_dead_letter():
     q, queues = dlq_pair()
     q.produce("x", T0, T0 + 8, 10, 0, T0)
     q.consume(T0)
-    assert q.expire_due(T0 + 5) == []
+    assert as_json(q.expire_due(T0 + 5)) == []
     [rec] = q.expire_due(T0 + 10)
-    assert rec["op"] == "dead_letter" and rec["reason"] == "ttl"
+    assert as_json(rec)["op"] == "dead_letter" and as_json(rec)["reason"] == "ttl"
     [(_, dead)] = queues["q.dlq"].oldest(10)
     assert dead.extra["dead"]["reason"] == "ttl" and dead.delivery_count == 1
     assert q.counts["expired"] == 1 and q.counts["dead_lettered"] == 1
@@ -103,7 +114,7 @@ def test_without_a_dead_letter_queue_expired_messages_are_removed_and_counted():
     q.produce("y", T0, T0 + HOUR, 10, 0, T0)
     q.consume(T0, 2)
     recs = q.expire_due(T0 + 10)
-    assert [(r["op"], r.get("reason")) for r in recs] == [("expire", None), ("expire", "max_deliveries")]
+    assert [(as_json(r)["op"], r.reason) for r in recs] == [("expire", None), ("expire", "max_deliveries")]
     assert len(q) == 0 and q.counts["expired"] == 2
 
 
@@ -123,7 +134,7 @@ def test_replay_moves_dead_letters_back_fresh_and_the_replica_agrees():
     dlq = queues["q.dlq"]
     rec = q.replay_dead(dlq, T0 + 200, T0 + 200 + HOUR)
     records.append(rec)
-    assert len(dlq) == 0 and rec["moves"] == [[1, 2, T0 + 200 + HOUR]]
+    assert len(dlq) == 0 and as_json(rec)["moves"] == [[1, 2, T0 + 200 + HOUR]]
     [(_, m)] = q.look(T0 + 200, "ready", 5)
     assert (m.msg_id, m.data, m.delivery_count, m.retry, m.priority, m.ttl) == (2, "job", 0, 10, 3, T0 + 200 + HOUR)
     assert q.replay_dead(dlq, T0 + 200, T0) is None
@@ -142,7 +153,7 @@ def test_replay_takes_only_what_fits_and_leaves_leased_dead_letters():
     dlq = queues["q.dlq"]
     dlq.consume(T0 + 11, 1, lease=30)  # someone is looking at m0
     rec = q.replay_dead(dlq, T0 + 12, T0)
-    assert [m for m, _, _ in rec["moves"]] == [2, 3] and len(dlq) == 1
+    assert [m for m, _, _ in as_json(rec)["moves"]] == [2, 3] and len(dlq) == 1
 
 
 def test_pause_stops_deliveries_keeps_produces_and_is_replicated():
@@ -169,7 +180,7 @@ def test_purge_deletes_everything_in_one_record_and_ids_go_on():
     records.append(q.produce("later", T0 + 50, T0 + HOUR, 0, 0, T0))
     rec = q.purge()
     records.append(rec)
-    assert rec == {"op": "purge", "queue": "q", "count": 3}
+    assert as_json(rec) == {"op": "purge", "queue": "q", "count": 3}
     assert len(q) == 0 and q.held("t") == [] and q.purge() is None
     check_invariants(q)
     assert put(q, "new") == 4
@@ -300,7 +311,7 @@ def test_peek_changes_nothing_and_filters_by_state():
 def test_bad_admin_requests_get_one_error_naming_the_field(req, field):
     t = svc(virtual_queues={"fan": ("fa", "fb")})
     r = t.call(req)
-    assert r["code"] == -1 and r["reason"].startswith(field + ":"), r
+    assert r["code"] == -1 and as_json(r)["reason"].startswith(field + ":"), r
     assert not t.s.records and not t.s.errors
 
 
@@ -326,7 +337,7 @@ def test_purge_answers_how_many_in_one_record():
     t.call({"action": 1, "queue": "q", "data": ["a", "b", "c"], "retry": 30})
     t.call({"action": 2, "queue": "q"})
     [reply], records = handle(t, {"action": "purge", "queue": "q"})
-    assert reply["purged"] == 3 and [r["op"] for r in records] == ["purge"]
+    assert reply["purged"] == 3 and [as_json(r)["op"] for r in records] == ["purge"]
     check_replica(t)
     assert "msg_id" not in t.call({"action": 2, "queue": "q"})
     assert t.call({"action": "purge", "queue": "q"})["purged"] == 0
@@ -360,7 +371,7 @@ def test_pause_parks_long_polls_and_resume_serves_them():
     check_replica(t)
     assert t.replica.queues["q"].paused
     replies, records = handle(t, {"action": "resume", "queue": "q"})
-    assert [r["op"] for r in records] == ["pause", "consume"]
+    assert [as_json(r)["op"] for r in records] == ["pause", "consume"]
     assert {(r["action"], r.get("data")) for r in replies} == {(2, "a"), ("resume", None)}
     check_replica(t)
     assert not t.replica.queues["q"].paused
@@ -394,7 +405,7 @@ def test_dead_letter_round_trip_through_the_service():
     assert r["moved"] == 1
     check_replica(t)
     r = t.call({"action": 2, "queue": "q"})
-    assert (r["data"], r["delivery_count"]) == ("job", 1)
+    assert (r["data"], as_json(r)["delivery_count"]) == ("job", 1)
     assert t.call({"action": "dlq_replay", "queue": "q"})["moved"] == 0
     # the state survives a snapshot into a fresh service
     fresh = type(t.s)(node_id=9, queue_size=100, dead_letter_suffix=".dlq", max_deliveries=1)

@@ -19,14 +19,15 @@ from queue_server.replication.messages import (
     SendSnapshot,
 )
 from queue_server.replication.progress import FollowerState, LeaderReplication, TokenBucket
+from queue_server.server.records import DeleteQueue
 
 
 def recs(n, tag="r"):
-    return [{"tag": f"{tag}{i}"} for i in range(n)]
+    return [DeleteQueue(queue=f"{tag}{i}") for i in range(n)]
 
 
 def entries(first, vote_id, n, tag="e"):
-    return tuple(Entry(first + i, vote_id, {"tag": f"{tag}{first + i}"}) for i in range(n))
+    return tuple(Entry(first + i, vote_id, DeleteQueue(queue=f"{tag}{first + i}")) for i in range(n))
 
 
 def sent(actions, cls=None):
@@ -92,8 +93,8 @@ def test_conflicting_suffix_is_discarded_not_replayed():
     a = f.on_append(AppendEntries(3, 1, 2, 1, new, 4), 0.0)
     (d,) = of(a, Discarded)
     assert [e.trans_id for e in d.entries] == [3, 4, 5]
-    assert all(e.record["tag"].startswith("deposed") for e in d.entries)
-    assert [log.entry_at(t).record["tag"] for t in (3, 4)] == ["new3", "new4"]
+    assert all(e.record.queue.startswith("deposed") for e in d.entries)
+    assert [log.entry_at(t).record.queue for t in (3, 4)] == ["new3", "new4"]
     assert log.last_trans_id == 4 and log.last_vote_id == 3
     assert of(a, Commit) == [Commit(4, new)]
     assert sent(a) == [AppendAck(3, 2, 4)]

@@ -5,6 +5,7 @@ import pytest
 
 from queue_server.server.gather import Gatherer, merge
 from queue_server.server.origin import Origin
+from queue_server.server.records import decode_many, encode_many
 from queue_server.server.router import Router
 from queue_server.workers.service import PartitionService
 
@@ -31,7 +32,7 @@ class Svc:
     def drain(self) -> list:
         replies = list(self.s.replies)
         self.s.replies.clear()
-        for rec in self.s.records:
+        for rec in decode_many(encode_many(self.s.records)):  # as the log carries them
             self.replica.apply(rec)
         self.s.records.clear()
         return replies

@@ -11,10 +11,12 @@ from queue_server.replication.log import ChangeLog, Entry
 from queue_server.replication.snapshot import read_snapshot, snapshot_name, write_snapshot
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog, list_segments, scan
+from queue_server.server.records import Produce
 
 
-def record(n: int) -> dict:
-    return {"op": "produce", "queue": "q", "msg_id": n, "data": "x" * (n % 5)}
+def record(n: int) -> Produce:
+    return Produce(queue="q", msg_id=n, ready=1.0, ttl=2.0, retry=0.0, priority=0,
+                   data="x" * (n % 5), delivery_count=0)
 
 
 class FakeDisk:

@@ -7,6 +7,7 @@ from queue_server.election.messages import Heartbeat, HeartbeatAck, TimeoutNow, 
 from queue_server.replication import messages, wire
 from queue_server.replication.log import Entry
 from queue_server.replication.messages import AppendAck, AppendEntries, InstallSnapshot, Pull
+from queue_server.server.records import Produce
 
 MESSAGES = [
     VoteRequest(3, 1, 10, 2, True),
@@ -15,7 +16,8 @@ MESSAGES = [
     VoteReply(3, 2, True),
     Heartbeat(3, 1, 5, 2, 9, 3),
     HeartbeatAck(3, 2, 4, 1),
-    AppendEntries(3, 1, 4, 2, (Entry(5, 3, {"op": "produce", "queue": "q", "data": "é"}),), 4),
+    AppendEntries(3, 1, 4, 2, (Entry(5, 3, Produce(queue="q", msg_id=1, ready=1.0, ttl=2.0, retry=0.0, priority=0, data="é",
+                                             delivery_count=0)),), 4),
     AppendAck(3, 2, 5),
     Pull(3, 2, 4, 2, 3),
     InstallSnapshot(3, 1, 9, 3, {"q": {"next_id": 2, "messages": [[1, "x"]]}}),
