@@ -1,6 +1,6 @@
 """Queue administration in the clients: peek, purge, delete_queue, pause, resume and dlq_replay
-(docs/protocol.md section 5b): their requests, how their replies are read, and queue-cli's
-subcommands for them."""
+(docs/protocol.md section 5b): their requests, how their replies are read (the client methods
+are in client/calls.py), and queue-cli's subcommands for them."""
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -18,7 +18,7 @@ from queue_server.server.protocol import (
 )
 
 from .errors import QueueError
-from .protocol import Call, given
+from .protocol import given
 
 T = TypeVar("T")
 
@@ -46,38 +46,9 @@ def _field(reply: dict[str, Any], field: str) -> Any:
     return value
 
 
-def _reader(field: str, kind: Callable[[Any], T]) -> Callable[[dict[str, Any]], T]:
+def reads(field: str, kind: Callable[[Any], T]) -> Callable[[dict[str, Any]], T]:
+    """A reader of an administration reply: its `field` as `kind` (QueueError if it is missing)."""
     return lambda reply: kind(_field(reply, field))
-
-
-class AdminActions:
-    """Queue administration as Calls; client/calls.py makes them methods of both clients."""
-
-    def peek(self, queue: str, count: int | None = None, *, state: str | None = None,
-             local: bool = False) -> Call[list[dict[str, Any]]]:
-        """Up to `count` (default 10, at most 1000) messages in `state` ("ready" by default,
-        "delayed", "leased" or "dead") as dicts, changing nothing; `local` asks the node itself."""
-        return Call(peek_request(queue, count, state, local), _reader("messages", list))
-
-    def purge(self, queue: str) -> Call[int]:
-        """Delete every message of the queue; how many there were."""
-        return Call(queue_request(PURGE, queue), _reader("purged", int))
-
-    def delete_queue(self, queue: str) -> Call[bool]:
-        """Remove the queue and its messages; False if there was no such queue."""
-        return Call(queue_request(DELETE_QUEUE, queue), _reader("deleted", bool))
-
-    def pause(self, queue: str) -> Call[bool]:
-        """Pause consumers of the queue (produces are still stored); False if it already was."""
-        return Call(queue_request(PAUSE, queue), _reader("changed", bool))
-
-    def resume(self, queue: str) -> Call[bool]:
-        """Let consumers take from the queue again; False if it was not paused."""
-        return Call(queue_request(RESUME, queue), _reader("changed", bool))
-
-    def dlq_replay(self, queue: str) -> Call[int]:
-        """Move the queue's dead letters back to it; how many were moved."""
-        return Call(queue_request(DLQ_REPLAY, queue), _reader("moved", int))
 
 
 def add_commands(command: Any, common: Any) -> None:

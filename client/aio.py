@@ -10,7 +10,7 @@ from typing import Any
 
 from . import protocol as p
 from . import tls as tls_
-from .calls import awaiting
+from .calls import AsyncActions
 from .errors import ConnectTimeout, QueueError
 from .failover import DONE, NEXT, Drop, Failover, Lost
 from .protocol import Address
@@ -236,8 +236,7 @@ class _Udp(asyncio.DatagramProtocol):
             self.transport.close()
 
 
-@awaiting
-class AsyncQueueClient(ClientSettings):
+class AsyncQueueClient(ClientSettings, AsyncActions):
     """An asyncio client for one queue-server cluster; use it from one event loop.
 
     Concurrent calls share one TCP connection (pipelined; replies come back in request order).

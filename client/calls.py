@@ -1,26 +1,62 @@
 """The clients' actions, written once for both: each builds its request and says how its reply
-becomes the result (a Call). `blocking` and `awaiting` make every action a method of QueueClient
-and AsyncQueueClient, which add only how a request is sent."""
+becomes the result (a Call). BlockingActions and AsyncActions make every action a method that
+sends the Call; QueueClient and AsyncQueueClient add only how a request is sent (`request`)."""
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Iterable, Sequence
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 
+from . import admin
 from . import protocol as p
-from .admin import AdminActions
+from .admin import DELETE_QUEUE, DLQ_REPLAY, PAUSE, PURGE, RESUME
 from .protocol import Call, Message
 
-C = TypeVar("C", bound=type)
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
-class Actions(AdminActions):
-    """Every action of the clients as a Call. A client's `_producer` (a ProducerSequence, or None
-    with idempotent=False) numbers the produces that bring no (producer, sequence) of their own."""
+class action(Generic[P, T]):
+    """An action, from the function that makes its Call. Read on a client, it is the method that
+    sends the Call and returns the result (BlockingActions), or a coroutine method (AsyncActions);
+    the overloads tell type checkers so."""
+
+    def __init__(self, build: Callable[Concatenate[Any, P], Call[T]]) -> None:
+        self.build = build
+
+    @overload
+    def __get__(self, client: None, owner: type) -> action[P, T]: ...
+
+    @overload
+    def __get__(self, client: BlockingActions, owner: type) -> Callable[P, T]: ...
+
+    @overload
+    def __get__(self, client: AsyncActions, owner: type) -> Callable[P, Coroutine[Any, Any, T]]: ...
+
+    def __get__(self, client: Any, owner: type) -> Any:
+        if client is None:
+            return self
+        # BlockingActions and AsyncActions put the methods in front of this descriptor.
+        raise TypeError(f"{owner.__name__} sends no requests: make it a BlockingActions or AsyncActions")
+
+
+def _on_queue(kind: int, field: str, read: Callable[[Any], T], doc: str) -> action[[str], T]:
+    """An administration action that names one queue and returns one field of its reply."""
+    def build(self: Any, queue: str) -> Call[T]:
+        return Call(admin.queue_request(kind, queue), admin.reads(field, read))
+    build.__doc__ = doc
+    build.__annotations__ = {"queue": "str", "return": f"Call[{read.__name__}]"}
+    return action(build)
+
+
+class Actions:
+    """Every action of the clients. A client's `_producer` (a ProducerSequence, or None with
+    idempotent=False) numbers the produces that bring no (producer, sequence) of their own."""
 
     _producer: p.ProducerSequence | None
 
+    @action
     def produce(self, queue: str, data: str, *, delay: float | None = None, ttl: float | None = None,
                 retry: float | None = 0, priority: int | None = None, producer: str | None = None,
                 sequence: int | None = None, max_deliveries: int | None = None) -> Call[int | dict[str, int]]:
@@ -34,6 +70,7 @@ class Actions(AdminActions):
             raise TypeError("data must be a str (use produce_batch for several)")
         return _produce(self._producer, queue, data, delay, ttl, retry, priority, producer, sequence, max_deliveries)
 
+    @action
     def produce_batch(self, queue: str, data: Sequence[str], *, delay: float | None = None,
                       ttl: float | None = None, retry: float | None = 0, priority: int | None = None,
                       producer: str | None = None, sequence: int | None = None,
@@ -46,6 +83,7 @@ class Actions(AdminActions):
             raise TypeError("data must be a sequence of str")
         return _produce(self._producer, queue, data, delay, ttl, retry, priority, producer, sequence, max_deliveries)
 
+    @action
     def consume(self, queue: str, *, wait: float | None = None, lease: float | None = None,
                 token: str | None = None, times: bool = False) -> Call[Message | None]:
         """The next ready message, or None (after up to `wait` seconds of long poll over TCP).
@@ -57,6 +95,7 @@ class Actions(AdminActions):
         req = p.consume_request(queue, None, wait, lease, token, times)
         return Call(req, functools.partial(p.message_from_reply, queue))
 
+    @action
     def consume_batch(self, queue: str, count: int, *, wait: float | None = None, lease: float | None = None,
                       token: str | None = None, times: bool = False) -> Call[list[Message]]:
         """Up to `count` (1..1000) ready messages, possibly none (`lease`, `token`, `times` as
@@ -64,6 +103,7 @@ class Actions(AdminActions):
         req = p.consume_request(queue, count, wait, lease, token, times)
         return Call(req, functools.partial(p.messages_from_reply, queue))
 
+    @action
     def confirm(self, queue: str, msg_id: int, *, token: str | None = None,
                 delivery_count: int | None = None) -> Call[bool]:
         """Delete a consumed message; False if it was no longer there (or, with `token` or
@@ -71,6 +111,7 @@ class Actions(AdminActions):
         req = p.ids_request(p.CONFIRM, queue, msg_id, token=token, delivery_count=delivery_count)
         return Call(req, p.confirmed_one)
 
+    @action
     def confirm_many(self, queue: str, msg_ids: Iterable[int] | None = None, *, token: str | None = None,
                      tokens: Iterable[str] | None = None, token_prefix: str | None = None,
                      delivery_counts: Iterable[int] | None = None) -> Call[int]:
@@ -79,6 +120,7 @@ class Actions(AdminActions):
         return _by_ids(p.CONFIRM, queue, ids, token=token, tokens=tokens, token_prefix=token_prefix,
                        delivery_counts=delivery_counts)
 
+    @action
     def release(self, queue: str, msg_ids: int | Iterable[int] | None = None, *, token: str | None = None,
                 tokens: Iterable[str] | None = None, token_prefix: str | None = None,
                 delivery_counts: Iterable[int] | None = None) -> Call[int]:
@@ -87,6 +129,7 @@ class Actions(AdminActions):
         return _by_ids(p.RELEASE, queue, msg_ids, token=token, tokens=tokens, token_prefix=token_prefix,
                        delivery_counts=delivery_counts)
 
+    @action
     def extend(self, queue: str, msg_ids: int | Iterable[int] | None, retry: float, *, token: str | None = None,
                tokens: Iterable[str] | None = None, token_prefix: str | None = None,
                delivery_counts: Iterable[int] | None = None) -> Call[int]:
@@ -94,17 +137,36 @@ class Actions(AdminActions):
         return _by_ids(p.EXTEND, queue, msg_ids, retry=retry, token=token, tokens=tokens,
                        token_prefix=token_prefix, delivery_counts=delivery_counts)
 
+    @action
     def monitor(self, queue: str | None = None, *, local: bool = False) -> Call[dict[str, Any]]:
         """Statistics of one queue, or of the node; `local` asks the answering node itself."""
         return Call(p.monitor_request(queue, local), _itself)
 
+    @action
     def list_queues(self, pattern: str = "", *, local: bool = False) -> Call[list[str]]:
         """Names of the queues containing `pattern`."""
         return Call(p.list_request(pattern, local), p.queue_names)
 
+    @action
     def leader(self) -> Call[dict[str, Any]]:
         """The leader's node id and client address (leader_node_id, leader_host, leader_port)."""
         return Call(p.leader_request(), _itself)
+
+    @action
+    def peek(self, queue: str, count: int | None = None, *, state: str | None = None,
+             local: bool = False) -> Call[list[dict[str, Any]]]:
+        """Up to `count` (default 10, at most 1000) messages in `state` ("ready" by default,
+        "delayed", "leased" or "dead") as dicts, changing nothing; `local` asks the node itself."""
+        return Call(admin.peek_request(queue, count, state, local), admin.reads("messages", list))
+
+    purge = _on_queue(PURGE, "purged", int, "Delete every message of the queue; how many there were.")
+    delete_queue = _on_queue(DELETE_QUEUE, "deleted", bool,
+                             "Remove the queue and its messages; False if there was no such queue.")
+    pause = _on_queue(PAUSE, "changed", bool,
+                      "Pause consumers of the queue (produces are still stored); False if it already was.")
+    resume = _on_queue(RESUME, "changed", bool,
+                       "Let consumers take from the queue again; False if it was not paused.")
+    dlq_replay = _on_queue(DLQ_REPLAY, "moved", int, "Move the queue's dead letters back to it; how many were moved.")
 
 
 def _produce(numbering: p.ProducerSequence | None, queue: str, data: str | Sequence[str],
@@ -119,43 +181,50 @@ def _produce(numbering: p.ProducerSequence | None, queue: str, data: str | Seque
 _COUNTS = {p.CONFIRM: "confirmed", p.RELEASE: "released", p.EXTEND: "extended"}
 
 
-def _by_ids(action: int, queue: str, msg_ids: int | Iterable[int] | None, **extra: Any) -> Call[int]:
-    field = _COUNTS[action]
-    return Call(p.ids_request(action, queue, msg_ids, **extra), lambda reply: p.count_from_reply(reply, field))
+def _by_ids(kind: int, queue: str, msg_ids: int | Iterable[int] | None, **extra: Any) -> Call[int]:
+    field = _COUNTS[kind]
+    return Call(p.ids_request(kind, queue, msg_ids, **extra), lambda reply: p.count_from_reply(reply, field))
 
 
 def _itself(reply: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
-def blocking(cls: C) -> C:
-    """Give `cls` (whose `request(dict) -> dict` sends one request) every action of Actions as a
-    method that sends the action's request and returns its reply read."""
-    def make(build: Callable[..., Call[Any]]) -> Callable[..., Any]:
-        def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            call = build(self, *args, **kwargs)
-            return call.read(self.request(call.request))
-        return method
-    return _add_actions(cls, make)
+class BlockingActions(Actions):
+    """Every action as a method that sends its request with `request` and returns the result."""
+
+    def request(self, req: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - the client's
+        raise NotImplementedError
 
 
-def awaiting(cls: C) -> C:
-    """Give `cls` (whose `async request(dict) -> dict` sends one request) every action of Actions
-    as a coroutine method that sends the action's request and returns its reply read."""
-    def make(build: Callable[..., Call[Any]]) -> Callable[..., Any]:
-        async def method(self: Any, *args: Any, **kwargs: Any) -> Any:
-            call = build(self, *args, **kwargs)
-            return call.read(await self.request(call.request))
-        return method
-    return _add_actions(cls, make)
+class AsyncActions(Actions):
+    """Every action as a coroutine method that sends its request with `await request`."""
+
+    async def request(self, req: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - the client's
+        raise NotImplementedError
 
 
-def _add_actions(cls: C, make: Callable[[Callable[..., Call[Any]]], Callable[..., Any]]) -> C:
-    for name in dir(Actions):
-        build = getattr(Actions, name)
-        if name.startswith("_") or not inspect.isfunction(build) or name in vars(cls):
+def _blocking(build: Callable[..., Call[Any]]) -> Callable[..., Any]:
+    def method(self: BlockingActions, *args: Any, **kwargs: Any) -> Any:
+        call = build(self, *args, **kwargs)
+        return call.read(self.request(call.request))
+    return method
+
+
+def _awaiting(build: Callable[..., Call[Any]]) -> Callable[..., Any]:
+    async def method(self: AsyncActions, *args: Any, **kwargs: Any) -> Any:
+        call = build(self, *args, **kwargs)
+        return call.read(await self.request(call.request))
+    return method
+
+
+def _add_actions(cls: type, make: Callable[[Callable[..., Call[Any]]], Callable[..., Any]]) -> None:
+    for name, act in vars(Actions).items():
+        if not isinstance(act, action):
             continue
+        build = act.build
         method = functools.update_wrapper(make(build), build)
+        method.__name__ = name
         # Seen from the client, an action returns what its Call reads, not the Call.
         result = _read_type(inspect.signature(build).return_annotation)
         method.__annotations__ = {**build.__annotations__, "return": result}
@@ -163,10 +232,13 @@ def _add_actions(cls: C, make: Callable[[Callable[..., Call[Any]]], Callable[...
             return_annotation=result)
         method.__module__, method.__qualname__ = cls.__module__, f"{cls.__qualname__}.{name}"
         setattr(cls, name, method)
-    return cls
 
 
 def _read_type(annotation: Any) -> Any:
     if isinstance(annotation, str) and annotation.startswith("Call[") and annotation.endswith("]"):
         return annotation[len("Call["):-1]
     return annotation
+
+
+_add_actions(BlockingActions, _blocking)
+_add_actions(AsyncActions, _awaiting)

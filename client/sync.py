@@ -10,7 +10,7 @@ from typing import Any
 
 from . import protocol as p
 from . import tls as tls_
-from .calls import blocking
+from .calls import BlockingActions
 from .errors import ConnectTimeout, QueueError
 from .failover import DONE, Failover, Lost
 from .protocol import Address
@@ -32,8 +32,7 @@ def _forget_inherited_connections() -> None:
 os.register_at_fork(after_in_child=_forget_inherited_connections)
 
 
-@blocking
-class QueueClient(ClientSettings):
+class QueueClient(ClientSettings, BlockingActions):
     """A blocking client for one queue-server cluster.
 
     Use it from one thread at a time (give each thread its own client). It keeps one connection

@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from typing import Any
+import typing
+from typing import Any, TypeVar
 
 import orjson
 import pytest
 
 from queue_server.client import AsyncQueueClient, Message, QueueClient, QueueError
 from queue_server.client import protocol as p
-from queue_server.client.calls import Actions
+from queue_server.client.calls import Actions, action
 
-ACTIONS = sorted(n for n, f in vars(Actions).items() if inspect.isfunction(f) and not n.startswith("_")) + [
-    "delete_queue", "dlq_replay", "pause", "peek", "purge", "resume"]
+ACTIONS = sorted(n for n, a in vars(Actions).items() if isinstance(a, action))
 
 
 class Canned(QueueClient):
@@ -46,17 +46,18 @@ class AsyncCanned(AsyncQueueClient):
 def test_every_action_is_a_method_of_both_clients_with_its_signature_and_docstring() -> None:
     assert "produce" in ACTIONS and "peek" in ACTIONS
     for name in ACTIONS:
-        build = getattr(Actions, name)
+        build = getattr(Actions, name).build
         sync, aio = getattr(QueueClient, name), getattr(AsyncQueueClient, name)
         assert not inspect.iscoroutinefunction(sync) and inspect.iscoroutinefunction(aio), name
         want = inspect.signature(build)
         assert str(want.return_annotation).startswith("Call["), name
-        for method, owner in ((sync, "QueueClient"), (aio, "AsyncQueueClient")):
+        for method, owner in ((sync, "BlockingActions"), (aio, "AsyncActions")):
             got = inspect.signature(method)
             assert got.parameters == want.parameters, name
             assert f"Call[{got.return_annotation}]" == want.return_annotation, name  # the result, not the Call
+            assert not isinstance(typing.get_type_hints(method)["return"], TypeVar), name
             assert method.__doc__ == build.__doc__ and method.__doc__, name
-            assert method.__qualname__ == f"{owner}.{name}"
+            assert method.__name__ == name and method.__qualname__ == f"{owner}.{name}"
 
 
 # (call, its reply, the request it must send, what it must return)
