@@ -1,9 +1,10 @@
 """Queue administration in the clients: peek, purge, delete_queue, pause, resume and dlq_replay
-(docs/protocol.md section 5b). Request builders and reply readers are shared; QueueClient and
-AsyncQueueClient get the methods from AdminMethods and AsyncAdminMethods."""
+(docs/protocol.md section 5b): their requests, how their replies are read (the client methods
+are in client/calls.py), and queue-cli's subcommands for them."""
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from queue_server.server.protocol import (
     DELETE_QUEUE,
@@ -17,6 +18,9 @@ from queue_server.server.protocol import (
 )
 
 from .errors import QueueError
+from .protocol import given
+
+T = TypeVar("T")
 
 # peek's states (the server checks them too).
 PEEK_STATES = ("ready", "delayed", "leased", "dead")
@@ -26,14 +30,8 @@ def peek_request(queue: str, count: int | None = None, state: str | None = None,
                  local: bool = False, after: list | None = None) -> dict[str, Any]:
     """A peek request: up to `count` messages in `state` without changing anything; `after`
     (the `cursor` of a previous reply) continues after its last message."""
-    req: dict[str, Any] = {"action": LOCAL_PEEK if local else PEEK, "queue": queue}
-    if count is not None:
-        req["count"] = count
-    if state is not None:
-        req["state"] = state
-    if after is not None:
-        req["after"] = list(after)
-    return req
+    return given({"action": LOCAL_PEEK if local else PEEK, "queue": queue}, count=count, state=state,
+                 after=None if after is None else list(after))
 
 
 def queue_request(action: int, queue: str) -> dict[str, Any]:
@@ -48,82 +46,9 @@ def _field(reply: dict[str, Any], field: str) -> Any:
     return value
 
 
-class AdminMethods:
-    """Queue administration for a blocking client (anything with `request(dict) -> dict`)."""
-
-    def request(self, req: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - provided
-        raise NotImplementedError
-
-    def peek(self, queue: str, count: int | None = None, *, state: str | None = None,
-             local: bool = False) -> list[dict[str, Any]]:
-        """Up to `count` (default 10, at most 1000) messages in `state` ("ready" by default,
-        "delayed", "leased" or "dead") as dicts, changing nothing; `local` asks the node itself."""
-        return list(_field(self.request(peek_request(queue, count, state, local)), "messages"))
-
-    def purge(self, queue: str) -> int:
-        """Delete every message of the queue; how many there were."""
-        return int(_field(self.request(queue_request(PURGE, queue)), "purged"))
-
-    def delete_queue(self, queue: str) -> bool:
-        """Remove the queue and its messages; False if there was no such queue."""
-        return bool(_field(self.request(queue_request(DELETE_QUEUE, queue)), "deleted"))
-
-    def pause(self, queue: str) -> bool:
-        """Pause consumers of the queue (produces are still stored); False if it already was."""
-        return bool(_field(self.request(queue_request(PAUSE, queue)), "changed"))
-
-    def resume(self, queue: str) -> bool:
-        """Let consumers take from the queue again; False if it was not paused."""
-        return bool(_field(self.request(queue_request(RESUME, queue)), "changed"))
-
-    def dlq_replay(self, queue: str) -> int:
-        """Move the queue's dead letters back to it; how many were moved."""
-        return int(_field(self.request(queue_request(DLQ_REPLAY, queue)), "moved"))
-
-    def subscribe(self, queues: str | list[str], credit: int = 100) -> Any:
-        """A Subscription to one queue or a list of them: iterate it for the messages the leader
-        pushes, never more than `credit` unconfirmed per queue (see client/subscribe.py)."""
-        from .subscribe import Subscription
-
-        return Subscription(self, queues, credit)
-
-
-class AsyncAdminMethods:
-    """Queue administration for an asyncio client (anything with `async request(dict)`)."""
-
-    async def request(self, req: dict[str, Any]) -> dict[str, Any]:  # pragma: no cover - provided
-        raise NotImplementedError
-
-    async def peek(self, queue: str, count: int | None = None, *, state: str | None = None,
-                   local: bool = False) -> list[dict[str, Any]]:
-        """As AdminMethods.peek."""
-        return list(_field(await self.request(peek_request(queue, count, state, local)), "messages"))
-
-    async def purge(self, queue: str) -> int:
-        """As AdminMethods.purge."""
-        return int(_field(await self.request(queue_request(PURGE, queue)), "purged"))
-
-    async def delete_queue(self, queue: str) -> bool:
-        """As AdminMethods.delete_queue."""
-        return bool(_field(await self.request(queue_request(DELETE_QUEUE, queue)), "deleted"))
-
-    async def pause(self, queue: str) -> bool:
-        """As AdminMethods.pause."""
-        return bool(_field(await self.request(queue_request(PAUSE, queue)), "changed"))
-
-    async def resume(self, queue: str) -> bool:
-        """As AdminMethods.resume."""
-        return bool(_field(await self.request(queue_request(RESUME, queue)), "changed"))
-
-    async def dlq_replay(self, queue: str) -> int:
-        """As AdminMethods.dlq_replay."""
-        return int(_field(await self.request(queue_request(DLQ_REPLAY, queue)), "moved"))
-
-    def subscribe(self, queues: str | list[str], credit: int = 100) -> Any:
-        """An AsyncSubscription: `async for m in client.subscribe(queues, credit)`."""
-        from .subscribe import AsyncSubscription
-
-        return AsyncSubscription(self, queues, credit)
+def reads(field: str, kind: Callable[[Any], T]) -> Callable[[dict[str, Any]], T]:
+    """A reader of an administration reply: its `field` as `kind` (QueueError if it is missing)."""
+    return lambda reply: kind(_field(reply, field))
 
 
 def add_commands(command: Any, common: Any) -> None:

@@ -2,21 +2,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
-
-import orjson
 
 from . import protocol as p
 from . import tls as tls_
-from .admin import AsyncAdminMethods
+from .calls import AsyncActions
 from .errors import ConnectTimeout, QueueError
-from .failover import DONE, NEXT, Drop, Failover, Lost, Route
-from .protocol import Address, Message
-
-_NO_SEQ = object()
+from .failover import DONE, NEXT, Drop, Failover, Lost
+from .protocol import Address
+from .settings import ClientSettings
+from .subscribe import AsyncSubscription
 
 
 class _Moved(Exception):
@@ -197,15 +196,11 @@ class _Udp(asyncio.DatagramProtocol):
             reply = p.decode_reply(data)
         except QueueError:
             return
-        got = reply.get("seq", _NO_SEQ)
-        if type(got) is int:
-            key = got
-        elif type(got) is list and len(got) == 2 and type(got[0]) is int:
-            key = got[0]
-        elif got is _NO_SEQ and len(self.pending) == 1:
+        key = p.udp_reply_seq(reply)
+        if key is None:
+            if "seq" in reply or len(self.pending) != 1:
+                return
             key = next(iter(self.pending))  # a reply without seq can only be matched when alone
-        else:
-            return
         fut = self.pending.pop(key, None)
         if fut is not None and not fut.done():
             fut.set_result(reply)
@@ -241,7 +236,7 @@ class _Udp(asyncio.DatagramProtocol):
             self.transport.close()
 
 
-class AsyncQueueClient(AsyncAdminMethods):
+class AsyncQueueClient(ClientSettings, AsyncActions):
     """An asyncio client for one queue-server cluster; use it from one event loop.
 
     Concurrent calls share one TCP connection (pipelined; replies come back in request order).
@@ -250,33 +245,14 @@ class AsyncQueueClient(AsyncAdminMethods):
     Fail-over, redirects and idempotent produces are as in QueueClient.
     """
 
-    def __init__(
-        self,
-        hosts: str | Sequence[str | Address] = "127.0.0.1:1111",
-        *,
-        transport: str = "tcp",
-        timeout: float = 5.0,
-        follow_redirects: bool = True,
-        max_redirects: int = 3,
-        max_idle_wait_connections: int = 8,
-        idempotent: bool = True,
-        token: str | None = None,
-        tls: tls_.TlsOption = None,
-    ) -> None:
-        """token: the cluster's client token (auth_token_file), presented on every new
-        connection (TCP) or datagram (UDP). tls: True (verify the nodes' certificates against
-        the system's CAs) or an ssl.SSLContext (your CA, a client certificate) for nodes with
-        tls_cert_file; TCP only."""
-        self.hosts: list[Address]
-        self.hosts, self.transport, self.timeout = p.client_settings(hosts, transport, timeout)
-        self.follow_redirects = follow_redirects
-        self.max_redirects = max_redirects
-        # Gives every produce a (producer, sequence): a retried produce is stored once.
-        self._producer = p.ProducerSequence() if idempotent else None
+    def __init__(self, hosts: str | Sequence[str | Address] = "127.0.0.1:1111", *, transport: str = "tcp",
+                 timeout: float = 5.0, follow_redirects: bool = True, max_redirects: int = 3,
+                 max_idle_wait_connections: int = 8, idempotent: bool = True, token: str | None = None,
+                 tls: tls_.TlsOption = None) -> None:
+        """The settings of QueueClient, and max_idle_wait_connections: how many idle connections
+        of consumes with `wait` are kept for the next ones."""
+        self._settle(hosts, transport, timeout, follow_redirects, max_redirects, idempotent, token, tls)
         self.max_idle_wait_connections = max_idle_wait_connections
-        self._udp = transport == "udp"
-        # Its epoch is bumped whenever the current host changes; connections remember the epoch they serve.
-        self._route = Route(self.hosts)
         self._close_gen = 0
         self._conn: _Conn | None = None
         self._wait_idle: list[_Conn] = []
@@ -284,14 +260,6 @@ class AsyncQueueClient(AsyncAdminMethods):
         self._udp_ep: _Udp | None = None
         self._udp_seq = 0
         self._connect_lock: asyncio.Lock | None = None
-        self.token = token
-        self.tls = tls
-        self._ssl = tls_.context(tls)
-
-    @property
-    def address(self) -> Address:
-        """The host the next request goes to."""
-        return self._route.address
 
     # ------------------------------------------------------------------ raw requests
 
@@ -358,15 +326,21 @@ class AsyncQueueClient(AsyncAdminMethods):
                 raise
         return conn
 
-    async def _main_conn(self, addr: Address, epoch: int) -> tuple[_Conn, bool]:
-        conn = self._conn
-        if conn is not None and not conn.closed and conn.epoch == epoch:
-            return conn, True
+    @contextlib.asynccontextmanager
+    async def _connecting(self, epoch: int) -> AsyncIterator[None]:
+        """One connect at a time, for the host of `epoch`; _Moved if the route moved on from it."""
         if self._connect_lock is None:
             self._connect_lock = asyncio.Lock()
         async with self._connect_lock:
             if epoch != self._route.epoch:
                 raise _Moved
+            yield
+
+    async def _main_conn(self, addr: Address, epoch: int) -> tuple[_Conn, bool]:
+        conn = self._conn
+        if conn is not None and not conn.closed and conn.epoch == epoch:
+            return conn, True
+        async with self._connecting(epoch):
             conn = self._conn
             if conn is not None and not conn.closed and conn.epoch == epoch:
                 return conn, False
@@ -419,11 +393,7 @@ class AsyncQueueClient(AsyncAdminMethods):
                 self._wait_idle.append(conn)
 
     async def _udp_endpoint(self, addr: Address, epoch: int) -> _Udp:
-        if self._connect_lock is None:
-            self._connect_lock = asyncio.Lock()
-        async with self._connect_lock:
-            if epoch != self._route.epoch:
-                raise _Moved
+        async with self._connecting(epoch):
             ep = self._udp_ep
             if ep is not None and not ep.closed and ep.epoch == epoch:
                 return ep
@@ -437,14 +407,7 @@ class AsyncQueueClient(AsyncAdminMethods):
         if ep is None or ep.closed or ep.epoch != epoch:
             ep = await self._udp_endpoint(addr, epoch)
         self._udp_seq = seq = (self._udp_seq + 1) & 0x7FFFFFFF
-        wire = dict(req)
-        user_seq = wire.get("seq", _NO_SEQ)
-        wire["seq"] = seq if user_seq is _NO_SEQ else [seq, user_seq]
-        if self.token is not None:
-            wire["auth_token"] = self.token
-        data = orjson.dumps(wire)
-        if len(data) > p.MAX_DATAGRAM:
-            raise QueueError(p.CODE_ERROR, "request too large for UDP, use TCP")
+        data = p.udp_datagram(req, seq, self.token)
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         ep.pending[seq] = fut
         try:
@@ -454,13 +417,7 @@ class AsyncQueueClient(AsyncAdminMethods):
                 reply = await fut
         finally:
             ep.forget(seq)
-        got = reply.get("seq", _NO_SEQ)
-        if got is not _NO_SEQ:
-            if user_seq is _NO_SEQ:
-                del reply["seq"]
-            else:
-                reply["seq"] = user_seq
-        return reply
+        return p.udp_reply(reply, req)
 
     async def close(self) -> None:
         """Close every connection; calls still waiting fail with QueueError("client closed")."""
@@ -477,162 +434,9 @@ class AsyncQueueClient(AsyncAdminMethods):
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
-    # ------------------------------------------------------------------ actions
-
-    async def produce(
-        self,
-        queue: str,
-        data: str,
-        *,
-        delay: float | None = None,
-        ttl: float | None = None,
-        retry: float | None = 0,
-        priority: int | None = None,
-        producer: str | None = None,
-        sequence: int | None = None,
-        max_deliveries: int | None = None,
-    ) -> int | dict[str, int]:
-        """Store one message; its msg_id (a virtual queue: {real queue: msg_id}).
-
-        With `producer` and `sequence` the produce is idempotent: a retry the queue still
-        remembers stores nothing and returns the original id(s). Without them the client gives
-        every produce its own (producer, sequence) unless it was made with idempotent=False.
-        """
-        if not isinstance(data, str):
-            raise TypeError("data must be a str (use produce_batch for several)")
-        if producer is None and sequence is None and self._producer is not None:
-            producer, sequence = self._producer.next()
-        req = p.produce_request(queue, data, delay, ttl, retry, priority, producer, sequence, max_deliveries)
-        return p.produced_ids(await self.request(req))
-
-    async def produce_batch(
-        self,
-        queue: str,
-        data: Sequence[str],
-        *,
-        delay: float | None = None,
-        ttl: float | None = None,
-        retry: float | None = 0,
-        priority: int | None = None,
-        producer: str | None = None,
-        sequence: int | None = None,
-        max_deliveries: int | None = None,
-    ) -> list[int] | dict[str, list[int]]:
-        """Store several messages, all or none; their msg_ids in order (virtual: per real queue).
-
-        `producer` and `sequence` make it idempotent, as for produce().
-        """
-        if isinstance(data, str):
-            raise TypeError("data must be a sequence of str")
-        if producer is None and sequence is None and self._producer is not None:
-            producer, sequence = self._producer.next()
-        req = p.produce_request(queue, data, delay, ttl, retry, priority, producer, sequence, max_deliveries)
-        return p.produced_ids(await self.request(req))
-
-    async def consume(
-        self,
-        queue: str,
-        *,
-        wait: float | None = None,
-        lease: float | None = None,
-        token: str | None = None,
-        times: bool = False,
-    ) -> Message | None:
-        """The next ready message, or None (after up to `wait` seconds of long poll over TCP).
-
-        `lease` leases it for that many seconds whatever its retry; `token` binds the lease to
-        a name, so that a retry with the same token returns the same message; `times` fills in
-        the message's ready, ttl and lease_until.
-        """
-        req = p.consume_request(queue, None, wait, lease, token, times)
-        return p.message_from_reply(queue, await self.request(req))
-
-    async def consume_batch(
-        self,
-        queue: str,
-        count: int,
-        *,
-        wait: float | None = None,
-        lease: float | None = None,
-        token: str | None = None,
-        times: bool = False,
-    ) -> list[Message]:
-        """Up to `count` (1..1000) ready messages, possibly none (`lease`, `token`, `times` as
-        for consume())."""
-        req = p.consume_request(queue, count, wait, lease, token, times)
-        return p.messages_from_reply(queue, await self.request(req))
-
-    async def confirm(
-        self, queue: str, msg_id: int, *, token: str | None = None, delivery_count: int | None = None
-    ) -> bool:
-        """Delete a consumed message; False if it was no longer there (or, with `token` or
-        `delivery_count`, no longer leased under that token / delivered again since)."""
-        req = p.ids_request(p.CONFIRM, queue, msg_id, token=token, delivery_count=delivery_count)
-        reply = await self.request(req)
-        return bool(reply.get("confirmed", 1))  # the original server sends no count
-
-    async def confirm_many(
-        self,
-        queue: str,
-        msg_ids: Iterable[int] | None = None,
-        *,
-        token: str | None = None,
-        tokens: Iterable[str] | None = None,
-        token_prefix: str | None = None,
-        delivery_counts: Iterable[int] | None = None,
-    ) -> int:
-        """Delete consumed messages, by id and/or by lease token; how many were deleted."""
-        req = p.ids_request(p.CONFIRM, queue, None if msg_ids is None else list(msg_ids), token=token,
-                            tokens=tokens, token_prefix=token_prefix, delivery_counts=delivery_counts)
-        return p.count_from_reply(await self.request(req), "confirmed")
-
-    async def release(
-        self,
-        queue: str,
-        msg_ids: int | Iterable[int] | None = None,
-        *,
-        token: str | None = None,
-        tokens: Iterable[str] | None = None,
-        token_prefix: str | None = None,
-        delivery_counts: Iterable[int] | None = None,
-    ) -> int:
-        """Give leases back (the messages are ready again at once), by id and/or token; how
-        many were leased."""
-        req = p.ids_request(p.RELEASE, queue, msg_ids, token=token, tokens=tokens,
-                            token_prefix=token_prefix, delivery_counts=delivery_counts)
-        return p.count_from_reply(await self.request(req), "released")
-
-    async def extend(
-        self,
-        queue: str,
-        msg_ids: int | Iterable[int] | None,
-        retry: float,
-        *,
-        token: str | None = None,
-        tokens: Iterable[str] | None = None,
-        token_prefix: str | None = None,
-        delivery_counts: Iterable[int] | None = None,
-    ) -> int:
-        """Make leases end `retry` seconds from now, by id and/or token; how many were leased."""
-        req = p.ids_request(p.EXTEND, queue, msg_ids, retry=retry, token=token, tokens=tokens,
-                            token_prefix=token_prefix, delivery_counts=delivery_counts)
-        return p.count_from_reply(await self.request(req), "extended")
-
-    async def monitor(self, queue: str | None = None, *, local: bool = False) -> dict[str, Any]:
-        """Statistics of one queue, or of the node; `local` asks the answering node itself."""
-        return await self.request(p.monitor_request(queue, local))
-
-    async def list_queues(self, pattern: str = "", *, local: bool = False) -> list[str]:
-        """Names of the queues containing `pattern`."""
-        return list((await self.request(p.list_request(pattern, local))).get("queue_list") or [])
-
-    async def leader(self) -> dict[str, Any]:
-        """The leader's node id and client address (leader_node_id, leader_host, leader_port)."""
-        return await self.request(p.leader_request())
-
-    def __repr__(self) -> str:
-        hosts = ",".join(p.format_address(a) for a in self.hosts)
-        return f"AsyncQueueClient({hosts!r}, transport={self.transport!r})"
+    def subscribe(self, queues: str | list[str], credit: int = 100) -> AsyncSubscription:
+        """An AsyncSubscription: `async for m in client.subscribe(queues, credit)`."""
+        return AsyncSubscription(self, queues, credit)
 
 
 def _describe(exc: BaseException) -> str:

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import orjson
 
@@ -41,6 +42,11 @@ MAX_DATAGRAM = 65507
 
 Address = tuple[str, int]
 
+T = TypeVar("T")
+
+# The caller set no "seq" of its own on a UDP request.
+NO_SEQ: Any = object()
+
 # A leader_host the server may report when it listens on every interface: the client then
 # reaches the leader through the host it was already talking to.
 _WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "[::]"})
@@ -58,6 +64,14 @@ class Message:
     ready: float | None = None
     ttl: float | None = None
     lease_until: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[T]):
+    """One action of a client: the request to send and how its reply becomes the result."""
+
+    request: dict[str, Any]
+    read: Callable[[dict[str, Any]], T]
 
 
 # ------------------------------------------------------------------ hosts
@@ -165,23 +179,9 @@ def produce_request(
 ) -> dict[str, Any]:
     """A produce request (a list of strings as `data` makes it a batch); `producer` and
     `sequence` make it idempotent; `max_deliveries` replaces the queue's dead-letter limit."""
-    req: dict[str, Any] = {"action": PRODUCE, "queue": queue}
-    req["data"] = data if isinstance(data, str) else list(data)
-    if delay is not None:
-        req["delay"] = delay
-    if ttl is not None:
-        req["ttl"] = ttl
-    if retry is not None:
-        req["retry"] = retry
-    if priority is not None:
-        req["priority"] = priority
-    if producer is not None:
-        req["producer"] = producer
-    if sequence is not None:
-        req["sequence"] = sequence
-    if max_deliveries is not None:
-        req["max_deliveries"] = max_deliveries
-    return req
+    return given({"action": PRODUCE, "queue": queue, "data": data if isinstance(data, str) else list(data)},
+                  delay=delay, ttl=ttl, retry=retry, priority=priority, producer=producer,
+                  sequence=sequence, max_deliveries=max_deliveries)
 
 
 def consume_request(
@@ -194,18 +194,8 @@ def consume_request(
 ) -> dict[str, Any]:
     """A consume request (`count` given makes it a batch; `lease`, `token`, `times` as in
     docs/protocol.md)."""
-    req: dict[str, Any] = {"action": CONSUME, "queue": queue}
-    if count is not None:
-        req["count"] = count
-    if wait is not None:
-        req["wait"] = wait
-    if lease is not None:
-        req["lease"] = lease
-    if token is not None:
-        req["token"] = token
-    if times:
-        req["times"] = True
-    return req
+    return given({"action": CONSUME, "queue": queue}, count=count, wait=wait, lease=lease, token=token,
+                  times=True if times else None)
 
 
 def ids_request(
@@ -218,26 +208,26 @@ def ids_request(
         req["msg_id"] = msg_ids
     elif msg_ids is not None:
         req["msg_ids"] = list(msg_ids)
-    for key, value in extra.items():
-        if value is not None:
-            req[key] = list(value) if key in ("tokens", "delivery_counts") else value
+    for key in ("tokens", "delivery_counts"):
+        if extra.get(key) is not None:
+            extra[key] = list(extra[key])
+    return given(req, **extra)
+
+
+def given(req: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """`req` with those of `fields` that are not None added, in order."""
+    req.update((key, value) for key, value in fields.items() if value is not None)
     return req
 
 
 def monitor_request(queue: str | None = None, local: bool = False) -> dict[str, Any]:
     """A monitor request for one queue, or for the whole node when `queue` is None."""
-    req: dict[str, Any] = {"action": LOCAL_MONITOR if local else MONITOR}
-    if queue is not None:
-        req["queue"] = queue
-    return req
+    return given({"action": LOCAL_MONITOR if local else MONITOR}, queue=queue)
 
 
 def list_request(pattern: str = "", local: bool = False) -> dict[str, Any]:
     """A list request for queue names containing `pattern`."""
-    req: dict[str, Any] = {"action": LOCAL_LIST if local else LIST}
-    if pattern:
-        req["pattern"] = pattern
-    return req
+    return given({"action": LOCAL_LIST if local else LIST}, pattern=pattern or None)
 
 
 def auth_request(token: str) -> dict[str, Any]:
@@ -328,6 +318,53 @@ def count_from_reply(reply: dict[str, Any], field: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise QueueError(CODE_ERROR, f"bad reply from server: no {field}", reply)
     return value
+
+
+def confirmed_one(reply: dict[str, Any]) -> bool:
+    """A single confirm reply's result: whether the message was deleted."""
+    return bool(reply.get("confirmed", 1))  # the original server sends no count
+
+
+def queue_names(reply: dict[str, Any]) -> list[str]:
+    """A list reply's queue names."""
+    return list(reply.get("queue_list") or [])
+
+
+# ------------------------------------------------------------------ UDP
+
+
+def udp_datagram(req: dict[str, Any], seq: int, token: str | None) -> bytes:
+    """`req` as one datagram: its "seq" is the client's `seq` (a seq the caller set travels beside
+    it, [seq, theirs]), with the client token. QueueError if it is too large for UDP."""
+    wire = dict(req)
+    wire["seq"] = seq if req.get("seq", NO_SEQ) is NO_SEQ else [seq, req["seq"]]
+    if token is not None:
+        wire["auth_token"] = token
+    data = orjson.dumps(wire)
+    if len(data) > MAX_DATAGRAM:
+        raise QueueError(CODE_ERROR, "request too large for UDP, use TCP")
+    return data
+
+
+def udp_reply_seq(reply: dict[str, Any]) -> int | None:
+    """The client seq a UDP reply answers, or None when it carries none that can be read."""
+    got = reply.get("seq")
+    if type(got) is int:
+        return got
+    if type(got) is list and len(got) == 2 and type(got[0]) is int:
+        return got[0]
+    return None
+
+
+def udp_reply(reply: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
+    """A UDP reply to `req` as the caller sees it: the seq it set, or none."""
+    if "seq" in reply:
+        user_seq = req.get("seq", NO_SEQ)
+        if user_seq is NO_SEQ:
+            del reply["seq"]
+        else:
+            reply["seq"] = user_seq
+    return reply
 
 
 def try_elsewhere(reply: dict) -> bool:
