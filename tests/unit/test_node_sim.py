@@ -124,7 +124,7 @@ class SimAcceptor:
     def close(self, conn: int) -> None:
         if self.conns.pop(conn, None) is not None:
             for i in range(self.node.config.workers):
-                self.node.pipe(ACCEPTOR, _worker_proc(i), [ipc_frames.CLOSE, orjson.dumps(conn)])
+                self.node.pipe(ACCEPTOR, _worker_proc(i), ipc_frames.close_frames(conn))
 
     def on_request(self, conn: int, req_no: int, value: dict) -> None:
         if conn not in self.conns:
@@ -158,10 +158,10 @@ class SimAcceptor:
     def flush(self) -> None:
         for index, items in enumerate(self.pending):
             if items:
-                self.node.pipe(ACCEPTOR, _worker_proc(index), [ipc_frames.REQ, orjson.dumps(items), self.epoch])
+                self.node.pipe(ACCEPTOR, _worker_proc(index), ipc_frames.req_frames(items, int(self.epoch)))
                 items.clear()
         if self.forwarding:
-            self.node.pipe(ACCEPTOR, COORD, [ipc_frames.FORWARD, orjson.dumps(self.forwarding)])
+            self.node.pipe(ACCEPTOR, COORD, ipc_frames.forward_frames(self.forwarding))
             self.forwarding.clear()
 
     def reply(self, origin: Origin, req_no: int, reply: dict) -> None:
@@ -173,7 +173,7 @@ class SimAcceptor:
             given = sp.delivered(orjson.loads(data))
             if given is not None:
                 self.node.sim.undelivered += len(given[1])
-                self.node.pipe(ACCEPTOR, COORD, [ipc_frames.UNDELIVER, orjson.dumps(given)])
+                self.node.pipe(ACCEPTOR, COORD, ipc_frames.undeliver_frames(*given))
             return
         self.node.sim.to_client(client, origin.conn, req_no, orjson.loads(data))
 
@@ -246,9 +246,9 @@ class SimNode:
             if kind == ipc_frames.BATCH:
                 self.cn.on_batch(*ipc_frames.read_batch(frames), now)
             elif kind == ipc_frames.FORWARD:
-                self.cn.on_forward_requests(orjson.loads(frames[1]), now)
+                self.cn.on_forward_requests(ipc_frames.read_forward(frames), now)
             elif kind == ipc_frames.UNDELIVER:
-                self.cn.on_undelivered(*orjson.loads(frames[1]))
+                self.cn.on_undelivered(*ipc_frames.read_undeliver(frames))
             elif kind == ipc_frames.FENCED:
                 self.cn.on_fenced(*ipc_frames.read_fenced(frames), now)
             else:
