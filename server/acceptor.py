@@ -19,20 +19,18 @@ from queue_server.server import ipc, ipc_frames, limits, replies, tls, udp_guard
 from queue_server.server import protocol as p
 from queue_server.server.auth import AUTH_REQUIRED, Authenticator, read_token_file
 from queue_server.server.child import start
+from queue_server.server.dispatch import TO_COORDINATOR, Dispatch, ReplyOrder
 from queue_server.server.framing import FrameDecoder, FramingError
 from queue_server.server.origin import Origin
 from queue_server.server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_limit, count_one
 from queue_server.server.preflight import is_loopback
-from queue_server.server.router import SCATTER_ACTIONS, Router
+from queue_server.server.router import Router
 
 _DUMPS = orjson.dumps
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
 _LOADS = orjson.loads
 # Per-connection pipelining window: stop reading a connection with this many replies owed.
 MAX_DRAIN = 512
-# This node's role, as the coordinator last reported it.
-LEADER, FOLLOWER, NONE = "leader", "follower", "none"
-NO_LEADER = "no leader"
 UDP_TOO_LARGE = "response too large for UDP, use TCP"
 _TOO_LARGE = UDP_TOO_LARGE.encode()
 _SUBSCRIBE = (p.SUBSCRIBE, "subscribe")
@@ -40,19 +38,17 @@ _AUTH = (p.AUTH, "auth")
 LINGER = 2.0  # seconds a closing connection's late input is read and dropped (see Connection._close)
 
 
-class Connection(asyncio.Protocol):
-    """One client TCP connection: a frame decoder in, replies out in request order."""
+class Connection(ReplyOrder, asyncio.Protocol):
+    """One client TCP connection: a frame decoder in, replies out in request order (ReplyOrder)."""
 
     def __init__(self, acceptor: "Acceptor") -> None:
+        ReplyOrder.__init__(self)
         self.acceptor = acceptor
         self.decoder = FrameDecoder(acceptor.config.max_request_size)
         self.conn_id = 0
         self.origin = Origin(0)
         self.transport: asyncio.Transport | None = None
         self.next_no = 0  # req_no of the next request read
-        self.next_out = 0  # req_no of the next reply to write
-        self.waiting: dict[int, Any] = {}  # replies that arrived before earlier ones
-        self.out: list[Any] = []
         self.close_after: int | None = None
         self.read_paused = False
         self.write_paused = False
@@ -195,21 +191,6 @@ class Connection(asyncio.Protocol):
             self.read_paused = False
             self.transport.resume_reading()
 
-    def put(self, req_no: int, data: Any) -> bool:
-        """Queue a reply; returns True if output became writable (the caller flushes)."""
-        if req_no != self.next_out:
-            self.waiting[req_no] = data
-            return False
-        out = self.out
-        out.append(data)
-        req_no += 1
-        waiting = self.waiting
-        while waiting and req_no in waiting:
-            out.append(waiting.pop(req_no))
-            req_no += 1
-        self.next_out = req_no
-        return True
-
     def flush(self) -> None:
         """Write what is queued, then close if the connection is ending (framing lost, or the
         client half-closed) and all is answered."""
@@ -254,23 +235,24 @@ class Datagrams(asyncio.DatagramProtocol):
         acceptor.submit(Origin(number, True), 0, value)
 
 
-class Acceptor:
-    """Routes requests to workers and replies to clients."""
+class Acceptor(Dispatch):
+    """Routes requests to workers (Dispatch decides where) and replies to clients."""
 
     def __init__(self, config: NodeConfig, ctx: zmq.Context, run_dir: str, log, loop: asyncio.AbstractEventLoop) -> None:
+        router = Router(config.workers, [(v.name, v.queue_list) for v in config.virtual_queue_list],
+                        config.dead_letter_suffix)
+        Dispatch.__init__(self, router, config.node_id, config.forward_request, {
+            "leader_node_id": config.node_id,
+            "leader_host": config.host,
+            "leader_port": config.port,
+        })
         self.config = config
         self.log = log
         self.loop = loop
         self.auth = Authenticator(read_token_file(config.auth_token_file) if config.auth_token_file else None)
-        self.router = Router(config.workers, [(v.name, v.queue_list) for v in config.virtual_queue_list],
-                             config.dead_letter_suffix)
         self.workers = [ipc.outbox(ctx, run_dir, ipc.worker_name(i)) for i in range(config.workers)]
         self.inbox = ipc.inbox(ctx, run_dir, "acceptor")
         self.coordinator = ipc.outbox(ctx, run_dir, "coordinator")
-        self.pending: list[list] = [[] for _ in range(config.workers)]
-        self.forwarding: list = []
-        self.role = NONE  # until the coordinator's first status
-        self.epoch = b"0"  # of the workers' mode, as last reported (see ClusterNode.epoch)
         self.ready = asyncio.Event()
         self.flush_requests_scheduled = False
         self.dirty: list[Connection] = []
@@ -282,7 +264,6 @@ class Acceptor:
         self.udp_addrs: dict[int, tuple[Any, int]] = {}  # datagram -> (sender, largest reply)
         self.udp_guarded = config.udp_amplification_limit > 0 and not is_loopback(config.host)
         self.next_udp = 0
-        self.next_gather = 0
         self.udp_transport: asyncio.DatagramTransport | None = None
         self.metrics = AcceptorMetrics()
         self.closed_requests = 0  # requests read on TCP connections since closed
@@ -291,11 +272,6 @@ class Acceptor:
         self.serving: asyncio.Task | None = None  # serve(), cancelled to stop
         self.draining: asyncio.Task | None = None
         self.drained = asyncio.Event()  # set when the last connection closes while draining
-        self.leader = {
-            "leader_node_id": config.node_id,
-            "leader_host": config.host,
-            "leader_port": config.port,
-        }
 
     # ----------------------------------------------------------------- connections
     def register(self, conn: Connection) -> int:
@@ -319,7 +295,7 @@ class Acceptor:
         self.closed_requests += conn.next_no
         self.metrics.drop_probe(conn.conn_id)
         if conn.long_polls:
-            message = [ipc_frames.CLOSE, _DUMPS(conn.conn_id)]
+            message = ipc_frames.close_frames(conn.conn_id)
             for sock in self.workers:
                 sock.send_multipart(message, zmq.NOBLOCK)
 
@@ -335,84 +311,23 @@ class Acceptor:
         self.udp_addrs[number] = (addr, self.config.udp_max_response if limit is None else limit)
         return number
 
-    # ----------------------------------------------------------------- requests
-    def submit(self, origin: Origin, req_no: int, value: Any) -> None:
-        """Route one decoded request: to the workers (this node leads, or the action is local),
-        to the leader (forwarded through the coordinator, or a code -2 redirect), or answer it
-        here."""
-        if isinstance(value, FramingError):
-            self.reply(origin, req_no, p.error_reply(None, value.reason, self.config.node_id))
-            return
-        action = p.request_action(value)
-        if type(action) is str:
-            self.reply(origin, req_no, p.error_reply(value, action, self.config.node_id))
-        elif action == p.LEADER:
-            self.answer_leader(origin, req_no, value)
-        elif action == p.AUTH:  # authentication is off, or a UDP datagram's auth_token passed
-            reply = p.echo({k: v for k, v in value.items() if k != "token"})
-            reply.update(code=p.CODE_OK, node_id=self.config.node_id)
-            self.reply(origin, req_no, reply)
-        elif self.role == LEADER or action in p.LOCAL_ACTIONS:
-            self.route(action, value, origin, req_no)
-        elif self.role == FOLLOWER:
-            if p.passes_to_coordinator(self.config.forward_request, self.leader["leader_node_id"],
-                                       self.config.node_id):
-                self.forwarding.append((origin.wire(), req_no, value))
-                self.schedule_requests()
-            else:
-                self.reply(origin, req_no, p.redirect_reply(value, self.config.node_id, self.leader))
-        else:
-            self.reply(origin, req_no, p.error_reply(value, NO_LEADER, self.config.node_id))
-
-    def route(self, action: int, value: dict, origin: Origin, req_no: int) -> None:
-        """Queue the request for the worker(s) that serve it."""
-        gather_id = 0
-        if action in SCATTER_ACTIONS:
-            gather_id = self.next_gather
-            self.next_gather += 2  # even: the coordinator numbers its own gathers odd
-        plan = self.router.plan(action, value, origin, req_no, gather_id)
-        if type(plan) is str:
-            self.reply(origin, req_no, p.error_reply(value, plan, self.config.node_id))
-            return
-        pending = self.pending
-        for index, item in plan:
-            pending[index].append(item)
-        self.schedule_requests()
-
-    def answer_leader(self, origin: Origin, req_no: int, value: dict) -> None:
-        """Action 8: the leader's client address."""
-        if self.role == NONE:
-            self.reply(origin, req_no, p.error_reply(value, NO_LEADER, self.config.node_id))
-            return
-        reply = p.echo(value)
-        reply.update(code=p.CODE_OK, node_id=self.config.node_id, **self.leader)
-        self.reply(origin, req_no, reply)
-
+    # ----------------------------------------------------------------- requests (Dispatch decides)
     def schedule_requests(self) -> None:
         if not self.flush_requests_scheduled:
             self.flush_requests_scheduled = True
             self.loop.call_soon(self.flush_requests)
 
-    def flush_requests(self) -> None:
-        """Send each worker the requests gathered for it during this loop turn, as one message."""
-        self.flush_requests_scheduled = False
-        for index, items in enumerate(self.pending):
-            if items:
-                if self.metrics.probe_no < 0:
-                    self.metrics.start_probe(items[0])
-                self.workers[index].send_multipart([ipc_frames.REQ, _DUMPS(items), self.epoch], zmq.NOBLOCK)
-                items.clear()
-        if self.forwarding:
-            self.coordinator.send_multipart([ipc_frames.FORWARD, _DUMPS(self.forwarding)], zmq.NOBLOCK)
-            self.forwarding.clear()
+    def send(self, index: int, frames: list[bytes]) -> None:
+        (self.coordinator if index == TO_COORDINATOR else self.workers[index]).send_multipart(frames, zmq.NOBLOCK)
 
-    def fence(self) -> None:
-        """This node stopped leading (or is handing leadership over): behind the requests routed
-        while it led, tell each worker that no more come in that mode (see ipc_frames FENCE)."""
-        self.flush_requests()
-        epoch = int(self.epoch)
-        for sock in self.workers:
-            sock.send_multipart(ipc_frames.fence_frames(epoch, ipc_frames.FROM_ACCEPTOR), zmq.NOBLOCK)
+    def flush_requests(self) -> None:
+        """Send the requests gathered during this loop turn: one message per worker."""
+        self.flush_requests_scheduled = False
+        if self.metrics.probe_no < 0:
+            first = next((items[0] for items in self.pending if items), None)
+            if first is not None:
+                self.metrics.start_probe(first)
+        Dispatch.flush_requests(self)
 
     # ----------------------------------------------------------------- replies
     def reply(self, origin: Origin, req_no: int, reply: dict) -> None:
@@ -462,7 +377,7 @@ class Acceptor:
         node that is (ClusterNode.on_undelivered)."""
         given = p.delivered(reply)
         if given is not None:
-            self.coordinator.send_multipart([ipc_frames.UNDELIVER, _DUMPS(given)], zmq.NOBLOCK)
+            self.coordinator.send_multipart(ipc_frames.undeliver_frames(*given), zmq.NOBLOCK)
 
     def schedule_output(self) -> None:
         if not self.flush_output_scheduled:
@@ -490,18 +405,13 @@ class Acceptor:
                 break
             if frames[0] == ipc_frames.REP:
                 probe_no = metrics.probe_no
-                for origin, req_no, data in replies.decode(frames[1], memoryview(frames[2])):
+                header, blob = ipc_frames.read_rep(frames)
+                for origin, req_no, data in replies.decode(header, memoryview(blob)):
                     deliver(origin, req_no, data)
                     if req_no == probe_no:
                         metrics.end_probe(origin.conn)
             elif frames[0] == ipc_frames.STATUS:
-                status = _LOADS(frames[1])
-                role = status.pop("role")
-                if self.role == LEADER and role != LEADER:
-                    self.fence()
-                self.role = role
-                self.epoch = b"%d" % status.pop("epoch")
-                self.leader.update(status)
+                self.on_status(ipc_frames.read_status(frames))
                 self.ready.set()
         else:
             self.loop.call_soon(self.on_inbox)  # more may be waiting: the fd is edge-triggered
@@ -550,7 +460,7 @@ class Acceptor:
             from queue_server.server import http_api
             await http_api.stop_accepting(self.http)
         for sock in self.workers:
-            sock.send_multipart([ipc_frames.DRAIN], zmq.NOBLOCK)
+            sock.send_multipart(ipc_frames.DRAIN_FRAMES, zmq.NOBLOCK)
         for conn in list(self.conns.values()):
             conn.finish()
         if self.conns:

@@ -37,7 +37,7 @@ from queue_server.replication.messages import (
 from queue_server.replication.progress import LeaderReplication
 from queue_server.server import gather, ipc_frames, replies
 from queue_server.server.origin import Origin
-from queue_server.server.records import Noop, Record, decode_many, encode_many
+from queue_server.server.records import Noop, Record, decode_many
 from queue_server.server import protocol as p
 from queue_server.server.router import SCATTER_ACTIONS, Router
 from queue_server.workers.queue import StateQueue
@@ -252,7 +252,7 @@ class ClusterNode:
         status = self.status_fields()
         if status != self.status:
             self.status = status
-            self.to_acceptor.append([ipc_frames.STATUS, _DUMPS(status)])
+            self.to_acceptor.append(ipc_frames.status_frames(status))
 
     # ----------------------------------------------------------------- inputs
     def tick(self, now: float) -> None:
@@ -380,22 +380,22 @@ class ClusterNode:
 
     def on_forward_requests(self, items: list, now: float) -> None:
         """Client requests this follower's acceptor could not serve ((origin, req_no, request),
-        origin in wire form): send them to the leader (held while this node hands over)."""
+        as ipc_frames.read_forward reads them): send them to the leader (held while this node hands over)."""
         if self.handing_off(now):
             self.held.extend(items)
             return
         leader = self.election.leader_id
         if self.leader is not None:
             for origin, req_no, request in items:
-                self._route(Origin.from_wire(origin), req_no, request)
+                self._route(origin, req_no, request)
             return
         if leader is None:
-            self._reply_now([(Origin.from_wire(origin), req_no, p.error_reply(request, "no leader", self.node_id))
+            self._reply_now([(origin, req_no, p.error_reply(request, "no leader", self.node_id))
                              for origin, req_no, request in items])
             return
         if not self.config.forward_request:  # held while this node handed over: to the new leader
             fields = {k: v for k, v in self.status_fields().items() if k.startswith("leader_")}
-            self._reply_now([(Origin.from_wire(origin), req_no, p.redirect_reply(request, self.node_id, fields))
+            self._reply_now([(origin, req_no, p.redirect_reply(request, self.node_id, fields))
                              for origin, req_no, request in items])
             return
         batch = []
@@ -404,7 +404,7 @@ class ClusterNode:
             self.next_forward += 1
             wait = request.get("wait") if type(request) is dict else None
             grace = FORWARD_GRACE + (min(wait, self.config.max_wait) if isinstance(wait, (int, float)) and wait > 0 else 0)
-            where = Origin.from_wire(origin)
+            where = origin
             raw = _DUMPS(request)
             self.forwards[fid] = (where, req_no, now + grace, p.echo(request), raw, where.udp, grace)
             self.forwards_due = min(self.forwards_due, now + grace)
@@ -419,7 +419,7 @@ class ClusterNode:
         if self.leader is not None and self.fence_epoch == self.epoch:
             self.held_undelivered.append((queue, given))
         elif self.leader is not None:
-            self.to_workers.append((self.router.worker_for(queue), [ipc_frames.UNDELIVER, _DUMPS([queue, given])]))
+            self.to_workers.append((self.router.worker_for(queue), ipc_frames.undeliver_frames(queue, given)))
         elif self.election.leader_id is not None:
             self.to_peers.append((self.election.leader_id, GiveBack(
                 self.election.vote_id, self.node_id, queue, tuple(m[0] for m in given), tuple(m[1] for m in given))))
@@ -546,7 +546,7 @@ class ClusterNode:
             if type(record) is not Noop:
                 per_worker.setdefault(worker_for(record.queue), []).append(record)
         for index, records in per_worker.items():
-            self.to_workers.append((index, [ipc_frames.APPLY, encode_many(records)]))
+            self.to_workers.append((index, ipc_frames.apply_frames(records)))
         self.workers_trans_id = max(self.workers_trans_id, entries[-1].trans_id)
 
     def _reset_workers(self) -> None:
@@ -557,7 +557,7 @@ class ClusterNode:
         for name, snap in self.state.snapshot().items():
             parts[self.router.worker_for(name)][name] = snap
         for index, part in enumerate(parts):
-            self.to_workers.append((index, [ipc_frames.RESET, _DUMPS(part)]))
+            self.to_workers.append((index, ipc_frames.reset_frames(part)))
         self.workers_trans_id = self.state_trans_id
         if self.leader is not None:
             self._apply_to_workers(self.log.entries_after(self.state_trans_id, 1 << 62) or [])
@@ -567,7 +567,7 @@ class ClusterNode:
         """Start a new mode of the workers: whether they accept queue requests."""
         self.epoch += 1
         for index in range(self.config.workers):
-            self.to_workers.append((index, [ipc_frames.MODE, _DUMPS([accepting, self.epoch])]))
+            self.to_workers.append((index, ipc_frames.mode_frames(accepting, self.epoch)))
         if accepting and self.election.transfer_target is not None:
             self._fence_workers()  # reset during a hand-off: the new mode is fenced too
 
@@ -575,7 +575,7 @@ class ClusterNode:
     def _release(self, header: bytes, blob: bytes) -> None:
         """Send replies on: to the acceptor, or back to the follower that forwarded them."""
         if not self.served_forwarded:
-            self.to_acceptor.append([ipc_frames.REP, header, blob])
+            self.to_acceptor.append(ipc_frames.rep_frames(header, blob))
             return
         local = []
         remote: dict[int, list[tuple[int, bytes]]] = {}
@@ -585,7 +585,7 @@ class ClusterNode:
             else:
                 local.append((origin, req_no, data))
         if local:
-            self.to_acceptor.append([ipc_frames.REP, *replies.encode_raw(local)])
+            self.to_acceptor.append(ipc_frames.rep_frames(*replies.encode_raw(local)))
         for node, items in remote.items():
             self.to_peers.append((node, ForwardReply(self.election.vote_id, self.node_id, tuple(items))))
 
@@ -657,7 +657,7 @@ class ClusterNode:
             self._reply_now([(origin, req_no, p.error_reply(request, plan, self.node_id))])
             return
         for index, item in plan:
-            self.to_workers.append((index, [ipc_frames.REQ, _DUMPS([item]), b"%d" % self.epoch]))
+            self.to_workers.append((index, ipc_frames.req_frames([item], self.epoch)))
 
     def _serve_forwarded(self, msg: Forward, now: float) -> None:
         """A follower's clients' requests: serve them here (each keeps its transport's rules), or
@@ -690,7 +690,7 @@ class ClusterNode:
             self.orphaned.discard(fid)
             rows.append((target[0], target[1], reply))
         if rows:
-            self.to_acceptor.append([ipc_frames.REP, *replies.encode_raw(rows)])
+            self.to_acceptor.append(ipc_frames.rep_frames(*replies.encode_raw(rows)))
 
     def _send_again(self, fid: int, target: tuple, now: float) -> None:
         """Forward a request again (to whoever leads by the next heartbeat), with its full time."""
@@ -716,4 +716,4 @@ class ClusterNode:
                 if len(self.abandoned) > ABANDONED_KEPT:
                     self.abandoned.popitem(last=False)
         if failed:
-            self.to_acceptor.append([ipc_frames.REP, *replies.encode(failed)])
+            self.to_acceptor.append(ipc_frames.rep_frames(*replies.encode(failed)))

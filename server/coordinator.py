@@ -10,7 +10,6 @@ import socket
 import sys
 import time
 
-import orjson
 import zmq
 
 from queue_server.config.loader import NodeConfig
@@ -234,9 +233,9 @@ class Coordinator:
         if kind == ipc_frames.BATCH:
             self.node.on_batch(*ipc_frames.read_batch(frames), now)
         elif kind == ipc_frames.FORWARD:
-            self.node.on_forward_requests(orjson.loads(frames[1]), now)
+            self.node.on_forward_requests(ipc_frames.read_forward(frames), now)
         elif kind == ipc_frames.UNDELIVER:
-            self.node.on_undelivered(*orjson.loads(frames[1]))
+            self.node.on_undelivered(*ipc_frames.read_undeliver(frames))
         elif kind == ipc_frames.FENCED:
             self.node.on_fenced(*ipc_frames.read_fenced(frames), now)
         else:
@@ -331,12 +330,12 @@ def _merged(messages: list[list[bytes]]) -> list[list[bytes]]:
     reply caused by it (and send its next request to a role that is over); one batch, because
     each ZeroMQ send costs a wake-up of two I/O threads."""
     others = [m for m in messages if m[0] != ipc_frames.REP]
-    batches = [(m[1], m[2]) for m in messages if m[0] == ipc_frames.REP]
+    batches = [ipc_frames.read_rep(m) for m in messages if m[0] == ipc_frames.REP]
     if not batches:
         return others
     if len(batches) == 1:
-        return others + [[ipc_frames.REP, *batches[0]]]
-    return others + [[ipc_frames.REP, *replies.join(batches)]]
+        return others + [ipc_frames.rep_frames(*batches[0])]
+    return others + [ipc_frames.rep_frames(*replies.join(batches))]
 
 
 def main(argv: list[str] | None = None) -> None:

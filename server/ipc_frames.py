@@ -1,17 +1,31 @@
 """The messages between a node's processes: their kinds (the first frame of every ZeroMQ
-multipart message) and frame layouts, shared by the sender and the receiver of each (see
-docs/architecture.md). Pure: no sockets here (server/ipc.py has them)."""
+multipart message), their frame layouts, and one encoder (`<kind>_frames`) and one decoder
+(`read_<kind>`) per kind, used by both its sender and its receiver (see docs/architecture.md).
+Pure: no sockets here (server/ipc.py has them).
+
+A request's origin is server/origin.py's Origin, in its wire() form inside JSON; the replies in
+BATCH and REP are server/replies.py batches (a header and a blob), never decoded on the way."""
 from __future__ import annotations
 
+from typing import Any, Iterable
+
+import orjson
+
+from queue_server.server import records
+from queue_server.server.origin import Origin
+
+_DUMPS = orjson.dumps
+_LOADS = orjson.loads
+_ORIGIN = Origin._make
+
 # Message kinds (first frame of every multipart message).
-REQ = b"req"  # -> worker: [REQ, json [[origin, req_no, request] | [origin, req_no, request, gather], ...], epoch]
-# (origin: server/origin.py Origin.wire(); replies travel as server/replies.py batches)
+REQ = b"req"  # acceptor | coordinator -> worker: [REQ, json [item, ...], epoch]; item: see req_item
 CLOSE = b"close"  # acceptor -> worker: [CLOSE, json conn] (a TCP connection id)
 UNDELIVER = b"undeliver"  # acceptor -> coordinator -> leader's worker: [UNDELIVER, json [queue, [[msg_id, delivery_count], ...]]]
 APPLY = b"apply"  # coordinator -> worker: [APPLY, json [record, ...]] (replicas replay the leader's log)
 BATCH = b"batch"  # worker -> coordinator: [BATCH, records json, reply header json, reply blob, partials json, epoch]
 REP = b"rep"  # coordinator -> acceptor: [REP, reply header, reply blob] (server/replies.py)
-STATUS = b"status"  # coordinator -> acceptor: [STATUS, json {role, leader_node_id, leader_host, leader_port}]
+STATUS = b"status"  # coordinator -> acceptor: [STATUS, json {role, leader_node_id, leader_host, leader_port, epoch}]
 FORWARD = b"forward"  # acceptor -> coordinator: [FORWARD, json [[origin, req_no, request], ...]] for the leader
 MODE = b"mode"  # coordinator -> worker: [MODE, json [accepting, epoch]] whether to accept queue requests
 RESET = b"reset"  # coordinator -> worker: [RESET, json {queue: snapshot}] replace all queues
@@ -30,8 +44,133 @@ FENCE_SENDERS = frozenset({FROM_ACCEPTOR, FROM_COORDINATOR})
 EMPTY_LIST = b"[]"
 
 
+# One item of a REQ as its receiver reads it: (origin, req_no, request, gather tag or None). A
+# tag marks a scattered request (see Router.plan): the worker answers it with a partial, not a
+# reply. (A plain tuple: this is the request path, and a NamedTuple costs a third more to read.)
+Request = tuple[Origin, int, Any, "list | None"]
+
+
+# ----------------------------------------------------------------- REQ, FORWARD
+def req_item(origin: Origin, req_no: int, request: Any, gather: list | None = None) -> tuple:
+    """One request as it is queued for a REQ (or, without `gather`, a FORWARD):
+    [origin, req_no, request] or [origin, req_no, request, gather tag]."""
+    if gather is None:
+        return (origin.wire(), req_no, request)
+    return (origin.wire(), req_no, request, gather)
+
+
+def req_frames(items: list, epoch: int) -> list[bytes]:
+    """A REQ: req_item()s for one worker, sent under the workers' mode `epoch` (the worker holds
+    it until it has reached that mode)."""
+    return [REQ, _DUMPS(items), b"%d" % epoch]
+
+
+def req_epoch(frames: list[bytes]) -> int:
+    """The mode a REQ was sent under (read before its items: a REQ may wait for its mode)."""
+    return int(frames[2])
+
+
+def read_req(frames: list[bytes]) -> list[Request]:
+    """The items of a REQ."""
+    return [(_ORIGIN(item[0]), item[1], item[2], item[3] if len(item) == 4 else None)
+            for item in _LOADS(frames[1])]
+
+
+def forward_frames(items: list) -> list[bytes]:
+    """A FORWARD: req_item()s (no gather tag) this follower's acceptor passes to the leader."""
+    return [FORWARD, _DUMPS(items)]
+
+
+def read_forward(frames: list[bytes]) -> list[tuple[Origin, int, Any]]:
+    """The (origin, req_no, request) items of a FORWARD."""
+    return [(_ORIGIN(origin), req_no, request) for origin, req_no, request in _LOADS(frames[1])]
+
+
+# ----------------------------------------------------------------- the worker's other inputs
+def close_frames(conn: int) -> list[bytes]:
+    """A CLOSE: TCP connection `conn` is gone (its long polls end)."""
+    return [CLOSE, b"%d" % conn]
+
+
+def read_close(frames: list[bytes]) -> int:
+    """The connection id of a CLOSE."""
+    return int(frames[1])
+
+
+def undeliver_frames(queue: str, given: Iterable[Iterable[int]]) -> list[bytes]:
+    """An UNDELIVER: messages of `queue` ([msg_id, delivery_count] each) handed out in a consume
+    reply that could not be delivered, to be given back."""
+    return [UNDELIVER, _DUMPS([queue, given])]
+
+
+def read_undeliver(frames: list[bytes]) -> tuple[str, list[list[int]]]:
+    """The (queue, [[msg_id, delivery_count], ...]) of an UNDELIVER."""
+    queue, given = _LOADS(frames[1])
+    return queue, given
+
+
+def apply_frames(changes: list[records.Record]) -> list[bytes]:
+    """An APPLY: committed change records for a worker to replay."""
+    return [APPLY, records.encode_many(changes)]
+
+
+def read_apply(frames: list[bytes]) -> list[records.Record]:
+    """The records of an APPLY."""
+    return records.decode_many(frames[1])
+
+
+def mode_frames(accepting: bool, epoch: int) -> list[bytes]:
+    """A MODE: the workers' mode `epoch` begins; whether they accept queue requests in it."""
+    return [MODE, _DUMPS([accepting, epoch])]
+
+
+def read_mode(frames: list[bytes]) -> tuple[bool, int]:
+    """The (accepting, epoch) of a MODE."""
+    accepting, epoch = _LOADS(frames[1])
+    return accepting, epoch
+
+
+def reset_frames(snapshots: dict[str, Any]) -> list[bytes]:
+    """A RESET: the worker's queues are replaced by these ({queue: snapshot})."""
+    return [RESET, _DUMPS(snapshots)]
+
+
+def read_reset(frames: list[bytes]) -> dict[str, Any]:
+    """The {queue: snapshot} of a RESET."""
+    return _LOADS(frames[1])
+
+
+DRAIN_FRAMES = [DRAIN]  # the whole DRAIN message: it carries nothing
+
+
+# ----------------------------------------------------------------- to the acceptor
+def rep_frames(header: bytes, blob: bytes) -> list[bytes]:
+    """A REP: a reply batch (server/replies.py) for the acceptor to deliver."""
+    return [REP, header, blob]
+
+
+def read_rep(frames: list[bytes]) -> tuple[bytes, bytes]:
+    """The (header, blob) reply batch of a REP."""
+    _, header, blob = frames
+    return header, blob
+
+
+def status_frames(status: dict[str, Any]) -> list[bytes]:
+    """A STATUS: {role, leader_node_id, leader_host, leader_port, epoch} as the coordinator sees
+    them (ClusterNode.status_fields)."""
+    return [STATUS, _DUMPS(status)]
+
+
+def read_status(frames: list[bytes]) -> dict[str, Any]:
+    """The fields of a STATUS."""
+    return _LOADS(frames[1])
+
+
+# ----------------------------------------------------------------- worker -> coordinator
 def batch_frames(records: bytes, header: bytes, blob: bytes, partials: bytes, epoch: int) -> list[bytes]:
-    """A worker's BATCH message: what it decided under mode `epoch` (see ClusterNode.epoch)."""
+    """A worker's BATCH message: what it decided under mode `epoch` (see ClusterNode.epoch).
+    records and partials are json lists (EMPTY_LIST for none, see json_list); header and blob a
+    reply batch."""
     return [BATCH, records, header, blob, partials, b"%d" % epoch]
 
 
@@ -39,6 +178,17 @@ def read_batch(frames: list[bytes]) -> tuple[bytes, bytes, bytes, bytes, int]:
     """The (records, header, blob, partials, epoch) of a BATCH message."""
     _, records, header, blob, partials, epoch = frames
     return records, header, blob, partials, int(epoch)
+
+
+def json_list(values: list) -> bytes:
+    """A list as the json of a BATCH's partials: EMPTY_LIST when empty, so that the coordinator
+    tells an empty one without decoding it."""
+    return _DUMPS(values) if values else EMPTY_LIST
+
+
+def records_list(changes: list[records.Record]) -> bytes:
+    """A BATCH's change records: EMPTY_LIST when there are none (see json_list)."""
+    return records.encode_many(changes) if changes else EMPTY_LIST
 
 
 def fence_frames(epoch: int, sender: bytes) -> list[bytes]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import zlib
 from typing import Iterable
 
+from queue_server.server import ipc_frames
 from queue_server.server import protocol as p
 from queue_server.server.origin import Origin
 
@@ -46,11 +47,10 @@ class Router:
         pairs, or the reason it cannot be routed. A scatter item carries the gather tag the
         coordinator merges the workers' parts by."""
         queue = request.get("queue")
-        where = origin.wire()
         if action in p.QUEUE_ACTIONS:
             if type(queue) is not str:
                 return "queue: missing" if queue is None else "queue: must be a string"
-            return [(self.worker_for(queue), (where, req_no, request))]
+            return [(self.worker_for(queue), ipc_frames.req_item(origin, req_no, request))]
         if action in _MONITORS and queue is not None:
             if type(queue) is not str:
                 return "queue: must be a string"
@@ -58,8 +58,8 @@ class Router:
         else:
             targets = range(self.workers)
         targets = list(targets)
-        tag = [gather_id, where, req_no, len(targets), request]
-        return [(index, (where, req_no, request, tag)) for index in targets]
+        tag = [gather_id, origin.wire(), req_no, len(targets), request]
+        return [(index, ipc_frames.req_item(origin, req_no, request, tag)) for index in targets]
 
 
 def _group_keys(virtual_queues: Iterable[tuple[str, Iterable[str]]]) -> dict[str, str]:

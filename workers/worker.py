@@ -8,18 +8,14 @@ import sys
 import time
 from typing import Any
 
-import orjson
 import zmq
 
-from queue_server.server import ipc, ipc_frames, limits, records, replies
+from queue_server.server import ipc, ipc_frames, limits, replies
 from queue_server.server.child import start
 from queue_server.server.metrics import WorkerMetrics, count_replies
 from queue_server.server.node_memory import NodeMemory
-from queue_server.server.origin import Origin
 from queue_server.server.queue_metrics import QueueMetrics
 from queue_server.workers.service import PartitionService
-
-_DUMPS = orjson.dumps
 
 
 class Worker:
@@ -79,20 +75,19 @@ class Worker:
         kind = frames[0]
         service = self.service
         if kind == ipc_frames.REQ:
-            if int(frames[2]) > self.epoch:
+            if ipc_frames.req_epoch(frames) > self.epoch:
                 # Sent after a mode change this worker has not received yet (it comes from the
                 # coordinator on another pipe): hold it until then.
                 self.held.append(frames)
                 return
             started = time.perf_counter()
             handle = service.handle
-            items = orjson.loads(frames[1])
-            for item in items:
-                if len(item) == 3:
-                    origin, req_no, req = item
-                    handle(req, Origin.from_wire(origin), req_no, now)
+            items = ipc_frames.read_req(frames)
+            for origin, req_no, req, gather in items:
+                if gather is None:
+                    handle(req, origin, req_no, now)
                 else:
-                    service.partial(item[3], item[2], now)
+                    service.partial(gather, req, now)
             self.metrics.batch(time.perf_counter() - started, len(items))
         elif kind == ipc_frames.FENCE:
             epoch, sender = ipc_frames.read_fence(frames)
@@ -101,24 +96,24 @@ class Worker:
             else:
                 self.fence(epoch, sender)
         elif kind == ipc_frames.CLOSE:
-            service.cancel(orjson.loads(frames[1]))
+            service.cancel(ipc_frames.read_close(frames))
         elif kind == ipc_frames.UNDELIVER:
-            queue, given = orjson.loads(frames[1])
+            queue, given = ipc_frames.read_undeliver(frames)
             service.undeliver(queue, given, now)
         elif kind == ipc_frames.APPLY:
-            for record in records.decode_many(frames[1]):
+            for record in ipc_frames.read_apply(frames):
                 service.apply(record)
         elif kind == ipc_frames.MODE:
             # What was decided under the old mode leaves stamped with it (the coordinator refuses
             # changes from a mode that is over: a reset has wiped them here).
             self.flush()
-            service.accepting, self.epoch = orjson.loads(frames[1])
+            service.accepting, self.epoch = ipc_frames.read_mode(frames)
             self.fences.clear()
             held, self.held = self.held, []
             for message in held:
                 self.dispatch(message, now)
         elif kind == ipc_frames.RESET:
-            service.load_snapshot(orjson.loads(frames[1]))
+            service.load_snapshot(ipc_frames.read_reset(frames))
         elif kind == ipc_frames.DRAIN:
             service.draining = True
         else:
@@ -149,8 +144,8 @@ class Worker:
         if service.partials:
             self.metrics.count_partials(service.partials, self.index)
         header, blob = replies.encode(service.replies)
-        changes = records.encode_many(service.records) if service.records else ipc_frames.EMPTY_LIST
-        partials = _DUMPS(service.partials) if service.partials else ipc_frames.EMPTY_LIST
+        changes = ipc_frames.records_list(service.records)
+        partials = ipc_frames.json_list(service.partials)
         service.replies.clear()
         service.records.clear()
         service.partials.clear()

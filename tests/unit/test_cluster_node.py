@@ -125,7 +125,7 @@ def test_resetting_a_leaders_workers_keeps_the_log_tail_and_starts_a_new_mode():
 
 def test_a_follower_forwards_with_the_transport_and_echoes_failures():
     node = _follower()
-    node.on_forward_requests([[[3, True, 0], 0, {"action": 2, "queue": "q", "wait": 5, "seq": 9}]], T0)
+    node.on_forward_requests([[Origin(3, True), 0, {"action": 2, "queue": "q", "wait": 5, "seq": 9}]], T0)
     _, _, to_peers = _drain(node)
     (to, msg), = to_peers
     assert to == 2 and type(msg) is Forward and msg.requests[0][2] is True  # came over UDP
@@ -136,7 +136,7 @@ def test_a_follower_forwards_with_the_transport_and_echoes_failures():
 
 def test_forwards_expire_while_the_leader_is_heard():
     node = _follower()
-    node.on_forward_requests([[[3, False, 0], 1, {"action": 1, "queue": "q", "data": "x"}]], T0)
+    node.on_forward_requests([[Origin(3, False), 1, {"action": 1, "queue": "q", "data": "x"}]], T0)
     _drain(node)
     assert node.wake_at() <= T0 + FORWARD_GRACE
     now = T0
@@ -151,7 +151,7 @@ def test_forwards_expire_while_the_leader_is_heard():
 
 def test_a_forward_that_could_not_be_sent_is_sent_again():
     node = _follower()
-    node.on_forward_requests([[[3, False, 0], 1, {"action": 1, "queue": "q", "data": "x"}]], T0)
+    node.on_forward_requests([[Origin(3, False), 1, {"action": 1, "queue": "q", "data": "x"}]], T0)
     _, _, to_peers = _drain(node)
     node.on_unsent(to_peers[0][1], T0)  # the link to the leader is not up yet
     assert node.wake_at() <= T0 + 0.05
@@ -162,7 +162,7 @@ def test_a_forward_that_could_not_be_sent_is_sent_again():
 
 def test_a_late_forward_reply_gives_its_messages_back_to_the_leader():
     node = _follower()
-    node.on_forward_requests([[[3, False, 0], 1, {"action": 2, "queue": "q"}]], T0)
+    node.on_forward_requests([[Origin(3, False), 1, {"action": 2, "queue": "q"}]], T0)
     (_, fwd), = _drain(node)[2]
     node.tick(T0 + FORWARD_GRACE + 1)  # given up on
     node.on_peer(Heartbeat(1, 2, 0, 0, 0, 0), ("127.0.0.1", 2222), T0 + 12)  # node 2 still leads
@@ -276,7 +276,7 @@ def test_a_hand_off_that_times_out_leads_on_and_serves_what_it_held():
     to_peers = _drain(node)[2]
     assert _timeout_nows(to_peers)  # sent, but node 2 never takes over
     epoch = node.epoch
-    node.on_forward_requests([[[3, False, 0], 1, {"action": 1, "queue": "q", "data": "x", "seq": 1}]], now)
+    node.on_forward_requests([[Origin(3, False), 1, {"action": 1, "queue": "q", "data": "x", "seq": 1}]], now)
     node.on_undelivered("q", [[5, 1]])
     to_acceptor, to_workers, _ = _drain(node)
     assert to_acceptor == [] and to_workers == []  # held
@@ -326,7 +326,7 @@ def test_in_redirect_mode_requests_held_during_a_hand_off_are_redirected_to_the_
     node.on_fenced(node.epoch, 0, now)
     node.on_fenced(node.epoch, 1, now)
     (_, timeout_now), = _timeout_nows(_drain(node)[2])
-    node.on_forward_requests([[[3, False, 0], 1, {"action": 1, "queue": "q", "data": "x", "seq": 1}]], now)
+    node.on_forward_requests([[Origin(3, False), 1, {"action": 1, "queue": "q", "data": "x", "seq": 1}]], now)
     term = timeout_now.vote_id + 1  # node 2 campaigns at once, and wins
     node.on_peer(VoteRequest(term, 2, node.log.last_trans_id, node.election.vote_id, transfer=True), NODE2, now + 0.01)
     to_acceptor = _drain(node)[0]

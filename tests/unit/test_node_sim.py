@@ -1,6 +1,7 @@
 """A deterministic randomized simulation of whole nodes: the real ClusterNode (server/cluster.py)
 as the coordinator, the real Worker and PartitionService (workers/) as the workers, a model of
-the acceptor (server/acceptor.py: routing by role and epoch, forwarding, undelivered replies),
+the acceptor's decisions (server/dispatch.py: routing by role and epoch, forwarding, the fence),
+the acceptor's give-back of undelivered replies,
 and clients that produce and consume at-most-once and at-least-once messages the way
 QueueClient and the fault tests' workload do: one request at a time per connection, a timeout
 after which the connection is closed and another node is tried, confirm after an at-least-once
@@ -47,7 +48,8 @@ from queue_server.server import protocol as sp
 from queue_server.server.cluster import ClusterNode
 from queue_server.server.coordinator import _merged
 from queue_server.server.metrics import WorkerMetrics
-from queue_server.server.router import SCATTER_ACTIONS, Router
+from queue_server.server.dispatch import TO_COORDINATOR, Dispatch
+from queue_server.server.router import Router
 from queue_server.workers.service import PartitionService
 from queue_server.workers.worker import Worker
 
@@ -98,22 +100,18 @@ def _worker_proc(index: int) -> str:
 # ------------------------------------------------------------------------------------------ node
 
 
-class SimAcceptor:
-    """The acceptor's decisions (server/acceptor.py submit/deliver/_give_back) over sim pipes."""
+class SimAcceptor(Dispatch):
+    """The acceptor's own decisions (server/dispatch.py Dispatch: routing by role and epoch,
+    forwarding, the fence) and its give-back of undelivered replies, over sim pipes."""
 
     def __init__(self, node: "SimNode") -> None:
         self.node = node
         cfg = node.config
-        self.router = Router(cfg.workers, [(v.name, v.queue_list) for v in cfg.virtual_queue_list],
-                             cfg.dead_letter_suffix)
-        self.role = "none"
-        self.epoch = b"0"
-        self.leader: dict = {}
+        Dispatch.__init__(self, Router(cfg.workers, [(v.name, v.queue_list) for v in cfg.virtual_queue_list],
+                                       cfg.dead_letter_suffix), node.node_id, cfg.forward_request,
+                          {"leader_node_id": node.node_id, "leader_host": cfg.host, "leader_port": cfg.port})
         self.conns: dict[int, "SimClient"] = {}
         self.next_conn = 1
-        self.pending: list[list] = [[] for _ in range(cfg.workers)]
-        self.forwarding: list = []
-        self.next_gather = 0
 
     def connect(self, client: "SimClient") -> int:
         conn = self.next_conn
@@ -124,45 +122,17 @@ class SimAcceptor:
     def close(self, conn: int) -> None:
         if self.conns.pop(conn, None) is not None:
             for i in range(self.node.config.workers):
-                self.node.pipe(ACCEPTOR, _worker_proc(i), [ipc_frames.CLOSE, orjson.dumps(conn)])
+                self.node.pipe(ACCEPTOR, _worker_proc(i), ipc_frames.close_frames(conn))
 
     def on_request(self, conn: int, req_no: int, value: dict) -> None:
-        if conn not in self.conns:
-            return
-        origin = Origin(conn)
-        node_id = self.node.node_id
-        action = sp.request_action(value)
-        if type(action) is str:
-            self.reply(origin, req_no, sp.error_reply(value, action, node_id))
-        elif self.role == "leader" or action in sp.LOCAL_ACTIONS:
-            gather = 0
-            if action in SCATTER_ACTIONS:
-                gather = self.next_gather
-                self.next_gather += 2
-            plan = self.router.plan(action, value, origin, req_no, gather)
-            if type(plan) is str:
-                self.reply(origin, req_no, sp.error_reply(value, plan, node_id))
-                return
-            for index, item in plan:
-                self.pending[index].append(item)
-        elif self.role == "follower":
-            if sp.passes_to_coordinator(self.node.config.forward_request, self.leader.get("leader_node_id", 0),
-                                        node_id):
-                self.forwarding.append((origin.wire(), req_no, value))
-            else:
-                self.reply(origin, req_no, sp.redirect_reply(value, node_id, self.leader))
-        else:
-            self.reply(origin, req_no, sp.error_reply(value, "no leader", node_id))
-        self.flush()
+        if conn in self.conns:
+            self.submit(Origin(conn), req_no, value)
 
-    def flush(self) -> None:
-        for index, items in enumerate(self.pending):
-            if items:
-                self.node.pipe(ACCEPTOR, _worker_proc(index), [ipc_frames.REQ, orjson.dumps(items), self.epoch])
-                items.clear()
-        if self.forwarding:
-            self.node.pipe(ACCEPTOR, COORD, [ipc_frames.FORWARD, orjson.dumps(self.forwarding)])
-            self.forwarding.clear()
+    def schedule_requests(self) -> None:
+        self.flush_requests()  # one request per sim event: its loop turn ends with it
+
+    def send(self, index: int, frames: list[bytes]) -> None:
+        self.node.pipe(ACCEPTOR, COORD if index == TO_COORDINATOR else _worker_proc(index), frames)
 
     def reply(self, origin: Origin, req_no: int, reply: dict) -> None:
         self.deliver(origin, req_no, orjson.dumps(reply))
@@ -173,25 +143,16 @@ class SimAcceptor:
             given = sp.delivered(orjson.loads(data))
             if given is not None:
                 self.node.sim.undelivered += len(given[1])
-                self.node.pipe(ACCEPTOR, COORD, [ipc_frames.UNDELIVER, orjson.dumps(given)])
+                self.node.pipe(ACCEPTOR, COORD, ipc_frames.undeliver_frames(*given))
             return
         self.node.sim.to_client(client, origin.conn, req_no, orjson.loads(data))
 
     def on_inbox(self, frames: list[bytes]) -> None:
         if frames[0] == ipc_frames.REP:
-            for origin, req_no, data in replies.decode(frames[1], frames[2]):
+            for origin, req_no, data in replies.decode(*ipc_frames.read_rep(frames)):
                 self.deliver(origin, req_no, data)
         elif frames[0] == ipc_frames.STATUS:
-            status = orjson.loads(frames[1])
-            role = status.pop("role")
-            if self.role == "leader" and role != "leader":  # fence what it routed while leading
-                self.flush()
-                for i in range(self.node.config.workers):
-                    self.node.pipe(ACCEPTOR, _worker_proc(i),
-                                   ipc_frames.fence_frames(int(self.epoch), ipc_frames.FROM_ACCEPTOR))
-            self.role = role
-            self.epoch = b"%d" % status.pop("epoch")
-            self.leader = status
+            self.on_status(ipc_frames.read_status(frames))
 
 
 class _Pipe:
@@ -246,9 +207,9 @@ class SimNode:
             if kind == ipc_frames.BATCH:
                 self.cn.on_batch(*ipc_frames.read_batch(frames), now)
             elif kind == ipc_frames.FORWARD:
-                self.cn.on_forward_requests(orjson.loads(frames[1]), now)
+                self.cn.on_forward_requests(ipc_frames.read_forward(frames), now)
             elif kind == ipc_frames.UNDELIVER:
-                self.cn.on_undelivered(*orjson.loads(frames[1]))
+                self.cn.on_undelivered(*ipc_frames.read_undeliver(frames))
             elif kind == ipc_frames.FENCED:
                 self.cn.on_fenced(*ipc_frames.read_fenced(frames), now)
             else:

@@ -44,11 +44,11 @@ def worker() -> Worker:
 
 
 def mode(accepting: bool, epoch: int) -> list[bytes]:
-    return [ipc_frames.MODE, orjson.dumps([accepting, epoch])]
+    return ipc_frames.mode_frames(accepting, epoch)
 
 
 def req(items: list, epoch: int) -> list[bytes]:
-    return [ipc_frames.REQ, orjson.dumps([[Origin(c).wire(), n, r] for c, n, r in items]), b"%d" % epoch]
+    return ipc_frames.req_frames([ipc_frames.req_item(Origin(c), n, r) for c, n, r in items], epoch)
 
 
 def batches(w: Worker) -> list[tuple[list, list, int]]:
@@ -113,7 +113,7 @@ def test_a_closed_connection_loses_its_long_poll_and_nothing_else(worker):
     worker.dispatch(mode(True, 1), NOW)
     worker.dispatch(req([(5, 1, {"action": 2, "queue": "q", "wait": 10}),
                          (6, 1, {"action": 2, "queue": "q", "wait": 10})], 1), NOW)
-    worker.dispatch([ipc_frames.CLOSE, orjson.dumps(5)], NOW)
+    worker.dispatch(ipc_frames.close_frames(5), NOW)
     worker.dispatch(req([(7, 1, produce("q", "a"))], 1), NOW + 1)
     worker.flush()
     served = [(o.conn, r.get("data")) for _, got, _ in batches(worker) for o, _, r in got]
@@ -124,9 +124,9 @@ def test_a_closed_connection_loses_its_long_poll_and_nothing_else(worker):
 def test_replayed_records_and_a_reset_replace_the_state(worker):
     record = {"op": "produce", "queue": "q", "msg_id": 1, "ready": NOW, "ttl": NOW + 60, "retry": 0,
               "priority": 0, "data": "x", "delivery_count": 0}
-    worker.dispatch([ipc_frames.APPLY, orjson.dumps([record])], NOW)
+    worker.dispatch(ipc_frames.apply_frames([record]), NOW)
     assert [m[1] for m in worker.service.snapshot()["q"]["messages"]] == ["x"]
-    worker.dispatch([ipc_frames.RESET, orjson.dumps({})], NOW)
+    worker.dispatch(ipc_frames.reset_frames({}), NOW)
     assert worker.service.snapshot() == {}
     assert worker.coordinator.sent == []  # replay answers nobody
 
@@ -177,3 +177,44 @@ def test_a_fence_waits_behind_the_requests_it_fences_and_a_stale_fence_is_ignore
     worker.flush()
     *_, last = worker.coordinator.sent
     assert orjson.loads(ipc_frames.read_batch(last)[0])[0]["data"] == "b"
+
+
+def test_an_undelivered_lease_is_given_back_and_served_again(worker):
+    worker.dispatch(mode(True, 1), NOW)
+    worker.dispatch(req([(5, 1, produce("q", "a", retry=30)), (5, 2, {"action": 2, "queue": "q"})], 1), NOW)
+    worker.flush()
+    [(_, got, _)] = batches(worker)
+    msg_id = got[1][2]["msg_id"]
+    worker.dispatch(ipc_frames.undeliver_frames("q", [[msg_id, 1]]), NOW)
+    worker.dispatch(req([(6, 1, {"action": 2, "queue": "q"})], 1), NOW)
+    worker.flush()
+    (records, got, _), = batches(worker)[1:]
+    assert [r["op"] for r in records] == ["release", "consume"]
+    assert (got[0][0].conn, got[0][2]["msg_id"], got[0][2]["data"]) == (6, msg_id, "a")
+
+
+def test_a_scattered_request_is_answered_with_a_partial_in_the_batch(worker):
+    worker.dispatch(mode(True, 1), NOW)
+    worker.dispatch(req([(5, 1, produce("q", "a"))], 1), NOW)
+    tag = [4, Origin(5).wire(), 2, 1, {"action": 7}]
+    worker.dispatch(ipc_frames.req_frames([ipc_frames.req_item(Origin(5), 2, {"action": 7}, tag)], 1), NOW)
+    worker.flush()
+    [frames] = worker.coordinator.sent
+    _, header, blob, partials, _ = ipc_frames.read_batch(frames)
+    [(origin, req_no, _)] = replies.decode(header, blob)
+    assert (origin, req_no) == (Origin(5), 1)  # the scattered one has no reply of its own
+    [part] = orjson.loads(partials)
+    assert part[0] == tag
+
+
+def test_draining_answers_a_parked_long_poll_now_and_parks_no_more(worker):
+    worker.dispatch(mode(True, 1), NOW)
+    worker.dispatch(req([(5, 1, {"action": 2, "queue": "q", "wait": 10})], 1), NOW)
+    worker.flush()
+    assert worker.coordinator.sent == []  # parked
+    worker.dispatch(ipc_frames.DRAIN_FRAMES, NOW)
+    worker.dispatch(req([(6, 1, {"action": 2, "queue": "q", "wait": 10})], 1), NOW)
+    worker.service.tick(NOW)
+    worker.flush()
+    [(_, got, _)] = batches(worker)
+    assert sorted((o.conn, r["code"], "data" in r) for o, _, r in got) == [(5, 0, False), (6, 0, False)]

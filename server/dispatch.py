@@ -1,0 +1,157 @@
+"""The acceptor's decisions, free of I/O: where each client request goes (the worker owning its
+queue, every worker for a scattered request, the coordinator to reach the leader, or an answer
+on the spot), when requests are sent (one REQ per worker per loop turn), what a change of role
+means (fence the workers), and in which order a connection's replies leave (request order,
+whatever order the workers answer in). server/acceptor.py moves the bytes."""
+from __future__ import annotations
+
+from typing import Any
+
+from queue_server.server import ipc_frames
+from queue_server.server import protocol as p
+from queue_server.server.framing import FramingError
+from queue_server.server.origin import Origin
+from queue_server.server.router import SCATTER_ACTIONS, Router
+
+# This node's role, as the coordinator last reported it.
+LEADER, FOLLOWER, NONE = "leader", "follower", "none"
+NO_LEADER = "no leader"
+TO_COORDINATOR = -1  # the destination of a message for the coordinator (workers are 0, 1, ...)
+
+
+class ReplyOrder:
+    """One connection's replies, released in request order: a reply that arrives before an
+    earlier request's waits for it."""
+
+    def __init__(self) -> None:
+        self.next_out = 0  # req_no of the next reply to release
+        self.waiting: dict[int, Any] = {}  # replies that arrived before earlier ones
+        self.out: list[Any] = []  # released, not yet written
+
+    def put(self, req_no: int, data: Any) -> bool:
+        """Take the reply to request `req_no`; True if replies were released to `out`."""
+        if req_no != self.next_out:
+            self.waiting[req_no] = data
+            return False
+        out = self.out
+        out.append(data)
+        req_no += 1
+        waiting = self.waiting
+        while waiting and req_no in waiting:
+            out.append(waiting.pop(req_no))
+            req_no += 1
+        self.next_out = req_no
+        return True
+
+
+class Dispatch:
+    """Routes decoded requests by this node's role. The process supplies `reply` (answer a
+    request here), `send` (one message to worker `index` or TO_COORDINATOR) and
+    `schedule_requests` (call flush_requests once this loop turn's requests are all in)."""
+
+    def __init__(self, router: Router, node_id: int, forward_request: bool, leader: dict[str, Any]) -> None:
+        """leader: leader_node_id, leader_host, leader_port, until the coordinator says otherwise."""
+        self.router = router
+        self.node_id = node_id
+        self.forward_request = forward_request
+        self.leader = leader
+        self.role = NONE  # until the coordinator's first status
+        self.epoch = 0  # of the workers' mode, as last reported (see ClusterNode.epoch)
+        self.pending: list[list] = [[] for _ in range(router.workers)]
+        self.forwarding: list = []
+        self.next_gather = 0
+
+    # ----------------------------------------------------------------- hooks
+    def reply(self, origin: Origin, req_no: int, reply: dict) -> None:
+        """Answer a request here."""
+        raise NotImplementedError
+
+    def send(self, index: int, frames: list[bytes]) -> None:
+        """Send one message to worker `index`, or to the coordinator (TO_COORDINATOR)."""
+        raise NotImplementedError
+
+    def schedule_requests(self) -> None:
+        """Have flush_requests called once the requests read now are all submitted."""
+
+    # ----------------------------------------------------------------- decisions
+    def submit(self, origin: Origin, req_no: int, value: Any) -> None:
+        """Route one decoded request: to the workers (this node leads, or the action is local),
+        to the leader (forwarded through the coordinator, or a code -2 redirect), or answer it
+        here."""
+        if isinstance(value, FramingError):
+            self.reply(origin, req_no, p.error_reply(None, value.reason, self.node_id))
+            return
+        action = p.request_action(value)
+        if type(action) is str:
+            self.reply(origin, req_no, p.error_reply(value, action, self.node_id))
+        elif action == p.LEADER:
+            self.answer_leader(origin, req_no, value)
+        elif action == p.AUTH:  # authentication is off, or a UDP datagram's auth_token passed
+            reply = p.echo({k: v for k, v in value.items() if k != "token"})
+            reply.update(code=p.CODE_OK, node_id=self.node_id)
+            self.reply(origin, req_no, reply)
+        elif self.role == LEADER or action in p.LOCAL_ACTIONS:
+            self.route(action, value, origin, req_no)
+        elif self.role == FOLLOWER:
+            if p.passes_to_coordinator(self.forward_request, self.leader["leader_node_id"], self.node_id):
+                self.forwarding.append(ipc_frames.req_item(origin, req_no, value))
+                self.schedule_requests()
+            else:
+                self.reply(origin, req_no, p.redirect_reply(value, self.node_id, self.leader))
+        else:
+            self.reply(origin, req_no, p.error_reply(value, NO_LEADER, self.node_id))
+
+    def route(self, action: int, value: dict, origin: Origin, req_no: int) -> None:
+        """Queue the request for the worker(s) that serve it."""
+        gather_id = 0
+        if action in SCATTER_ACTIONS:
+            gather_id = self.next_gather
+            self.next_gather += 2  # even: the coordinator numbers its own gathers odd
+        plan = self.router.plan(action, value, origin, req_no, gather_id)
+        if type(plan) is str:
+            self.reply(origin, req_no, p.error_reply(value, plan, self.node_id))
+            return
+        pending = self.pending
+        for index, item in plan:
+            pending[index].append(item)
+        self.schedule_requests()
+
+    def answer_leader(self, origin: Origin, req_no: int, value: dict) -> None:
+        """Action 8: the leader's client address."""
+        if self.role == NONE:
+            self.reply(origin, req_no, p.error_reply(value, NO_LEADER, self.node_id))
+            return
+        reply = p.echo(value)
+        reply.update(code=p.CODE_OK, node_id=self.node_id, **self.leader)
+        self.reply(origin, req_no, reply)
+
+    def flush_requests(self) -> None:
+        """Send each worker the requests gathered for it since the last flush, as one REQ, and
+        the coordinator the ones for the leader, as one FORWARD."""
+        send = self.send
+        epoch = self.epoch
+        for index, items in enumerate(self.pending):
+            if items:
+                send(index, ipc_frames.req_frames(items, epoch))
+                items.clear()
+        if self.forwarding:
+            send(TO_COORDINATOR, ipc_frames.forward_frames(self.forwarding))
+            self.forwarding.clear()
+
+    def fence(self) -> None:
+        """This node stopped leading (or is handing leadership over): behind the requests routed
+        while it led, tell each worker that no more come in that mode (see ipc_frames FENCE)."""
+        self.flush_requests()
+        for index in range(len(self.pending)):
+            self.send(index, ipc_frames.fence_frames(self.epoch, ipc_frames.FROM_ACCEPTOR))
+
+    def on_status(self, status: dict[str, Any]) -> None:
+        """The coordinator's STATUS: this node's role, the leader and the workers' mode. A node
+        that stops leading fences the workers first, under the mode it led in."""
+        status = dict(status)
+        role = status.pop("role")
+        if self.role == LEADER and role != LEADER:
+            self.fence()
+        self.role = role
+        self.epoch = status.pop("epoch")
+        self.leader.update(status)

@@ -1,0 +1,179 @@
+"""The acceptor's decisions (server/dispatch.py) without sockets or processes: which worker, the
+coordinator or the acceptor itself answers a request, by the node's role; what leaves per flush;
+the fence when the node stops leading; and replies leaving a connection in request order however
+the workers' answers interleave."""
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from queue_server.server import ipc_frames
+from queue_server.server import protocol as p
+from queue_server.server.dispatch import FOLLOWER, LEADER, NO_LEADER, TO_COORDINATOR, Dispatch, ReplyOrder
+from queue_server.server.framing import FramingError
+from queue_server.server.origin import Origin
+from queue_server.server.router import Router
+
+NODE = 1
+WORKERS = 4
+
+
+class FakeDispatch(Dispatch):
+    """Records what the acceptor would send and answer."""
+
+    def __init__(self, forward_request: bool = True) -> None:
+        super().__init__(Router(WORKERS), NODE, forward_request,
+                         {"leader_node_id": NODE, "leader_host": "127.0.0.1", "leader_port": 1111})
+        self.sent: list[tuple[int, list[bytes]]] = []
+        self.answers: list[tuple[Origin, int, dict]] = []
+        self.scheduled = 0
+
+    def reply(self, origin: Origin, req_no: int, reply: dict) -> None:
+        self.answers.append((origin, req_no, reply))
+
+    def send(self, index: int, frames: list[bytes]) -> None:
+        self.sent.append((index, frames))
+
+    def schedule_requests(self) -> None:
+        self.scheduled += 1
+
+    def status(self, role: str, epoch: int, leader: int = NODE) -> None:
+        self.on_status({"role": role, "epoch": epoch, "leader_node_id": leader,
+                        "leader_host": "127.0.0.%d" % leader, "leader_port": 1000 + leader})
+
+
+def produce(queue: str) -> dict:
+    return {"action": p.PRODUCE, "queue": queue, "data": "x"}
+
+
+@pytest.fixture
+def leader() -> FakeDispatch:
+    d = FakeDispatch()
+    d.status(LEADER, 3)
+    return d
+
+
+def test_queue_requests_go_to_the_owning_worker_in_one_req_per_worker_per_flush(leader):
+    queues = ["a", "b", "c", "d", "e", "f"]
+    for no, q in enumerate(queues):
+        leader.submit(Origin(7), no, produce(q))
+    assert leader.sent == [] and leader.answers == []  # nothing leaves before the flush
+    leader.flush_requests()
+    assert len(leader.sent) == len({leader.router.worker_for(q) for q in queues})
+    seen = []
+    for index, frames in leader.sent:
+        assert frames[0] == ipc_frames.REQ and ipc_frames.req_epoch(frames) == 3
+        for origin, req_no, request, gather in ipc_frames.read_req(frames):
+            assert leader.router.worker_for(request["queue"]) == index and gather is None
+            seen.append((origin, req_no, request["queue"]))
+    assert sorted(seen, key=lambda s: s[1]) == [(Origin(7), no, q) for no, q in enumerate(queues)]
+    leader.flush_requests()
+    assert len(leader.sent) == len({leader.router.worker_for(q) for q in queues})  # nothing twice
+
+
+def test_a_list_is_scattered_to_every_worker_with_one_even_gather_tag(leader):
+    leader.submit(Origin(7), 0, {"action": p.LIST})
+    leader.submit(Origin(7), 1, {"action": p.LIST})
+    leader.flush_requests()
+    assert sorted(index for index, _ in leader.sent) == list(range(WORKERS))
+    tags = [g for _, frames in leader.sent for *_, g in ipc_frames.read_req(frames)]
+    assert {t[0] for t in tags} == {0, 2} and all(t[3] == WORKERS for t in tags)
+
+
+@pytest.mark.parametrize("value, reason", [
+    (FramingError("malformed JSON: x", False), "malformed JSON: x"),
+    ({"action": 999}, None),
+    ({"action": p.PRODUCE, "data": "x"}, "queue: missing"),
+    ({"action": p.PRODUCE, "queue": 5}, "queue: must be a string"),
+])
+def test_a_bad_request_is_answered_here_with_one_error_naming_the_field(leader, value, reason):
+    leader.submit(Origin(7), 4, value)
+    leader.flush_requests()
+    assert leader.sent == []
+    [(origin, req_no, reply)] = leader.answers
+    assert (origin, req_no, reply["code"]) == (Origin(7), 4, p.CODE_ERROR)
+    if reason is not None:
+        assert reply["reason"] == reason
+
+
+def test_leader_and_auth_are_answered_here(leader):
+    leader.submit(Origin(7), 0, {"action": p.LEADER, "seq": 1})
+    leader.submit(Origin(7, True), 0, {"action": p.AUTH, "token": "secret"})
+    (_, _, where), (_, _, auth) = leader.answers
+    assert where["code"] == p.CODE_OK and where["leader_host"] == "127.0.0.1" and where["seq"] == 1
+    assert auth["code"] == p.CODE_OK and "token" not in auth
+    assert leader.sent == []
+
+
+def test_with_no_leader_known_queue_requests_are_refused_and_local_ones_served():
+    d = FakeDispatch()
+    d.submit(Origin(7), 0, produce("q"))
+    d.submit(Origin(7), 1, {"action": p.LEADER})
+    d.submit(Origin(7), 2, {"action": p.LOCAL_LIST})
+    assert [r["reason"] for _, _, r in d.answers] == [NO_LEADER, NO_LEADER]
+    d.flush_requests()
+    assert sorted(i for i, _ in d.sent) == list(range(WORKERS))  # 104 is served by this node
+
+
+def test_a_follower_forwards_through_the_coordinator_in_one_message():
+    d = FakeDispatch(forward_request=True)
+    d.status(FOLLOWER, 5, leader=2)
+    d.submit(Origin(7), 0, produce("a"))
+    d.submit(Origin(8, True), 0, produce("b"))
+    d.flush_requests()
+    [(to, frames)] = d.sent
+    assert to == TO_COORDINATOR and frames[0] == ipc_frames.FORWARD
+    assert [(o, n, r["queue"]) for o, n, r in ipc_frames.read_forward(frames)] == [
+        (Origin(7), 0, "a"), (Origin(8, True), 0, "b")]
+
+
+def test_a_follower_that_does_not_forward_redirects_to_the_leader():
+    d = FakeDispatch(forward_request=False)
+    d.status(FOLLOWER, 5, leader=2)
+    d.submit(Origin(7), 0, produce("a"))
+    [(_, _, reply)] = d.answers
+    assert reply["code"] == p.CODE_REDIRECT and reply["leader_port"] == 1002
+    assert d.sent == []
+
+
+def test_stopping_to_lead_sends_the_last_requests_then_a_fence_under_the_old_mode(leader):
+    leader.submit(Origin(7), 0, produce("a"))
+    leader.status(FOLLOWER, 4, leader=2)
+    req, *fences = leader.sent
+    assert ipc_frames.req_epoch(req[1]) == 3
+    assert sorted(i for i, _ in fences) == list(range(WORKERS))
+    assert {ipc_frames.read_fence(f) for _, f in fences} == {(3, ipc_frames.FROM_ACCEPTOR)}
+    assert leader.epoch == 4 and leader.leader["leader_node_id"] == 2
+    leader.status(FOLLOWER, 5, leader=2)
+    assert len(leader.sent) == 1 + WORKERS  # a follower has nothing to fence
+
+
+def test_replies_leave_in_request_order_whatever_order_they_arrive_in():
+    rng = random.Random(11)
+    for _ in range(50):
+        order = ReplyOrder()
+        arrival = list(range(20))
+        rng.shuffle(arrival)
+        released = []
+        for req_no in arrival:
+            if order.put(req_no, b"%d" % req_no):
+                released.extend(order.out)
+                order.out.clear()
+            assert released == [b"%d" % n for n in range(len(released))]  # a prefix, always
+        assert released == [b"%d" % n for n in range(20)] and not order.waiting
+
+
+def test_a_connection_whose_requests_went_to_two_workers_gets_its_replies_in_order(leader):
+    """Request 0 goes to a slow worker, request 1 to a fast one: the fast reply waits."""
+    slow = next(q for q in "abcdefgh" if leader.router.worker_for(q) == 0)
+    fast = next(q for q in "abcdefgh" if leader.router.worker_for(q) == 1)
+    leader.submit(Origin(7), 0, produce(slow))
+    leader.submit(Origin(7), 1, produce(fast))
+    leader.flush_requests()
+    by_worker = {i: ipc_frames.read_req(f) for i, f in leader.sent}
+    order = ReplyOrder()
+    [(_, fast_no, _, _)] = by_worker[1]
+    [(_, slow_no, _, _)] = by_worker[0]
+    assert order.put(fast_no, b"fast") is False and order.out == []
+    assert order.put(slow_no, b"slow") is True and order.out == [b"slow", b"fast"]
