@@ -1,13 +1,13 @@
 """The coordinator's decisions, free of I/O: the election, the change log, replication to and from
-peers, which replies may go out (a write is answered once committed), forwarding of client
-requests between followers and the leader, and what the workers must replay. The coordinator
-process (server/coordinator.py) feeds it messages and the time and moves its outputs as bytes.
+peers, which replies may go out (a write is answered once committed), and what the workers must
+replay; forwarding of client requests is server/forwarding.py's. The coordinator process
+(server/coordinator.py) feeds it events and the time, takes what it decided as one Ready
+(server/ready.py), persists and sends that, and calls advance.
 """
 from __future__ import annotations
 
 import random
-from collections import OrderedDict, deque
-from typing import Any
+from collections import deque
 
 import orjson
 
@@ -36,30 +36,23 @@ from queue_server.replication.messages import (
 )
 from queue_server.replication.progress import LeaderReplication
 from queue_server.server import gather, ipc_frames, replies
+from queue_server.server.forwarding import Deliver, Forwarding, Undeliver, Work
 from queue_server.server.origin import Origin
+from queue_server.server.ready import Ready
 from queue_server.server.records import Noop, Record, decode_many
 from queue_server.server import protocol as p
-from queue_server.server.router import SCATTER_ACTIONS, Router
+from queue_server.server.router import Router
 from queue_server.workers.queue import StateQueue
 from queue_server.workers.service import PartitionService
 
 NOOP = Noop()
-_NEVER = float("inf")
 LEADER, FOLLOWER, NONE = "leader", "follower", "none"
-# A forwarded request not answered this long after its own wait is failed (the leader is gone).
-FORWARD_GRACE = 10.0
-# How many given-up forwards are remembered, so that a reply still on its way is given back.
-ABANDONED_KEPT = 65536
-LEADER_CHANGED = "leader changed: the request may or may not have been applied"
-_NOT_APPLIED = p.LEADERSHIP_CHANGED.encode()
-_DUMPS = orjson.dumps
-_NEWLINE = orjson.OPT_APPEND_NEWLINE
 
 
 class ClusterNode:
-    """One node's coordinator state. Inputs are methods; outputs accumulate in `to_peers`
-    ((node_id, message)), `to_acceptor` (multipart frames), `to_workers` ((index, frames)) and
-    `persist` ((vote_id, voted_for) to store before sending anything)."""
+    """One node's coordinator state. Events are methods (tick, on_peer, on_batch,
+    on_forward_requests, on_undelivered, on_fenced, on_unsent, begin_handoff); what they decide is
+    taken as one Ready (ready(), has_ready()), and advance() is told once it is persisted and sent."""
 
     def __init__(self, config: NodeConfig, now: float, *, recovered: Recovered | None = None,
                  rng: random.Random | None = None) -> None:
@@ -93,39 +86,24 @@ class ClusterNode:
         # Replies wait until their records are on disk (process-crash safe) as well as committed.
         self.durable_trans_id = float("inf") if recovered is None else self.log.last_trans_id
         self.storage_ok = True
-        self.truncated_to: int | None = None  # the log on disk must drop what follows this
-        self.snapshot_now = False  # a snapshot must be written at once (the log was replaced)
         self.pending: deque[tuple[int, bytes, bytes]] = deque()  # (needs trans_id, header, blob)
         self.gatherer = gather.Gatherer()
-        self.next_gather = 1  # odd: the acceptor numbers its gathers even
-        # forward_id -> (conn, req_no, deadline, the request's echoed fields for an error reply)
-        # forward_id -> (conn, req_no, deadline, the request's echoed fields for an error reply,
-        # the request, came over UDP, how long it may take): what is needed to send it again
-        self.forwards: dict[int, tuple[Origin, int, float, dict, bytes, bool, float]] = {}
-        # Forwards sent to a leader that is no longer the leader: failed as "leader changed" if
-        # that node does not answer within an election timeout.
-        self.orphaned: set[int] = set()
-        # Whether this leader has served requests other nodes forwarded (their replies go back
-        # over the peer wire): until then a reply batch is passed on without being read.
-        self.served_forwarded = False
-        # Forward ids start at random, so that a leader's late reply to a request this node
-        # forwarded before it restarted cannot be taken for the reply to a new one.
-        self.next_forward = rng.getrandbits(40) << 20
-        self.forwards_due = _NEVER  # no forward times out before this
-        self.unsent: list[Forward] = []  # forwards the coordinator could not send yet
-        # Forwards given up on (timed out, or failed by a change of leader), whose replies may
-        # still come: a consume's messages are then given back.
-        self.abandoned: OrderedDict[int, bool] = OrderedDict()
-        self.resend_at = _NEVER
+        self.forwarding = Forwarding(self.node_id, (config.host, config.port), self.router, rng, heartbeat=heartbeat,
+                                     election_timeout=config.election_timeout_ms / 1000, max_wait=config.max_wait)
         self.clients: dict[int, tuple[str, int]] = {self.node_id: (config.host, config.port)}
         self.status: dict | None = None
         # Counts changes of the workers' mode (MODE messages). The acceptor stamps requests with
         # the epoch it last heard of, so a worker holds a request until it has the same mode.
         self.epoch = 0
-        self.to_peers: list[tuple[int, object]] = []
-        self.to_acceptor: list[list[bytes]] = []
-        self.to_workers: list[tuple[int, list[bytes]]] = []
-        self.persist: tuple[int, int | None] | None = None
+        # What is decided and not yet taken by advance(): see Ready (server/ready.py).
+        self._to_peers: list[tuple[int, object]] = []
+        self._to_acceptor: list[list[bytes]] = []
+        self._to_workers: list[tuple[int, list[bytes]]] = []
+        self._vote: tuple[int, int | None] | None = None
+        self._truncate_after: int | None = None  # the log on disk must drop what follows this
+        self._snapshot_now = False  # a snapshot must be written at once (the log was replaced)
+        self._stable_through = self.log.last_trans_id  # the log up to here is on disk
+        self._reported_role: str | None = None  # the role the last Ready carried
         # A hand-off of leadership (begin_handoff) holds client requests until this time, or
         # until the node knows where they can go.
         self.handoff_until: float | None = None
@@ -202,9 +180,9 @@ class ClusterNode:
         status = self.status or {}
         acceptor_routes = status.get("role") == LEADER and status.get("epoch") == self.epoch
         for index in range(self.config.workers):
-            self.to_workers.append((index, ipc_frames.fence_frames(self.epoch, ipc_frames.FROM_COORDINATOR)))
+            self._to_workers.append((index, ipc_frames.fence_frames(self.epoch, ipc_frames.FROM_COORDINATOR)))
             if not acceptor_routes:
-                self.to_workers.append((index, ipc_frames.fence_frames(self.epoch, ipc_frames.FROM_ACCEPTOR)))
+                self._to_workers.append((index, ipc_frames.fence_frames(self.epoch, ipc_frames.FROM_ACCEPTOR)))
 
     def _workers_fenced(self) -> bool:
         """Whether every record the workers decided in this mode is in the log, and they decide
@@ -244,7 +222,7 @@ class ClusterNode:
         if held:
             self.on_forward_requests(held, now)
         for msg in forwards:
-            self._serve_forwarded(msg, now)
+            self._serve_forwarded(msg)
         for queue, given in undelivered:
             self.on_undelivered(queue, given)
 
@@ -252,7 +230,52 @@ class ClusterNode:
         status = self.status_fields()
         if status != self.status:
             self.status = status
-            self.to_acceptor.append(ipc_frames.status_frames(status))
+            self._to_acceptor.append(ipc_frames.status_frames(status))
+
+    # ----------------------------------------------------------------- Ready / advance
+    def has_ready(self) -> bool:
+        """Whether ready() has anything to persist or send."""
+        return bool(self._to_workers or self._to_acceptor or self._to_peers or self._vote is not None
+                    or self._truncate_after is not None or self._snapshot_now
+                    or self.log.last_trans_id != self._stable_through or self.role != self._reported_role)
+
+    def ready(self) -> Ready:
+        """Everything decided since the last advance(): persist it (log, then vote), send it, then
+        call advance(). Taking it changes nothing; an empty Ready when has_ready() is False."""
+        role = self.role
+        tid = self.state_trans_id
+        return Ready(
+            log_through=self.log.last_trans_id, truncate_after=self._truncate_after, vote=self._vote,
+            to_workers=tuple(self._to_workers), to_acceptor=tuple(self._to_acceptor),
+            to_peers=tuple(self._to_peers), committed_trans_id=tid,
+            committed_vote_id=self.log.term_at(tid) or 0, snapshot_now=self._snapshot_now,
+            role=role if role != self._reported_role else None)
+
+    def advance(self, ready: Ready, *, durable_trans_id: int | None = None, log_stored: bool = True) -> None:
+        """`ready` is carried out: its messages are sent, its vote stored (or given up on: the
+        coordinator then sent no peer message). log_stored: whether its log reached the disk (if
+        not, writes are refused until it does, and the next Ready asks again); durable_trans_id:
+        how far the log is now safe (None: as before, e.g. a node without a disk). Replies that
+        waited for the disk are released into the next Ready."""
+        del self._to_workers[:len(ready.to_workers)]
+        del self._to_acceptor[:len(ready.to_acceptor)]
+        del self._to_peers[:len(ready.to_peers)]
+        if self._vote == ready.vote:
+            self._vote = None
+        if ready.snapshot_now:
+            self._snapshot_now = False
+        if ready.role is not None:
+            self._reported_role = ready.role
+        if not log_stored:
+            self.storage_ok = False
+            return
+        if self._truncate_after == ready.truncate_after:
+            self._truncate_after = None
+        self._stable_through = ready.log_through
+        if durable_trans_id is not None:
+            self.durable_trans_id = durable_trans_id
+            self.storage_ok = True
+            self._release_pending()
 
     # ----------------------------------------------------------------- inputs
     def tick(self, now: float) -> None:
@@ -261,16 +284,7 @@ class ClusterNode:
         if self.leader is not None:
             self._run(self.leader.tick(now), now)
         self._handoff_progress(now)
-        if self.unsent and now >= self.resend_at:
-            self._resend_forwards(now)
-        if self.forwards and now >= self.forwards_due:
-            expired = [fid for fid, f in self.forwards.items() if f[2] <= now]
-            orphaned = [fid for fid in expired if fid in self.orphaned]
-            if orphaned:
-                self._fail_forwards(orphaned, LEADER_CHANGED)
-            if len(orphaned) < len(expired):
-                self._fail_forwards(expired, "forwarded request timed out: the leader did not answer")
-            self.forwards_due = min((f[2] for f in self.forwards.values()), default=_NEVER)
+        self._carry(self.forwarding.tick(now, self.election.leader_id, self.election.vote_id))
         self._release_held(now)
         self._announce()
 
@@ -279,39 +293,13 @@ class ClusterNode:
         wake = self.election.wake_at
         if self.handoff_until is not None:
             wake = min(wake, self.handoff_until)
-        if self.forwards:
-            wake = min(wake, self.forwards_due)
-        if self.unsent:
-            wake = min(wake, self.resend_at)
-        return wake
+        return min(wake, self.forwarding.wake_at())
 
     def on_unsent(self, msg: object, now: float) -> None:
         """A message to a peer could not be sent (its link is not up yet, or is too far behind).
         The election and replication resend what matters; forwarded client requests are sent
         again every heartbeat until their leader answers or they time out."""
-        if type(msg) is Forward:
-            if not self.unsent:
-                self.resend_at = now + self.config.heartbeat_ms / 1000
-            self.unsent.append(msg)
-
-    def _resend_forwards(self, now: float) -> None:
-        leader = self.election.leader_id
-        if leader is None:  # kept until a leader is known (or they time out)
-            self.resend_at = now + self.config.heartbeat_ms / 1000
-            return
-        # by forward id: a request both unsent and then refused is in here twice, and must be
-        # served once
-        waiting = tuple({r[0]: r for msg in self.unsent for r in msg.requests if r[0] in self.forwards}.values())
-        self.unsent.clear()
-        if not waiting:
-            return
-        if leader != self.node_id:
-            self.to_peers.append((leader, Forward(self.election.vote_id, self.node_id, waiting)))
-            return
-        for fid, raw, _ in waiting:  # this node leads now: serve them here
-            where, req_no = self.forwards.pop(fid)[:2]
-            self.orphaned.discard(fid)
-            self._route(where, req_no, replies.decoded(raw))
+        self.forwarding.on_unsent(msg, now)
 
     def on_peer(self, msg: object, client: tuple[str, int], now: float) -> None:
         """A message from another node."""
@@ -325,9 +313,9 @@ class ClusterNode:
             if self.handing_off(now):
                 self.held_forwards.append(msg)
             else:
-                self._serve_forwarded(msg, now)
+                self._serve_forwarded(msg)
         elif kind is ForwardReply:
-            self._forward_replies(msg, now)
+            self._carry(self.forwarding.on_replies(msg, now, self.election.vote_id))
         elif kind is GiveBack:
             if self.leader is not None:  # else the messages stay taken: never handed out twice
                 self.on_undelivered(msg.queue, [list(m) for m in zip(msg.msg_ids, msg.delivery_counts)])
@@ -384,32 +372,10 @@ class ClusterNode:
         if self.handing_off(now):
             self.held.extend(items)
             return
-        leader = self.election.leader_id
-        if self.leader is not None:
-            for origin, req_no, request in items:
-                self._route(origin, req_no, request)
-            return
-        if leader is None:
-            self._reply_now([(origin, req_no, p.error_reply(request, "no leader", self.node_id))
-                             for origin, req_no, request in items])
-            return
-        if not self.config.forward_request:  # held while this node handed over: to the new leader
-            fields = {k: v for k, v in self.status_fields().items() if k.startswith("leader_")}
-            self._reply_now([(origin, req_no, p.redirect_reply(request, self.node_id, fields))
-                             for origin, req_no, request in items])
-            return
-        batch = []
-        for origin, req_no, request in items:
-            fid = self.next_forward
-            self.next_forward += 1
-            wait = request.get("wait") if type(request) is dict else None
-            grace = FORWARD_GRACE + (min(wait, self.config.max_wait) if isinstance(wait, (int, float)) and wait > 0 else 0)
-            where = origin
-            raw = _DUMPS(request)
-            self.forwards[fid] = (where, req_no, now + grace, p.echo(request), raw, where.udp, grace)
-            self.forwards_due = min(self.forwards_due, now + grace)
-            batch.append((fid, raw, where.udp))
-        self.to_peers.append((leader, Forward(self.election.vote_id, self.node_id, tuple(batch))))
+        redirect = None if self.config.forward_request else self._leader_fields()
+        self._carry(self.forwarding.on_requests(items, now, leading=self.leader is not None,
+                                                leader=self.election.leader_id, vote_id=self.election.vote_id,
+                                                redirect=redirect))
 
     def on_undelivered(self, queue: str, given: list[list[int]]) -> None:
         """The messages of a consume reply that could not be delivered ([msg_id, delivery_count]
@@ -419,9 +385,9 @@ class ClusterNode:
         if self.leader is not None and self.fence_epoch == self.epoch:
             self.held_undelivered.append((queue, given))
         elif self.leader is not None:
-            self.to_workers.append((self.router.worker_for(queue), ipc_frames.undeliver_frames(queue, given)))
+            self._to_workers.append((self.router.worker_for(queue), ipc_frames.undeliver_frames(queue, given)))
         elif self.election.leader_id is not None:
-            self.to_peers.append((self.election.leader_id, GiveBack(
+            self._to_peers.append((self.election.leader_id, GiveBack(
                 self.election.vote_id, self.node_id, queue, tuple(m[0] for m in given), tuple(m[1] for m in given))))
 
     # ----------------------------------------------------------------- election and replication
@@ -429,11 +395,11 @@ class ClusterNode:
         for a in actions:
             kind = type(a)
             if kind is Send:
-                self.to_peers.append((a.to, a.msg))
+                self._to_peers.append((a.to, a.msg))
             elif kind is Commit:
                 self._commit(a)
             elif kind is PersistVote:
-                self.persist = (a.vote_id, a.voted_for)
+                self._vote = (a.vote_id, a.voted_for)
             elif kind is BecomeLeader:
                 self._lead(a.vote_id, now)
             elif kind is BecomeFollower or kind is BecomeCandidate:
@@ -441,7 +407,7 @@ class ClusterNode:
                 if kind is BecomeFollower and a.leader_id is not None:
                     self._run(self.follower.pull(a.leader_id, a.vote_id, now), now)
             elif kind is SendSnapshot:
-                self.to_peers.append((a.to, InstallSnapshot(
+                self._to_peers.append((a.to, InstallSnapshot(
                     self.election.vote_id, self.node_id, self.state_trans_id,
                     self.log.term_at(self.state_trans_id) or 0, self.state.snapshot())))
             elif kind is ApplySnapshot:
@@ -449,8 +415,8 @@ class ClusterNode:
                 self.state.replies.clear()
                 self.state_trans_id = self.workers_trans_id = a.trans_id
                 self._reset_workers()
-                self.truncated_to = -1  # the log on disk restarts after the snapshot
-                self.snapshot_now = True
+                self._truncate_after = -1  # the log on disk restarts after the snapshot
+                self._snapshot_now = True
             elif kind is TransferAborted:
                 self._resume_leading()  # held requests are then served here (_release_held)
             elif kind is Discarded:
@@ -458,7 +424,7 @@ class ClusterNode:
                 # workers when it stops leading), but the disk must forget them too.
                 if a.entries:
                     cut = a.entries[0].trans_id - 1
-                    self.truncated_to = cut if self.truncated_to is None else min(self.truncated_to, cut)
+                    self._truncate_after = cut if self._truncate_after is None else min(self._truncate_after, cut)
             else:
                 raise TypeError(f"unknown action {a!r}")
 
@@ -466,7 +432,7 @@ class ClusterNode:
         """This node won: bring the workers up to the whole log (entries of earlier terms will be
         committed with this term's first), then let them accept writes."""
         self.follower.reset()
-        self._orphan_forwards(now)
+        self.forwarding.orphan(now)
         self.leader = LeaderReplication(
             self.node_id, self.members, self.log, vote_id, now,
             sync_rate=self.config.queue_sync_rate, max_batch=5000,
@@ -481,7 +447,7 @@ class ClusterNode:
         """Whatever the reason: stop accepting writes; the workers go back to the committed
         state; writes waiting for a commit are answered with an error."""
         self.follower.reset()
-        self._orphan_forwards(now)
+        self.forwarding.orphan(now)
         if self.leader is None:
             return
         self.leader = None
@@ -490,19 +456,6 @@ class ClusterNode:
             _, header, blob = self.pending.popleft()
             self._refuse(header, blob, "not leader: leadership lost before the write was committed; it may or may not take effect")
         self._reset_workers()
-
-    def _orphan_forwards(self, now: float) -> None:
-        """The leader changed: requests forwarded to the old one wait an election timeout for its
-        answer (a leader that handed over answers them, or refuses them as not applied: they are
-        then sent to the new leader, or served here) before they fail as "leader changed"."""
-        if not self.forwards:
-            return
-        due = now + self.config.election_timeout_ms / 1000
-        for fid, f in self.forwards.items():
-            if f[2] > due:
-                self.forwards[fid] = (*f[:2], due, *f[3:])
-            self.orphaned.add(fid)
-        self.forwards_due = min(self.forwards_due, due)
 
     def _commit(self, c: Commit) -> None:
         """Entries are committed: replay them into the committed state (and on a follower into
@@ -530,11 +483,6 @@ class ClusterNode:
             _, header, blob = pending.popleft()
             self._release(header, blob)
 
-    def set_durable(self, trans_id: int) -> None:
-        """The log is on disk up to trans_id: replies waiting only for that may go."""
-        self.durable_trans_id = trans_id
-        self.storage_ok = True
-        self._release_pending()
 
     def _apply_to_workers(self, entries: list[Entry]) -> None:
         if not entries:
@@ -546,7 +494,7 @@ class ClusterNode:
             if type(record) is not Noop:
                 per_worker.setdefault(worker_for(record.queue), []).append(record)
         for index, records in per_worker.items():
-            self.to_workers.append((index, ipc_frames.apply_frames(records)))
+            self._to_workers.append((index, ipc_frames.apply_frames(records)))
         self.workers_trans_id = max(self.workers_trans_id, entries[-1].trans_id)
 
     def _reset_workers(self) -> None:
@@ -557,7 +505,7 @@ class ClusterNode:
         for name, snap in self.state.snapshot().items():
             parts[self.router.worker_for(name)][name] = snap
         for index, part in enumerate(parts):
-            self.to_workers.append((index, ipc_frames.reset_frames(part)))
+            self._to_workers.append((index, ipc_frames.reset_frames(part)))
         self.workers_trans_id = self.state_trans_id
         if self.leader is not None:
             self._apply_to_workers(self.log.entries_after(self.state_trans_id, 1 << 62) or [])
@@ -567,27 +515,14 @@ class ClusterNode:
         """Start a new mode of the workers: whether they accept queue requests."""
         self.epoch += 1
         for index in range(self.config.workers):
-            self.to_workers.append((index, ipc_frames.mode_frames(accepting, self.epoch)))
+            self._to_workers.append((index, ipc_frames.mode_frames(accepting, self.epoch)))
         if accepting and self.election.transfer_target is not None:
             self._fence_workers()  # reset during a hand-off: the new mode is fenced too
 
     # ----------------------------------------------------------------- replies
     def _release(self, header: bytes, blob: bytes) -> None:
         """Send replies on: to the acceptor, or back to the follower that forwarded them."""
-        if not self.served_forwarded:
-            self.to_acceptor.append(ipc_frames.rep_frames(header, blob))
-            return
-        local = []
-        remote: dict[int, list[tuple[int, bytes]]] = {}
-        for origin, req_no, data in replies.decode(header, blob):
-            if origin.node:
-                remote.setdefault(origin.node, []).append((origin.conn, data))
-            else:
-                local.append((origin, req_no, data))
-        if local:
-            self.to_acceptor.append(ipc_frames.rep_frames(*replies.encode_raw(local)))
-        for node, items in remote.items():
-            self.to_peers.append((node, ForwardReply(self.election.vote_id, self.node_id, tuple(items))))
+        self._carry(self.forwarding.release(header, blob, self.election.vote_id))
 
     def _reply_now(self, items: list[tuple[Origin, int, dict]]) -> None:
         if items:
@@ -636,84 +571,24 @@ class ClusterNode:
         return {"followers": rows}
 
     # ----------------------------------------------------------------- forwarding
-    def _route(self, origin: Origin, req_no: int, request: Any) -> None:
-        """Serve a request on this (leading) node's workers."""
-        action = p.request_action(request)
-        if type(action) is str:
-            self._reply_now([(origin, req_no, p.error_reply(request, action, self.node_id))])
-            return
-        if action == p.LEADER:
-            reply = p.echo(request)
-            reply.update(code=p.CODE_OK, node_id=self.node_id,
-                         **{k: v for k, v in self.status_fields().items() if k.startswith("leader_")})
-            self._reply_now([(origin, req_no, reply)])
-            return
-        gather_id = 0
-        if action in SCATTER_ACTIONS:
-            gather_id = self.next_gather
-            self.next_gather += 2
-        plan = self.router.plan(action, request, origin, req_no, gather_id)
-        if type(plan) is str:
-            self._reply_now([(origin, req_no, p.error_reply(request, plan, self.node_id))])
-            return
-        for index, item in plan:
-            self.to_workers.append((index, ipc_frames.req_frames([item], self.epoch)))
+    def _carry(self, actions: list) -> None:
+        """Carry out what server/forwarding.py decided."""
+        for a in actions:
+            kind = type(a)
+            if kind is Deliver:
+                self._to_acceptor.append(ipc_frames.rep_frames(a.header, a.blob))
+            elif kind is Send:
+                self._to_peers.append((a.to, a.msg))
+            elif kind is Work:
+                self._to_workers.append((a.index, ipc_frames.req_frames([a.item], self.epoch)))
+            elif kind is Undeliver:
+                self.on_undelivered(a.queue, a.given)
+            else:
+                raise TypeError(f"unknown action {a!r}")
 
-    def _serve_forwarded(self, msg: Forward, now: float) -> None:
-        """A follower's clients' requests: serve them here (each keeps its transport's rules), or
-        say there is no leader here."""
-        if self.leader is None:
-            refused = tuple((fid, _DUMPS(p.error_reply(replies.decoded(raw), p.LEADERSHIP_CHANGED,
-                                                       self.node_id), option=_NEWLINE))
-                            for fid, raw, _ in msg.requests)
-            self.to_peers.append((msg.src, ForwardReply(self.election.vote_id, self.node_id, refused)))
-            return
-        self.served_forwarded = True
-        for fid, raw, udp in msg.requests:
-            self._route(Origin(fid, udp, msg.src), 0, replies.decoded(raw))
+    def _serve_forwarded(self, msg: Forward) -> None:
+        self._carry(self.forwarding.serve(msg, self.leader is not None, self.election.vote_id))
 
-    def _forward_replies(self, msg: ForwardReply, now: float) -> None:
-        """The leader's replies to requests this node forwarded: to their clients. A consume reply
-        whose request was already given up on (timed out, or failed by a change of leader) is
-        given back, never dropped with its messages. A request the node refused because it no
-        longer leads was not applied: it goes to the current leader."""
-        rows = []
-        for fid, reply in msg.replies:
-            target = self.forwards.pop(fid, None)
-            if target is None:
-                if self.abandoned.pop(fid, False):  # not a second copy of a delivered reply
-                    self._give_back(reply)
-                continue
-            if _NOT_APPLIED in reply and replies.decoded(reply).get("reason") == p.LEADERSHIP_CHANGED:
-                self._send_again(fid, target, now)
-                continue
-            self.orphaned.discard(fid)
-            rows.append((target[0], target[1], reply))
-        if rows:
-            self.to_acceptor.append(ipc_frames.rep_frames(*replies.encode_raw(rows)))
-
-    def _send_again(self, fid: int, target: tuple, now: float) -> None:
-        """Forward a request again (to whoever leads by the next heartbeat), with its full time."""
-        self.orphaned.discard(fid)
-        where, req_no, _, echo, raw, udp, grace = target
-        self.forwards[fid] = (where, req_no, now + grace, echo, raw, udp, grace)
-        self.on_unsent(Forward(self.election.vote_id, self.node_id, ((fid, raw, udp),)), now)
-
-    def _give_back(self, reply: bytes) -> None:
-        """If `reply` is a successful consume reply, give its messages back (on_undelivered)."""
-        given = p.delivered(replies.decoded(reply))
-        if given is not None:
-            self.on_undelivered(*given)
-
-    def _fail_forwards(self, fids: list[int], reason: str) -> None:
-        failed = []
-        for fid in fids:
-            target = self.forwards.pop(fid, None)
-            self.orphaned.discard(fid)
-            if target is not None:
-                failed.append((target[0], target[1], p.error_reply(target[3], reason, self.node_id)))
-                self.abandoned[fid] = True
-                if len(self.abandoned) > ABANDONED_KEPT:
-                    self.abandoned.popitem(last=False)
-        if failed:
-            self.to_acceptor.append(ipc_frames.rep_frames(*replies.encode(failed)))
+    def _leader_fields(self) -> dict:
+        """The leader_* fields of a reply that points at the leader."""
+        return {k: v for k, v in self.status_fields().items() if k.startswith("leader_")}

@@ -14,17 +14,16 @@ import zmq
 
 from queue_server.config.loader import NodeConfig
 from queue_server.replication import wire
-from queue_server.election.messages import HeartbeatAck
 from queue_server.replication.datadir import DataDirLocked
-from queue_server.replication.messages import AppendAck
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog
-from queue_server.server import ipc, ipc_frames, peer_keys, replies
+from queue_server.server import batching, ipc, ipc_frames, peer_keys
 from queue_server.server.child import start
 from queue_server.election.state import Role
 from queue_server.server.cluster import ClusterNode
 from queue_server.server.metrics import CoordinatorMetrics
 from queue_server.server.peer_check import peer_rejection
+from queue_server.server.ready import Ready
 from queue_server.server.reachability import Reachability
 
 # Messages queued for a peer that is not answering are dropped past this many: the election and
@@ -35,9 +34,6 @@ OBSERVE_INTERVAL = 0.2
 # Written in the run directory once a hand-off asked for by SIGUSR1 is over (or there was nothing
 # to hand over): the supervisor then lets the acceptor drain.
 HANDOFF_DONE = "handoff-done"
-# Peer messages that tell the leader how far this node's log reaches: not sent while the disk
-# refuses the log.
-_CLAIMS_LOG = (AppendAck, HeartbeatAck)
 
 
 class Coordinator:
@@ -98,7 +94,6 @@ class Coordinator:
         self.client = (config.host, config.port, config.node_type)
         self.rejections_logged: set[str] = set()
         self.zap_refused = 0
-        self.last_role = None
         self.metrics = CoordinatorMetrics()
         self.next_observe = 0.0
         self.last_election_role: Role | None = None
@@ -242,34 +237,40 @@ class Coordinator:
             self.log.warning("unknown message kind %r", kind)
 
     def flush(self) -> None:
-        """Write the log and the vote to disk, then send everything the node decided: nothing
-        that depends on a record leaves before the record is on disk."""
+        """Carry out what the node decided, one Ready at a time, until it has nothing more (the
+        replies a write to disk released come in the Ready after it), or the disk refused the log.
+        The first Ready is carried out even if empty: the log may be due for an fsync."""
+        node = self.node
+        while self.carry_out(node.ready()) and node.has_ready():
+            pass
+        if time.monotonic() >= self.next_observe:
+            self.next_observe = time.monotonic() + OBSERVE_INTERVAL
+            self.observe()
+
+    def carry_out(self, ready: Ready) -> bool:
+        """Write the log and the vote to disk, then send: nothing that depends on a record leaves
+        before the record is on disk. Then advance the node. Whether the log was stored."""
         node = self.node
         storage = self.storage
+        durable = None
+        log_stored = vote_stored = True
         if storage is not None:
             try:
-                node.set_durable(storage.write(node.log, node.truncated_to, time.time()))
-                node.truncated_to = None
+                durable = storage.write(node.log, ready.truncate_after, time.time())
             except StorageError:
-                node.storage_ok = False
-                node.to_peers = [(to, m) for to, m in node.to_peers if type(m) not in _CLAIMS_LOG]
-            if node.persist is not None:
+                log_stored = False
+            if ready.vote is not None:
                 try:
-                    storage.save_vote(*node.persist)
-                    node.persist = None
+                    storage.save_vote(*ready.vote)
                 except StorageError as exc:
                     self.log.error("could not store the vote: %s", exc)
-                    node.to_peers.clear()  # a vote not on disk must not be acted on
-        node.persist = None
-        for index, message in node.to_workers:
+                    vote_stored = False
+        for index, message in batching.for_workers(ready.to_workers):
             self.workers[index].send_multipart(message)
-        node.to_workers.clear()
-        if node.to_acceptor:
-            for message in _merged(node.to_acceptor):
-                self.acceptor.send_multipart(message)
-            node.to_acceptor.clear()
+        for message in batching.for_acceptor(ready.to_acceptor):
+            self.acceptor.send_multipart(message)
         unsent = []
-        for target, msg in node.to_peers:
+        for target, msg in ready.peer_messages(log_stored, vote_stored):
             link = self.peers.get(target)
             if link is None:
                 continue
@@ -277,26 +278,19 @@ class Coordinator:
                 link.send(wire.encode(msg, *self.client))
             except zmq.Again:  # not connected yet, or too far behind
                 unsent.append(msg)
-        node.to_peers.clear()
+        node.advance(ready, durable_trans_id=durable, log_stored=log_stored)
         for msg in unsent:
             node.on_unsent(msg, time.time())
         every = self.config.snapshot_every
-        if node.snapshot_now:
-            self.log.info("installed a snapshot from the leader at trans_id %d", node.state_trans_id)
-            node.snapshot_now = False
+        if ready.snapshot_now:
+            self.log.info("installed a snapshot from the leader at trans_id %d", ready.committed_trans_id)
             every = 0
         if storage is not None:
-            storage.maybe_snapshot(node.state_trans_id, node.log.term_at(node.state_trans_id) or 0,
-                                   node.state.snapshot, every)
-        if time.monotonic() >= self.next_observe:
-            self.next_observe = time.monotonic() + OBSERVE_INTERVAL
-            self.observe()
-        role = node.role
-        if role != self.last_role:
-            self.log.info("role: %s (vote_id %d, leader %s, trans_id %d)", role, node.election.vote_id,
-                          node.election.leader_id, node.log.last_trans_id)
-            self.last_role = role
-
+            storage.maybe_snapshot(ready.committed_trans_id, ready.committed_vote_id, node.state.snapshot, every)
+        if ready.role is not None:
+            self.log.info("role: %s (vote_id %d, leader %s, trans_id %d)", ready.role, node.election.vote_id,
+                          node.election.leader_id, ready.log_through)
+        return log_stored
 
     def observe(self) -> None:
         """Hand the node's figures to the metrics (published about once a second)."""
@@ -322,20 +316,6 @@ class Coordinator:
             m.observe_fsync(self.storage.last_fsync)
             self.storage.last_fsync = None
         m.maybe_fold()
-
-
-def _merged(messages: list[list[bytes]]) -> list[list[bytes]]:
-    """The messages for the acceptor: status first, then all reply batches joined into one.
-    Status first, so that the acceptor knows of a change of role before a client can read a
-    reply caused by it (and send its next request to a role that is over); one batch, because
-    each ZeroMQ send costs a wake-up of two I/O threads."""
-    others = [m for m in messages if m[0] != ipc_frames.REP]
-    batches = [ipc_frames.read_rep(m) for m in messages if m[0] == ipc_frames.REP]
-    if not batches:
-        return others
-    if len(batches) == 1:
-        return others + [ipc_frames.rep_frames(*batches[0])]
-    return others + [ipc_frames.rep_frames(*replies.join(batches))]
 
 
 def main(argv: list[str] | None = None) -> None:

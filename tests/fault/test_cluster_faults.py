@@ -11,7 +11,7 @@ import urllib.request
 import pytest
 
 from queue_server.client import QueueClient
-from queue_server.server.cluster import FORWARD_GRACE
+from queue_server.server.forwarding import FORWARD_GRACE
 from tests.fault.history import History, Workload, drain
 from tests.harness import Cluster, RawTcp, alive, can_connect, free_port, wait_for
 

@@ -1,5 +1,7 @@
-"""ClusterNode (server/cluster.py) without sockets or processes: what it decides for worker
-batches from an old mode, resets of a leader's workers, forwarding and giving messages back."""
+"""ClusterNode (server/cluster.py) without sockets or processes, driven only through its events
+and ready()/advance(): the Ready contract (persist before send, storage failures), what it
+decides for worker batches from an old mode, resets of a leader's workers, forwarding and giving
+messages back."""
 from __future__ import annotations
 
 import random
@@ -8,12 +10,15 @@ import orjson
 
 from queue_server.config.loader import parse_config
 from queue_server.election.messages import Heartbeat, HeartbeatAck, TimeoutNow, VoteReply, VoteRequest
+from queue_server.replication.log import Entry
 from queue_server.replication.messages import AppendAck, AppendEntries, Recovered
 from queue_server.replication.messages import Forward, ForwardReply, GiveBack
 from queue_server.server import protocol as p
 from queue_server.server import ipc_frames, replies
-from queue_server.server.cluster import FORWARD_GRACE, ClusterNode
+from queue_server.server.cluster import ClusterNode
+from queue_server.server.forwarding import FORWARD_GRACE
 from queue_server.server.origin import Origin
+from queue_server.server.ready import Ready
 
 T0 = 1_000_000.0
 NODE2 = ("127.0.0.1", 2222)  # node 2's client address, as its peer messages carry it
@@ -65,12 +70,23 @@ def _follower() -> ClusterNode:
 
 
 def _drain(node: ClusterNode) -> tuple[list, list, list]:
-    node.set_durable(node.log.last_trans_id)
-    out = (list(node.to_acceptor), list(node.to_workers), list(node.to_peers))
-    node.to_acceptor.clear()
-    node.to_workers.clear()
-    node.to_peers.clear()
+    """Carry out every Ready as the coordinator does with a disk that takes every write: the
+    (to_acceptor, to_workers, to_peers) sent."""
+    out: tuple[list, list, list] = ([], [], [])
+    while node.has_ready():
+        ready = node.ready()
+        out[0].extend(ready.to_acceptor)
+        out[1].extend(ready.to_workers)
+        out[2].extend(ready.peer_messages(True, True))
+        node.advance(ready, durable_trans_id=ready.log_through)
     return out
+
+
+def _disk_refuses(node: ClusterNode) -> Ready:
+    """Carry out one Ready whose log the disk refused to write."""
+    ready = node.ready()
+    node.advance(ready, log_stored=False)
+    return ready
 
 
 def _replies(to_acceptor: list) -> list[tuple[Origin, int, dict]]:
@@ -111,7 +127,7 @@ def test_a_batch_from_an_old_mode_is_refused_and_not_logged():
 def test_resetting_a_leaders_workers_keeps_the_log_tail_and_starts_a_new_mode():
     node = _leader_of_three()
     _batch(node, node.epoch, [PRODUCE])  # logged, not yet on disk: not committed
-    node.storage_ok = False
+    _disk_refuses(node)
     epoch = node.epoch
     _batch(node, epoch, [dict(PRODUCE, msg_id=2)], seq=2)  # the disk refuses: undo in the workers
     _, to_workers, _ = _drain(node)
@@ -187,7 +203,7 @@ def test_the_leader_gives_back_what_a_follower_could_not_deliver():
 
 def test_forwarded_replies_go_back_to_their_node():
     node = _leader()
-    node.served_forwarded = True
+    node.forwarding.served = True
     header, blob = replies.encode([(Origin(7), 1, {"code": 0, "seq": 1}), (Origin(42, True, 3), 0, {"code": 0})])
     node.on_batch(ipc_frames.EMPTY_LIST, header, blob, ipc_frames.EMPTY_LIST, node.epoch, T0 + 2)
     to_acceptor, _, to_peers = _drain(node)
@@ -342,3 +358,74 @@ def test_in_redirect_mode_requests_held_during_a_hand_off_are_redirected_to_the_
     assert (origin, seq, reply["seq"]) == (Origin(3), 1, 1)
     assert (reply["code"], reply["leader_node_id"], reply["leader_host"], reply["leader_port"]) == (
         p.CODE_REDIRECT, 2, "127.0.0.1", 2222)
+
+
+# ------------------------------------------------------------------ the Ready / advance contract
+def test_ready_changes_nothing_and_advance_takes_exactly_it():
+    node = _leader()
+    assert not node.has_ready()
+    empty = node.ready()
+    assert (empty.to_workers, empty.to_acceptor, empty.to_peers, empty.vote, empty.role) == ((), (), (), None, None)
+    _batch(node, node.epoch, [PRODUCE])
+    assert node.has_ready()
+    first = node.ready()
+    assert node.ready() == first  # taking it twice changes nothing
+    node.advance(first, durable_trans_id=first.log_through)
+    assert node.ready() != first
+
+
+def test_a_reply_leaves_in_the_ready_after_the_one_that_persists_its_record():
+    """Nothing that depends on a record leaves before the record is on disk: the Ready that asks
+    for the produce to be persisted does not hold its reply; the one after advance does."""
+    node = _leader()
+    _batch(node, node.epoch, [PRODUCE])
+    persist = node.ready()
+    assert persist.log_through == node.log.last_trans_id and _replies(persist.to_acceptor) == []
+    node.advance(persist, durable_trans_id=persist.log_through - 1)  # not all of it is durable yet
+    assert not node.has_ready()
+    node.advance(node.ready(), durable_trans_id=persist.log_through)
+    assert node.has_ready()
+    reply = node.ready()
+    assert [(o, r["code"]) for o, _, r in _replies(reply.to_acceptor)] == [(Origin(7), 0)]
+    node.advance(reply, durable_trans_id=persist.log_through)
+    assert not node.has_ready()
+
+
+def test_a_log_the_disk_refused_claims_nothing_and_is_asked_for_again():
+    node = _follower()
+    node.on_peer(AppendEntries(1, 2, 0, 0, (Entry(1, 1, PRODUCE),), 0), NODE2, T0 + 0.01)
+    refused = _disk_refuses(node)
+    assert any(type(m) is AppendAck for _, m in refused.to_peers)
+    assert [m for _, m in refused.peer_messages(False, True) if type(m) in (AppendAck, HeartbeatAck)] == []
+    assert node.has_ready() and not node.storage_ok
+    again = node.ready()
+    assert again.log_through == refused.log_through  # still to be written
+    node.advance(again, durable_trans_id=again.log_through)
+    assert node.storage_ok and not node.has_ready()
+
+
+def test_a_vote_not_stored_lets_no_peer_message_go():
+    node = ClusterNode(_config(3), T0, recovered=Recovered(), rng=random.Random(1))
+    now = T0
+    while node.ready().vote is None:
+        now += 0.05
+        node.tick(now)
+        for to, msg in node.ready().to_peers:
+            if type(msg) is VoteRequest and msg.pre_vote and to == 2:
+                node.on_peer(VoteReply(msg.vote_id, 2, True, True), NODE2, now)
+    ready = node.ready()
+    assert ready.vote == (node.election.vote_id, 1)
+    assert any(type(m) is VoteRequest and not m.pre_vote for _, m in ready.peer_messages(True, True))
+    assert ready.peer_messages(True, False) == ()
+    node.advance(ready, durable_trans_id=ready.log_through)
+    assert node.ready().vote is None
+
+
+def test_a_change_of_role_is_in_one_ready():
+    node = ClusterNode(_config(1), T0, recovered=Recovered(), rng=random.Random(1))
+    assert node.ready().role == "none"
+    node.advance(node.ready())
+    node.tick(T0 + 1)
+    assert node.ready().role == "leader"
+    node.advance(node.ready())
+    assert node.ready().role is None

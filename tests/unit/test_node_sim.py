@@ -46,7 +46,7 @@ from queue_server.server.origin import Origin
 from queue_server.client import protocol as p
 from queue_server.server import protocol as sp
 from queue_server.server.cluster import ClusterNode
-from queue_server.server.coordinator import _merged
+from queue_server.server import batching
 from queue_server.server.metrics import WorkerMetrics
 from queue_server.server.dispatch import TO_COORDINATOR, Dispatch
 from queue_server.server.router import Router
@@ -239,25 +239,22 @@ class SimNode:
         self.coord_flush()
 
     def coord_flush(self) -> None:
-        """server/coordinator.py flush: the log and vote to 'disk', then everything sent."""
+        """server/coordinator.py flush: each Ready's log and vote to 'disk', then everything it
+        holds sent, then advance, until the node has nothing more."""
         cn = self.cn
         self.sim.on_role(self)
-        cn.set_durable(cn.log.last_trans_id)
-        cn.truncated_to = None
-        if cn.persist is not None:
-            self.vote = cn.persist
-            cn.persist = None
-        for index, message in cn.to_workers:
-            self.pipe(COORD, _worker_proc(index), message)
-        cn.to_workers.clear()
-        for message in _merged(cn.to_acceptor):
-            self.pipe(COORD, ACCEPTOR, message)
-        cn.to_acceptor.clear()
-        for target, msg in cn.to_peers:
-            self.sim.net(self.node_id, target, wire.encode(msg, "127.0.0.1", self.config.port),
-                         forward=type(msg) is Forward)
-        cn.to_peers.clear()
-        cn.snapshot_now = False
+        while cn.has_ready():
+            ready = cn.ready()
+            if ready.vote is not None:
+                self.vote = ready.vote
+            for index, message in batching.for_workers(ready.to_workers):
+                self.pipe(COORD, _worker_proc(index), message)
+            for message in batching.for_acceptor(ready.to_acceptor):
+                self.pipe(COORD, ACCEPTOR, message)
+            for target, msg in ready.peer_messages(True, True):
+                self.sim.net(self.node_id, target, wire.encode(msg, "127.0.0.1", self.config.port),
+                             forward=type(msg) is Forward)
+            cn.advance(ready, durable_trans_id=ready.log_through)
 
     def durable(self) -> Recovered:
         """What a restart finds on disk: a snapshot of the committed state and the log after it."""

@@ -1,0 +1,46 @@
+"""How the coordinator batches what one Ready sends a node's own processes: as few ZeroMQ messages
+per destination as the order the receiver relies on allows (each send wakes two I/O threads).
+Pure: frames in, frames out."""
+from __future__ import annotations
+
+from queue_server.server import ipc_frames, replies
+
+
+def for_acceptor(messages: tuple[list[bytes], ...] | list[list[bytes]]) -> list[list[bytes]]:
+    """The messages for the acceptor: status first, then all reply batches joined into one.
+    Status first, so that the acceptor knows of a change of role before a client can read a
+    reply caused by it (and send its next request to a role that is over)."""
+    others = [m for m in messages if m[0] != ipc_frames.REP]
+    batches = [ipc_frames.read_rep(m) for m in messages if m[0] == ipc_frames.REP]
+    if not batches:
+        return others
+    if len(batches) == 1:
+        return others + [ipc_frames.rep_frames(*batches[0])]
+    return others + [ipc_frames.rep_frames(*replies.join(batches))]
+
+
+def for_workers(messages: tuple[tuple[int, list[bytes]], ...] | list[tuple[int, list[bytes]]]
+                ) -> list[tuple[int, list[bytes]]]:
+    """The (worker index, frames) messages with each run of requests that follow one another to
+    one worker, under one mode, joined into one request: a worker serves the items of a request
+    in order, as it would serve them one request at a time. Every other message keeps its place
+    in its worker's order."""
+    out: list[tuple[int, list[bytes]]] = []
+    last_of: dict[int, int] = {}  # worker -> index in out of its latest message
+    joined: set[int] = set()  # indices in out whose items are a list of parts, to join at the end
+    parts: dict[int, list[bytes]] = {}
+    for index, frames in messages:
+        at = last_of.get(index)
+        if (at is not None and frames[0] == ipc_frames.REQ and out[at][1][0] == ipc_frames.REQ
+                and out[at][1][2] == frames[2]):
+            if at not in joined:
+                joined.add(at)
+                parts[at] = [out[at][1][1][1:-1]]
+            parts[at].append(frames[1][1:-1])
+            continue
+        last_of[index] = len(out)
+        out.append((index, frames))
+    for at in joined:
+        index, frames = out[at]
+        out[at] = (index, [frames[0], b"[" + b",".join(p for p in parts[at] if p) + b"]", frames[2]])
+    return out

@@ -1,0 +1,269 @@
+"""Forwarding of client requests between a follower and the leader, free of I/O: which requests a
+follower sent the leader and still waits for, the leader's side (requests routed to its workers,
+replies that go back over the peer wire), requests sent again after a change of leader, and
+requests given up on. ClusterNode (server/cluster.py) owns one and carries out the actions its
+methods return."""
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+
+from queue_server.election.messages import Send
+from queue_server.replication.messages import Forward, ForwardReply
+from queue_server.server import protocol as p
+from queue_server.server import replies
+from queue_server.server.origin import Origin
+from queue_server.server.router import SCATTER_ACTIONS, Router
+
+# A forwarded request not answered this long after its own wait is failed (the leader is gone).
+FORWARD_GRACE = 10.0
+# How many given-up forwards are remembered, so that a reply still on its way is given back.
+ABANDONED_KEPT = 65536
+LEADER_CHANGED = "leader changed: the request may or may not have been applied"
+TIMED_OUT = "forwarded request timed out: the leader did not answer"
+_NOT_APPLIED = p.LEADERSHIP_CHANGED.encode()
+_NEVER = float("inf")
+_DUMPS = orjson.dumps
+_NEWLINE = orjson.OPT_APPEND_NEWLINE
+
+
+# ------------------------------------------------------------------ actions (and election's Send)
+@dataclass(frozen=True, slots=True)
+class Deliver:
+    """A reply batch for this node's acceptor."""
+
+    header: bytes
+    blob: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Work:
+    """A request item (server/ipc_frames.py REQ) for worker `index` of this leading node."""
+
+    index: int
+    item: list
+
+
+@dataclass(frozen=True, slots=True)
+class Undeliver:
+    """Give back the messages of a consume reply no client will get ([msg_id, delivery_count] each)."""
+
+    queue: str
+    given: list[list[int]]
+
+
+def _deliver(rows: list[tuple[Origin, int, dict]]) -> list:
+    return [Deliver(*replies.encode(rows))] if rows else []
+
+
+class Forwarding:
+    """One node's forwarded requests: on a follower those it sent the leader, on a leader whether
+    it serves others' (their replies then go back as ForwardReply)."""
+
+    def __init__(self, node_id: int, client: tuple[str, int], router: Router, rng: random.Random, *,
+                 heartbeat: float, election_timeout: float, max_wait: float) -> None:
+        """client: this node's client address, as a leader's reply to `leader` gives it."""
+        self.node_id = node_id
+        self.leader_fields = {"leader_node_id": node_id, "leader_host": client[0], "leader_port": client[1]}
+        self.router = router
+        self.next_gather = 1  # odd: the acceptor numbers its gathers even
+        self.heartbeat = heartbeat
+        self.election_timeout = election_timeout
+        self.max_wait = max_wait
+        # forward_id -> (origin, req_no, deadline, the request's echoed fields for an error reply,
+        # the request, came over UDP, how long it may take): what is needed to send it again
+        self.forwards: dict[int, tuple[Origin, int, float, dict, bytes, bool, float]] = {}
+        # Forwards sent to a leader that is no longer the leader: failed as "leader changed" if
+        # that node does not answer within an election timeout.
+        self.orphaned: set[int] = set()
+        # Whether this leader has served requests other nodes forwarded (their replies go back
+        # over the peer wire): until then a reply batch is passed on without being read.
+        self.served = False
+        # Forward ids start at random, so that a leader's late reply to a request this node
+        # forwarded before it restarted cannot be taken for the reply to a new one.
+        self.next_forward = rng.getrandbits(40) << 20
+        self.due = _NEVER  # no forward times out before this
+        self.unsent: list[Forward] = []  # forwards the coordinator could not send yet
+        self.resend_at = _NEVER
+        # Forwards given up on (timed out, or failed by a change of leader), whose replies may
+        # still come: a consume's messages are then given back.
+        self.abandoned: OrderedDict[int, bool] = OrderedDict()
+
+    def wake_at(self) -> float:
+        """When tick() next has something to do."""
+        wake = self.due if self.forwards else _NEVER
+        return min(wake, self.resend_at) if self.unsent else wake
+
+    # ----------------------------------------------------------------- a follower's side
+    def on_requests(self, items: list, now: float, *, leading: bool, leader: int | None, vote_id: int,
+                    redirect: dict | None) -> list:
+        """Client requests this node's acceptor passed on ((origin, req_no, request), as
+        ipc_frames.read_forward gives them): served here when leading, else sent to the leader; answered "no leader" when
+        none is known, or redirected to it (redirect: its leader_* fields) when forwarding is off."""
+        if leading:
+            return [a for origin, req_no, request in items for a in self.route(origin, req_no, request)]
+        if leader is None:
+            return _deliver([(origin, req_no, p.error_reply(request, "no leader", self.node_id))
+                             for origin, req_no, request in items])
+        if redirect is not None:
+            return _deliver([(origin, req_no, p.redirect_reply(request, self.node_id, redirect))
+                             for origin, req_no, request in items])
+        batch = []
+        for origin, req_no, request in items:
+            fid = self.next_forward
+            self.next_forward += 1
+            wait = request.get("wait") if type(request) is dict else None
+            grace = FORWARD_GRACE + (min(wait, self.max_wait) if isinstance(wait, (int, float)) and wait > 0 else 0)
+            raw = _DUMPS(request)
+            self.forwards[fid] = (origin, req_no, now + grace, p.echo(request), raw, origin.udp, grace)
+            self.due = min(self.due, now + grace)
+            batch.append((fid, raw, origin.udp))
+        return [Send(leader, Forward(vote_id, self.node_id, tuple(batch)))]
+
+    def on_replies(self, msg: ForwardReply, now: float, vote_id: int) -> list:
+        """The leader's replies to requests this node forwarded: to their clients. A consume reply
+        whose request was already given up on (timed out, or failed by a change of leader) is
+        given back, never dropped with its messages. A request the node refused because it no
+        longer leads was not applied: it goes to the current leader."""
+        actions: list = []
+        rows = []
+        for fid, reply in msg.replies:
+            target = self.forwards.pop(fid, None)
+            if target is None:
+                if self.abandoned.pop(fid, False):  # not a second copy of a delivered reply
+                    given = p.delivered(replies.decoded(reply))
+                    if given is not None:
+                        actions.append(Undeliver(*given))
+                continue
+            if _NOT_APPLIED in reply and replies.decoded(reply).get("reason") == p.LEADERSHIP_CHANGED:
+                self._send_again(fid, target, now, vote_id)
+                continue
+            self.orphaned.discard(fid)
+            rows.append((target[0], target[1], reply))
+        if rows:
+            actions.append(Deliver(*replies.encode_raw(rows)))
+        return actions
+
+    def _send_again(self, fid: int, target: tuple, now: float, vote_id: int) -> None:
+        """Forward a request again (to whoever leads by the next heartbeat), with its full time."""
+        self.orphaned.discard(fid)
+        where, req_no, _, echo, raw, udp, grace = target
+        self.forwards[fid] = (where, req_no, now + grace, echo, raw, udp, grace)
+        self.on_unsent(Forward(vote_id, self.node_id, ((fid, raw, udp),)), now)
+
+    def on_unsent(self, msg: object, now: float) -> None:
+        """A message to a peer could not be sent: forwarded client requests are sent again every
+        heartbeat until their leader answers or they time out (other messages are not ours)."""
+        if type(msg) is Forward:
+            if not self.unsent:
+                self.resend_at = now + self.heartbeat
+            self.unsent.append(msg)
+
+    def orphan(self, now: float) -> None:
+        """The leader changed: requests forwarded to the old one wait an election timeout for its
+        answer (a leader that handed over answers them, or refuses them as not applied: they are
+        then sent to the new leader, or served here) before they fail as "leader changed"."""
+        if not self.forwards:
+            return
+        due = now + self.election_timeout
+        for fid, f in self.forwards.items():
+            if f[2] > due:
+                self.forwards[fid] = (*f[:2], due, *f[3:])
+            self.orphaned.add(fid)
+        self.due = min(self.due, due)
+
+    def tick(self, now: float, leader: int | None, vote_id: int) -> list:
+        """Send again what could not be sent; fail forwards nobody answered in time."""
+        actions: list = []
+        if self.unsent and now >= self.resend_at:
+            actions += self._resend(now, leader, vote_id)
+        if self.forwards and now >= self.due:
+            expired = [fid for fid, f in self.forwards.items() if f[2] <= now]
+            orphaned = [fid for fid in expired if fid in self.orphaned]
+            if orphaned:
+                actions += self._fail(orphaned, LEADER_CHANGED)
+            if len(orphaned) < len(expired):
+                actions += self._fail(expired, TIMED_OUT)
+            self.due = min((f[2] for f in self.forwards.values()), default=_NEVER)
+        return actions
+
+    def _resend(self, now: float, leader: int | None, vote_id: int) -> list:
+        if leader is None:  # kept until a leader is known (or they time out)
+            self.resend_at = now + self.heartbeat
+            return []
+        # by forward id: a request both unsent and then refused is in here twice, and must be
+        # served once
+        waiting = tuple({r[0]: r for msg in self.unsent for r in msg.requests if r[0] in self.forwards}.values())
+        self.unsent.clear()
+        if not waiting:
+            return []
+        if leader != self.node_id:
+            return [Send(leader, Forward(vote_id, self.node_id, waiting))]
+        routes = []
+        for fid, raw, _ in waiting:  # this node leads now: serve them here
+            where, req_no = self.forwards.pop(fid)[:2]
+            self.orphaned.discard(fid)
+            routes += self.route(where, req_no, replies.decoded(raw))
+        return routes
+
+    def _fail(self, fids: list[int], reason: str) -> list:
+        failed = []
+        for fid in fids:
+            target = self.forwards.pop(fid, None)
+            self.orphaned.discard(fid)
+            if target is not None:
+                failed.append((target[0], target[1], p.error_reply(target[3], reason, self.node_id)))
+                self.abandoned[fid] = True
+                if len(self.abandoned) > ABANDONED_KEPT:
+                    self.abandoned.popitem(last=False)
+        return _deliver(failed)
+
+    # ----------------------------------------------------------------- the leader's side
+    def serve(self, msg: Forward, leading: bool, vote_id: int) -> list:
+        """A follower's clients' requests: serve them here (each keeps its transport's rules), or
+        say there is no leader here."""
+        if not leading:
+            refused = tuple((fid, _DUMPS(p.error_reply(replies.decoded(raw), p.LEADERSHIP_CHANGED,
+                                                       self.node_id), option=_NEWLINE))
+                            for fid, raw, _ in msg.requests)
+            return [Send(msg.src, ForwardReply(vote_id, self.node_id, refused))]
+        self.served = True
+        return [a for fid, raw, udp in msg.requests for a in self.route(Origin(fid, udp, msg.src), 0, replies.decoded(raw))]
+
+    def route(self, origin: Origin, req_no: int, request: Any) -> list:
+        """Serve a request on this (leading) node's workers; a bad one, or `leader`, is answered here."""
+        action = p.request_action(request)
+        if type(action) is str:
+            return _deliver([(origin, req_no, p.error_reply(request, action, self.node_id))])
+        if action == p.LEADER:
+            reply = p.echo(request)
+            reply.update(code=p.CODE_OK, node_id=self.node_id, **self.leader_fields)
+            return _deliver([(origin, req_no, reply)])
+        gather_id = 0
+        if action in SCATTER_ACTIONS:
+            gather_id = self.next_gather
+            self.next_gather += 2
+        plan = self.router.plan(action, request, origin, req_no, gather_id)
+        if type(plan) is str:
+            return _deliver([(origin, req_no, p.error_reply(request, plan, self.node_id))])
+        return [Work(index, item) for index, item in plan]
+
+    def release(self, header: bytes, blob: bytes, vote_id: int) -> list:
+        """Replies that may leave: to this node's acceptor, or back to the follower that
+        forwarded their request."""
+        if not self.served:
+            return [Deliver(header, blob)]
+        local = []
+        remote: dict[int, list[tuple[int, bytes]]] = {}
+        for origin, req_no, data in replies.decode(header, blob):
+            if origin.node:
+                remote.setdefault(origin.node, []).append((origin.conn, data))
+            else:
+                local.append((origin, req_no, data))
+        actions: list = [Deliver(*replies.encode_raw(local))] if local else []
+        actions += [Send(node, ForwardReply(vote_id, self.node_id, tuple(items))) for node, items in remote.items()]
+        return actions

@@ -1,0 +1,41 @@
+"""Ready: everything ClusterNode (server/cluster.py) decided since the coordinator last carried
+out its decisions, as one value, in the spirit of etcd raft's Ready/Advance. The coordinator
+persists first (the log, then the vote), then sends, then calls ClusterNode.advance: nothing that
+depends on a record leaves before the record is on disk, and replies that waited for the disk
+come in the next Ready."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from queue_server.election.messages import HeartbeatAck
+from queue_server.replication.messages import AppendAck
+
+# Peer messages that tell the leader how far this node's log reaches: not sent while the disk
+# refuses the log.
+CLAIMS_LOG = (AppendAck, HeartbeatAck)
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    """What to persist and send, in that order."""
+
+    log_through: int  # the log must be on disk up to this trans_id ...
+    truncate_after: int | None  # ... after dropping what follows this one (-1: restart after a snapshot)
+    vote: tuple[int, int | None] | None  # (vote_id, voted_for) to store before any peer message
+    to_workers: tuple[tuple[int, list[bytes]], ...]  # (worker index, frames), in order
+    to_acceptor: tuple[list[bytes], ...]  # frames, in order
+    to_peers: tuple[tuple[int, object], ...]  # (node id, peer message)
+    committed_trans_id: int  # the committed state holds the log up to here
+    committed_vote_id: int  # the term of that entry
+    snapshot_now: bool  # the log was replaced by a snapshot: write one at once
+    role: str | None  # the node's role when it changed since the last Ready, else None
+
+    def peer_messages(self, log_stored: bool, vote_stored: bool) -> tuple[tuple[int, object], ...]:
+        """The peer messages that may go once persisting is done: none if the vote could not be
+        stored (a vote not on disk must not be acted on), and none that claim the log if it could
+        not be written."""
+        if not vote_stored:
+            return ()
+        if not log_stored:
+            return tuple((to, m) for to, m in self.to_peers if type(m) not in CLAIMS_LOG)
+        return self.to_peers

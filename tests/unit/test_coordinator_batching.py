@@ -1,0 +1,59 @@
+"""The coordinator's batching (server/batching.py) without sockets: what one Ready sends the
+acceptor and the workers, as few messages per destination as their order allows."""
+from __future__ import annotations
+
+import orjson
+
+from queue_server.server import batching, ipc_frames, replies
+from queue_server.server.origin import Origin
+
+
+def _rep(conn: int, seq: int) -> list[bytes]:
+    return [ipc_frames.REP, *replies.encode([(Origin(conn), seq, {"code": 0, "seq": seq})])]
+
+
+def _req(item: str, epoch: int = 3) -> list[bytes]:
+    return [ipc_frames.REQ, orjson.dumps([[[1, False, 0], 0, {"queue": item}]]), b"%d" % epoch]
+
+
+def _items(frames: list[bytes]) -> list[str]:
+    return [i[2]["queue"] for i in orjson.loads(frames[1])]
+
+
+def test_the_acceptor_gets_status_first_and_one_reply_batch():
+    status = [ipc_frames.STATUS, b'{"role":"leader"}']
+    out = batching.for_acceptor([_rep(1, 1), status, _rep(2, 2)])
+    assert out[0] == status and len(out) == 2
+    assert [(o.conn, n) for o, n, _ in replies.decode(*out[1][1:])] == [(1, 1), (2, 2)]
+    assert batching.for_acceptor([_rep(1, 1)]) == [_rep(1, 1)]
+    assert batching.for_acceptor([]) == []
+
+
+def test_requests_that_follow_one_another_to_a_worker_become_one():
+    out = batching.for_workers([(0, _req("a")), (1, _req("x")), (0, _req("b")), (0, _req("c"))])
+    assert [(i, _items(f)) for i, f in out] == [(0, ["a", "b", "c"]), (1, ["x"])]
+    assert out[0][1][2] == b"3"
+
+
+def test_requests_are_not_joined_across_another_message_or_mode():
+    """A fence or a mode change between two requests is a barrier the worker relies on."""
+    fence = ipc_frames.fence_frames(3, ipc_frames.FROM_COORDINATOR)
+    mode = [ipc_frames.MODE, b"[true,4]"]
+    out = batching.for_workers([(0, _req("a")), (0, fence), (0, _req("b")), (0, mode), (0, _req("c", 4)),
+                                (0, _req("d", 5))])
+    assert [f[0] for _, f in out] == [ipc_frames.REQ, ipc_frames.FENCE, ipc_frames.REQ, ipc_frames.MODE,
+                                      ipc_frames.REQ, ipc_frames.REQ]
+    assert [_items(f) for _, f in out if f[0] == ipc_frames.REQ] == [["a"], ["b"], ["c"], ["d"]]
+
+
+def test_each_workers_messages_keep_their_order():
+    apply = [ipc_frames.APPLY, b"[]"]
+    messages = [(1, _req("x")), (0, apply), (1, _req("y")), (0, _req("a")), (1, apply), (1, _req("z"))]
+    out = batching.for_workers(messages)
+    for worker in (0, 1):
+        mine = [f for i, f in out if i == worker]
+        flat = [x for f in mine for x in (_items(f) if f[0] == ipc_frames.REQ else [f[0]])]
+        expected = [x for i, f in messages if i == worker
+                    for x in (_items(f) if f[0] == ipc_frames.REQ else [f[0]])]
+        assert flat == expected
+    assert len(out) == 5  # x and y joined
