@@ -44,12 +44,14 @@ class Waiter:
 
 
 def _number(req: dict, key: str, default: float | None) -> float | None:
+    """A number field as a float (records carry floats, so a leader's state and its replicas'
+    hold the same values however the client wrote them: 30 or 30.0)."""
     value = req.get(key)
     if value is None:
         return default
     if type(value) is bool or not isinstance(value, (int, float)):
         raise BadRequest(f"{key}: must be a number")
-    return value
+    return float(value)
 
 
 def _int(req: dict, key: str, default: int | None) -> int | None:
@@ -310,7 +312,7 @@ class PartitionService:
         ttl = ready + p.DEFAULT_TTL if ttl_value is None else p.absolute_time(ttl_value, now)
         if ttl < ready:
             raise BadRequest("ttl: before the ready time")
-        retry = _number(req, "retry", 0)
+        retry = _number(req, "retry", 0.0)
         if retry < 0:
             raise BadRequest("retry: must be >= 0")
         priority = _int(req, "priority", 0)
@@ -407,7 +409,7 @@ class PartitionService:
         count = _int(req, "count", None)
         if count is not None and not 1 <= count <= p.MAX_BATCH:
             raise BadRequest(f"count: must be 1..{p.MAX_BATCH}")
-        wait = _number(req, "wait", 0)
+        wait = _number(req, "wait", 0.0)
         if wait < 0:
             raise BadRequest("wait: must be >= 0")
         lease = _number(req, "lease", None)

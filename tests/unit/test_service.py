@@ -502,3 +502,17 @@ def test_udp_max_response_defaults_to_the_config_default():
 
     config, _ = parse_config("{}")
     assert PartitionService(node_id=1, queue_size=10).udp_max_response == config.udp_max_response
+
+
+@pytest.mark.parametrize("number", [0, 30])
+def test_a_replica_holds_byte_for_byte_what_the_leader_holds_whole_numbers_included(number):
+    """A retry / delay / ttl written as a whole number (30, not 30.0) is stored as the float the
+    record carries, so the leader's state and a replica's snapshot the same bytes (the cluster
+    simulation compares them: seed 173 found an int on the leader and a float on the replicas)."""
+    import orjson
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": "a", "retry": number, "delay": number, "ttl": 3600})
+    t.call({"action": 1, "queue": "q", "data": ["b", "c"], "retry": number})
+    t.call({"action": "consume", "queue": "q", "wait": 0, "lease": 60})
+    assert orjson.dumps(t.s.snapshot(), option=orjson.OPT_SORT_KEYS) == \
+        orjson.dumps(t.replica.snapshot(), option=orjson.OPT_SORT_KEYS)
