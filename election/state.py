@@ -28,9 +28,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Mapping
-from enum import Enum
 from typing import Protocol
 
+from queue_server.server.roles import Role
 from queue_server.election.messages import (
     BecomeCandidate,
     BecomeFollower,
@@ -61,13 +61,6 @@ class LogView(Protocol):
     def commit_trans_id(self) -> int: ...
 
     def term_at(self, trans_id: int) -> int | None: ...
-
-
-class Role(str, Enum):
-    FOLLOWER = "follower"
-    PRE_CANDIDATE = "pre_candidate"
-    CANDIDATE = "candidate"
-    LEADER = "leader"
 
 
 class Election:

@@ -39,6 +39,7 @@ from queue_server.server import gather, ipc_frames, replies
 from queue_server.server.forwarding import Deliver, Forwarding, Undeliver, Work
 from queue_server.server.origin import Origin
 from queue_server.server.ready import Ready
+from queue_server.server.roles import Role
 from queue_server.server.records import Noop, Record, decode_many
 from queue_server.server import protocol as p
 from queue_server.server.router import Router
@@ -46,7 +47,7 @@ from queue_server.workers.queue import StateQueue
 from queue_server.workers.service import PartitionService
 
 NOOP = Noop()
-LEADER, FOLLOWER, NONE = "leader", "follower", "none"
+LEADER, FOLLOWER, NONE = Role.LEADER, Role.FOLLOWER, Role.NONE
 
 
 class ClusterNode:
@@ -103,7 +104,7 @@ class ClusterNode:
         self._truncate_after: int | None = None  # the log on disk must drop what follows this
         self._snapshot_now = False  # a snapshot must be written at once (the log was replaced)
         self._stable_through = self.log.last_trans_id  # the log up to here is on disk
-        self._reported_role: str | None = None  # the role the last Ready carried
+        self._reported_role: Role | None = None  # the role the last Ready carried
         # A hand-off of leadership (begin_handoff) holds client requests until this time, or
         # until the node knows where they can go.
         self.handoff_until: float | None = None
@@ -120,7 +121,7 @@ class ClusterNode:
 
     # ----------------------------------------------------------------- roles
     @property
-    def role(self) -> str:
+    def role(self) -> Role:
         if self.leader is not None:
             return LEADER
         return FOLLOWER if self.election.leader_id is not None else NONE

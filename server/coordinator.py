@@ -19,7 +19,7 @@ from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog
 from queue_server.server import batching, ipc, ipc_frames, peer_keys
 from queue_server.server.child import start
-from queue_server.election.state import Role
+from queue_server.server.roles import SERVING, Role
 from queue_server.server.cluster import ClusterNode
 from queue_server.server.metrics import CoordinatorMetrics
 from queue_server.server.peer_check import peer_rejection
@@ -305,7 +305,7 @@ class Coordinator:
                 for peer in node.election.peers:
                     m.forget_follower(peer)
             self.last_election_role = role
-        m.set_role({"leader": "leader", "follower": "follower"}.get(node.role, "candidate"), node.election.vote_id)
+        m.set_role(node.role.value if node.role in SERVING else Role.CANDIDATE.value, node.election.vote_id)
         if node.leader is not None:
             for peer in node.election.peers:
                 m.set_follower_lag(peer, log.last_trans_id - node.leader.match_of(peer))

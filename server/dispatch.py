@@ -8,13 +8,14 @@ from __future__ import annotations
 from typing import Any
 
 from queue_server.server import ipc_frames
+from queue_server.server.roles import Role
 from queue_server.server import protocol as p
 from queue_server.server.framing import FramingError
 from queue_server.server.origin import Origin
 from queue_server.server.router import SCATTER_ACTIONS, Router
 
 # This node's role, as the coordinator last reported it.
-LEADER, FOLLOWER, NONE = "leader", "follower", "none"
+LEADER, FOLLOWER, NONE = Role.LEADER, Role.FOLLOWER, Role.NONE
 NO_LEADER = "no leader"
 TO_COORDINATOR = -1  # the destination of a message for the coordinator (workers are 0, 1, ...)
 
@@ -149,7 +150,7 @@ class Dispatch:
         """The coordinator's STATUS: this node's role, the leader and the workers' mode. A node
         that stops leading fences the workers first, under the mode it led in."""
         status = dict(status)
-        role = status.pop("role")
+        role = Role(status.pop("role"))
         if self.role == LEADER and role != LEADER:
             self.fence()
         self.role = role

@@ -34,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from queue_server.server import protocol as p
+from queue_server.server.roles import METRIC_ROLES
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 FOLD_INTERVAL = 1.0  # seconds between folds of local counts into the shared metrics
@@ -49,7 +50,7 @@ BATCH_SECONDS_BUCKETS = (
 )
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 FSYNC_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0)
-ROLES = ("leader", "follower", "candidate")
+ROLES = tuple(r.value for r in METRIC_ROLES)
 
 _ACTION_BY_NUMBER = {number: name for name, number in p.ACTION_NAMES.items()}
 

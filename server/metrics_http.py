@@ -18,8 +18,10 @@ import orjson
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import MetricsHandler
 
+from queue_server.server.roles import SERVING
+
 ROLE_METRIC = "queue_server_role"
-READY_ROLES = ("leader", "follower")
+READY_ROLES = tuple(r.value for r in SERVING)
 
 
 def current_role(registry: CollectorRegistry) -> str | None:

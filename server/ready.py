@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 from queue_server.election.messages import HeartbeatAck
 from queue_server.replication.messages import AppendAck
+from queue_server.server.roles import Role
 
 # Peer messages that tell the leader how far this node's log reaches: not sent while the disk
 # refuses the log.
@@ -28,7 +29,7 @@ class Ready:
     committed_trans_id: int  # the committed state holds the log up to here
     committed_vote_id: int  # the term of that entry
     snapshot_now: bool  # the log was replaced by a snapshot: write one at once
-    role: str | None  # the node's role when it changed since the last Ready, else None
+    role: Role | None  # the node's role when it changed since the last Ready, else None
 
     def peer_messages(self, log_stored: bool, vote_stored: bool) -> tuple[tuple[int, object], ...]:
         """The peer messages that may go once persisting is done: none if the vote could not be
