@@ -21,7 +21,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -33,6 +32,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
 from queue_server.config.loader import strip_comments  # noqa: E402
+from load.bench import request  # noqa: E402
 from tests.harness import free_port  # noqa: E402
 
 
@@ -43,17 +43,8 @@ class ScenarioError(Exception):
 
 def ask(addr: str, req: dict, timeout: float = 1.0) -> dict | None:
     """One request on a fresh TCP connection; None if the node did not answer."""
-    host, port = addr.rsplit(":", 1)
     try:
-        with socket.create_connection((host, int(port)), timeout=timeout) as s:
-            s.sendall(json.dumps(req).encode() + b"\n")
-            buf = b""
-            while not buf.endswith(b"\n"):
-                chunk = s.recv(65536)
-                if not chunk:
-                    return None
-                buf += chunk
-        return json.loads(buf)
+        return request(addr, req, timeout)
     except (OSError, ValueError):
         return None
 

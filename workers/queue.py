@@ -3,6 +3,10 @@
 Pure logic: no I/O and no clock reads; the time (`now`, float unix seconds) is always an argument.
 Every change is a record (a type of server/records.py). Leader-side methods
 build the record and then `apply` it, the same code a replica runs, so the two cannot diverge.
+
+One file, over 600 lines, because Queue is one invariant: every stored message is in exactly one
+of its orderings, and each leader-side method and its record's `apply` must keep that together.
+Split by feature (leases, dead letters, dedupe), each part would reach into the others' orderings.
 """
 
 from __future__ import annotations

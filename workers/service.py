@@ -1,5 +1,10 @@
 """The queues one worker owns: validates requests, applies them to its queues, parks long polls,
-and returns replies and change records. Pure: time comes in as `now`, nothing here does I/O."""
+and returns replies and change records. Pure: time comes in as `now`, nothing here does I/O.
+
+One file, over 600 lines, because it is the worker's one request handler: each action's check of
+its fields, its call into workers/queue.py and its reply sit together, so that a reader sees the
+whole of what a request gets in one place. The parts that stand alone are apart already:
+workers/admin.py (administration), workers/subscriptions.py (push), workers/bad_request.py."""
 from __future__ import annotations
 
 from collections import OrderedDict, deque
