@@ -437,7 +437,3 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
     def subscribe(self, queues: str | list[str], credit: int = 100) -> AsyncSubscription:
         """An AsyncSubscription: `async for m in client.subscribe(queues, credit)`."""
         return AsyncSubscription(self, queues, credit)
-
-
-def _describe(exc: BaseException) -> str:
-    return p.describe_failure(exc, Lost)

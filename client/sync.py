@@ -12,7 +12,7 @@ from . import protocol as p
 from . import tls as tls_
 from .calls import BlockingActions
 from .errors import ConnectTimeout, QueueError
-from .failover import DONE, Failover, Lost
+from .failover import DONE, Failover, Lost, describe
 from .protocol import Address
 from .settings import ClientSettings
 from .subscribe import Subscription
@@ -106,7 +106,7 @@ class QueueClient(ClientSettings, BlockingActions):
                     line = self._file.readline()
                 except (ConnectionError, ValueError) as exc:
                     self._close()
-                    raise Lost(_describe(exc)) from exc
+                    raise Lost(describe(exc)) from exc
                 if not line:
                     self._close()
                     raise Lost(tls_.closed_before_reply(self._ssl is not None))
@@ -124,7 +124,7 @@ class QueueClient(ClientSettings, BlockingActions):
             line = self._file.readline()
         except (ConnectionError, ValueError) as exc:  # ValueError: file of a timed-out socket
             self._close()
-            raise Lost(_describe(exc), reused) from exc
+            raise Lost(describe(exc), reused) from exc
         if not line.endswith(b"\n"):
             self._close()
             raise Lost("connection closed by the server" if reused or line
@@ -208,7 +208,3 @@ class QueueClient(ClientSettings, BlockingActions):
         """A Subscription to one queue or a list of them: iterate it for the messages the leader
         pushes, never more than `credit` unconfirmed per queue (see client/subscribe.py)."""
         return Subscription(self, queues, credit)
-
-
-def _describe(exc: BaseException) -> str:
-    return p.describe_failure(exc, Lost)
