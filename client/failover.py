@@ -146,8 +146,8 @@ class Failover:
         if self._failed and route.host_set <= self._failed:
             return self._unavailable()
         while route.address in self._failed:  # it failed this call already: skip it
-            if route.advance(route.epoch):
-                self._drop = max(self._drop, Drop.FINISH)  # others may still use it: let their replies come
+            route.advance(route.epoch)
+            self._drop = max(self._drop, Drop.FINISH)  # others may still use it: let their replies come
         drop, self._drop = self._drop, Drop.KEEP
         return Attempt(route.address, route.epoch, drop)
 
