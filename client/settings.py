@@ -25,11 +25,17 @@ class ClientSettings:
         # Gives every produce a (producer, sequence): a retried produce is stored once.
         self._producer = p.ProducerSequence() if idempotent else None
         self._udp = transport == "udp"
+        self._udp_seq = 0
         # Its epoch is bumped whenever the current host changes; connections remember the epoch they serve.
         self._route = Route(self.hosts)
         self.token = token
         self.tls = tls
         self._ssl = tls_.context(tls)
+
+    def _next_udp_seq(self) -> int:
+        """The seq of the next UDP request (its reply carries it back)."""
+        self._udp_seq = (self._udp_seq + 1) & 0x7FFFFFFF
+        return self._udp_seq
 
     @property
     def address(self) -> Address:

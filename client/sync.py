@@ -56,7 +56,6 @@ class QueueClient(ClientSettings, BlockingActions):
         self._file: Any = None
         self._sock_addr: Address | None = None
         self._sock_timeout: float | None = None
-        self._udp_seq = 0
         _clients.add(self)
 
     # ------------------------------------------------------------------ raw requests
@@ -147,7 +146,7 @@ class QueueClient(ClientSettings, BlockingActions):
                 sock.close()
                 raise
             self._sock, self._sock_addr = sock, addr
-        self._udp_seq = seq = (self._udp_seq + 1) & 0x7FFFFFFF
+        seq = self._next_udp_seq()
         data = p.udp_datagram(req, seq, self.token)
         deadline = time.monotonic() + timeout
         sock.settimeout(timeout)
