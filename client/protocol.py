@@ -381,13 +381,3 @@ def retry_elsewhere(req: dict, reply: dict) -> bool:
     return (reply.get("code") == CODE_ERROR and str(reply.get("reason", "")).startswith("leader changed")
             and req.get("action") in (PRODUCE, "produce") and req.get("producer") is not None
             and req.get("sequence") is not None)
-
-
-def client_settings(hosts: Any, transport: str, timeout: float) -> tuple[list[Address], str, float]:
-    """A client's validated host list, transport and timeout (both clients share these rules)."""
-    if transport not in ("tcp", "udp"):
-        raise ValueError(f"transport must be 'tcp' or 'udp', not {transport!r}")
-    if timeout <= 0:
-        raise ValueError("timeout must be > 0")
-    return parse_hosts(hosts), transport, float(timeout)
-

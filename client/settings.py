@@ -19,7 +19,11 @@ class ClientSettings:
                 follow_redirects: bool, max_redirects: int, idempotent: bool, token: str | None,
                 tls: tls_.TlsOption) -> None:
         """Check and keep the settings both clients' constructors take."""
-        self.hosts, self.transport, self.timeout = p.client_settings(hosts, transport, timeout)
+        if transport not in ("tcp", "udp"):
+            raise ValueError(f"transport must be 'tcp' or 'udp', not {transport!r}")
+        if timeout <= 0:
+            raise ValueError("timeout must be > 0")
+        self.hosts, self.transport, self.timeout = p.parse_hosts(hosts), transport, float(timeout)
         self.follow_redirects = follow_redirects
         self.max_redirects = max_redirects
         # Gives every produce a (producer, sequence): a retried produce is stored once.
