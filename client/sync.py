@@ -184,13 +184,17 @@ class QueueClient(ClientSettings, BlockingActions):
         self._close()
 
     def __getstate__(self) -> dict[str, Any]:
-        """The settings only: a pickled client (e.g. shipped to Spark executors) reconnects."""
+        """The settings only: a pickled client (e.g. shipped to Spark executors) reconnects, with
+        a producer id of its own (tls as an SSLContext does not pickle: pass tls=True there)."""
         return {
             "hosts": self.hosts,
             "transport": self.transport,
             "timeout": self.timeout,
             "follow_redirects": self.follow_redirects,
             "max_redirects": self.max_redirects,
+            "idempotent": self._producer is not None,
+            "token": self.token,
+            "tls": self.tls,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
