@@ -258,7 +258,6 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
         self._wait_idle: list[_Conn] = []
         self._wait_busy: set[_Conn] = set()
         self._udp_ep: _Udp | None = None
-        self._udp_seq = 0
         self._connect_lock: asyncio.Lock | None = None
 
     # ------------------------------------------------------------------ raw requests
@@ -406,7 +405,7 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
         ep = self._udp_ep
         if ep is None or ep.closed or ep.epoch != epoch:
             ep = await self._udp_endpoint(addr, epoch)
-        self._udp_seq = seq = (self._udp_seq + 1) & 0x7FFFFFFF
+        seq = self._next_udp_seq()
         data = p.udp_datagram(req, seq, self.token)
         fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         ep.pending[seq] = fut
@@ -437,7 +436,3 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
     def subscribe(self, queues: str | list[str], credit: int = 100) -> AsyncSubscription:
         """An AsyncSubscription: `async for m in client.subscribe(queues, credit)`."""
         return AsyncSubscription(self, queues, credit)
-
-
-def _describe(exc: BaseException) -> str:
-    return p.describe_failure(exc, Lost)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from . import protocol as p
+from . import tls
 from .errors import NoServerAvailable, QueueError, QueueTimeout
 from .protocol import Address
 
@@ -24,6 +25,16 @@ class Lost(Exception):
     def __init__(self, detail: str, reused: bool = False) -> None:
         super().__init__(detail)
         self.reused = reused
+
+
+def describe(exc: BaseException) -> str:
+    """A failed attempt on one host, in one line: a Lost by its text, a TLS failure as
+    client/tls.py says it, others with their type."""
+    tls_text = tls.describe(exc)
+    if tls_text is not None:
+        return tls_text
+    text = str(exc) or type(exc).__name__
+    return text if isinstance(exc, Lost) else f"{type(exc).__name__}: {text}"
 
 
 class Drop(enum.IntEnum):
@@ -135,8 +146,8 @@ class Failover:
         if self._failed and route.host_set <= self._failed:
             return self._unavailable()
         while route.address in self._failed:  # it failed this call already: skip it
-            if route.advance(route.epoch):
-                self._drop = max(self._drop, Drop.FINISH)  # others may still use it: let their replies come
+            route.advance(route.epoch)
+            self._drop = max(self._drop, Drop.FINISH)  # others may still use it: let their replies come
         drop, self._drop = self._drop, Drop.KEEP
         return Attempt(route.address, route.epoch, drop)
 
@@ -167,7 +178,7 @@ class Failover:
 
     def _host_failed(self, attempt: Attempt, exc: BaseException, timed_out: bool) -> Verdict:
         self._failed.add(attempt.addr)
-        self._errors.append(f"{p.format_address(attempt.addr)}: {p.describe_failure(exc, Lost)}")
+        self._errors.append(f"{p.format_address(attempt.addr)}: {describe(exc)}")
         self._timed_out = timed_out
         if not self.route.host_set <= self._failed and self.route.advance(attempt.epoch):
             self._drop = Drop.CLOSE

@@ -6,14 +6,12 @@ See docs/protocol.md for the protocol itself.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterable, Sequence
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import orjson
 
-from . import tls
 from .errors import QueueError
 
 from queue_server.server.protocol import (  # noqa: F401  (re-exported: one vocabulary for server and client)
@@ -383,22 +381,3 @@ def retry_elsewhere(req: dict, reply: dict) -> bool:
     return (reply.get("code") == CODE_ERROR and str(reply.get("reason", "")).startswith("leader changed")
             and req.get("action") in (PRODUCE, "produce") and req.get("producer") is not None
             and req.get("sequence") is not None)
-
-
-def client_settings(hosts: Any, transport: str, timeout: float) -> tuple[list[Address], str, float]:
-    """A client's validated host list, transport and timeout (both clients share these rules)."""
-    if transport not in ("tcp", "udp"):
-        raise ValueError(f"transport must be 'tcp' or 'udp', not {transport!r}")
-    if timeout <= 0:
-        raise ValueError("timeout must be > 0")
-    return parse_hosts(hosts), transport, float(timeout)
-
-
-def describe_failure(exc: BaseException, plain: type[BaseException]) -> str:
-    """A failed attempt on one host, in one line: a `plain` exception (the client's own "lost
-    connection") by its text, a TLS failure as client/tls.py says it, others with their type."""
-    tls_text = tls.describe(exc)
-    if tls_text is not None:
-        return tls_text
-    text = str(exc) or type(exc).__name__
-    return text if isinstance(exc, plain) else f"{type(exc).__name__}: {text}"

@@ -19,17 +19,27 @@ class ClientSettings:
                 follow_redirects: bool, max_redirects: int, idempotent: bool, token: str | None,
                 tls: tls_.TlsOption) -> None:
         """Check and keep the settings both clients' constructors take."""
-        self.hosts, self.transport, self.timeout = p.client_settings(hosts, transport, timeout)
+        if transport not in ("tcp", "udp"):
+            raise ValueError(f"transport must be 'tcp' or 'udp', not {transport!r}")
+        if timeout <= 0:
+            raise ValueError("timeout must be > 0")
+        self.hosts, self.transport, self.timeout = p.parse_hosts(hosts), transport, float(timeout)
         self.follow_redirects = follow_redirects
         self.max_redirects = max_redirects
         # Gives every produce a (producer, sequence): a retried produce is stored once.
         self._producer = p.ProducerSequence() if idempotent else None
         self._udp = transport == "udp"
+        self._udp_seq = 0
         # Its epoch is bumped whenever the current host changes; connections remember the epoch they serve.
         self._route = Route(self.hosts)
         self.token = token
         self.tls = tls
         self._ssl = tls_.context(tls)
+
+    def _next_udp_seq(self) -> int:
+        """The seq of the next UDP request (its reply carries it back)."""
+        self._udp_seq = (self._udp_seq + 1) & 0x7FFFFFFF
+        return self._udp_seq
 
     @property
     def address(self) -> Address:

@@ -12,7 +12,7 @@ from . import protocol as p
 from . import tls as tls_
 from .calls import BlockingActions
 from .errors import ConnectTimeout, QueueError
-from .failover import DONE, Failover, Lost
+from .failover import DONE, Failover, Lost, describe
 from .protocol import Address
 from .settings import ClientSettings
 from .subscribe import Subscription
@@ -56,7 +56,6 @@ class QueueClient(ClientSettings, BlockingActions):
         self._file: Any = None
         self._sock_addr: Address | None = None
         self._sock_timeout: float | None = None
-        self._udp_seq = 0
         _clients.add(self)
 
     # ------------------------------------------------------------------ raw requests
@@ -106,7 +105,7 @@ class QueueClient(ClientSettings, BlockingActions):
                     line = self._file.readline()
                 except (ConnectionError, ValueError) as exc:
                     self._close()
-                    raise Lost(_describe(exc)) from exc
+                    raise Lost(describe(exc)) from exc
                 if not line:
                     self._close()
                     raise Lost(tls_.closed_before_reply(self._ssl is not None))
@@ -124,7 +123,7 @@ class QueueClient(ClientSettings, BlockingActions):
             line = self._file.readline()
         except (ConnectionError, ValueError) as exc:  # ValueError: file of a timed-out socket
             self._close()
-            raise Lost(_describe(exc), reused) from exc
+            raise Lost(describe(exc), reused) from exc
         if not line.endswith(b"\n"):
             self._close()
             raise Lost("connection closed by the server" if reused or line
@@ -147,7 +146,7 @@ class QueueClient(ClientSettings, BlockingActions):
                 sock.close()
                 raise
             self._sock, self._sock_addr = sock, addr
-        self._udp_seq = seq = (self._udp_seq + 1) & 0x7FFFFFFF
+        seq = self._next_udp_seq()
         data = p.udp_datagram(req, seq, self.token)
         deadline = time.monotonic() + timeout
         sock.settimeout(timeout)
@@ -185,13 +184,17 @@ class QueueClient(ClientSettings, BlockingActions):
         self._close()
 
     def __getstate__(self) -> dict[str, Any]:
-        """The settings only: a pickled client (e.g. shipped to Spark executors) reconnects."""
+        """The settings only: a pickled client (e.g. shipped to Spark executors) reconnects, with
+        a producer id of its own (tls as an SSLContext does not pickle: pass tls=True there)."""
         return {
             "hosts": self.hosts,
             "transport": self.transport,
             "timeout": self.timeout,
             "follow_redirects": self.follow_redirects,
             "max_redirects": self.max_redirects,
+            "idempotent": self._producer is not None,
+            "token": self.token,
+            "tls": self.tls,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -208,7 +211,3 @@ class QueueClient(ClientSettings, BlockingActions):
         """A Subscription to one queue or a list of them: iterate it for the messages the leader
         pushes, never more than `credit` unconfirmed per queue (see client/subscribe.py)."""
         return Subscription(self, queues, credit)
-
-
-def _describe(exc: BaseException) -> str:
-    return p.describe_failure(exc, Lost)

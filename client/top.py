@@ -68,23 +68,27 @@ def table(rows: list[Row], node: dict[str, Any], seconds: float) -> Table:
 
 
 class Sampler:
-    """Takes monitor samples of a cluster's queues through a client (QueueClient or alike)."""
+    """Takes monitor samples of a cluster's queues through a client (QueueClient or alike); each
+    measurement runs from the previous sample to a new one."""
 
     def __init__(self, client: Any, pattern: str = "") -> None:
         self.client = client
         self.pattern = pattern
         self.node: dict[str, Any] = {}
+        self.seconds = 0.0  # the span of the last measurement
+        self._last: tuple[float, dict[str, dict]] | None = None
 
     def sample(self) -> tuple[float, dict[str, dict]]:
         """(monotonic time, queue -> monitor reply) now; `node` gets the node-wide monitor."""
         client = self.client
         self.node = client.monitor()
         stats = {name: client.monitor(name) for name in client.list_queues(self.pattern)}
-        return time.monotonic(), stats
+        self._last = time.monotonic(), stats
+        return self._last
 
     def measure(self, interval: float, limit: int = DEFAULT_LIMIT) -> list[Row]:
-        """Two samples `interval` apart: their rows."""
-        t0, before = self.sample()
+        """The rows of the previous sample (one taken now if none) and one `interval` later."""
+        t0, before = self._last or self.sample()
         time.sleep(interval)
         t1, after = self.sample()
         self.seconds = t1 - t0
@@ -93,15 +97,13 @@ class Sampler:
 
 def print_once(sampler: Sampler, rows: list[Row], console: Console | None = None) -> None:
     """Print the table of one measurement."""
-    (console or Console()).print(table(rows, sampler.node, getattr(sampler, "seconds", 0.0)))
+    (console or Console()).print(table(rows, sampler.node, sampler.seconds))
 
 
 def live(sampler: Sampler, interval: float, limit: int = DEFAULT_LIMIT, console: Console | None = None) -> None:
     """Refresh the table every `interval` seconds until ^C (KeyboardInterrupt)."""
-    t0, before = sampler.sample()
+    sampler.sample()
     with Live(table([], sampler.node, 0.0), console=console, auto_refresh=False) as screen:
         while True:
-            time.sleep(interval)
-            t1, after = sampler.sample()
-            screen.update(table(rates(before, after, t1 - t0, limit), sampler.node, t1 - t0), refresh=True)
-            t0, before = t1, after
+            rows = sampler.measure(interval, limit)
+            screen.update(table(rows, sampler.node, sampler.seconds), refresh=True)

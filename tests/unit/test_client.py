@@ -527,6 +527,13 @@ def test_sync_client_pickles_without_its_connection(servers: Any) -> None:
     copy.close()
 
 
+def test_sync_client_pickles_with_its_token_tls_and_idempotence() -> None:
+    c = QueueClient("h:1", token="secret", tls=True, idempotent=False)
+    copy = pickle.loads(pickle.dumps(c))
+    assert (copy.token, copy.tls, copy._ssl is not None, copy._producer) == ("secret", True, True, None)
+    assert pickle.loads(pickle.dumps(QueueClient("h:1")))._producer is not None
+
+
 @pytest.mark.filterwarnings("ignore:.*fork:DeprecationWarning")  # 3.12+ warns on fork with threads
 def test_sync_forked_child_does_not_share_the_connection(servers: Any) -> None:
     server = servers()
