@@ -11,7 +11,7 @@ import socket
 from queue_server.config.loader import NodeConfig
 from queue_server.server.auth import read_token_file
 from queue_server.server import tls
-from queue_server.server.peer_keys import read_secrets
+from queue_server.server.secret_file import read_secrets
 
 
 class StartError(Exception):
