@@ -20,11 +20,9 @@ import orjson
 
 from queue_server.config.loader import ConfigError, NodeConfig, load_config
 from queue_server.server import logs, metrics, metrics_http, preflight, secret_file
-from queue_server.server.child import CONFIG_FILE
+from queue_server.server.child import CONFIG_FILE, HANDOFF_DONE
 
 STOP_GRACE = 5.0
-# Must match server/coordinator.py's HANDOFF_DONE (not imported: the supervisor loads no ZeroMQ).
-HANDOFF_DONE = "handoff-done"
 HANDOFF_POLL = 0.01
 
 
