@@ -18,7 +18,6 @@ import orjson
 from aiohttp import web
 
 from queue_server.server import limits
-from queue_server.server.roles import SERVING, Role
 from queue_server.server import protocol as p
 from queue_server.server import replies
 from queue_server.server.http_openapi import openapi
@@ -207,7 +206,7 @@ class HttpApi:
         return web.Response(body=b'{"healthy":true}\n', content_type=JSON)
 
     async def readyz(self, request: web.Request) -> web.Response:
-        status, body = readiness(self.acceptor.role if self.acceptor.role in SERVING else Role.NONE)
+        status, body = readiness(self.acceptor.role)
         return web.Response(body=orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE), status=status,
                             content_type=JSON)
 
