@@ -18,7 +18,7 @@ from queue_server.replication.datadir import DataDirLocked
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog
 from queue_server.server import batching, ipc, ipc_frames, peer_keys
-from queue_server.server.child import start
+from queue_server.server.child import HANDOFF_DONE, start
 from queue_server.server.roles import SERVING, Role
 from queue_server.server.cluster import ClusterNode
 from queue_server.server.metrics import CoordinatorMetrics
@@ -31,9 +31,6 @@ from queue_server.server.reachability import Reachability
 PEER_HWM = 10000
 # How often the node's figures are handed to the metrics (they are published once a second).
 OBSERVE_INTERVAL = 0.2
-# Written in the run directory once a hand-off asked for by SIGUSR1 is over (or there was nothing
-# to hand over): the supervisor then lets the acceptor drain.
-HANDOFF_DONE = "handoff-done"
 
 
 class Coordinator:

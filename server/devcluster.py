@@ -20,7 +20,7 @@ import sys
 import tempfile
 import time
 
-from queue_server.server import peer_keys
+from queue_server.server import secret_file
 
 RESTART_AFTER = 1.0  # seconds between a node's death and its restart (--restart)
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     internals = [args.internal_base_port + i for i in range(args.nodes)]
     secret = os.path.join(root, "cluster.secret")
     if not os.path.exists(secret):  # the nodes' peer links are authenticated and encrypted (CURVE)
-        peer_keys.write_secret(secret)
+        secret_file.write_secret(secret)
     paths: dict[int, str] = {}
     https = [args.http_base_port + i for i in range(args.nodes)] if args.http_base_port else None
     for cfg in cluster_configs(args.nodes, root, clients, internals, http_ports=https, replication=args.replication,

@@ -18,7 +18,6 @@ import orjson
 from aiohttp import web
 
 from queue_server.server import limits
-from queue_server.server.roles import SERVING, Role
 from queue_server.server import protocol as p
 from queue_server.server import replies
 from queue_server.server.http_openapi import openapi
@@ -39,6 +38,11 @@ OPEN = ("/", "/v1/openapi.json", "/healthz", "/readyz")
 HEALTH = ("/healthz", "/readyz")
 # Seconds a connection past max_connections may take to send the request that is told why.
 OVER_LIMIT_GRACE = 2.0
+
+
+def json_response(value: Any, status: int = 200) -> web.Response:
+    """`value` as a JSON response body (one line, as the protocol's replies)."""
+    return web.Response(body=orjson.dumps(value, option=orjson.OPT_APPEND_NEWLINE), status=status, content_type=JSON)
 
 
 class Exchange:
@@ -116,8 +120,7 @@ class HttpApi:
 
     def refuse(self, status: int, named: dict | None, reason: str) -> web.Response:
         """An error made here, in the protocol's form."""
-        body = orjson.dumps(p.error_reply(named, reason, self.node_id), option=orjson.OPT_APPEND_NEWLINE)
-        return web.Response(body=body, status=status, content_type=JSON)
+        return json_response(p.error_reply(named, reason, self.node_id), status)
 
     def handler(self, route: Route) -> Callable[[web.Request], Awaitable[web.Response]]:
         async def handle(request: web.Request) -> web.Response:
@@ -198,7 +201,7 @@ class HttpApi:
         """Every node's role, vote_id, trans_id and lag, as this node and the leader know them."""
         local, leader = await asyncio.gather(self.call({"action": p.LOCAL_MONITOR}), self.call({"action": p.MONITOR}))
         view = cluster_view(replies.decoded(local), replies.decoded(leader), self.members)
-        return web.Response(body=orjson.dumps(view, option=orjson.OPT_APPEND_NEWLINE), content_type=JSON)
+        return json_response(view)
 
     async def openapi(self, request: web.Request) -> web.Response:
         return web.Response(body=self.spec, content_type=JSON)
@@ -207,9 +210,8 @@ class HttpApi:
         return web.Response(body=b'{"healthy":true}\n', content_type=JSON)
 
     async def readyz(self, request: web.Request) -> web.Response:
-        status, body = readiness(self.acceptor.role if self.acceptor.role in SERVING else Role.NONE)
-        return web.Response(body=orjson.dumps(body, option=orjson.OPT_APPEND_NEWLINE), status=status,
-                            content_type=JSON)
+        status, body = readiness(self.acceptor.role)
+        return json_response(body, status)
 
     async def index(self, request: web.Request) -> web.FileResponse:
         return web.FileResponse(os.path.join(STATIC, "index.html"))

@@ -172,18 +172,17 @@ def cluster_view(local: Mapping[str, Any], leader: Mapping[str, Any] | None, mem
     have the trans_id the leader knows they hold (its `match_trans_id`) and its vote_id (they
     follow it); a member the leader does not list is "unknown"."""
     node_id = local.get("node_id")
-    leader_id = (leader or {}).get("node_id") if leader and leader.get("code") == p.CODE_OK else None
+    leader_id = leader.get("node_id") if leader and leader.get("code") == p.CODE_OK else None
     nodes: dict[int, dict] = {m: {"node_id": m, "role": "unknown", "vote_id": None, "trans_id": None,
                                   "commit_trans_id": None, "lag": None} for m in members or [node_id]}
-    if leader_id is not None and leader is not None:
+    if leader and leader_id is not None:
         for row in leader.get("followers", ()):
             nodes[row["node_id"]] = {"node_id": row["node_id"], "role": "follower", "vote_id": leader.get("vote_id"),
                                      "trans_id": row["match_trans_id"], "commit_trans_id": None,
                                      "lag": row["lag"], "client": _address(row)}
         nodes[leader_id] = _self_row(leader, lag=0)
     if node_id is not None:
-        mine = _self_row(local, lag=nodes.get(node_id, {}).get("lag"))
-        nodes[node_id] = mine
+        nodes[node_id] = _self_row(local, lag=nodes.get(node_id, {}).get("lag"))
     return {
         "code": p.CODE_OK,
         "node_id": node_id,

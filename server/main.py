@@ -19,12 +19,10 @@ import time
 import orjson
 
 from queue_server.config.loader import ConfigError, NodeConfig, load_config
-from queue_server.server import logs, metrics, metrics_http, peer_keys, preflight
-from queue_server.server.child import CONFIG_FILE
+from queue_server.server import logs, metrics, metrics_http, preflight, secret_file
+from queue_server.server.child import CONFIG_FILE, HANDOFF_DONE
 
 STOP_GRACE = 5.0
-# Must match server/coordinator.py's HANDOFF_DONE (not imported: the supervisor loads no ZeroMQ).
-HANDOFF_DONE = "handoff-done"
 HANDOFF_POLL = 0.01
 
 
@@ -216,7 +214,7 @@ def keygen(argv: list[str]) -> int:
                              "containers' user must read the bind-mounted file)")
     args = parser.parse_args(argv)
     try:
-        peer_keys.write_secret(args.out, args.mode)
+        secret_file.write_secret(args.out, args.mode)
     except OSError as exc:
         print(f"queue-server keygen: cannot create {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 1

@@ -150,9 +150,10 @@ def _limit_counter(m: "_Metrics") -> Counter:
                       "udp_amplification_limit), by limit.", ("limit",))
 
 
-def _fold_limits(counts: dict[str, int], counter: Counter) -> None:
-    for limit, n in counts.items():
-        counter.labels(limit=limit).inc(n)
+def _fold_labelled(counts: dict[str, int], counter: Counter) -> None:
+    """Add {label value: n} to `counter` (one label: a limit, a reason) and clear `counts`."""
+    for value, n in counts.items():
+        counter.labels(value).inc(n)
     counts.clear()
 
 
@@ -289,7 +290,7 @@ class AcceptorMetrics(_Metrics):
                 sent[label] = total
         self.connections.set(open_connections)
         self.http_connections.set(http_connections)
-        _fold_limits(self.limits, self.limit_counter)
+        _fold_labelled(self.limits, self.limit_counter)
 
 
 class WorkerMetrics(_Metrics):
@@ -342,7 +343,7 @@ class WorkerMetrics(_Metrics):
             return
         _fold_counts(self.counts, self.requests)
         if limits:
-            _fold_limits(limits, self.limit_counter)
+            _fold_labelled(limits, self.limit_counter)
         self.batch_time.drain_into(self.batch_seconds)
         self.batch_size.drain_into(self.batch_requests)
         started = time.monotonic()
@@ -472,9 +473,7 @@ class CoordinatorMetrics(_Metrics):
         self._forgotten.clear()
         self.fsync.drain_into(self.fsync_seconds)
         _fold_counts(self.counts, self.requests)
-        for reason, count in self.peer_rejects.items():
-            self.peer_rejected_counter.labels(reason=reason).inc(count)
-        self.peer_rejects.clear()
+        _fold_labelled(self.peer_rejects, self.peer_rejected_counter)
 
 
 # ----------------------------------------------------------------------------- the supervisor

@@ -13,41 +13,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
-import secrets
 
 import zmq
 from zmq.auth.thread import ThreadAuthenticator
 from zmq.utils import z85
 
-from queue_server.server import secret_file
+# The secret file's functions, here too as the peer wire's: the secrets its keys derive from.
+from queue_server.server.secret_file import new_secret, read_secrets, write_secret  # noqa: F401
 
-SECRET_BYTES = 32
 _PERSON = b"qs-peer-curve"  # domain separation: these keys are for the peer wire only
-
-
-def new_secret() -> str:
-    """A fresh cluster secret, as the text a secret file holds."""
-    return secrets.token_hex(SECRET_BYTES)
-
-
-def write_secret(path: str, mode: int = 0o600) -> None:
-    """Write a new secret to `path` (an existing file is not overwritten). OSError if it cannot."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(new_secret() + "\n")
-        os.fchmod(f.fileno(), mode)
-
-
-def read_secrets(path: str) -> list[bytes]:
-    """The secrets in `path`, one per line, the one this node serves with first. ValueError with
-    a one-line reason naming the config key if it cannot be read or a line is too short to be one."""
-    secrets_ = secret_file.read(path, "cluster_secret_file", "secret")
-    for secret in secrets_:
-        if len(secret) < 16:
-            raise ValueError(f"config key 'cluster_secret_file': {path} holds a line that is no secret of at least "
-                             f"16 characters (make one with: queue-server keygen --out {path})")
-    return secrets_
 
 
 def keypair(secret: bytes, node_id: int) -> tuple[bytes, bytes]:

@@ -7,11 +7,12 @@ import errno
 import ipaddress
 import os
 import socket
+from typing import Any, Callable
 
 from queue_server.config.loader import NodeConfig
 from queue_server.server.auth import read_token_file
 from queue_server.server import tls
-from queue_server.server.peer_keys import read_secrets
+from queue_server.server.secret_file import read_secrets
 
 
 class StartError(Exception):
@@ -44,14 +45,8 @@ def check(config: NodeConfig) -> list[str]:
     if not config.in_memory:
         _writable_dir("queue_data_dir", config.queue_data_dir)
     if config.auth_token_file:
-        try:
-            read_token_file(config.auth_token_file)
-        except ValueError as exc:
-            raise StartError(str(exc)) from None
-    try:
-        tls.server_context(config)
-    except tls.TlsConfigError as exc:
-        raise StartError(str(exc)) from None
+        _loads(read_token_file, config.auth_token_file)
+    _loads(tls.server_context, config)
     if me is not None:
         warnings += _peer_security(config, me.host)
     return warnings
@@ -61,10 +56,7 @@ def _peer_security(config: NodeConfig, host: str) -> list[str]:
     """A peer port others can reach needs the cluster secret, unless insecure_peers says plainly
     that it may go without."""
     if config.cluster_secret_file:
-        try:
-            read_secrets(config.cluster_secret_file)
-        except ValueError as exc:
-            raise StartError(str(exc)) from None
+        _loads(read_secrets, config.cluster_secret_file)
         return []
     if is_loopback(host):
         return []
@@ -74,6 +66,15 @@ def _peer_security(config: NodeConfig, host: str) -> list[str]:
                          f"and set cluster_secret_file on every node (or set insecure_peers to true)")
     return [f"insecure_peers: the peer port on {host} takes unauthenticated, unencrypted peers: anyone who "
             f"reaches it can take over the cluster; set cluster_secret_file"]
+
+
+def _loads(load: Callable[[Any], object], arg: Any) -> None:
+    """Load a file the config names as the node will; its ValueError (a one-line reason naming
+    the key: TlsConfigError is one) becomes the StartError."""
+    try:
+        load(arg)
+    except ValueError as exc:
+        raise StartError(str(exc)) from None
 
 
 def is_loopback(host: str) -> bool:
