@@ -6,7 +6,7 @@ import os
 
 
 def descendants(pid: int) -> list[int]:
-    """`pid` and all its descendants alive now."""
+    """`pid` and all its descendants alive now, `pid` first."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
