@@ -43,6 +43,7 @@ import tempfile
 import threading
 import time
 import urllib.request
+from statistics import median_high
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -517,9 +518,7 @@ def security(args: argparse.Namespace, tmp: str, start, measure, rows: list[dict
             by = {r["what"].rsplit(", ", 1)[1]: r["ops_per_s"] for r in rows[-2:]}
             ratios.append(by["token"] / by["no token"])
     if ratios:
-        notes.append("token / no token, per pair: " + ", ".join(f"{r:.3f}" for r in ratios)
-                     + f" (median {sorted(ratios)[len(ratios) // 2]:.3f})")
-        print("  " + notes[-1], flush=True)
+        _note_ratios("token / no token", ratios, notes)
         # On a loaded machine ops/s swings by tens of percent between runs; CPU per request
         # swings less, and the workers' (which never see the token) say how much is noise.
         runs = [r for r in rows if r.get("workload") == "security" and r.get("cpu_us_per_op")]
@@ -528,7 +527,7 @@ def security(args: argparse.Namespace, tmp: str, start, measure, rows: list[dict
             for mode in ("no token", "token"):
                 values = sorted(r["cpu_us_per_op"].get(process, 0.0) for r in runs if r["what"].endswith(", " + mode))
                 if values:
-                    medians[mode] = values[len(values) // 2]
+                    medians[mode] = median_high(values)
             if len(medians) == 2:
                 notes.append(f"{process} CPU us/op, median of {args.repeat}: no token {medians['no token']:.1f}, "
                              f"token {medians['token']:.1f}")
@@ -558,9 +557,14 @@ def security(args: argparse.Namespace, tmp: str, start, measure, rows: list[dict
         if len(pair) == 2:
             ratios.append(pair["TLS"] / pair["plain"])
     if ratios:
-        notes.append("TLS / plain (Python client), per pair: " + ", ".join(f"{r:.3f}" for r in ratios)
-                     + f" (median {sorted(ratios)[len(ratios) // 2]:.3f})")
-        print("  " + notes[-1], flush=True)
+        _note_ratios("TLS / plain (Python client)", ratios, notes)
+
+
+def _note_ratios(label: str, ratios: list[float], notes: list[str]) -> None:
+    """Note and print the per-pair ratios of a security comparison and their median."""
+    notes.append(f"{label}, per pair: " + ", ".join(f"{r:.3f}" for r in ratios)
+                 + f" (median {median_high(ratios):.3f})")
+    print("  " + notes[-1], flush=True)
 
 
 if __name__ == "__main__":
