@@ -49,7 +49,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
-from load.procs import descendants, process_name  # noqa: E402
+from load.procs import cpu_seconds, descendants, process_name  # noqa: E402
 from tests.harness import free_port  # noqa: E402  (one definition for tests and benchmarks)
 WORKLOADS = ("per-request", "pipelined", "batched", "long-poll", "quorum", "subscribe", "http", "security")
 PROTOCOLS = {"queue-server": "qs", "queue-server x3": "qs", "beanstalkd": "beanstalk", "redis": "redis"}
@@ -256,21 +256,13 @@ class Cluster:
         return "\n".join(f"node{i}: {n.log_tail(lines)}" for i, n in enumerate(self.nodes, 1))
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
 def process_cpu(pid: int) -> dict[str, float]:
     """CPU seconds of process `pid` and of its descendants, by name ("server" for `pid` itself;
     a queue-server child by its module and index: acceptor, worker-0, coordinator)."""
     found: dict[str, float] = {}
     for p in descendants(pid):
-        try:
-            with open(f"/proc/{p}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
         name = "server" if p == pid else process_name(p)
-        found[name] = found.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / _TICK
+        found[name] = found.get(name, 0.0) + cpu_seconds(p)
     if len(found) > 1 and "server" in found:
         found["supervisor"] = found.pop("server")
     return found
