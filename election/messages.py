@@ -79,9 +79,6 @@ class TimeoutNow:
     src: int
 
 
-ELECTION_MESSAGES = (VoteRequest, VoteReply, Heartbeat, HeartbeatAck, TimeoutNow)
-
-
 # ------------------------------------------------------------------ actions
 
 

@@ -43,12 +43,13 @@ import tempfile
 import threading
 import time
 import urllib.request
+from statistics import median_high
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
-from load.procs import descendants, process_name  # noqa: E402
+from load.procs import cpu_seconds, descendants, process_name  # noqa: E402
 from tests.harness import free_port  # noqa: E402  (one definition for tests and benchmarks)
 WORKLOADS = ("per-request", "pipelined", "batched", "long-poll", "quorum", "subscribe", "http", "security")
 PROTOCOLS = {"queue-server": "qs", "queue-server x3": "qs", "beanstalkd": "beanstalk", "redis": "redis"}
@@ -255,21 +256,13 @@ class Cluster:
         return "\n".join(f"node{i}: {n.log_tail(lines)}" for i, n in enumerate(self.nodes, 1))
 
 
-_TICK = os.sysconf("SC_CLK_TCK")
-
-
 def process_cpu(pid: int) -> dict[str, float]:
     """CPU seconds of process `pid` and of its descendants, by name ("server" for `pid` itself;
     a queue-server child by its module and index: acceptor, worker-0, coordinator)."""
     found: dict[str, float] = {}
     for p in descendants(pid):
-        try:
-            with open(f"/proc/{p}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[1].split()
-        except OSError:
-            continue
         name = "server" if p == pid else process_name(p)
-        found[name] = found.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / _TICK
+        found[name] = found.get(name, 0.0) + cpu_seconds(p)
     if len(found) > 1 and "server" in found:
         found["supervisor"] = found.pop("server")
     return found
@@ -517,9 +510,7 @@ def security(args: argparse.Namespace, tmp: str, start, measure, rows: list[dict
             by = {r["what"].rsplit(", ", 1)[1]: r["ops_per_s"] for r in rows[-2:]}
             ratios.append(by["token"] / by["no token"])
     if ratios:
-        notes.append("token / no token, per pair: " + ", ".join(f"{r:.3f}" for r in ratios)
-                     + f" (median {sorted(ratios)[len(ratios) // 2]:.3f})")
-        print("  " + notes[-1], flush=True)
+        _note_ratios("token / no token", ratios, notes)
         # On a loaded machine ops/s swings by tens of percent between runs; CPU per request
         # swings less, and the workers' (which never see the token) say how much is noise.
         runs = [r for r in rows if r.get("workload") == "security" and r.get("cpu_us_per_op")]
@@ -528,7 +519,7 @@ def security(args: argparse.Namespace, tmp: str, start, measure, rows: list[dict
             for mode in ("no token", "token"):
                 values = sorted(r["cpu_us_per_op"].get(process, 0.0) for r in runs if r["what"].endswith(", " + mode))
                 if values:
-                    medians[mode] = values[len(values) // 2]
+                    medians[mode] = median_high(values)
             if len(medians) == 2:
                 notes.append(f"{process} CPU us/op, median of {args.repeat}: no token {medians['no token']:.1f}, "
                              f"token {medians['token']:.1f}")
@@ -558,9 +549,14 @@ def security(args: argparse.Namespace, tmp: str, start, measure, rows: list[dict
         if len(pair) == 2:
             ratios.append(pair["TLS"] / pair["plain"])
     if ratios:
-        notes.append("TLS / plain (Python client), per pair: " + ", ".join(f"{r:.3f}" for r in ratios)
-                     + f" (median {sorted(ratios)[len(ratios) // 2]:.3f})")
-        print("  " + notes[-1], flush=True)
+        _note_ratios("TLS / plain (Python client)", ratios, notes)
+
+
+def _note_ratios(label: str, ratios: list[float], notes: list[str]) -> None:
+    """Note and print the per-pair ratios of a security comparison and their median."""
+    notes.append(f"{label}, per pair: " + ", ".join(f"{r:.3f}" for r in ratios)
+                 + f" (median {median_high(ratios):.3f})")
+    print("  " + notes[-1], flush=True)
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ sys.path.insert(0, REPO)
 
 from queue_server.config.loader import strip_comments  # noqa: E402
 from load.bench import request  # noqa: E402
+from load.procs import descendants  # noqa: E402
 from tests.harness import free_port  # noqa: E402
 
 
@@ -104,7 +105,7 @@ class LocalNode:
     def kill(self) -> None:
         """SIGKILL the whole node, supervisor and children at once: a crash, no clean stop."""
         if self.proc is not None and self.proc.poll() is None:
-            for pid in [self.proc.pid, *children_of(self.proc.pid)]:
+            for pid in descendants(self.proc.pid):
                 try:
                     os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -119,20 +120,6 @@ class LocalNode:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
-
-
-def children_of(pid: int) -> list[int]:
-    """Pids of the direct children of `pid` (from /proc)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as f:
-                    if int(f.read().rsplit(b")", 1)[1].split()[1]) == pid:
-                        found.append(int(entry))
-            except OSError:
-                pass
-    return found
 
 
 def local_cluster(configs: list[str], keep_ports: bool, workdir: str) -> list[LocalNode]:

@@ -19,6 +19,7 @@ import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 
 import orjson
 
@@ -75,19 +76,22 @@ def recv_until(sock: socket.socket, buf: bytearray, count: int, sep: bytes) -> b
     return buf
 
 
+def batch_sizes(count: int) -> Iterator[int]:
+    """The sizes of the requests that send `count` messages, BATCH at a time."""
+    for start in range(0, count, BATCH):
+        yield min(BATCH, count - start)
+
+
 def fill_queue_server(port: int, queues: list[str], per_queue: int, payload: bytes) -> None:
     body = payload.decode()
     with socket.create_connection(("127.0.0.1", port)) as sock:
         for q in queues:
-            left = per_queue
-            while left:
-                n = min(BATCH, left)
+            for n in batch_sizes(per_queue):
                 sock.sendall(orjson.dumps({"action": 1, "queue": q, "data": [body] * n, "retry": 30}) + b"\n")
                 buf = recv_until(sock, bytearray(), 1, b"\n")
                 reply = orjson.loads(bytes(buf).split(b"\n", 1)[0])
                 if reply.get("code") != 0:
                     raise RuntimeError(f"queue-server refused a produce: {reply}")
-                left -= n
 
 
 def fill_beanstalkd(port: int, queues: list[str], per_queue: int, payload: bytes) -> None:
@@ -96,14 +100,11 @@ def fill_beanstalkd(port: int, queues: list[str], per_queue: int, payload: bytes
         for q in queues:
             sock.sendall(b"use %s\r\n" % q.encode())
             recv_until(sock, bytearray(), 1, b"\r\n")
-            left = per_queue
-            while left:
-                n = min(BATCH, left)
+            for n in batch_sizes(per_queue):
                 sock.sendall(put * n)
                 buf = recv_until(sock, bytearray(), n, b"\r\n")
                 if buf.count(b"INSERTED") != n:
                     raise RuntimeError(f"beanstalkd refused a put: {bytes(buf[:200])!r}")
-                left -= n
 
 
 def fill_redis(port: int, queues: list[str], per_queue: int, payload: bytes) -> None:
@@ -111,15 +112,12 @@ def fill_redis(port: int, queues: list[str], per_queue: int, payload: bytes) -> 
     with socket.create_connection(("127.0.0.1", port)) as sock:
         for q in queues:
             key = q.encode()
-            left = per_queue
-            while left:
-                n = min(BATCH, left)
+            for n in batch_sizes(per_queue):
                 head = b"*%d\r\n$5\r\nRPUSH\r\n$%d\r\n%s\r\n" % (n + 2, len(key), key)
                 sock.sendall(head + item * n)
                 buf = recv_until(sock, bytearray(), 1, b"\r\n")
                 if not buf.startswith(b":"):
                     raise RuntimeError(f"redis refused an RPUSH: {bytes(buf[:200])!r}")
-                left -= n
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,12 +1,15 @@
-"""A server's processes, read from /proc, for the benchmarks: the process tree under a pid and a
-short name for each process (queue-server's children by their module and worker index)."""
+"""A server's processes, read from /proc, for the benchmarks: the process tree under a pid, a
+short name for each process (queue-server's children by their module and worker index) and the
+CPU time each has used."""
 from __future__ import annotations
 
 import os
 
+_TICK = os.sysconf("SC_CLK_TCK")
+
 
 def descendants(pid: int) -> list[int]:
-    """`pid` and all its descendants alive now."""
+    """`pid` and all its descendants alive now, `pid` first."""
     children: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -39,3 +42,13 @@ def process_name(pid: int) -> str:
             name += "-" + argv[argv.index("--index") + 1]
         return name
     return os.path.basename(argv[0]) if argv else str(pid)
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used so far; 0.0 once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return 0.0

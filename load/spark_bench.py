@@ -27,7 +27,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from load.procs import descendants  # noqa: E402
+from load.procs import cpu_seconds as process_cpu_seconds, descendants  # noqa: E402
 from tests.harness import free_port  # noqa: E402
 
 from queue_server.client import AsyncQueueClient, QueueClient
@@ -98,16 +98,7 @@ def fill(hosts: str, queues: list[str], total: int, size: int) -> float:
 
 def cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) used so far by pid and its descendants alive now."""
-    total = 0.0
-    tick = os.sysconf("SC_CLK_TCK")
-    for p in descendants(pid):
-        try:
-            with open(f"/proc/{p}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
-        except (OSError, IndexError, ValueError):
-            pass
-    return total
+    return sum(process_cpu_seconds(p) for p in descendants(pid))
 
 
 def backlog(hosts: str, queues: list[str]) -> tuple[int, int]:

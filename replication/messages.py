@@ -86,9 +86,6 @@ class InstallSnapshot:
     data: object
 
 
-REPLICATION_MESSAGES = (AppendEntries, AppendAck, Pull, InstallSnapshot)
-
-
 # ------------------------------------------------------------------ actions
 
 
