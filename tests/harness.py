@@ -252,6 +252,22 @@ def http(port: int, method: str, path: str, body: bytes | dict | None = None, to
         conn.close()
 
 
+def metric(port: int, name: str, **labels: str) -> float:
+    """The first sample `name` with these labels (others may be present) that a node's metrics_port
+    serves, or 0.0 if it serves none."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return 0.0
+
+
 class LinkProxy:
     """A TCP proxy for one directed link between two nodes' internal ports, that a test can cut
     (existing connections dropped, new ones refused) and heal."""

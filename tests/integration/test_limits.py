@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import threading
 
 import orjson
 import pytest
 
 from queue_server.server.node_memory import NodeMemory
-from tests.harness import NodeProcess, RawTcp, free_port, wait_for
-from tests.integration.test_peer_security import metric
+from tests.harness import NodeProcess, RawTcp, free_port, metric, wait_for
 
 
 @pytest.fixture(scope="module")

@@ -13,8 +13,7 @@ import time
 from queue_server import QueueClient
 from queue_server.client.errors import QueueError
 from queue_server.server import peer_keys
-from tests.harness import Cluster, NodeProcess, free_port, wait_for
-from tests.integration.test_peer_security import metric
+from tests.harness import Cluster, NodeProcess, free_port, metric, wait_for
 
 OLD_TOKEN, NEW_TOKEN = "old-token-0123456789", "new-token-9876543210"
 
