@@ -40,9 +40,8 @@ def free_port() -> int:
     range, where the next outgoing connection (a node dialling its peers) can take it before the
     node that was given it binds it."""
     low, high = _EPHEMERAL
-    candidates = [(10000, low - 1)] if low > 11000 else [(high + 1, 65535)]
+    lo, hi = (10000, low - 1) if low > 11000 else (high + 1, 65535)
     for _ in range(1000):
-        lo, hi = candidates[0]
         port = _PORT_RNG.randint(lo, hi)
         if port in _HANDED_OUT:
             continue
@@ -151,7 +150,7 @@ class NodeProcess:
         """Stop the node (SIGTERM, then SIGKILL) and every child it left."""
         if self.proc is None:
             return None
-        children = self.child_pids() if self.proc.poll() is None else []
+        pids = self.child_pids() if self.proc.poll() is None else []
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -159,7 +158,7 @@ class NodeProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        for pid in children:
+        for pid in pids:
             try:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
@@ -251,6 +250,22 @@ def http(port: int, method: str, path: str, body: bytes | dict | None = None, to
         return response.status, dict(response.getheaders()), orjson.loads(raw) if raw else {}
     finally:
         conn.close()
+
+
+def metric(port: int, name: str, **labels: str) -> float:
+    """The first sample `name` with these labels (others may be present) that a node's metrics_port
+    serves, or 0.0 if it serves none."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return 0.0
 
 
 class LinkProxy:

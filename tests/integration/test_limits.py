@@ -5,15 +5,13 @@ from __future__ import annotations
 
 import http.client
 import json
-import socket
 import threading
 
 import orjson
 import pytest
 
 from queue_server.server.node_memory import NodeMemory
-from tests.harness import NodeProcess, RawTcp, free_port, wait_for
-from tests.integration.test_peer_security import metric
+from tests.harness import NodeProcess, RawTcp, free_port, metric, wait_for
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +25,6 @@ def limited(tmp_path_factory):
 
 def refusals(node: NodeProcess, limit: str) -> float:
     return metric(node.config["metrics_port"], "queue_server_limit_refusals_total", limit=limit)
-
-
-def closed(conn: RawTcp) -> bool:
-    conn.sock.settimeout(10)
-    return conn.sock.recv(1) == b""
 
 
 def test_a_connection_past_max_connections_is_told_why_and_closed(limited):
@@ -48,7 +41,7 @@ def test_a_connection_past_max_connections_is_told_why_and_closed(limited):
             if reply["code"] == -1:
                 refused.append(conn)
                 assert reply["reason"].startswith("too many connections: this node's max_connections (3) is reached")
-        assert refused and closed(refused[0])
+        assert refused and refused[0].closed_by_peer()
         for conn in (third, fourth):
             conn.close()
         # the existing clients are served, nothing stored is lost
@@ -126,7 +119,7 @@ def test_an_idle_http_connection_is_closed_a_long_poll_is_not(limited):
         tcp_idle = RawTcp(*limited.address)  # the TCP idle check goes on beside the HTTP long poll
         try:
             assert tcp_idle.call({"action": 4, "queue": "webidle"})["code"] == 0
-            assert closed(tcp_idle)
+            assert tcp_idle.closed_by_peer()
         finally:
             tcp_idle.close()
         producer = RawTcp(*limited.address)
@@ -146,7 +139,7 @@ def test_an_idle_connection_is_closed_a_long_poll_is_not(limited):
     try:
         assert idle.call({"action": 1, "queue": "idle", "data": "kept", "delay": 3600})["code"] == 0
         polling.send({"action": 2, "queue": "later", "wait": 8})
-        assert closed(idle)  # after idle_timeout (2 s)
+        assert idle.closed_by_peer()  # after idle_timeout (2 s)
         producer = RawTcp(*limited.address)
         try:
             assert producer.call({"action": 1, "queue": "later", "data": "x"})["code"] == 0

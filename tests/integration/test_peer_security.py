@@ -8,11 +8,9 @@ import json
 import os
 import subprocess
 import sys
-import urllib.request
 
 import pytest
 import zmq
-from prometheus_client.parser import text_string_to_metric_families
 
 from queue_server.election.messages import VoteRequest
 from queue_server.server.records import Purge
@@ -20,19 +18,9 @@ from queue_server.replication import wire
 from queue_server.replication.log import Entry
 from queue_server.replication.messages import AppendEntries, InstallSnapshot
 from queue_server.server import peer_keys
-from tests.harness import Cluster, RawTcp, free_port, wait_for
+from tests.harness import Cluster, RawTcp, free_port, metric, wait_for
 
 HUGE = 2**62
-
-
-def metric(port: int, name: str, **labels: str) -> float:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    return 0.0
 
 
 def secured_cluster(workdir, secrets: dict[int, str] | None = None) -> Cluster:

@@ -10,13 +10,10 @@ import os
 import threading
 import time
 
-
-
 from queue_server import QueueClient
 from queue_server.client.errors import QueueError
 from queue_server.server import peer_keys
-from tests.harness import Cluster, NodeProcess, free_port, wait_for
-from tests.integration.test_peer_security import metric
+from tests.harness import Cluster, NodeProcess, free_port, metric, wait_for
 
 OLD_TOKEN, NEW_TOKEN = "old-token-0123456789", "new-token-9876543210"
 
@@ -54,7 +51,7 @@ class Traffic(threading.Thread):
                     q.confirm("rot", m.msg_id)
             except QueueError:
                 self.errors += 1
-                time.sleep(0.05)  # pace retries while a node restarts (not a wait for a condition)
+                self.stop.wait(0.05)  # pace retries while a node restarts (not a wait for a condition)
                 continue
             now = time.monotonic()
             self.longest_outage = max(self.longest_outage, now - self.last_ok)
@@ -128,9 +125,12 @@ def test_rolling_rotation_of_secret_and_token_keeps_the_cluster_serving(tmp_path
         wait_for(lambda: len(traffic.acked) > acked_before_stop + 10, 20, "the client to go on producing")
         traffic.stop.set()
         traffic.join(10)
+        assert not traffic.is_alive(), "the client thread did not stop"
         traffic.drain()
         assert traffic.longest_outage < 20, f"{traffic.longest_outage:.1f} s without a successful request"
     finally:
         traffic.stop.set()
+        if traffic.is_alive():
+            traffic.join(10)
         traffic.client.close()
         cluster.stop()

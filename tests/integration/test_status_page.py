@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import shutil
 import threading
-import time
 
 import pytest
 
@@ -108,7 +107,7 @@ def test_the_status_page_of_a_follower_shows_roles_and_a_queue_count_that_change
                         return
                     q.produce_batch("orders", [f"more {n}.{i}" for i in range(5)])
                     q.consume_batch("orders", 2)
-                    time.sleep(0.1)
+                    stop.wait(0.1)  # paced, so that the page sees rates over a few refreshes
         producer = threading.Thread(target=produce)
         producer.start()
         try:
@@ -116,9 +115,10 @@ def test_the_status_page_of_a_follower_shows_roles_and_a_queue_count_that_change
                      "the page to show the new messages")
             wait_for(lambda: float(text(browser, '#queues tr[data-queue="orders"] td.produced-rate') or 0) > 0, 20,
                      "a produce rate")
-        finally:
             producer.join(30)
-            stop.set()
+        finally:
+            stop.set()  # a failure above: the producer stops at once
+            producer.join(30)
         wait_for(lambda: text(browser, '#queues tr[data-queue="orders"] td.ready') == "123", 20,
                  "the final count")
         shot = tmp_path / "status-page.png"

@@ -9,8 +9,7 @@ import socket
 import orjson
 import pytest
 
-from tests.harness import NodeProcess, RawTcp, free_port, udp_call, wait_for
-from tests.integration.test_peer_security import metric
+from tests.harness import NodeProcess, RawTcp, free_port, metric, udp_call, wait_for
 
 BODY = "x" * 500
 TOKEN = "udp guard token"

@@ -12,45 +12,12 @@ from queue_server.replication.snapshot import read_snapshot, snapshot_name, writ
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog, list_segments, scan
 from queue_server.server.records import Produce
+from tests.unit.faulty_disk import Faults
 
 
 def record(n: int) -> Produce:
     return Produce(queue="q", msg_id=n, ready=1.0, ttl=2.0, retry=0.0, priority=0,
                    data="x" * (n % 5), delivery_count=0)
-
-
-class FakeDisk:
-    """The log's opener and fsync: files that count fsyncs and refuse writes while `full`."""
-
-    def __init__(self) -> None:
-        self.full = False
-        self.fsyncs = 0
-
-    def opener(self, path: str) -> "FakeFile":
-        return FakeFile(open(path, "ab", buffering=0), self)
-
-    def fsync(self, fd: int) -> None:
-        self.fsyncs += 1
-
-
-class FakeFile:
-    def __init__(self, f, disk: FakeDisk) -> None:
-        self.f = f
-        self.disk = disk
-
-    def write(self, data) -> int:
-        if self.disk.full:
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        return self.f.write(data)
-
-    def truncate(self, size: int) -> int:
-        return self.f.truncate(size)
-
-    def fileno(self) -> int:
-        return self.f.fileno()
-
-    def close(self) -> None:
-        self.f.close()
 
 
 class Messages(logging.Handler):
@@ -68,8 +35,8 @@ class Messages(logging.Handler):
         self.seen.append((r.levelname, r.getMessage()))
 
 
-def open_storage(path, fsync: str = "everysec", disk: FakeDisk | None = None, **kw) -> Storage:
-    disk = disk or FakeDisk()
+def open_storage(path, fsync: str = "everysec", disk: Faults | None = None, **kw) -> Storage:
+    disk = disk or Faults()
     return Storage(str(path), fsync, wal_opener=disk.opener, wal_fsync=disk.fsync, **kw)
 
 
@@ -175,8 +142,8 @@ def test_repair_cuts_the_log_at_the_damage(tmp_path):
 # ---------------------------------------------------------------------- fsync policy
 
 
-def started(path, fsync: str) -> tuple[Storage, FakeDisk, ChangeLog]:
-    disk = FakeDisk()
+def started(path, fsync: str) -> tuple[Storage, Faults, ChangeLog]:
+    disk = Faults()
     s = open_storage(path, fsync, disk)
     s.recover()
     return s, disk, ChangeLog(1000)
@@ -223,7 +190,7 @@ def test_fsync_no_leaves_it_to_the_os(tmp_path):
 
 
 def test_a_full_disk_fails_writes_until_space_returns(tmp_path):
-    disk = FakeDisk()
+    disk = Faults()
     messages = Messages()
     s = open_storage(tmp_path, "always", disk, log=messages.log)
     s.recover()
@@ -231,7 +198,7 @@ def test_a_full_disk_fails_writes_until_space_returns(tmp_path):
     log.append(1, [record(1), record(2)])
     assert s.write(log, None, 0.0) == 2
 
-    disk.full = True
+    disk.write_error = errno.ENOSPC
     log.append(1, [record(3)])
     with pytest.raises(StorageError, match="No space left"):
         s.write(log, None, 1.0)
@@ -242,7 +209,7 @@ def test_a_full_disk_fails_writes_until_space_returns(tmp_path):
     assert [level for level, _ in messages.seen] == ["ERROR"]  # said once, not per write
     assert messages.seen[0][1].startswith("storage unavailable: ")
 
-    disk.full = False
+    disk.write_error = None
     assert s.write(log, None, 3.0) == 4
     assert not s.failed and messages.seen[-1] == ("WARNING", "storage available again")
     s.close()
