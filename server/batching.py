@@ -11,12 +11,10 @@ def for_acceptor(messages: tuple[list[bytes], ...] | list[list[bytes]]) -> list[
     Status first, so that the acceptor knows of a change of role before a client can read a
     reply caused by it (and send its next request to a role that is over)."""
     others = [m for m in messages if m[0] != ipc_frames.REP]
-    batches = [ipc_frames.read_rep(m) for m in messages if m[0] == ipc_frames.REP]
-    if not batches:
-        return others
-    if len(batches) == 1:
-        return others + [ipc_frames.rep_frames(*batches[0])]
-    return others + [ipc_frames.rep_frames(*replies.join(batches))]
+    reps = [m for m in messages if m[0] == ipc_frames.REP]
+    if len(reps) < 2:
+        return others + reps
+    return others + [ipc_frames.rep_frames(*replies.join([ipc_frames.read_rep(m) for m in reps]))]
 
 
 def for_workers(messages: tuple[tuple[int, list[bytes]], ...] | list[tuple[int, list[bytes]]]

@@ -238,20 +238,25 @@ class Coordinator:
         replies a write to disk released come in the Ready after it), or the disk refused the log.
         The first Ready is carried out even if empty: the log may be due for an fsync."""
         node = self.node
-        while self.carry_out(node.ready()) and node.has_ready():
-            pass
+        written = None  # the log_through of the last Ready written to disk
+        while True:
+            ready = node.ready()
+            if not self.carry_out(ready, ready.needs_write(written)) or not node.has_ready():
+                break
+            written = ready.log_through
         if time.monotonic() >= self.next_observe:
             self.next_observe = time.monotonic() + OBSERVE_INTERVAL
             self.observe()
 
-    def carry_out(self, ready: Ready) -> bool:
-        """Write the log and the vote to disk, then send: nothing that depends on a record leaves
-        before the record is on disk. Then advance the node. Whether the log was stored."""
+    def carry_out(self, ready: Ready, write: bool = True) -> bool:
+        """Write the log and the vote to disk (unless told there is nothing to write), then send:
+        nothing that depends on a record leaves before the record is on disk. Then advance the
+        node. Whether the log was stored."""
         node = self.node
         storage = self.storage
         durable = None
         log_stored = vote_stored = True
-        if storage is not None:
+        if storage is not None and write:
             try:
                 durable = storage.write(node.log, ready.truncate_after, time.time())
             except StorageError:

@@ -31,6 +31,13 @@ class Ready:
     snapshot_now: bool  # the log was replaced by a snapshot: write one at once
     role: Role | None  # the node's role when it changed since the last Ready, else None
 
+    def needs_write(self, written_through: int | None) -> bool:
+        """Whether carrying it out must write to disk, after this flush wrote the log up to
+        written_through (None: nothing written yet, and the log may be due for an fsync). A Ready
+        that only sends what the last write released needs none."""
+        return (written_through is None or self.log_through != written_through or self.vote is not None
+                or self.truncate_after is not None or self.snapshot_now)
+
     def peer_messages(self, log_stored: bool, vote_stored: bool) -> tuple[tuple[int, object], ...]:
         """The peer messages that may go once persisting is done: none if the vote could not be
         stored (a vote not on disk must not be acted on), and none that claim the log if it could

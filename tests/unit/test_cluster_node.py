@@ -391,6 +391,22 @@ def test_a_reply_leaves_in_the_ready_after_the_one_that_persists_its_record():
     assert not node.has_ready()
 
 
+def test_only_the_ready_after_a_write_that_just_sends_its_replies_needs_no_write():
+    """The coordinator writes the first Ready of a flush (an fsync may be due) and any Ready with
+    a log, a truncation or a vote to store; the one carrying the replies the write released
+    needs no second write."""
+    node = _leader()
+    assert node.ready().needs_write(None)
+    _batch(node, node.epoch, [PRODUCE])
+    persist = node.ready()
+    assert persist.needs_write(None) and persist.needs_write(persist.log_through - 1)
+    node.advance(persist, durable_trans_id=persist.log_through)
+    reply = node.ready()
+    assert _replies(reply.to_acceptor) and not reply.needs_write(persist.log_through)
+    _batch(node, node.epoch, [dict(PRODUCE, msg_id=2)], seq=2)
+    assert node.ready().needs_write(persist.log_through)
+
+
 def test_a_log_the_disk_refused_claims_nothing_and_is_asked_for_again():
     node = _follower()
     node.on_peer(AppendEntries(1, 2, 0, 0, (Entry(1, 1, PRODUCE),), 0), NODE2, T0 + 0.01)
