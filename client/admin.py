@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from queue_server.server.protocol import (
+from queue_server.protocol.vocabulary import (
     DELETE_QUEUE,
     DLQ_REPLAY,
     LOCAL_PEEK,

@@ -14,7 +14,7 @@ import orjson
 
 from .errors import QueueError
 
-from queue_server.server.protocol import (  # noqa: F401  (re-exported: one vocabulary for server and client)
+from queue_server.protocol.vocabulary import (  # noqa: F401  (re-exported: one vocabulary for server and client)
     AUTH,
     ACTION_NAMES,
     CODE_ERROR,

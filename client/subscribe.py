@@ -13,7 +13,7 @@ from . import tls
 from .errors import QueueError
 from .failover import Reconnect
 from .protocol import Message
-from queue_server.server.protocol import SUBSCRIBE, resolve_action
+from queue_server.protocol.vocabulary import SUBSCRIBE, resolve_action
 
 # How long a subscription keeps trying to find the (new) leader after it lost its connection.
 RESUBSCRIBE_FOR = 30.0

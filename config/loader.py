@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import re
-from queue_server.server.protocol import MAX_QUEUE_NAME_BYTES, queue_name_error
+from queue_server.protocol.vocabulary import MAX_QUEUE_NAME_BYTES, queue_name_error
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 

@@ -30,7 +30,7 @@ import random
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from queue_server.server.roles import Role
+from queue_server.protocol.roles import Role
 from queue_server.election.messages import (
     BecomeCandidate,
     BecomeFollower,

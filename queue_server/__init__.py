@@ -6,10 +6,11 @@ queue_server.
     with QueueClient("127.0.0.1:1111") as q:
         q.produce("jobs", "hello", retry=30)
 
-The installed package maps the repository's folders into one namespace: queue_server.client
-(the clients), queue_server.server (the acceptor, the coordinator and their decisions),
-queue_server.workers, queue_server.replication, queue_server.election, queue_server.config and
-queue_server.spark. docs/architecture.md follows a request through them.
+The installed package maps the repository's folders into one namespace, layered bottom-up:
+queue_server.protocol (the wire vocabulary, codecs and log records), queue_server.config, the
+pure cores in queue_server.workers, queue_server.replication and queue_server.election, the
+processes in queue_server.server (acceptor, worker, coordinator, supervisor), and on top the
+clients: queue_server.client and queue_server.spark. docs/architecture.md follows a request through them.
 """
 from queue_server import client as _client
 from queue_server.client import *  # noqa: F403  (the clients are the package's public face)

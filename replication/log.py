@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from queue_server.server.records import Record
+from queue_server.protocol.records import Record
 
 # Drop the dead head of the backing list once it is at least this long and half the list.
 _COMPACT_MIN = 1024

@@ -12,12 +12,11 @@ from typing import Callable
 
 
 from queue_server.replication.datadir import DataDir
-from queue_server.server.child import die_with_parent
 from queue_server.replication.log import ChangeLog, Entry
 from queue_server.replication.messages import Recovered
 from queue_server.replication.snapshot import read_latest_snapshot, snapshot_trans_ids, write_snapshot
 from queue_server.replication.wal import Opener, StorageError, SyncPolicy, WalWriter, read_wal
-from queue_server.server.records import decode, encode
+from queue_server.protocol.records import decode, encode
 
 __all__ = ["Recovered", "Storage", "StorageError"]
 
@@ -27,9 +26,12 @@ class Storage:
 
     def __init__(self, path: str, fsync: str = "everysec", *, repair: bool = False,
                  log: logging.Logger | None = None, segment_bytes: int = 64 << 20,
-                 wal_opener: Opener | None = None, wal_fsync: Callable[[int], None] | None = None) -> None:
+                 wal_opener: Opener | None = None, wal_fsync: Callable[[int], None] | None = None,
+                 in_snapshot_child: Callable[[], None] = lambda: None) -> None:
         """Lock the data dir at path. `fsync` is the policy (always, everysec, no);
-        wal_opener and wal_fsync stand in for the log's file and os.fsync (tests, faults)."""
+        wal_opener and wal_fsync stand in for the log's file and os.fsync (tests, faults);
+        in_snapshot_child runs first in a forked snapshot writer (the node's process hygiene,
+        such as dying with its parent)."""
         self.log = log or logging.getLogger(__name__)
         self.datadir = DataDir(path)
         self.repair = repair
@@ -37,6 +39,7 @@ class Storage:
         self.segment_bytes = segment_bytes
         self._wal_opener = wal_opener
         self._wal_fsync = wal_fsync
+        self._in_snapshot_child = in_snapshot_child
         self.wal: WalWriter | None = None
         self.snapshot_pid: int | None = None
         self.snapshot_at = 0  # trans_id of the newest snapshot written or being written
@@ -118,7 +121,7 @@ class Storage:
             status = 0
             try:
                 self.datadir.release_in_child()
-                die_with_parent()
+                self._in_snapshot_child()
                 write_snapshot(self.datadir.snapshot_dir, trans_id, vote_id, state())
             except BaseException:
                 status = 1

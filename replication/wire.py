@@ -9,7 +9,7 @@ import orjson
 from queue_server.election.messages import Heartbeat, HeartbeatAck, TimeoutNow, VoteReply, VoteRequest
 from queue_server.replication import peer_pb2 as pb
 from queue_server.replication.log import Entry
-from queue_server.server.records import decode_many, encode_many
+from queue_server.protocol.records import decode_many, encode_many
 from queue_server.replication.messages import (
     AppendAck, AppendEntries, Forward, ForwardReply, GiveBack, InstallSnapshot, Pull,
 )

@@ -15,13 +15,14 @@ import uvloop
 import zmq
 
 from queue_server.config.loader import NodeConfig
-from queue_server.server import ipc, ipc_frames, limits, replies, tls, udp_guard
-from queue_server.server import protocol as p
+from queue_server.server import ipc, tls, udp_guard
+from queue_server.protocol import ipc_frames, limits, replies
+from queue_server.protocol import vocabulary as p
 from queue_server.server.auth import AUTH_REQUIRED, Authenticator, read_token_file
 from queue_server.server.child import start
 from queue_server.server.dispatch import TO_COORDINATOR, Dispatch, ReplyOrder
-from queue_server.server.framing import FrameDecoder, FramingError
-from queue_server.server.origin import Origin
+from queue_server.protocol.framing import FrameDecoder, FramingError
+from queue_server.protocol.origin import Origin
 from queue_server.server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_limit, count_one
 from queue_server.server.preflight import is_loopback
 from queue_server.server.router import Router

@@ -10,7 +10,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from queue_server.server import secret_file
-
 AUTH_REQUIRED = "authentication required: send {\"action\": \"auth\", \"token\": ...} first"
 AUTH_FAILED = "authentication failed"
 AUTH_THROTTLED = "authentication failed: too many failures from this address, retry later"

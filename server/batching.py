@@ -3,9 +3,7 @@ per destination as the order the receiver relies on allows (each send wakes two 
 Pure: frames in, frames out."""
 from __future__ import annotations
 
-from queue_server.server import ipc_frames, replies
-
-
+from queue_server.protocol import ipc_frames, replies
 def for_acceptor(messages: tuple[list[bytes], ...] | list[list[bytes]]) -> list[list[bytes]]:
     """The messages for the acceptor: status first, then all reply batches joined into one.
     Status first, so that the acceptor knows of a change of role before a client can read a

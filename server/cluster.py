@@ -35,13 +35,14 @@ from queue_server.replication.messages import (
     SendSnapshot,
 )
 from queue_server.replication.progress import LeaderReplication
-from queue_server.server import gather, ipc_frames, replies
+from queue_server.server import gather
+from queue_server.protocol import ipc_frames, replies
 from queue_server.server.forwarding import Deliver, Forwarding, Undeliver, Work
-from queue_server.server.origin import Origin
+from queue_server.protocol.origin import Origin
 from queue_server.server.ready import Ready
-from queue_server.server.roles import Role
-from queue_server.server.records import Noop, Record, decode_many
-from queue_server.server import protocol as p
+from queue_server.protocol.roles import Role
+from queue_server.protocol.records import Noop, Record, decode_many
+from queue_server.protocol import vocabulary as p
 from queue_server.server.router import Router
 from queue_server.workers.queue import StateQueue
 from queue_server.workers.service import PartitionService

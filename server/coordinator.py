@@ -17,9 +17,10 @@ from queue_server.replication import wire
 from queue_server.replication.datadir import DataDirLocked
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog
-from queue_server.server import batching, ipc, ipc_frames, peer_keys
-from queue_server.server.child import HANDOFF_DONE, start
-from queue_server.server.roles import SERVING, Role
+from queue_server.server import batching, ipc, peer_keys
+from queue_server.protocol import ipc_frames
+from queue_server.server.child import HANDOFF_DONE, die_with_parent, start
+from queue_server.protocol.roles import SERVING, Role
 from queue_server.server.cluster import ClusterNode
 from queue_server.server.metrics import CoordinatorMetrics
 from queue_server.server.peer_check import peer_rejection
@@ -327,7 +328,8 @@ def main(argv: list[str] | None = None) -> None:
     storage = None
     if not cfg.in_memory:
         try:
-            storage = Storage(cfg.queue_data_dir, cfg.fsync, repair=cfg.repair, log=info.log)
+            storage = Storage(cfg.queue_data_dir, cfg.fsync, repair=cfg.repair, log=info.log,
+                              in_snapshot_child=die_with_parent)
         except DataDirLocked as exc:
             info.log.error("%s", exc)
             sys.exit(3)

@@ -21,7 +21,6 @@ import tempfile
 import time
 
 from queue_server.server import secret_file
-
 RESTART_AFTER = 1.0  # seconds between a node's death and its restart (--restart)
 
 

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from queue_server.server import ipc_frames
-from queue_server.server.roles import Role
-from queue_server.server import protocol as p
-from queue_server.server.framing import FramingError
-from queue_server.server.origin import Origin
+from queue_server.protocol import ipc_frames
+from queue_server.protocol.roles import Role
+from queue_server.protocol import vocabulary as p
+from queue_server.protocol.framing import FramingError
+from queue_server.protocol.origin import Origin
 from queue_server.server.router import SCATTER_ACTIONS, Router
 
 # This node's role, as the coordinator last reported it.

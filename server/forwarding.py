@@ -14,9 +14,9 @@ import orjson
 
 from queue_server.election.messages import Send
 from queue_server.replication.messages import Forward, ForwardReply
-from queue_server.server import protocol as p
-from queue_server.server import replies
-from queue_server.server.origin import Origin
+from queue_server.protocol import vocabulary as p
+from queue_server.protocol import replies
+from queue_server.protocol.origin import Origin
 from queue_server.server.router import SCATTER_ACTIONS, Router
 
 # A forwarded request not answered this long after its own wait is failed (the leader is gone).
@@ -42,7 +42,7 @@ class Deliver:
 
 @dataclass(frozen=True, slots=True)
 class Work:
-    """A request item (server/ipc_frames.py REQ) for worker `index` of this leading node."""
+    """A request item (protocol/ipc_frames.py REQ) for worker `index` of this leading node."""
 
     index: int
     item: list

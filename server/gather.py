@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from queue_server.server import protocol as p
-from queue_server.server.origin import Origin
+from queue_server.protocol import vocabulary as p
+from queue_server.protocol.origin import Origin
 
 _SUMMED = ("size", "ready", "delayed", "in_flight", "waiters", "queue_count", "max_id",
            "dead", "produced", "consumed")

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from queue_server.server import limits
-from queue_server.server import protocol as p
-from queue_server.server import replies
+from queue_server.protocol import limits
+from queue_server.protocol import vocabulary as p
+from queue_server.protocol import replies
 from queue_server.server.http_openapi import openapi
 from queue_server.server.http_routes import (AUTH_MISSING, ROUTES, TOO_LARGE, Route, bearer, build,
                                              cluster_view, leader_headers, leader_http, status_of)
 from queue_server.server.metrics import count_limit
 from queue_server.server.metrics_http import readiness
-from queue_server.server.origin import Origin
+from queue_server.protocol.origin import Origin
 
 if TYPE_CHECKING:
     from queue_server.server.acceptor import Acceptor

@@ -12,8 +12,7 @@ from typing import Any, Mapping
 
 import orjson
 
-from queue_server.server import protocol as p
-
+from queue_server.protocol import vocabulary as p
 AUTH_MISSING = "authentication required: send the header Authorization: Bearer <token>"
 BEARER = "bearer "
 # Reasons (prefixes) of code -1 replies that say "not now, try again" rather than "bad input".

@@ -1,5 +1,5 @@
 """The ZeroMQ plumbing between a node's processes: endpoint names in the run directory, socket
-construction and the process loop. The messages themselves are server/ipc_frames.py's."""
+construction and the process loop. The messages themselves are protocol/ipc_frames.py's."""
 from __future__ import annotations
 
 import os

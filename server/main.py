@@ -84,7 +84,7 @@ def child_commands(config: NodeConfig, run_dir: str) -> list[tuple[str, list[str
     common = ["--run-dir", run_dir, "--parent", str(os.getpid())]
     children = [("coordinator", base + ["queue_server.server.coordinator"] + common)]
     for i in range(config.workers):
-        children.append((f"worker-{i}", base + ["queue_server.workers.worker", "--index", str(i)] + common))
+        children.append((f"worker-{i}", base + ["queue_server.server.worker", "--index", str(i)] + common))
     children.append(("acceptor", base + ["queue_server.server.acceptor"] + common))
     return children
 

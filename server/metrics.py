@@ -14,7 +14,7 @@ Who owns what:
 * :class:`AcceptorMetrics` -- server/acceptor.py: requests received per transport, TCP
   connections, replies the acceptor makes itself (errors it catches, ``leader``), and request
   latency sampled by following one request at a time through the node.
-* :class:`WorkerMetrics` -- workers/worker.py: replies per action and code, the time a worker
+* :class:`WorkerMetrics` -- server/worker.py: replies per action and code, the time a worker
   spends on one request batch and the batch sizes, and queue sizes (ready, delayed, in flight).
 * :class:`CoordinatorMetrics` -- server/coordinator.py (wired by the cluster work): trans_id,
   role and term, elections, replication lag per follower, change-log fsync time.
@@ -33,8 +33,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from queue_server.server import protocol as p
-from queue_server.server.roles import METRIC_ROLES
+from queue_server.protocol import vocabulary as p
+from queue_server.protocol.roles import METRIC_ROLES
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 FOLD_INTERVAL = 1.0  # seconds between folds of local counts into the shared metrics
@@ -294,7 +294,7 @@ class AcceptorMetrics(_Metrics):
 
 
 class WorkerMetrics(_Metrics):
-    """A worker's metrics (workers/worker.py): replies per action and code, batch time and size,
+    """A worker's metrics (server/worker.py): replies per action and code, batch time and size,
     and the sizes of the queues it owns."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:

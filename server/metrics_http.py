@@ -18,7 +18,7 @@ import orjson
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import MetricsHandler
 
-from queue_server.server.roles import SERVING
+from queue_server.protocol.roles import SERVING
 
 ROLE_METRIC = "queue_server_role"
 READY_ROLES = tuple(r.value for r in SERVING)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from queue_server.election.messages import HeartbeatAck
 from queue_server.replication.messages import AppendAck
-from queue_server.server.roles import Role
+from queue_server.protocol.roles import Role
 
 # Peer messages that tell the leader how far this node's log reaches: not sent while the disk
 # refuses the log.

@@ -7,9 +7,9 @@ from __future__ import annotations
 import zlib
 from typing import Iterable
 
-from queue_server.server import ipc_frames
-from queue_server.server import protocol as p
-from queue_server.server.origin import Origin
+from queue_server.protocol import ipc_frames
+from queue_server.protocol import vocabulary as p
+from queue_server.protocol.origin import Origin
 
 _MONITORS = frozenset({p.MONITOR, p.LOCAL_MONITOR})
 SCATTER_ACTIONS = frozenset({p.MONITOR, p.LOCAL_MONITOR, p.LIST, p.LOCAL_LIST})

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from queue_server.server import protocol as p
-from queue_server.server.origin import Origin
-from queue_server.server.records import DeleteQueue
+from queue_server.protocol import vocabulary as p
+from queue_server.protocol.origin import Origin
+from queue_server.protocol.records import DeleteQueue
 from queue_server.workers.bad_request import BadRequest
 from queue_server.workers.queue import PEEK_STATES, Message
 

@@ -1,7 +1,7 @@
 """One queue: the message index, its delayed / ready / leased orderings, leases and ttl.
 
 Pure logic: no I/O and no clock reads; the time (`now`, float unix seconds) is always an argument.
-Every change is a record (a type of server/records.py). Leader-side methods
+Every change is a record (a type of protocol/records.py). Leader-side methods
 build the record and then `apply` it, the same code a replica runs, so the two cannot diverge.
 
 One file, over 600 lines, because Queue is one invariant: every stored message is in exactly one
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from sortedcontainers import SortedDict, SortedList
 
-from queue_server.server.records import (
+from queue_server.protocol.records import (
     Confirm, Consume, DeadLetter, DlqReplay, Expire, Pause, Produce, Purge, Record, Release, Restore,
     count,
 )

@@ -13,12 +13,12 @@ from typing import Any, Callable
 
 import orjson
 
-from queue_server.server import limits
-from queue_server.server import protocol as p
-from queue_server.server.origin import Origin
+from queue_server.protocol import limits
+from queue_server.protocol import vocabulary as p
+from queue_server.protocol.origin import Origin
 from queue_server.workers import admin, subscriptions
 from queue_server.workers.bad_request import BadRequest
-from queue_server.server.records import Confirm, Consume, DeleteQueue, Noop, Record, Release, count
+from queue_server.protocol.records import Confirm, Consume, DeleteQueue, Noop, Record, Release, count
 from queue_server.workers.queue import Message, Queue
 
 # How many just-deleted at-most-once messages are kept to be restored if their reply cannot be
@@ -189,7 +189,7 @@ class PartitionService:
         max_deliveries, dead_letter_suffix: the dead-letter policy (config keys of those names;
         "" turns dead-letter queues off).
         max_queues, queue_share: the node's max_queues and this worker's share of it (see
-        server/limits.py queue_share); a request that would create a queue past the share is
+        protocol/limits.py queue_share); a request that would create a queue past the share is
         refused. max_memory_mb: named in the refusal of a produce while `memory_full` (the worker
         sets it from the node's resident memory)."""
         self.node_id = node_id

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from queue_server.server import protocol as p
-from queue_server.server.origin import Origin
+from queue_server.protocol import vocabulary as p
+from queue_server.protocol.origin import Origin
 from queue_server.workers.bad_request import BadRequest
 
 if TYPE_CHECKING:

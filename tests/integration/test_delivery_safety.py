@@ -14,9 +14,10 @@ from prometheus_client import CollectorRegistry
 
 import queue_server.server.acceptor as acceptor_module
 from queue_server.config.loader import parse_config
-from queue_server.server import ipc, ipc_frames
+from queue_server.server import ipc
+from queue_server.protocol import ipc_frames
 from queue_server.server.acceptor import Acceptor
-from queue_server.server.origin import Origin
+from queue_server.protocol.origin import Origin
 from queue_server.server.metrics import AcceptorMetrics
 from tests.harness import RawTcp, udp_call, wait_for
 

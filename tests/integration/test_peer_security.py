@@ -13,7 +13,7 @@ import pytest
 import zmq
 
 from queue_server.election.messages import VoteRequest
-from queue_server.server.records import Purge
+from queue_server.protocol.records import Purge
 from queue_server.replication import wire
 from queue_server.replication.log import Entry
 from queue_server.replication.messages import AppendEntries, InstallSnapshot

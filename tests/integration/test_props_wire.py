@@ -1,7 +1,7 @@
 """Property tests (hypothesis) of a real node's wire: random bytes and random JSON documents sent
 over TCP and UDP. Every complete request gets exactly one reply, in order; bad ones get code -1
 with a reason; when the TCP framing cannot be recovered the node answers the error and closes the
-connection (server/framing.py); the node's processes survive every example and keep serving; and
+connection (protocol/framing.py); the node's processes survive every example and keep serving; and
 messages stored before the fuzzing are all still there after it. Each test runs against a node
 without and with client authentication (auth_token_file: each TCP connection authenticates first,
 each datagram carries auth_token, and one that is not a JSON object, and so cannot, gets no
@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from queue_server.server import protocol as p
-from queue_server.server.framing import FrameDecoder, FramingError
+from queue_server.protocol import vocabulary as p
+from queue_server.protocol.framing import FrameDecoder, FramingError
 from tests.harness import RawTcp, alive
 from tests.integration.conftest import AUTH_TOKEN
 from tests.unit.test_framing_props import JSON, REQUESTS, SEPARATORS, SOUP
@@ -202,7 +202,7 @@ def _check_reply(reply: dict, request: object) -> None:
 
 def _exchange_tcp(wire: Wire, payload: bytes) -> None:
     """Send payload then a marker request on one connection (after an auth request when the node
-    asks for one), and check the replies against what server/framing.py makes of the same bytes."""
+    asks for one), and check the replies against what protocol/framing.py makes of the same bytes."""
     node = wire.node
     end_seq = f"end-{next(_seq)}"
     stream = payload + b"\n" + orjson.dumps({"action": 8, "seq": end_seq}) + b"\n"

@@ -24,7 +24,7 @@ def _children_by_role(node: NodeProcess) -> dict[str, int]:
 def test_sigterm_stops_every_process_and_removes_the_run_dir(tmp_path):
     node = NodeProcess(str(tmp_path), {"workers": 3}).start()
     roles = wait_for(lambda: len(_children_by_role(node)) == 5 and _children_by_role(node), 10, "5 children")
-    assert set(roles) == {"queue_server.server.coordinator", "queue_server.workers.worker0", "queue_server.workers.worker1", "queue_server.workers.worker2", "queue_server.server.acceptor"}
+    assert set(roles) == {"queue_server.server.coordinator", "queue_server.server.worker0", "queue_server.server.worker1", "queue_server.server.worker2", "queue_server.server.acceptor"}
     run_dir = re.search(r"run dir (\S+)\)", node.log()).group(1)
     assert os.path.isdir(run_dir)
     node.signal(signal.SIGTERM)
@@ -38,7 +38,7 @@ def test_a_dead_worker_stops_the_whole_node_non_zero(tmp_path):
     node = NodeProcess(str(tmp_path)).start()
     try:
         roles = wait_for(lambda: len(_children_by_role(node)) == 4 and _children_by_role(node), 10, "4 children")
-        os.kill(roles["queue_server.workers.worker1"], signal.SIGKILL)
+        os.kill(roles["queue_server.server.worker1"], signal.SIGKILL)
         assert node.proc.wait(15) != 0
         assert "child worker-1" in node.log() and "exited unexpectedly" in node.log()
         assert not any(alive(pid) for pid in roles.values())

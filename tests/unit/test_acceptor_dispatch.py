@@ -8,11 +8,11 @@ import random
 
 import pytest
 
-from queue_server.server import ipc_frames
-from queue_server.server import protocol as p
+from queue_server.protocol import ipc_frames
+from queue_server.protocol import vocabulary as p
 from queue_server.server.dispatch import FOLLOWER, LEADER, NO_LEADER, TO_COORDINATOR, Dispatch, ReplyOrder
-from queue_server.server.framing import FramingError
-from queue_server.server.origin import Origin
+from queue_server.protocol.framing import FramingError
+from queue_server.protocol.origin import Origin
 from queue_server.server.router import Router
 
 NODE = 1

@@ -15,7 +15,7 @@ from queue_server.client import AsyncQueueClient, Message, QueueClient
 from queue_server.client import protocol as p
 from queue_server.client.cli import main
 from tests.unit.test_client import FakeTcpServer
-from queue_server.server.origin import Origin
+from queue_server.protocol.origin import Origin
 from queue_server.workers.service import PartitionService
 
 

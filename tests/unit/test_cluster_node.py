@@ -13,11 +13,11 @@ from queue_server.election.messages import Heartbeat, HeartbeatAck, TimeoutNow, 
 from queue_server.replication.log import Entry
 from queue_server.replication.messages import AppendAck, AppendEntries, Recovered
 from queue_server.replication.messages import Forward, ForwardReply, GiveBack
-from queue_server.server import protocol as p
-from queue_server.server import ipc_frames, replies
+from queue_server.protocol import vocabulary as p
+from queue_server.protocol import ipc_frames, replies
 from queue_server.server.cluster import ClusterNode
 from queue_server.server.forwarding import FORWARD_GRACE
-from queue_server.server.origin import Origin
+from queue_server.protocol.origin import Origin
 from queue_server.server.ready import Ready
 
 T0 = 1_000_000.0

@@ -49,7 +49,7 @@ from queue_server.replication.messages import (
     SendSnapshot,
 )
 from queue_server.replication.progress import LeaderReplication
-from queue_server.server.records import Confirm, Noop
+from queue_server.protocol.records import Confirm, Noop
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "200"))
 

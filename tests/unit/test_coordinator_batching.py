@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import orjson
 
-from queue_server.server import batching, ipc_frames, replies
-from queue_server.server.origin import Origin
+from queue_server.server import batching
+from queue_server.protocol import ipc_frames, replies
+from queue_server.protocol.origin import Origin
 
 
 def _rep(conn: int, seq: int) -> list[bytes]:

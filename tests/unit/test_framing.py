@@ -1,4 +1,4 @@
-"""Tests for server/framing.py: TCP stream -> JSON requests."""
+"""Tests for protocol/framing.py: TCP stream -> JSON requests."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import random
 import orjson
 import pytest
 
-import queue_server.server.framing as framing
-from queue_server.server.framing import FrameDecoder, FramingError
+import queue_server.protocol.framing as framing
+from queue_server.protocol.framing import FrameDecoder, FramingError
 
 # Values chosen to stress the splitter: braces, brackets and quotes inside strings, escaped
 # quotes and backslashes, escaped newlines, multi-byte UTF-8 (2, 3 and 4 bytes), nesting.

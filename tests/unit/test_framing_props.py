@@ -1,5 +1,5 @@
-"""Property tests (hypothesis) of the pure request path: server/framing.py's FrameDecoder fed
-random bytes and random splits of valid streams, server/protocol.py's request parsing, and
+"""Property tests (hypothesis) of the pure request path: protocol/framing.py's FrameDecoder fed
+random bytes and random splits of valid streams, protocol/vocabulary.py's request parsing, and
 workers/service.py's PartitionService fed random, plausible-but-wrong requests.
 
 What they hold the code to (docs/protocol.md, docs/architecture.md): every request gets exactly
@@ -15,9 +15,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from queue_server.server import protocol as p
-from queue_server.server.framing import FrameDecoder, FramingError
-from queue_server.server.origin import Origin
+from queue_server.protocol import vocabulary as p
+from queue_server.protocol.framing import FrameDecoder, FramingError
+from queue_server.protocol.origin import Origin
 from queue_server.workers.service import UDP_TOO_LARGE, PartitionService
 
 # -- strategies -------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def test_request_of_exactly_max_request_size_followed_by_blanks(after: bytes) ->
     assert items[0][0] == orjson.loads(raw), items
 
 
-# -- request parsing (server/protocol.py) ------------------------------------------------------
+# -- request parsing (protocol/vocabulary.py) ------------------------------------------------------
 
 
 @given(JSON)

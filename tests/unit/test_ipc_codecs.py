@@ -1,5 +1,5 @@
-"""The codecs between a node's processes (server/replies.py, server/ipc_frames.py,
-server/origin.py): every field survives the round trip, and joining batches keeps every reply
+"""The codecs between a node's processes (protocol/replies.py, protocol/ipc_frames.py,
+protocol/origin.py): every field survives the round trip, and joining batches keeps every reply
 whole and in order."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import orjson
 from hypothesis import given
 from hypothesis import strategies as st
 
-from queue_server.server import ipc_frames, records, replies
-from queue_server.server.origin import Origin
+from queue_server.protocol import ipc_frames, records, replies
+from queue_server.protocol.origin import Origin
 from tests.unit.test_records import EVERY_FIELD
 
 origins = st.builds(Origin, st.integers(-(2**62), 2**62), st.booleans(), st.integers(0, 1000))

@@ -1,6 +1,6 @@
-"""The resource limits (server/limits.py, pure) and how a PartitionService applies max_queues and
+"""The resource limits (protocol/limits.py, pure) and how a PartitionService applies max_queues and
 max_memory_mb, with a fake clock."""
-from queue_server.server.limits import (
+from queue_server.protocol.limits import (
     idle, memory_full, over_connection_limit, over_memory, over_queue_share, queue_share, too_many_connections,
     too_many_queues,
 )
@@ -49,7 +49,7 @@ def _service(**kw):
 
 
 def _call(s, req: dict) -> dict:
-    from queue_server.server.origin import Origin
+    from queue_server.protocol.origin import Origin
     s.handle(req, Origin(1), 1, 1_700_000_000.0)
     reply = s.replies.pop()[2]
     s.records.clear()

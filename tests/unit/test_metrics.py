@@ -5,8 +5,6 @@ import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 from queue_server.server import metrics as m
-
-
 def test_local_histogram_drains_like_direct_observations():
     values = [0.00005, 0.0001, 0.0003, 0.002, 0.002, 0.7, 9.0]
     registry = CollectorRegistry()

@@ -41,17 +41,17 @@ from queue_server.config.loader import parse_config
 from queue_server.replication import wire
 from tests.unit import simulation
 from queue_server.replication.messages import Forward, Recovered
-from queue_server.server import ipc_frames, replies
-from queue_server.server.origin import Origin
+from queue_server.protocol import ipc_frames, replies
+from queue_server.protocol.origin import Origin
 from queue_server.client import protocol as p
-from queue_server.server import protocol as sp
+from queue_server.protocol import vocabulary as sp
 from queue_server.server.cluster import ClusterNode
 from queue_server.server import batching
 from queue_server.server.metrics import WorkerMetrics
 from queue_server.server.dispatch import TO_COORDINATOR, Dispatch
 from queue_server.server.router import Router
 from queue_server.workers.service import PartitionService
-from queue_server.workers.worker import Worker
+from queue_server.server.worker import Worker
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "60"))
 IDEMPOTENT_PRODUCE = os.environ.get("SIM_PLAIN_PRODUCE") is None

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from queue_server.workers.queue import MAX_MSG_ID, Message, Queue, QueueFull, StateQueue
-from queue_server.server.records import Record, decode, encode
+from queue_server.protocol.records import Record, decode, encode
 
 def as_json(value):
     """Records (one, a list, or None) as their JSON says them: the format on the wire and disk."""

@@ -7,12 +7,12 @@ from __future__ import annotations
 import orjson
 import pytest
 
-from queue_server.server.origin import Origin
+from queue_server.protocol.origin import Origin
 from queue_server.server.router import Router
 from queue_server.workers.queue import Queue, StateQueue
 from tests.unit.test_queue import HOUR, T0, check_invariants, put
 from tests.unit.test_service import Svc
-from queue_server.server.records import Record, decode, decode_many, encode
+from queue_server.protocol.records import Record, decode, decode_many, encode
 
 def as_json(value):
     """Records (one, a list, or None) as their JSON says them: the format on the wire and disk."""

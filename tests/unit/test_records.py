@@ -1,4 +1,4 @@
-"""server/records.py: every record kind round-trips, JSON written by the dict-based code before
+"""protocol/records.py: every record kind round-trips, JSON written by the dict-based code before
 the types decodes to the same JSON, and bytes that are not a record are a clean error."""
 
 import orjson
@@ -7,8 +7,7 @@ import pytest
 from queue_server.replication import wire
 from queue_server.replication.log import Entry
 from queue_server.replication.messages import AppendEntries
-from queue_server.server import records as r
-
+from queue_server.protocol import records as r
 T = 1_700_000_000.5
 
 # One record of every kind with every field set (and the single and list forms).
@@ -35,7 +34,7 @@ EVERY_FIELD = [
 ]
 
 # JSON as the dict literals of workers/queue.py, workers/admin.py and server/cluster.py wrote it
-# before server/records.py existed (WAL files, snapshots' logs, peers of that version).
+# before protocol/records.py existed (WAL files, snapshots' logs, peers of that version).
 OLD_JSON = [
     {"op": "produce", "queue": "q", "msg_id": 1, "ready": T, "ttl": T + 60, "retry": 0.0,
      "priority": 0, "data": "x", "delivery_count": 0},

@@ -19,7 +19,7 @@ from queue_server.replication.messages import (
     SendSnapshot,
 )
 from queue_server.replication.progress import FollowerState, LeaderReplication, TokenBucket
-from queue_server.server.records import DeleteQueue
+from queue_server.protocol.records import DeleteQueue
 
 
 def recs(n, tag="r"):

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from queue_server.server.gather import Gatherer, merge
-from queue_server.server.origin import Origin
-from queue_server.server.records import decode_many, encode_many
+from queue_server.protocol.origin import Origin
+from queue_server.protocol.records import decode_many, encode_many
 from queue_server.server.router import Router
 from queue_server.workers.service import PartitionService
 

@@ -11,7 +11,7 @@ from queue_server.replication.log import ChangeLog, Entry
 from queue_server.replication.snapshot import read_snapshot, snapshot_name, write_snapshot
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog, list_segments, scan
-from queue_server.server.records import Produce
+from queue_server.protocol.records import Produce
 from tests.unit.faulty_disk import Faults
 
 

@@ -3,8 +3,8 @@ credit is never exceeded, confirm / release / lease expiry free it, a closed con
 lost leadership ends the subscription, and pushes follow the consume rules."""
 from __future__ import annotations
 
-from queue_server.server import protocol as p
-from queue_server.server.origin import Origin
+from queue_server.protocol import vocabulary as p
+from queue_server.protocol.origin import Origin
 from tests.unit.test_service import Svc
 
 SUB = 9  # the subscriber's connection

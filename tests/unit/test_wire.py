@@ -7,7 +7,7 @@ from queue_server.election.messages import Heartbeat, HeartbeatAck, TimeoutNow, 
 from queue_server.replication import messages, wire
 from queue_server.replication.log import Entry
 from queue_server.replication.messages import AppendAck, AppendEntries, InstallSnapshot, Pull
-from queue_server.server.records import Produce
+from queue_server.protocol.records import Produce
 
 MESSAGES = [
     VoteRequest(3, 1, 10, 2, True),

@@ -1,4 +1,4 @@
-"""The worker's request handling (workers/worker.py) without sockets or processes: inbox
+"""The worker's request handling (server/worker.py) without sockets or processes: inbox
 messages in, one BATCH per flush out, each stamped with the mode it was decided in."""
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import orjson
 import pytest
 from prometheus_client import CollectorRegistry
 
-from queue_server.server import ipc_frames, replies
+from queue_server.protocol import ipc_frames, replies
 from queue_server.server.metrics import WorkerMetrics
-from queue_server.server.origin import Origin
+from queue_server.protocol.origin import Origin
 from queue_server.workers.service import PartitionService
-from queue_server.workers.worker import Worker
+from queue_server.server.worker import Worker
 
 NOW = 1_000.0
 

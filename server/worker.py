@@ -10,7 +10,8 @@ from typing import Any
 
 import zmq
 
-from queue_server.server import ipc, ipc_frames, limits, replies
+from queue_server.server import ipc
+from queue_server.protocol import ipc_frames, limits, replies
 from queue_server.server.child import start
 from queue_server.server.metrics import WorkerMetrics, count_replies
 from queue_server.server.node_memory import NodeMemory

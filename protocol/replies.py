@@ -9,7 +9,7 @@ from typing import Any
 
 import orjson
 
-from queue_server.server.origin import Origin
+from queue_server.protocol.origin import Origin
 
 _DUMPS = orjson.dumps
 _NEWLINE = orjson.OPT_APPEND_NEWLINE

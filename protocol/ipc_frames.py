@@ -3,16 +3,16 @@ multipart message), their frame layouts, and one encoder (`<kind>_frames`) and o
 (`read_<kind>`) per kind, used by both its sender and its receiver (see docs/architecture.md).
 Pure: no sockets here (server/ipc.py has them).
 
-A request's origin is server/origin.py's Origin, in its wire() form inside JSON; the replies in
-BATCH and REP are server/replies.py batches (a header and a blob), never decoded on the way."""
+A request's origin is protocol/origin.py's Origin, in its wire() form inside JSON; the replies in
+BATCH and REP are protocol/replies.py batches (a header and a blob), never decoded on the way."""
 from __future__ import annotations
 
 from typing import Any, Iterable
 
 import orjson
 
-from queue_server.server import records
-from queue_server.server.origin import Origin
+from queue_server.protocol import records
+from queue_server.protocol.origin import Origin
 
 _DUMPS = orjson.dumps
 _LOADS = orjson.loads
@@ -24,7 +24,7 @@ CLOSE = b"close"  # acceptor -> worker: [CLOSE, json conn] (a TCP connection id)
 UNDELIVER = b"undeliver"  # acceptor -> coordinator -> leader's worker: [UNDELIVER, json [queue, [[msg_id, delivery_count], ...]]]
 APPLY = b"apply"  # coordinator -> worker: [APPLY, json [record, ...]] (replicas replay the leader's log)
 BATCH = b"batch"  # worker -> coordinator: [BATCH, records json, reply header json, reply blob, partials json, epoch]
-REP = b"rep"  # coordinator -> acceptor: [REP, reply header, reply blob] (server/replies.py)
+REP = b"rep"  # coordinator -> acceptor: [REP, reply header, reply blob] (protocol/replies.py)
 STATUS = b"status"  # coordinator -> acceptor: [STATUS, json {role, leader_node_id, leader_host, leader_port, epoch}]
 FORWARD = b"forward"  # acceptor -> coordinator: [FORWARD, json [[origin, req_no, request], ...]] for the leader
 MODE = b"mode"  # coordinator -> worker: [MODE, json [accepting, epoch]] whether to accept queue requests
@@ -145,7 +145,7 @@ DRAIN_FRAMES = [DRAIN]  # the whole DRAIN message: it carries nothing
 
 # ----------------------------------------------------------------- to the acceptor
 def rep_frames(header: bytes, blob: bytes) -> list[bytes]:
-    """A REP: a reply batch (server/replies.py) for the acceptor to deliver."""
+    """A REP: a reply batch (protocol/replies.py) for the acceptor to deliver."""
     return [REP, header, blob]
 
 
