@@ -53,9 +53,9 @@ class Storage:
         latest = read_latest_snapshot(self.datadir.snapshot_dir, warn=self.log.warning)
         if latest is not None:
             found.trans_id, found.vote_id, found.state = latest
-        for trans_id, vote_id, payload in read_wal(self.datadir.wal_dir, after=found.trans_id,
-                                                   repair=self.repair, warn=self.log.warning):
-            found.entries.append(Entry(trans_id, vote_id, decode(payload)))
+        for trans_id, vote_id, record in read_wal(self.datadir.wal_dir, after=found.trans_id,
+                                                  repair=self.repair, warn=self.log.warning, decode=decode):
+            found.entries.append(Entry(trans_id, vote_id, record))
         self.wal = WalWriter(self.datadir.wal_dir, segment_bytes=self.segment_bytes,
                              opener=self._wal_opener, fsync=self._wal_fsync)
         if self.wal.last_trans_id < found.trans_id:

@@ -148,14 +148,16 @@ def read_wal(
     after: int = 0,
     repair: bool = False,
     warn: Callable[[str], object] = _log.warning,
-) -> Iterator[tuple[int, int, bytes]]:
-    """Yield (trans_id, vote_id, payload) of every record with trans_id > after, in order.
+    decode: Callable[[bytes], Any] = bytes,
+) -> Iterator[tuple[int, int, Any]]:
+    """Yield (trans_id, vote_id, decode(payload)) of every record with trans_id > after, in order.
 
     A torn or corrupt tail of the last segment is cut off on disk with a warning and the log ends
     there. Damage anywhere else raises CorruptLog (while iterating, at the damaged record) unless
     repair is true: then the log is cut at the damage, later segments are deleted, and a warning
     says what was thrown away. A log that starts after `after + 1` raises CorruptLog whatever
-    `repair` says: the records in between are gone.
+    `repair` says: the records in between are gone. A record whose checksum holds but whose
+    payload `decode` refuses (ValueError) is damage too, never a torn tail.
     """
     segments = list_segments(directory)
     if not segments:
@@ -212,7 +214,12 @@ def read_wal(
                 return
             trans_id, vote_id, offset, end = item
             if trans_id > after:
-                yield trans_id, vote_id, data[offset + HEADER_SIZE : end]
+                try:
+                    value = decode(data[offset + HEADER_SIZE : end])
+                except ValueError as exc:
+                    cut(index, offset, f"trans_id {trans_id} is not a record this version reads ({exc})", torn=False)
+                    return
+                yield trans_id, vote_id, value
             expected += 1
 
 

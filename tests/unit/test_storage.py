@@ -10,8 +10,8 @@ import pytest
 from queue_server.replication.log import ChangeLog, Entry
 from queue_server.replication.snapshot import read_snapshot, snapshot_name, write_snapshot
 from queue_server.replication.storage import Storage, StorageError
-from queue_server.replication.wal import CorruptLog, list_segments, scan
-from queue_server.protocol.records import Produce
+from queue_server.replication.wal import CorruptLog, encode_record, list_segments, scan
+from queue_server.protocol.records import Produce, encode
 from tests.unit.faulty_disk import Faults
 
 
@@ -136,6 +136,37 @@ def test_repair_cuts_the_log_at_the_damage(tmp_path):
     s.close()
     s = open_storage(tmp_path)  # repaired for good: a start without --repair works
     assert s.recover().entries == entries(1, 1)
+    s.close()
+
+
+def log_with_a_foreign_record(path, last: int, foreign: int) -> None:
+    """A log of records 1..last whose record `foreign` has a valid checksum but is no record
+    this version reads (a newer version's kind, or a bug's)."""
+    write_log(path, 1)
+    with open(last_segment(path), "wb") as f:
+        for n in range(1, last + 1):
+            payload = b'{"op":"from_the_future","queue":"q"}' if n == foreign else encode(record(n))
+            f.write(encode_record(n, 1, payload))
+
+
+@pytest.mark.parametrize("foreign", [3, 5])
+def test_a_checksummed_record_that_does_not_decode_stops_the_start_naming_it(tmp_path, foreign):
+    log_with_a_foreign_record(tmp_path, 5, foreign)
+    s = open_storage(tmp_path)
+    with pytest.raises(CorruptLog) as e:
+        s.recover()
+    s.close()
+    assert e.value.path == last_segment(tmp_path)
+    assert f"trans_id {foreign} is not a record this version reads" in e.value.reason
+    assert "\n" not in str(e.value)
+
+
+def test_repair_cuts_the_log_before_a_record_that_does_not_decode(tmp_path):
+    log_with_a_foreign_record(tmp_path, 5, 3)
+    messages = Messages()
+    s = open_storage(tmp_path, repair=True, log=messages.log)
+    assert s.recover().entries == entries(1, 2)
+    assert len(messages.seen) == 1 and messages.seen[0][1].startswith("REPAIR: ")
     s.close()
 
 
