@@ -8,6 +8,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from . import linger as linger_
 from . import protocol as p
 from . import tls as tls_
 from .calls import AsyncActions
@@ -16,6 +17,11 @@ from .failover import DONE, NEXT, Drop, Failover, Lost
 from .protocol import Address
 from .settings import ClientSettings
 from .subscribe import AsyncSubscription
+
+
+def _waiting(fut: asyncio.Future[Any]) -> bool:
+    """Whether a caller still waits for its reply (not cancelled, not timed out)."""
+    return not fut.done()
 
 
 class _Moved(Exception):
@@ -243,15 +249,29 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
     A consume with `wait` uses a connection of its own, because the server answers a
     connection's requests in order and a waiting consume would hold back everything after it.
     Fail-over, redirects and idempotent produces are as in QueueClient.
+
+    With `linger_ms` > 0 (at most 1), produces, consumes (without wait) and confirms issued
+    within that time on the same queue with the same options go out as one batch request
+    (client/linger.py); every caller still gets the reply its own request would have had.
     """
 
     def __init__(self, hosts: str | Sequence[str | Address] = "127.0.0.1:1111", *, transport: str = "tcp",
                  timeout: float = 5.0, follow_redirects: bool = True, max_redirects: int = 3,
                  max_idle_wait_connections: int = 8, idempotent: bool = True, token: str | None = None,
-                 tls: tls_.TlsOption = None) -> None:
-        """The settings of QueueClient, and max_idle_wait_connections: how many idle connections
-        of consumes with `wait` are kept for the next ones."""
+                 tls: tls_.TlsOption = None, linger_ms: float = 0.0) -> None:
+        """The settings of QueueClient; max_idle_wait_connections: how many idle connections
+        of consumes with `wait` are kept for the next ones; linger_ms: how long a produce,
+        consume or confirm waits for others to share its request (0: off, at most 1.0; TCP only)."""
         self._settle(hosts, transport, timeout, follow_redirects, max_redirects, idempotent, token, tls)
+        if not 0 <= linger_ms <= linger_.MAX_LINGER * 1000:
+            raise ValueError(f"linger_ms must be 0..{linger_.MAX_LINGER * 1000:g}")
+        if linger_ms and self._udp:
+            raise ValueError("linger_ms needs transport='tcp' (a batch may not fit a datagram)")
+        self.linger_ms = linger_ms
+        self._batcher: linger_.Batcher[asyncio.Future[dict[str, Any]]] | None = (
+            linger_.Batcher(linger_ms / 1000) if linger_ms else None)
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._batch_tasks: set[asyncio.Task[None]] = set()
         self.max_idle_wait_connections = max_idle_wait_connections
         self._close_gen = 0
         self._conn: _Conn | None = None
@@ -263,7 +283,93 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
     # ------------------------------------------------------------------ raw requests
 
     async def request(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Send one request; its reply if code is 0, else QueueError (redirects are followed)."""
+        """Send one request; its reply if code is 0, else QueueError (redirects are followed).
+        With linger_ms, a request that can share a batch waits up to that long for others."""
+        if self._batcher is not None:
+            key = linger_.batch_key(req, self._producer.producer if self._producer is not None else None)
+            if key is not None:
+                return await self._join(key, req)
+        return await self._send(req)
+
+    # ------------------------------------------------------------------ batches (linger_ms)
+
+    async def _join(self, key: linger_.Key, req: dict[str, Any]) -> dict[str, Any]:
+        assert self._batcher is not None
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[dict[str, Any]] = loop.create_future()
+        self._launch(self._batcher.add(key, fut, req, loop.time()))
+        self._arm(loop)
+        return await fut
+
+    def _arm(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Keep one timer, at the deadline of the batch that falls due first."""
+        assert self._batcher is not None
+        deadline = self._batcher.next_deadline()
+        timer = self._linger_timer
+        if timer is not None and (deadline is None or timer.when() > deadline):
+            timer.cancel()
+            timer = self._linger_timer = None
+        if timer is None and deadline is not None:
+            self._linger_timer = loop.call_at(deadline, self._linger_due, loop)
+
+    def _linger_due(self, loop: asyncio.AbstractEventLoop) -> None:
+        assert self._batcher is not None
+        self._linger_timer = None
+        self._launch(self._batcher.due(loop.time()))
+        self._arm(loop)
+
+    def _launch(self, batches: list[linger_.Batch[asyncio.Future[dict[str, Any]]]]) -> None:
+        for batch in batches:
+            batch = batch.keep(_waiting)
+            if batch.callers:
+                task = asyncio.ensure_future(self._send_batch(batch))
+                self._batch_tasks.add(task)
+                task.add_done_callback(self._batch_tasks.discard)
+
+    async def _send_batch(self, batch: linger_.Batch[asyncio.Future[dict[str, Any]]]) -> None:
+        try:
+            replies = linger_.split_reply(batch, await self._send(linger_.batch_request(batch, self._producer)))
+        except Exception as exc:  # QueueError, or the TypeError of a request that is not JSON
+            for fut in batch.callers:
+                if not fut.done():
+                    fut.set_exception(exc)
+            return
+        orphans = []
+        for fut, reply in zip(batch.callers, replies):
+            if not fut.done():
+                fut.set_result(reply)
+            elif batch.key.action == p.CONSUME and linger_.consumed(reply):
+                orphans.append(reply)
+        if orphans:
+            await self._rehome(batch.key, orphans)
+
+    async def _rehome(self, key: linger_.Key, orphans: list[dict[str, Any]]) -> None:
+        """Messages consumed for callers that left: to consumes still waiting for their batch,
+        the rest released (ready again at once)."""
+        assert self._batcher is not None
+        takers = self._batcher.take(key, len(orphans), _waiting)
+        for (fut, req), reply in zip(takers, orphans):
+            fut.set_result(linger_.as_reply_to(req, reply))
+        release = linger_.release_request(key.queue, orphans[len(takers):])
+        if release is not None:
+            with contextlib.suppress(QueueError):  # unreleased, the lease runs out by itself
+                await self._send(release)
+
+    def _fail_waiting_batches(self) -> None:
+        if self._batcher is None:
+            return
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        for batch in self._batcher.take_all():
+            for fut in batch.callers:
+                if not fut.done():
+                    fut.set_exception(QueueError(p.CODE_ERROR, "client closed"))
+
+    # ------------------------------------------------------------------ one request
+
+    async def _send(self, req: dict[str, Any]) -> dict[str, Any]:
+        """Send `req` as it is: its reply if code is 0, else QueueError."""
         f = Failover(self._route, req, self.timeout, self.follow_redirects, self.max_redirects)
         payload = None if self._udp else p.encode(req)
         gen = self._close_gen
@@ -421,6 +527,7 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
     async def close(self) -> None:
         """Close every connection; calls still waiting fail with QueueError("client closed")."""
         self._close_gen += 1
+        self._fail_waiting_batches()
         self._route.renew()
         self._drop_connections(abort=True)
         for conn in list(self._wait_busy):

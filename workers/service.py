@@ -537,6 +537,9 @@ class PartitionService:
         return q, (selection.targets(q) if q is not None else [])
 
     def _confirm(self, req: dict, origin: Origin, req_no: int, now: float) -> dict:
+        report_ids = req.get("report_ids", False)
+        if type(report_ids) is not bool:
+            raise BadRequest("report_ids: must be true or false")
         q, targets = self._selected(req)
         rec = q.confirm_many(targets) if targets else None
         if rec is not None:
@@ -545,6 +548,8 @@ class PartitionService:
             self.subs.confirmed(q.name, [t[0] for t in targets])
         reply = self._ok(req)
         reply["confirmed"] = _count(rec)
+        if report_ids:
+            reply["confirmed_ids"] = [] if rec is None else ([rec.msg_id] if rec.msg_ids is None else list(rec.msg_ids))
         return reply
 
     def _release(self, req: dict, origin: Origin, req_no: int, now: float) -> dict:

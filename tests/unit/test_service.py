@@ -516,3 +516,15 @@ def test_a_replica_holds_byte_for_byte_what_the_leader_holds_whole_numbers_inclu
     t.call({"action": "consume", "queue": "q", "wait": 0, "lease": 60})
     assert orjson.dumps(t.s.snapshot(), option=orjson.OPT_SORT_KEYS) == \
         orjson.dumps(t.replica.snapshot(), option=orjson.OPT_SORT_KEYS)
+
+
+def test_confirm_with_report_ids_names_the_ids_it_deleted():
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": ["a", "b", "c"]})
+    r = t.call({"action": 3, "queue": "q", "msg_ids": [3, 99, 1, 3], "report_ids": True})
+    assert (r["confirmed"], r["confirmed_ids"]) == (2, [3, 1])
+    assert t.call({"action": 3, "queue": "q", "msg_id": 2, "report_ids": True})["confirmed_ids"] == [2]
+    assert t.call({"action": 3, "queue": "q", "msg_id": 2, "report_ids": True})["confirmed_ids"] == []
+    assert "confirmed_ids" not in t.call({"action": 3, "queue": "q", "msg_id": 1})
+    r = t.call({"action": 3, "queue": "q", "msg_id": 1, "report_ids": 1})
+    assert (r["code"], r["reason"]) == (-1, "report_ids: must be true or false")
