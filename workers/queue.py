@@ -14,7 +14,6 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 
 from sortedcontainers import SortedDict, SortedList
 
@@ -34,22 +33,83 @@ class QueueFull(Exception):
     """The queue has no room for the message(s); nothing was changed."""
 
 
-@dataclass(slots=True)
-class Message:
-    """One stored message and its delivery state."""
+# Positions in Message._state.
+_READY, _TTL, _RETRY, _PRIORITY, _DELIVERY_COUNT, _LEASE, _TOKEN, _EXTRA = range(8)
 
-    msg_id: int
-    data: str
-    ready: float  # absolute time it becomes ready (after a lease ends: the lease deadline)
-    ttl: float  # absolute time after which it is no longer retried
-    retry: float  # seconds; 0 = at most once
-    priority: int = 0  # higher first among ready messages
-    delivery_count: int = 0
-    lease: float | None = None  # lease deadline while in flight, else None
-    token: str | None = None  # the lease token it is leased under, else None
-    # Rare settings, None for most messages: {"max_deliveries": n} from its produce, and for a
-    # dead letter {"dead": {"queue", "reason", "retry", "ttl"[, "max_deliveries"]}}.
-    extra: dict | None = None
+
+def _field(i: int) -> property:
+    """A Message attribute kept at position `i` of its (shared, immutable) state tuple."""
+    def get(m: Message) -> object:
+        return m._state[i]
+
+    def set_(m: Message, value: object) -> None:
+        s = m._state
+        m._state = s[:i] + (value,) + s[i + 1:]
+    return property(get, set_)
+
+
+class Message:
+    """One stored message and its delivery state.
+
+    Fields: msg_id, data, ready (absolute time it becomes ready; after a lease ends, the lease
+    deadline), ttl (absolute time after which it is no longer retried), retry (seconds; 0 = at
+    most once), priority (higher first among ready messages), delivery_count, lease (deadline
+    while in flight, else None), token (the lease token it is leased under, else None), extra
+    (rare settings, None for most messages: {"max_deliveries": n} from its produce, and for a
+    dead letter {"dead": {"queue", "reason", "retry", "ttl"[, "max_deliveries"]}}).
+
+    Everything but msg_id and data lives in one immutable tuple that messages produced
+    together share (a queue holds millions: see docs/benchmarks.md); setting a field gives
+    this message a tuple of its own.
+    """
+
+    __slots__ = ("msg_id", "data", "_state")
+
+    def __init__(self, msg_id: int, data: str, ready: float, ttl: float, retry: float,
+                 priority: int = 0, delivery_count: int = 0, lease: float | None = None,
+                 token: str | None = None, extra: dict | None = None) -> None:
+        self.msg_id = msg_id
+        self.data = data
+        self._state = (ready, ttl, retry, priority, delivery_count, lease, token, extra)
+
+    ready = _field(_READY)
+    ttl = _field(_TTL)
+    retry = _field(_RETRY)
+    priority = _field(_PRIORITY)
+    delivery_count = _field(_DELIVERY_COUNT)
+    lease = _field(_LEASE)
+    token = _field(_TOKEN)
+    extra = _field(_EXTRA)
+
+    def row(self) -> list:
+        """[msg_id, data, ready, ttl, retry, priority, delivery_count, lease, token, extra]."""
+        return [self.msg_id, self.data, *self._state]
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        return (self.msg_id == other.msg_id and self.data == other.data
+                and self._state == other._state)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        names = ("msg_id", "data", "ready", "ttl", "retry", "priority", "delivery_count", "lease",
+                 "token", "extra")
+        return "Message(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, self.row())) + ")"
+
+
+_new_message = object.__new__
+
+
+def _stored(msg_id: int, data: str, state: tuple, last: tuple | None) -> Message:
+    """A Message with `state`, or with `last` instead when equal: consecutive messages that
+    were produced together share one state tuple."""
+    m = _new_message(Message)
+    m.msg_id = msg_id
+    m.data = data
+    m._state = last if state == last else state
+    return m
 
 
 # Why a message became a dead letter (a dead_letter record's "reason").
@@ -77,7 +137,7 @@ class Queue:
 
     __slots__ = ("name", "max_size", "next_id", "dedupe_window", "_index", "_delayed", "_ready",
                  "_leased", "_n_leased", "_tokens", "_dedupe", "paused", "max_deliveries",
-                 "dlq_name", "_dead_letters", "counts")
+                 "dlq_name", "_dead_letters", "counts", "_last_state")
 
     def __init__(
         self, name: str, max_size: int, next_id: int = 1, dedupe_window: int = DEDUPE_WINDOW
@@ -104,6 +164,7 @@ class Queue:
         self.dlq_name: str | None = None
         self._dead_letters: Callable[[str], Queue] | None = None
         self.counts = dict.fromkeys(COUNTERS, 0)
+        self._last_state: tuple | None = None  # the state of the message stored last (_stored)
 
     def dead_letters_to(
         self, dlq_name: str | None, lookup: Callable[[str], Queue], max_deliveries: int = 0
@@ -214,7 +275,7 @@ class Queue:
             # One record for the whole batch: every message gets the same lease and token.
             ids = [key[2] for key in ready.islice(0, count)]
             record = Consume(queue=self.name, msg_ids=ids, lease=now + lease, token=token,
-                             delivery_counts=[index[i].delivery_count + 1 for i in ids])
+                             delivery_counts=[index[i]._state[_DELIVERY_COUNT] + 1 for i in ids])
             self.apply(record, now)
             records.append(record)
             return [_copy(index[i]) for i in ids], records
@@ -224,15 +285,16 @@ class Queue:
         while count > 0 and ready:
             msg_id = ready[0][2]
             m = index[msg_id]
-            retry = m.retry if lease is None else lease
+            state = m._state
+            retry = state[_RETRY] if lease is None else lease
             if retry > 0:
                 record = Consume(queue=name, msg_id=msg_id, lease=now + retry,
-                                 delivery_count=m.delivery_count + 1, token=token)
+                                 delivery_count=state[_DELIVERY_COUNT] + 1, token=token)
                 apply(record, now)
                 delivered.append(_copy(m))
             else:
                 record = Consume(queue=name, msg_id=msg_id, lease=None,
-                                 delivery_count=m.delivery_count + 1)
+                                 delivery_count=state[_DELIVERY_COUNT] + 1)
                 apply(record, now)
                 delivered.append(m)  # deleted: no longer referenced by the queue
             records.append(record)
@@ -261,7 +323,8 @@ class Queue:
         only if the message has not been delivered again since (None when a guard fails).
         """
         m = self._index.get(msg_id)
-        if m is None or not _passes(m, token, delivery_count):
+        if m is None or (token is not None or delivery_count is not None) and not _passes(
+                m, token, delivery_count):
             return None
         record = Confirm(queue=self.name, msg_id=msg_id)
         self.apply(record)
@@ -305,7 +368,8 @@ class Queue:
         ids = []
         for msg_id, token, delivery_count in targets:
             m = index.get(msg_id)
-            if m is not None and _passes(m, token, delivery_count):
+            if m is not None and (token is None and delivery_count is None
+                                  or _passes(m, token, delivery_count)):
                 ids.append(msg_id)
         ids = list(dict.fromkeys(ids))
         if not ids:
@@ -640,11 +704,18 @@ class Queue:
         index = self._index
         if msg_id in index:
             raise ValueError(f"msg_id {msg_id} already stored in queue {self.name!r}")
-        m = Message(msg_id, record.data, record.ready, record.ttl, record.retry, record.priority,
-                    record.delivery_count)
         limit = record.max_deliveries
-        if limit is not None:
-            m.extra = {"max_deliveries": limit}
+        state = (record.ready, record.ttl, record.retry, record.priority, record.delivery_count,
+                 None, None, None if limit is None else {"max_deliveries": limit})
+        last = self._last_state
+        if state == last:  # _stored, inlined: the produce hot path
+            state = last
+        else:
+            self._last_state = state
+        m = _new_message(Message)
+        m.msg_id = msg_id
+        m.data = record.data
+        m._state = state
         if type(record) is Produce:
             self.counts["produced"] += 1
         self._insert(m, now)
@@ -670,7 +741,7 @@ class Queue:
         ids = record.msg_ids
         if ids is None:
             msg_id = record.msg_id
-            if record.delivery_count > self._index[msg_id].delivery_count:
+            if record.delivery_count > self._index[msg_id]._state[_DELIVERY_COUNT]:
                 self.counts["consumed"] += 1
             self._lease(msg_id, record.lease, record.delivery_count, record.token)
             return
@@ -682,15 +753,16 @@ class Queue:
             raise ValueError("a consume record needs distinct msg_ids, one delivery_count each")
         index = self._index
         ms = [index[i] for i in ids]
-        self.counts["consumed"] += sum(1 for m, n in zip(ms, counts) if n > m.delivery_count)
+        self.counts["consumed"] += sum(1 for m, n in zip(ms, counts) if n > m._state[_DELIVERY_COUNT])
         self._unlink_many(ms)
         token = record.token
         tokens = self._tokens
         for m, delivery_count in zip(ms, counts):
-            m.delivery_count = delivery_count
-            m.lease = lease
-            if m.token != token:
-                if m.token is not None:
+            state = m._state
+            m._state = (state[0], state[1], state[2], state[3], delivery_count, lease, state[6],
+                        state[7])
+            if state[_TOKEN] != token:
+                if state[_TOKEN] is not None:
                     self._unbind(m)
                 if token is not None:
                     m.token = token
@@ -705,8 +777,9 @@ class Queue:
         """Lease a message until `lease` under `token` (None: delete it, an at-most-once delivery)."""
         m = self._index[msg_id]
         self._unlink(m)
-        m.delivery_count = delivery_count
-        if m.token != token:
+        if lease is None:
+            m.delivery_count = delivery_count  # a copy of it may be handed out
+        if m._state[_TOKEN] != token:
             if m.token is not None:
                 self._unbind(m)
             if token is not None:
@@ -721,7 +794,8 @@ class Queue:
         if lease is None:
             del self._index[msg_id]
         else:
-            m.lease = lease
+            s = m._state
+            m._state = (s[0], s[1], s[2], s[3], delivery_count, lease, s[6], s[7])
             self._lease_add(lease, (msg_id,))
 
     def _unbind(self, m: Message) -> None:
@@ -737,7 +811,7 @@ class Queue:
         if ids is None:
             m = self._index.pop(record.msg_id)
             self._unlink(m)
-            if m.token is not None:
+            if m._state[_TOKEN] is not None:
                 self._unbind(m)
             return
         index = self._index
@@ -746,7 +820,7 @@ class Queue:
         ms = [index.pop(i) for i in ids]
         self._unlink_many(ms)
         for m in ms:
-            if m.token is not None:
+            if m._state[_TOKEN] is not None:
                 self._unbind(m)
 
     def _apply_confirm(self, record: Confirm, now: float | None) -> None:
@@ -808,13 +882,16 @@ class Queue:
 
     def _insert(self, m: Message, now: float | None) -> None:
         """Store an unleased message in its ordering; msg_ids continue after it."""
-        self._index[m.msg_id] = m
-        if now is not None and m.ready <= now:
-            self._ready.add((-m.priority, m.ready, m.msg_id))
+        msg_id = m.msg_id
+        self._index[msg_id] = m
+        state = m._state
+        ready = state[_READY]
+        if now is not None and ready <= now:
+            self._ready.add((-state[_PRIORITY], ready, msg_id))
         else:
-            self._delayed.add((m.ready, m.msg_id))
-        if m.msg_id >= self.next_id:
-            self.next_id = m.msg_id + 1
+            self._delayed.add((ready, msg_id))
+        if msg_id >= self.next_id:
+            self.next_id = msg_id + 1
 
     def _apply_release(self, record: Release, now: float | None) -> None:
         ids = record.msg_ids
@@ -831,10 +908,9 @@ class Queue:
         self._unlink(m)
         if m.token is not None:
             self._unbind(m)
-        m.lease = None
-        m.ready = ready
-        if delivery_count is not None:
-            m.delivery_count = delivery_count
+        s = m._state
+        m._state = (ready, s[1], s[2], s[3], s[4] if delivery_count is None else delivery_count,
+                    None, s[6], s[7])
         if now is not None and ready <= now:
             self._ready.add((-m.priority, ready, msg_id))
         else:
@@ -842,30 +918,31 @@ class Queue:
 
     def _unlink_many(self, ms: list[Message]) -> None:
         """Take messages out of their orderings; a run of neighbours goes as one slice."""
-        leased = [(m.lease, m.msg_id) for m in ms if m.lease is not None]
-        waiting = [m for m in ms if m.lease is None]
+        leased = [(m._state[_LEASE], m.msg_id) for m in ms if m._state[_LEASE] is not None]
+        waiting = [m for m in ms if m._state[_LEASE] is None]
         for lease, msg_id in leased:
             self._lease_remove(lease, msg_id)
         if waiting:
-            keys = [(-m.priority, m.ready, m.msg_id) for m in waiting]
+            keys = [(-m._state[_PRIORITY], m._state[_READY], m.msg_id) for m in waiting]
             if not _remove_run(self._ready, keys) and not _remove_run(
-                    self._delayed, [(m.ready, m.msg_id) for m in waiting]):
+                    self._delayed, [(m._state[_READY], m.msg_id) for m in waiting]):
                 for m in waiting:
                     self._unlink(m)
 
     def _unlink(self, m: Message) -> None:
         """Take `m` out of whichever ordering holds it."""
-        if m.lease is not None:
-            self._lease_remove(m.lease, m.msg_id)
+        state = m._state
+        if state[_LEASE] is not None:
+            self._lease_remove(state[_LEASE], m.msg_id)
             return
-        key = (-m.priority, m.ready, m.msg_id)
+        key = (-state[_PRIORITY], state[_READY], m.msg_id)
         ready = self._ready
         if ready and ready[0] == key:  # the consume hot path
             ready.pop(0)
         elif key in ready:
             ready.remove(key)
         else:
-            self._delayed.remove((m.ready, m.msg_id))
+            self._delayed.remove((state[_READY], m.msg_id))
 
     # ------------------------------------------------------------------ moving due messages
 
@@ -967,16 +1044,7 @@ class Queue:
             "name": self.name,
             "max_size": self.max_size,
             "next_id": self.next_id,
-            "messages": [
-                [m.msg_id, m.data, m.ready, m.ttl, m.retry, m.priority, m.delivery_count, m.lease]
-                if m.token is None and m.extra is None else
-                [m.msg_id, m.data, m.ready, m.ttl, m.retry, m.priority, m.delivery_count, m.lease,
-                 m.token]
-                if m.extra is None else
-                [m.msg_id, m.data, m.ready, m.ttl, m.retry, m.priority, m.delivery_count, m.lease,
-                 m.token, m.extra]
-                for m in (index[msg_id] for msg_id in sorted(index))
-            ],
+            "messages": [_snapshot_row(index[msg_id]) for msg_id in sorted(index)],
         }
         if self._dedupe:
             snap["dedupe"] = [[p, s, first, n] for (p, s), (first, n) in self._dedupe.items()]
@@ -992,8 +1060,12 @@ class Queue:
         index = q._index
         tokens = q._tokens
         delayed = []
+        last = None
         for row in snap["messages"]:
-            m = Message(*row)
+            if not 5 <= len(row) <= 10:
+                raise ValueError(f"a message in snapshot has {len(row)} items, not 5 to 10")
+            m = _stored(row[0], row[1], (*row[2:], *_ROW_DEFAULTS[len(row) - 2:]), last)
+            last = m._state
             if m.msg_id in index or not 0 < m.msg_id < q.next_id:
                 raise ValueError(f"bad msg_id in snapshot: {m.msg_id}")
             index[m.msg_id] = m
@@ -1024,9 +1096,28 @@ def _remove_run(sl: SortedList, keys: list) -> bool:
 
 
 def _copy(m: Message) -> Message:
-    """A copy of a stored message, for a reply (never aliased with stored state)."""
-    return Message(m.msg_id, m.data, m.ready, m.ttl, m.retry, m.priority, m.delivery_count,
-                   m.lease, m.token, m.extra)
+    """A copy of a stored message, for a reply (never aliased with stored state: the state
+    tuple it shares is immutable)."""
+    c = _new_message(Message)
+    c.msg_id = m.msg_id
+    c.data = m.data
+    c._state = m._state
+    return c
+
+
+# A snapshot row's items after data, from ready on, with the defaults of the trailing ones.
+_ROW_DEFAULTS = (None, None, None, 0, 0, None, None, None)
+
+
+def _snapshot_row(m: Message) -> list:
+    """m as a snapshot row: [msg_id, data, ready, ttl, retry, priority, delivery_count, lease],
+    then the token when it has one or extra settings, then those settings when it has them."""
+    s = m._state
+    if s[_EXTRA] is not None:
+        return [m.msg_id, m.data, *s]
+    if s[_TOKEN] is not None:
+        return [m.msg_id, m.data, *s[:_EXTRA]]
+    return [m.msg_id, m.data, *s[:_TOKEN]]
 
 
 def _passes(m: Message, token: str | None, delivery_count: int | None) -> bool:

@@ -792,3 +792,35 @@ def test_peek_always_matches_the_consume_that_follows(seed):
             checked += bool(msgs)
             check_invariants(q)
     assert checked > 100
+
+
+def test_a_snapshot_written_before_the_compact_messages_loads_unchanged():
+    old = {"name": "q", "max_size": 10, "next_id": 5, "paused": True,
+           "messages": [[1, "a", T0, T0 + HOUR, 0.0, 0, 0, None],
+                        [2, "b", T0, T0 + HOUR, 5.0, 2, 1, T0 + 5, "tok"],
+                        [3, "c", T0, T0 + HOUR, 5.0, 0, 0, None, None, {"max_deliveries": 3}],
+                        [4, "d", T0, T0 + HOUR, 5.0]],
+           "dedupe": [["p", 1, 1, 1]]}
+    q = Queue.from_snapshot(orjson.loads(orjson.dumps(old)))
+    again = dict(old, messages=old["messages"][:3] + [[4, "d", T0, T0 + HOUR, 5.0, 0, 0, None]])
+    assert q.snapshot() == again
+    assert q.held("tok") == [2] and q._index[3].extra == {"max_deliveries": 3}
+    with pytest.raises(ValueError):
+        Queue.from_snapshot(dict(old, messages=[[1, "a", T0, T0 + HOUR]]))
+
+
+def test_messages_produced_together_share_their_state_until_one_changes():
+    for q in (Queue("q", 10), StateQueue("q", 10)):
+        q.produce_many([("a", T0, T0 + HOUR, 5.0, 0)] * 3, T0)
+        for r in Queue("src", 10, next_id=4).produce_many([("b", T0, T0 + HOUR, 5.0, 0)] * 2, T0):
+            q.apply(as_replayed(r))
+        states = [q._index[i]._state for i in range(1, 6)]
+        assert all(s is states[0] for s in states)
+        q.apply(Queue.from_snapshot(q.snapshot()).consume(T0, 1)[1][0])
+        assert q._index[1].lease == T0 + 5.0 and q._index[2].lease is None
+        assert q._index[2]._state is states[0]
+
+
+def as_replayed(record):
+    """A record as a replica gets it: decoded from its JSON, every float a new object."""
+    return decode(encode(record))
