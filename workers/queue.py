@@ -427,7 +427,7 @@ class Queue:
     def restore(self, message: Message) -> Restore:
         """Put back an at-most-once message that never reached a client; its restore record.
 
-        Same msg_id and ready time, delivery_count one lower (not below 0). A restore is not
+        Same msg_id, ready time and own max_deliveries, delivery_count one lower (not below 0). A restore is not
         refused when the queue is full: the message was stored a moment ago and must not be lost.
         Raises ValueError if the id is still stored.
         """
@@ -435,7 +435,8 @@ class Queue:
             raise ValueError(f"msg_id {message.msg_id} is still stored")
         record = Restore(queue=self.name, msg_id=message.msg_id, ready=message.ready,
                          ttl=message.ttl, retry=message.retry, priority=message.priority,
-                         data=message.data, delivery_count=max(0, message.delivery_count - 1))
+                         data=message.data, delivery_count=max(0, message.delivery_count - 1),
+                         max_deliveries=(message.extra or {}).get("max_deliveries"))
         self.apply(record)
         return record
 

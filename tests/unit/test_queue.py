@@ -297,6 +297,16 @@ def test_extend_moves_the_lease_deadline():
     assert q.extend(ready, T0 + 100) is None
 
 
+def test_restore_keeps_the_messages_own_max_deliveries():
+    q = make()
+    q.produce("once", T0, T0 + HOUR, 0.0, 0, T0, max_deliveries=3)
+    [msg], _ = q.consume(T0 + 1)
+    record = q.restore(msg)
+    assert record.max_deliveries == 3
+    [(_, stored)] = q.oldest(1)
+    assert (stored.msg_id, stored.extra) == (msg.msg_id, {"max_deliveries": 3})
+
+
 def test_restore_puts_an_undelivered_message_back_in_place():
     q = make(max_size=2)
     first = put(q, "first", retry=0)
