@@ -49,7 +49,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
-from load.procs import cpu_seconds, descendants, process_name  # noqa: E402
+from load.peers import argv as peer_argv, installed as installed_peers  # noqa: E402
+from load.procs import cpu_seconds, descendants, process_name, stop  # noqa: E402
 from tests.harness import free_port  # noqa: E402  (one definition for tests and benchmarks)
 WORKLOADS = ("per-request", "pipelined", "batched", "long-poll", "quorum", "subscribe", "http", "security")
 PROTOCOLS = {"queue-server": "qs", "queue-server x3": "qs", "beanstalkd": "beanstalk", "redis": "redis"}
@@ -75,12 +76,20 @@ def machine() -> dict:
     return {
         "cpu": model or platform.processor(),
         "cores": os.cpu_count(),
+        "nproc": len(os.sched_getaffinity(0)),
         "memory": mem,
         "python": platform.python_version(),
         "kernel": platform.release(),
         "load_average": os.getloadavg()[0],
     }
 
+
+def print_machine() -> dict:
+    """Print what this runs on in one line; returns it (machine())."""
+    info = machine()
+    print(f"machine: {info['cpu']}, nproc {info['nproc']} ({info['cores']} cores), {info['memory']}, "
+          f"Python {info['python']}, Linux {info['kernel']}, load average {info['load_average']:.2f} at start")
+    return info
 
 
 def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
@@ -123,13 +132,7 @@ class Server:
             raise
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc)
         if self.log is not subprocess.DEVNULL:
             self.log.close()
 
@@ -316,24 +319,13 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown workload(s): {', '.join(sorted(unknown))}")
     repo = os.path.abspath(args.repo)
 
-    info = machine()
-    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['memory']}, Python {info['python']}, "
-          f"Linux {info['kernel']}, load average {info['load_average']:.2f} at start")
+    info = print_machine()
     print(f"client: load/cbench.c (compiled, one thread, epoll), {args.conns} connections, {args.seconds:g} s per measurement"
           + (f", median of {args.repeat}" if args.repeat > 1 else ""))
     print(f"queue-server: {repo}, {args.workers} workers" + (", metrics on (scraped every second)" if args.metrics else ""))
     rows: list[dict] = []
     notes: list[str] = []
-    peers = []
-    if not args.no_peers:
-        if shutil.which("beanstalkd"):
-            peers.append("beanstalkd")
-        else:
-            notes.append("beanstalkd not installed (apt-get install beanstalkd): peer skipped")
-        if shutil.which("redis-server"):
-            peers.append("redis")
-        else:
-            notes.append("redis-server not installed (apt-get install redis-server): peer skipped")
+    peers = [] if args.no_peers else installed_peers(notes)
 
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         client = build_client(tmp)
@@ -342,9 +334,7 @@ def main(argv: list[str] | None = None) -> None:
             if server == "queue-server":
                 return QueueServer(repo, tmp, args.workers, args.metrics, config)
             port = free_port()
-            if server == "beanstalkd":
-                return Server(["beanstalkd", "-l", "127.0.0.1", "-p", str(port)], port)
-            return Server(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"], port)
+            return Server(peer_argv(server, port), port)
 
         def measure(workload: str, server: str, what: str, starter, runner=None, repeat: int | None = None,
                     **kw) -> None:
