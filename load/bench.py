@@ -4,14 +4,21 @@ the machine, a table, and writes a JSON file. A benchmark, not a test.
 
 Workloads (each on a freshly started server):
 
-  per-request   produce -> consume -> confirm cycles, one request in flight per connection
-  pipelined     the same cycles, --depth requests in flight per connection
-  batched       the same cycles with --batch messages per request (queue-server only)
+  unloaded      per-request cycles on one connection (the latency target: p50 <= 250 us)
+  per-request   produce -> consume -> confirm cycles, one request in flight per connection, at
+                each --sweep connection count (8, 64, 256)
+  pipelined     the same cycles, --depths requests in flight per connection (1, 10, 100, 1000)
+  batched       the same cycles with --batches messages per request (1, 10, 100, 1000; queue-server only)
   long-poll     producer/consumer pairs, one queue each; consumers long-poll (wait) and confirm;
                 reports the delivery latency (produce sent -> message received) too
   quorum        per-request and pipelined cycles against a 3-node cluster (replication quorum):
                 clients on the leader, then spread over the three nodes (followers forward);
                 skipped, with the reason, while the nodes do not form a cluster
+  durability    per-request cycles with each setting of load/durability_bench.py (fsync always,
+                everysec, no; no WAL; frequent snapshots), beside beanstalkd's binlog
+  scaling       per-request cycles with 1, 2, 4 workers; spread over 1 and 10,000 queues; with
+                1k and 1M messages stored in another queue (--scale-*)
+  memory        memory per stored message at 1M (load/memory_bench.py), beside the peers
   subscribe     consumed messages/s with push subscriptions (credit 100) against a consume +
                 confirm loop, Python client, same connections (load/subscribe_bench.py)
   http          per-request cycles over the HTTP API (POST, GET, DELETE; wrk, load/http_bench.py)
@@ -23,8 +30,12 @@ Workloads (each on a freshly started server):
                 QueueClient plain and over TLS, also in pairs (load/tls_bench.py: cbench has no
                 TLS, so that ratio includes the Python client's own TLS cost)
 
+It ends with a summary: every target ("target: X, measured: Y, met / not met") and each
+comparison (peers, quorum against a single node, durability settings, scaling) with p99 and the
+server's CPU per request beside every throughput.
+
     python load/bench.py                        # every workload, 10 s each, 8 connections
-    python load/bench.py --seconds 3 --only per-request,pipelined --no-peers
+    python load/bench.py --seconds 2 --only unloaded,per-request --sweep 8 --no-peers   # quick
     python load/bench.py --metrics              # node with metrics_port on, scraped every second
     python load/bench.py --repo /tmp/old-checkout --only pipelined --repeat 3   # another version
 """
@@ -49,9 +60,14 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
-from load.procs import cpu_seconds, descendants, process_name  # noqa: E402
+from load.peers import argv as peer_argv, installed as installed_peers  # noqa: E402
+from load.procs import cpu_seconds, descendants, process_name, stop  # noqa: E402
 from tests.harness import free_port  # noqa: E402  (one definition for tests and benchmarks)
-WORKLOADS = ("per-request", "pipelined", "batched", "long-poll", "quorum", "subscribe", "http", "security")
+WORKLOADS = ("unloaded", "per-request", "pipelined", "batched", "long-poll", "quorum", "durability", "scaling",
+             "memory", "subscribe", "http", "security")
+# The targets of issue 12: (what, row key, figure, at most, unit). Each is printed in the summary
+# as "target: ..., measured: ..., met / not met".
+TARGETS = (("unloaded single-connection p50", "unloaded", "p50_ms", 0.250, "ms"),)
 PROTOCOLS = {"queue-server": "qs", "queue-server x3": "qs", "beanstalkd": "beanstalk", "redis": "redis"}
 
 
@@ -75,12 +91,20 @@ def machine() -> dict:
     return {
         "cpu": model or platform.processor(),
         "cores": os.cpu_count(),
+        "nproc": len(os.sched_getaffinity(0)),
         "memory": mem,
         "python": platform.python_version(),
         "kernel": platform.release(),
         "load_average": os.getloadavg()[0],
     }
 
+
+def print_machine() -> dict:
+    """Print what this runs on in one line; returns it (machine())."""
+    info = machine()
+    print(f"machine: {info['cpu']}, nproc {info['nproc']} ({info['cores']} cores), {info['memory']}, "
+          f"Python {info['python']}, Linux {info['kernel']}, load average {info['load_average']:.2f} at start")
+    return info
 
 
 def wait_port(port: int, proc: subprocess.Popen, timeout: float = 30.0) -> None:
@@ -123,13 +147,7 @@ class Server:
             raise
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc)
         if self.log is not subprocess.DEVNULL:
             self.log.close()
 
@@ -283,10 +301,12 @@ def request(addr: str, req: dict, timeout: float = 2.0) -> dict:
 
 
 def run_client(client: str, proto: str, addresses: list[str], args: argparse.Namespace, *, mode: str = "cycle",
-               batch: int = 1, depth: int = 1, token: str | None = None) -> dict:
-    """One closed-loop run of cbench; returns its figures."""
-    argv = [client, "-p", proto, "-a", ",".join(addresses), "-c", str(args.conns), "-t", str(args.seconds),
-            "-b", str(batch), "-d", str(depth), "-m", mode, "-s", str(args.payload)]
+               batch: int = 1, depth: int = 1, token: str | None = None, conns: int | None = None,
+               queues: int = 0) -> dict:
+    """One closed-loop run of cbench (`conns` connections, default args.conns; cycles spread over
+    `queues` queues, 0: one per connection); returns its figures."""
+    argv = [client, "-p", proto, "-a", ",".join(addresses), "-c", str(conns or args.conns), "-t", str(args.seconds),
+            "-b", str(batch), "-d", str(depth), "-m", mode, "-s", str(args.payload), "-q", str(queues)]
     if token is not None:
         argv += ["-k", token]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=args.seconds + 90)
@@ -299,8 +319,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seconds", type=float, default=10.0, help="per measurement (default 10)")
     parser.add_argument("--conns", type=int, default=8, help="connections (default 8; long-poll: 4 pairs)")
-    parser.add_argument("--depth", type=int, default=16, help="requests in flight per connection, pipelined (default 16)")
-    parser.add_argument("--batch", type=int, default=100, help="messages per request, batched (default 100)")
+    parser.add_argument("--sweep", type=_ints, default=[8, 64, 256], help="per-request: connection counts (default 8,64,256)")
+    parser.add_argument("--depths", type=_ints, default=[1, 10, 100, 1000],
+                        help="pipelined: requests in flight per connection (default 1,10,100,1000)")
+    parser.add_argument("--batches", type=_ints, default=[1, 10, 100, 1000],
+                        help="batched: messages per request (default 1,10,100,1000)")
+    parser.add_argument("--depth", type=int, default=16, help="quorum: requests in flight per connection, pipelined (default 16)")
+    parser.add_argument("--scale-workers", type=_ints, default=[1, 2, 4], help="scaling: worker counts (default 1,2,4)")
+    parser.add_argument("--scale-queues", type=_ints, default=[1, 10000],
+                        help="scaling: queues the cycles are spread over, all created first (default 1,10000)")
+    parser.add_argument("--scale-stored", type=_ints, default=[1000, 1000000],
+                        help="scaling: messages stored in another queue during the cycles (default 1000,1000000)")
+    parser.add_argument("--memory-messages", type=int, default=1_000_000,
+                        help="memory: messages of 100 bytes stored (default 1,000,000; load/memory_bench.py)")
     parser.add_argument("--payload", type=int, default=64, help="message bytes (default 64)")
     parser.add_argument("--workers", type=int, default=2, help="queue-server workers (default 2)")
     parser.add_argument("--only", default=",".join(WORKLOADS), help=f"comma-separated subset of {','.join(WORKLOADS)}")
@@ -315,25 +346,18 @@ def main(argv: list[str] | None = None) -> None:
     if unknown:
         parser.error(f"unknown workload(s): {', '.join(sorted(unknown))}")
     repo = os.path.abspath(args.repo)
+    from load import durability_bench, memory_bench  # they import this module
 
-    info = machine()
-    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['memory']}, Python {info['python']}, "
-          f"Linux {info['kernel']}, load average {info['load_average']:.2f} at start")
+
+    info = print_machine()
     print(f"client: load/cbench.c (compiled, one thread, epoll), {args.conns} connections, {args.seconds:g} s per measurement"
           + (f", median of {args.repeat}" if args.repeat > 1 else ""))
     print(f"queue-server: {repo}, {args.workers} workers" + (", metrics on (scraped every second)" if args.metrics else ""))
+    print(f"config: {node_config(repo, args.workers)} (the rest default; a workload's own keys are in its row)")
     rows: list[dict] = []
+    memory_rows: list[dict] = []
     notes: list[str] = []
-    peers = []
-    if not args.no_peers:
-        if shutil.which("beanstalkd"):
-            peers.append("beanstalkd")
-        else:
-            notes.append("beanstalkd not installed (apt-get install beanstalkd): peer skipped")
-        if shutil.which("redis-server"):
-            peers.append("redis")
-        else:
-            notes.append("redis-server not installed (apt-get install redis-server): peer skipped")
+    peers = [] if args.no_peers else installed_peers(notes)
 
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         client = build_client(tmp)
@@ -342,18 +366,19 @@ def main(argv: list[str] | None = None) -> None:
             if server == "queue-server":
                 return QueueServer(repo, tmp, args.workers, args.metrics, config)
             port = free_port()
-            if server == "beanstalkd":
-                return Server(["beanstalkd", "-l", "127.0.0.1", "-p", str(port)], port)
-            return Server(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"], port)
+            return Server(peer_argv(server, port), port)
 
         def measure(workload: str, server: str, what: str, starter, runner=None, repeat: int | None = None,
-                    **kw) -> None:
-            """runner(server) -> figures replaces the cbench run (the HTTP workload's wrk)."""
+                    key: str | None = None, prepare=None, **kw) -> None:
+            """runner(server) -> figures replaces the cbench run (the HTTP workload's wrk);
+            prepare(server) runs before the clock starts; `key` names the row for the summary."""
             runs = []
             try:
                 for _ in range(repeat or args.repeat):
                     srv = starter()
                     try:
+                        if prepare:
+                            prepare(srv)
                         cpu_before = srv.cpu_seconds()
                         run = runner(srv) if runner else run_client(client, PROTOCOLS[server], srv.addresses, args, **kw)
                         cpu_after = srv.cpu_seconds()
@@ -371,7 +396,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"  {workload:<12} {server:<14} {what:<42} FAILED: {exc}", flush=True)
                 return
             result = sorted(runs, key=lambda r: r["ops_per_s"])[len(runs) // 2]
-            result.update(workload=workload, server=server, what=what, runs=[r["ops_per_s"] for r in runs])
+            result.update(workload=workload, server=server, what=what, runs=[r["ops_per_s"] for r in runs], key=key)
             rows.append(result)
             delivery = f"  delivery p50 {result['delivery_p50_ms']:.3f} p99 {result['delivery_p99_ms']:.3f} ms" if "delivery_p50_ms" in result else ""
             print(f"  {workload:<12} {server:<14} {what:<42} {result['ops_per_s']:>9,.0f} ops/s {result['messages_per_s']:>9,.0f} msg/s"
@@ -392,15 +417,23 @@ def main(argv: list[str] | None = None) -> None:
             "beanstalkd": ("put/reserve-with-timeout 0/delete", "reserve-with-timeout 1, delete; tube per pair"),
             "redis": ("LPUSH/LMOVE/LREM", "BLMOVE 1 s, LREM; list per pair"),
         }
+        if "unloaded" in only:
+            measure("unloaded", "queue-server", f"{what['queue-server'][0]}, 1 connection", lambda: start("queue-server"),
+                    conns=1, key="unloaded")
         if "per-request" in only:
-            for s in servers:
-                measure("per-request", s, what[s][0], lambda s=s: start(s))
+            for conns in args.sweep:
+                for s in servers:
+                    measure("per-request", s, f"{what[s][0]}, {conns} connections", lambda s=s: start(s), conns=conns,
+                            key=f"per-request/{s}/{conns}")
         if "pipelined" in only:
-            for s in servers:
-                measure("pipelined", s, f"{what[s][0]}, depth {args.depth}", lambda s=s: start(s), depth=args.depth)
+            for depth in args.depths:
+                for s in servers:
+                    measure("pipelined", s, f"{what[s][0]}, depth {depth}", lambda s=s: start(s), depth=depth,
+                            key=f"pipelined/{s}/{depth}")
         if "batched" in only:
-            measure("batched", "queue-server", f"{what['queue-server'][0]}, {args.batch} per request",
-                    lambda: start("queue-server"), batch=args.batch)
+            for batch in args.batches:
+                measure("batched", "queue-server", f"{what['queue-server'][0]}, {batch} per request",
+                        lambda: start("queue-server"), batch=batch, key=f"batched/{batch}")
             if peers:
                 notes.append("batched: the peers have no batch produce/consume/delete in their protocols; queue-server only")
         if "long-poll" in only:
@@ -428,10 +461,36 @@ def main(argv: list[str] | None = None) -> None:
                     return c
 
                 for label, depth in (("per request", 1), (f"depth {args.depth}", args.depth)):
+                    measure("quorum", "queue-server", f"single node, {label}", lambda: start("queue-server"), depth=depth,
+                            key=f"quorum/single/{depth}")
                     measure("quorum", "queue-server x3", f"clients on the leader, {label}",
-                            lambda: started_cluster(True), depth=depth)
+                            lambda: started_cluster(True), depth=depth, key=f"quorum/leader/{depth}")
                     measure("quorum", "queue-server x3", f"clients spread over 3 nodes, {label}",
-                            lambda: started_cluster(False), depth=depth)
+                            lambda: started_cluster(False), depth=depth, key=f"quorum/spread/{depth}")
+
+        if "durability" in only:
+            for label, config in durability_bench.SETTINGS:
+                measure("durability", "queue-server", f"{what['queue-server'][0]}, {label}",
+                        lambda config=config: start("queue-server", config), key=f"durability/{label}")
+            if "beanstalkd" in peers:
+                for every_write in (True, False):
+                    port = free_port()
+                    label, command = durability_bench.beanstalkd_binlog(port, tempfile.mkdtemp(dir=tmp), every_write)
+                    measure("durability", "beanstalkd", f"{what['beanstalkd'][0]}, {label}",
+                            lambda command=command, port=port: Server(command, port))
+        if "scaling" in only:
+            scaling(args, what["queue-server"][0], start, measure)
+        if "memory" in only:
+            for s in servers:
+                try:
+                    row = memory_bench.measure(s, repo, tmp, args.workers, ["mem0"], args.memory_messages, b"x" * 100)
+                except (RuntimeError, TimeoutError, OSError) as exc:
+                    notes.append(f"memory, {s}: failed: {exc}")
+                    continue
+                row.update(workload="memory", server=s, key=f"memory/{s}",
+                           what=f"{args.memory_messages:,} messages of 100 bytes, one queue")
+                memory_rows.append(row)
+                print("  memory       " + memory_bench.describe(row).replace("\n", "\n      "), flush=True)
 
         if "http" in only:
             from load import http_bench
@@ -470,19 +529,142 @@ def main(argv: list[str] | None = None) -> None:
 
     info["load_average_end"] = os.getloadavg()[0]
     print()
-    print("| workload | server | what | ops/s | messages/s | p50 ms | p99 ms | delivery p50 / p99 ms | server CPU us/op |")
+    print("| workload | server | what | ops/s | messages/s | p50 ms | p99 ms | delivery p50 / p99 ms | server CPU us/op (by process) |")
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         delivery = f"{r['delivery_p50_ms']:.3f} / {r['delivery_p99_ms']:.3f}" if "delivery_p50_ms" in r else ""
-        cpu = f"{sum(r['cpu_us_per_op'].values()):.1f}" if r.get("cpu_us_per_op") else ""
+        cpu = _cpu_cell(r.get("cpu_us_per_op") or {})
         print(f"| {r['workload']} | {r['server']} | {r['what']} | {r['ops_per_s']:,.0f} | {r['messages_per_s']:,.0f} | "
               f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {delivery} | {cpu} |")
+    if memory_rows:
+        print()
+        print("| memory | messages | B per message (PSS) | B per message (RSS) | B per message by process (PSS) |")
+        print("|---|---:|---:|---:|---|")
+        for r in memory_rows:
+            by = ", ".join(f"{n} {b:,.0f}" for n, b in r["by_process"].items())
+            print(f"| {r['server']} | {r['messages']:,} | {r['pss_per_msg']:,.0f} | {r['rss_per_msg']:,.0f} | {by} |")
+    print()
+    for line in summary(rows + memory_rows, only):
+        print(line)
     for note in notes:
         print(f"\nnote: {note}")
     print(f"\nload average at the end: {info['load_average_end']:.2f}")
     with open(args.json, "w") as f:
-        json.dump({"machine": info, "args": vars(args), "results": rows, "notes": notes}, f, indent=2)
+        json.dump({"machine": info, "args": vars(args), "results": rows, "memory": memory_rows, "notes": notes}, f, indent=2)
     print(f"wrote {args.json}")
+
+
+def _ints(text: str) -> list[int]:
+    """A comma-separated list of positive integers (an argparse type)."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def node_config(repo: str, workers: int) -> str:
+    """The settings of the benchmarked node that decide its figures, as the node resolves them."""
+    sys.path.insert(0, repo)
+    from queue_server.config.loader import parse_config
+
+    config, _ = parse_config(json.dumps({"workers": workers}))
+    keys = ("workers", "fsync", "in_memory", "snapshot_every", "replication", "queue_size", "max_queues",
+            "max_memory_mb", "queue_log_size")
+    return ", ".join(f"{k} {getattr(config, k)}" for k in keys if hasattr(config, k))
+
+
+def scaling(args: argparse.Namespace, what: str, start, measure) -> None:
+    """How the per-request cost grows: with the worker count, with the queues the cycles are
+    spread over (all created before the clock starts), and with messages stored elsewhere."""
+    from load.memory_bench import fill_queue_server
+
+    for workers in args.scale_workers:
+        measure("scaling", "queue-server", f"{what}, {workers} workers", lambda w=workers: start("queue-server", {"workers": w}),
+                key=f"scaling/workers/{workers}")
+    for queues in args.scale_queues:
+        names = [f"bench{i}" for i in range(queues)]
+        measure("scaling", "queue-server", f"{what}, spread over {queues:,} queues",
+                lambda: start("queue-server", {"max_queues": 0}), queues=queues, key=f"scaling/queues/{queues}",
+                prepare=lambda srv, names=names: fill_queue_server(srv.port, names, 1, b"x" * args.payload))
+    for stored in args.scale_stored:
+        measure("scaling", "queue-server", f"{what}, {stored:,} messages stored",
+                lambda n=stored: start("queue-server", {"queue_size": n + 1, "max_memory_mb": 0, "max_request_size": 1 << 24}),
+                key=f"scaling/stored/{stored}",
+                prepare=lambda srv, n=stored: fill_queue_server(srv.port, ["stored"], n, b"x" * args.payload))
+
+
+def _cpu_cell(cpu: dict[str, float]) -> str:
+    """Server CPU µs per operation: the total, then by process (a single node's children)."""
+    if not cpu:
+        return ""
+    parts = [f"{name} {us:.1f}" for name, us in cpu.items() if "/" not in name and name != "supervisor"]
+    return f"{sum(cpu.values()):.1f}" + (f" ({', '.join(parts)})" if len(parts) > 1 else "")
+
+
+def _figures(row: dict) -> str:
+    cpu = f", server CPU {sum(row['cpu_us_per_op'].values()):.1f} us/op" if row.get("cpu_us_per_op") else ""
+    return f"{row['ops_per_s']:,.0f} ops/s, p99 {row['p99_ms']:.3f} ms{cpu}"
+
+
+def _against(rows: dict, label: str, base: str, others: list[tuple[str, str]]) -> list[str]:
+    """Lines comparing the rows `others` (key, name) with row `base`: ops/s ratio and p99 beside."""
+    if base not in rows:
+        return []
+    b = rows[base]
+    lines = [f"{label}: {_figures(b)}"]
+    for key, name in others:
+        if key in rows:
+            r = rows[key]
+            lines.append(f"  {name}: {_figures(r)} ({r['ops_per_s'] / b['ops_per_s']:.2f}x the ops/s, "
+                         f"p99 {r['p99_ms'] - b['p99_ms']:+.3f} ms)")
+    return lines
+
+
+def summary(results: list[dict], only: list[str]) -> list[str]:
+    """The closing summary: every target with what was measured and whether it is met, then what
+    each comparison the issue asks for came to."""
+    rows = {r["key"]: r for r in results if r.get("key")}
+    lines = ["summary"]
+    for what, key, figure, limit, unit in TARGETS:
+        row = rows.get(key)
+        if row is None:
+            measured, verdict = ("not run" if key.split("/")[0] not in only else "failed"), "not measured"
+        else:
+            measured, verdict = f"{row[figure]:.3f} {unit}", "met" if row[figure] <= limit else "not met"
+        lines.append(f"target: {what} <= {limit:.3f} {unit}, measured: {measured}, {verdict}")
+    servers = ("beanstalkd", "redis")
+    for conns in sorted({int(k.rsplit("/", 1)[1]) for k in rows if k.startswith("per-request/")}):
+        lines += _against(rows, f"per request, {conns} connections, queue-server", f"per-request/queue-server/{conns}",
+                          [(f"per-request/{s}/{conns}", s) for s in servers])
+    for depth in sorted({int(k.rsplit("/", 1)[1]) for k in rows if k.startswith("pipelined/")}):
+        lines += _against(rows, f"pipelined, depth {depth}, queue-server", f"pipelined/queue-server/{depth}",
+                          [(f"pipelined/{s}/{depth}", s) for s in servers])
+    batches = sorted(int(k.rsplit("/", 1)[1]) for k in rows if k.startswith("batched/"))
+    if batches:
+        lines.append("batched, messages/s (p99 ms): " + ", ".join(
+            f"{b} per request {rows[f'batched/{b}']['messages_per_s']:,.0f} ({rows[f'batched/{b}']['p99_ms']:.3f})"
+            for b in batches))
+    for depth in sorted({int(k.rsplit("/", 1)[1]) for k in rows if k.startswith("quorum/single/")}):
+        lines += _against(rows, f"quorum, depth {depth}: single node", f"quorum/single/{depth}",
+                          [(f"quorum/leader/{depth}", "3 nodes, clients on the leader"),
+                           (f"quorum/spread/{depth}", "3 nodes, clients spread")])
+    durability = [k for k in rows if k.startswith("durability/")]
+    default = next((k for k in durability if "(default)" in k), None)
+    if default:
+        lines += _against(rows, f"durability, {default.split('/', 1)[1]}", default,
+                          [(k, k.split("/", 1)[1]) for k in durability if k != default])
+    for axis, unit in (("workers", "workers"), ("queues", "queues"), ("stored", "messages stored")):
+        keys = sorted((k for k in rows if k.startswith(f"scaling/{axis}/")), key=lambda k: int(k.rsplit("/", 1)[1]))
+        if keys:
+            lines += _against(rows, f"scaling, {int(keys[0].rsplit('/', 1)[1]):,} {unit}", keys[0],
+                              [(k, f"{int(k.rsplit('/', 1)[1]):,} {unit}") for k in keys[1:]])
+    for r in results:
+        if r.get("workload") == "memory":
+            lines.append(f"memory per message at {r['messages']:,}, {r['server']}: {r['pss_per_msg']:,.0f} B (PSS)")
+    return lines
 
 
 BENCH_TOKEN = "bench-token-0123456789abcdef"

@@ -14,6 +14,8 @@
  *     -m MODE    cycle | longpoll                                 (cycle)
  *     -s SIZE    payload bytes (>= 24)                             (64)
  *     -w WAIT    longpoll: the consumers' wait, seconds            (1)
+ *     -q QUEUES  cycle, qs and redis: spread the cycles over this many queues (lists), each on
+ *                the next one (bench0 .. bench<QUEUES-1>); 0: one queue per connection     (0)
  *     -k TOKEN   qs: authenticate every connection first ({"action":"auth","token":TOKEN};
  *                the node's auth_token_file), before the clock starts      (none)
  *
@@ -63,6 +65,7 @@ struct lane {
     double sent_at;
     long ids[MAXIDS];
     int n_ids;
+    char q[32];  /* -q: the queue of this lane's current cycle */
     char *taken; /* redis: the value LMOVE returned, for LREM */
     size_t taken_len;
 };
@@ -95,6 +98,7 @@ static enum proto proto = QS;
 static enum mode mode = CYCLE;
 static int batch = 1, depth = 1, payload_size = 64;
 static double wait_s = 1;
+static long n_queues, next_queue;
 static double *lat, *dlat;
 static long n_lat, n_dlat, n_ops, n_msgs;
 static char *payload;
@@ -142,7 +146,8 @@ static const char *message(double t) {
 /* Append the request for lane `li` of `c` to its output and put the lane in the FIFO. */
 static void build(struct conn *c, int li) {
     struct lane *l = &c->lanes[li];
-    const char *q = c->q;
+    if (n_queues && mode == CYCLE && l->step == PRODUCE) snprintf(l->q, sizeof l->q, "bench%ld", next_queue++ % n_queues);
+    const char *q = n_queues && mode == CYCLE ? l->q : c->q;
     size_t qn = strlen(q), pn = (size_t)payload_size;
     reserve_out(c, (size_t)batch * (pn + 24) + 256);
     char *o = c->out + c->out_len;
@@ -379,7 +384,7 @@ int main(int argc, char **argv) {
     double seconds = 10;
     const char *token = NULL;
     int opt;
-    while ((opt = getopt(argc, argv, "p:a:c:t:b:d:m:s:w:k:")) != -1) {
+    while ((opt = getopt(argc, argv, "p:a:c:t:b:d:m:s:w:k:q:")) != -1) {
         switch (opt) {
         case 'p': proto = !strcmp(optarg, "qs") ? QS : !strcmp(optarg, "beanstalk") ? BEANSTALK : !strcmp(optarg, "redis") ? REDIS : -1; break;
         case 'a': addrs = optarg; break;
@@ -391,11 +396,12 @@ int main(int argc, char **argv) {
         case 's': payload_size = atoi(optarg); break;
         case 'w': wait_s = atof(optarg); break;
         case 'k': token = optarg; break;
+        case 'q': n_queues = atol(optarg); break;
         default: fprintf(stderr, "usage: see the comment at the top of cbench.c\n"); return 2;
         }
     }
     if ((int)proto < 0 || (int)mode < 0 || batch < 1 || batch > MAXIDS || (batch > 1 && proto != QS) ||
-        depth < 1 || depth > MAXDEPTH || nconn < 1 || payload_size < 24 || (mode == LONGPOLL && (nconn % 2 || batch != 1))) {
+        depth < 1 || depth > MAXDEPTH || n_queues < 0 || nconn < 1 || payload_size < 24 || (mode == LONGPOLL && (nconn % 2 || batch != 1))) {
         fprintf(stderr, "cbench: bad arguments (longpoll needs an even number of connections and batch 1)\n");
         return 2;
     }

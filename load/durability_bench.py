@@ -17,7 +17,25 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from queue_server.client import QueueClient  # noqa: E402
-from load.bench import REPO, QueueServer, Server, build_client, free_port, machine, run_client  # noqa: E402
+from load.peers import argv as peer_argv  # noqa: E402
+from load.bench import REPO, QueueServer, Server, build_client, free_port, print_machine, run_client  # noqa: E402
+
+
+# Each queue-server durability setting: (label, config keys over the defaults).
+SETTINGS = (
+    ("fsync always", {"fsync": "always"}),
+    ("fsync everysec (default)", {"fsync": "everysec"}),
+    ("fsync no", {"fsync": "no"}),
+    ("no WAL (in_memory)", {"in_memory": True}),
+    ("everysec, a snapshot every 20k records", {"snapshot_every": 20000}),
+)
+
+
+def beanstalkd_binlog(port: int, binlog: str, fsync_every_write: bool) -> tuple[str, list[str]]:
+    """(label, command) of beanstalkd on `port` with its binlog in `binlog` (-b), syncing every
+    write (-f0) or never."""
+    label = "beanstalkd -b (fsync every write, -f0)" if fsync_every_write else "beanstalkd -b (no fsync)"
+    return label, peer_argv("beanstalkd", port, "-b", binlog, *(("-f", "0") if fsync_every_write else ()))
 
 
 def restart_time(workdir: str, messages: int, batch: int) -> tuple[float, float]:
@@ -53,8 +71,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--messages", type=int, default=1_000_000)
     parser.add_argument("--batch", type=int, default=1000)
     args = parser.parse_args(argv)
-    info = machine()
-    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['memory']}, Python {info['python']}")
+    print_machine()
     print(f"client: load/cbench.c, {args.conns} connections, one request in flight each, {args.seconds:g} s per row")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -68,20 +85,13 @@ def main(argv: list[str] | None = None) -> None:
             rows.append((name, r))
             print(f"  {name:<44} {r['ops_per_s']:>9,.0f} ops/s  p50 {r['p50_ms']:.3f} ms  p99 {r['p99_ms']:.3f} ms", flush=True)
 
-        for mode in ("always", "everysec", "no"):
-            measure(f"queue-server fsync {mode}", QueueServer(REPO, tmp, 2, False, {"fsync": mode}, name=mode))
-        measure("queue-server in memory", QueueServer(REPO, tmp, 2, False, {"in_memory": True}, name="mem"))
-        measure("queue-server everysec, a snapshot every 20k records",
-                QueueServer(REPO, tmp, 2, False, {"snapshot_every": 20000}, name="snap"))
+        for label, config in SETTINGS:
+            measure(f"queue-server {label}", QueueServer(REPO, tmp, 2, False, config, name="durability"))
         if shutil.which("beanstalkd"):
-            for fsync_ms in ("0", None):
-                binlog = tempfile.mkdtemp(dir=tmp)
+            for every_write in (True, False):
                 port = free_port()
-                argv = ["beanstalkd", "-l", "127.0.0.1", "-p", str(port), "-b", binlog]
-                label = "beanstalkd -b (fsync every write, -f0)" if fsync_ms else "beanstalkd -b (no fsync)"
-                if fsync_ms:
-                    argv += ["-f", fsync_ms]
-                measure(label, Server(argv, port), "beanstalk")
+                label, command = beanstalkd_binlog(port, tempfile.mkdtemp(dir=tmp), every_write)
+                measure(label, Server(command, port), "beanstalk")
         else:
             print("  beanstalkd not installed (apt-get install beanstalkd): peer skipped")
         stored, restarted = restart_time(tmp, args.messages, args.batch)

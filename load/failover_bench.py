@@ -16,7 +16,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from queue_server.client import QueueClient  # noqa: E402
-from load.bench import machine  # noqa: E402
+from load.bench import print_machine  # noqa: E402
 from tests.harness import Cluster, NodeProcess, RawTcp, wait_for  # noqa: E402
 
 
@@ -84,8 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)
-    info = machine()
-    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['memory']}, Python {info['python']}")
+    print_machine()
     with tempfile.TemporaryDirectory() as tmp:
         kill = time_to_new_leader(tmp, signal.SIGKILL, args.rounds)
         print(f"new leader after kill -9: min {min(kill):.3f} s, max {max(kill):.3f} s over {len(kill)} rounds", flush=True)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import socket
 import sys
 import tempfile
@@ -26,7 +25,8 @@ import orjson
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from load.bench import REPO, QueueServer, Server, machine  # noqa: E402
+from load.bench import REPO, QueueServer, Server, print_machine  # noqa: E402
+from load.peers import argv as peer_argv, installed as installed_peers  # noqa: E402
 from load.procs import descendants, process_name  # noqa: E402
 from tests.harness import free_port  # noqa: E402
 
@@ -120,6 +120,51 @@ def fill_redis(port: int, queues: list[str], per_queue: int, payload: bytes) -> 
                     raise RuntimeError(f"redis refused an RPUSH: {bytes(buf[:200])!r}")
 
 
+FILLS = {"queue-server": fill_queue_server, "beanstalkd": fill_beanstalkd, "redis": fill_redis}
+
+
+def start(name: str, repo: str, workdir: str, workers: int, per_queue: int) -> Server:
+    """Server `name` (queue-server or a peer), fresh, with room for `per_queue` messages a queue."""
+    if name == "queue-server":
+        return QueueServer(repo, workdir, workers, False, {
+            "queue_size": per_queue + 1, "max_memory_mb": 0, "max_request_size": 1 << 24})
+    port = free_port()
+    extra = ("-z", str(1 << 20)) if name == "beanstalkd" else ()
+    return Server(peer_argv(name, port, *extra), port)
+
+
+def measure(name: str, repo: str, workdir: str, workers: int, queues: list[str], per_queue: int,
+            payload: bytes) -> dict:
+    """Fill a fresh server `name` and return what it grew by: PSS and RSS per message, idle and full
+    PSS, the fill's seconds and, for several processes, PSS per message by process."""
+    total = per_queue * len(queues)
+    server = start(name, repo, workdir, workers, per_queue)
+    try:
+        idle = settled(server.proc.pid)
+        began = time.monotonic()
+        FILLS[name](server.port, queues, per_queue, payload)
+        took = time.monotonic() - began
+        full = settled(server.proc.pid)
+    finally:
+        server.stop()
+    row = {"server": name, "messages": total, "idle_pss": idle["pss"], "full_pss": full["pss"],
+           "pss_per_msg": (full["pss"] - idle["pss"]) / total,
+           "rss_per_msg": (full["rss"] - idle["rss"]) / total, "fill_s": took, "by_process": {}}
+    if len(full["by_process"]) > 1:
+        row["by_process"] = {n: (b - idle["by_process"].get(n, 0)) / total for n, b in sorted(full["by_process"].items())}
+    return row
+
+
+def describe(row: dict) -> str:
+    """One row as the lines this benchmark prints."""
+    text = (f"{row['server']}: idle {row['idle_pss'] / 2**20:,.0f} MiB, full {row['full_pss'] / 2**20:,.0f} MiB (PSS); "
+            f"{row['pss_per_msg']:,.0f} B/msg PSS, {row['rss_per_msg']:,.0f} B/msg RSS; "
+            f"filled in {row['fill_s']:.1f} s ({row['messages'] / row['fill_s']:,.0f} msg/s)")
+    if row["by_process"]:
+        text += "\n  per process, B/msg (PSS): " + ", ".join(f"{n} {g:,.0f}" for n, g in row["by_process"].items())
+    return text
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=1_000_000, help="messages in all (default 1,000,000)")
@@ -130,55 +175,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repo", default=REPO, help="queue-server checkout to run (default: this one)")
     args = parser.parse_args(argv)
     per_queue = args.messages // args.queues
-    total = per_queue * args.queues
     queues = [f"mem{i}" for i in range(args.queues)]
-    payload = b"x" * args.payload
-    info = machine()
-    print(f"machine: {info['cpu']}, {info['cores']} cores, {info['memory']}, Python {info['python']}")
-    print(f"fill: {total:,} messages of {args.payload} bytes over {args.queues} queue(s)")
+    print_machine()
+    print(f"fill: {per_queue * args.queues:,} messages of {args.payload} bytes over {args.queues} queue(s)")
+    notes: list[str] = []
+    servers = ["queue-server"] + ([] if args.no_peers else installed_peers(notes))
+    for note in notes:
+        print(note)
     rows = []
     with tempfile.TemporaryDirectory(prefix="memory-bench-") as tmp:
-        def qs() -> Server:
-            return QueueServer(args.repo, tmp, args.workers, False, {
-                "queue_size": per_queue + 1, "max_memory_mb": 0, "max_request_size": 1 << 24})
-
-        def beanstalkd() -> Server:
-            port = free_port()
-            return Server(["beanstalkd", "-l", "127.0.0.1", "-p", str(port), "-z", str(1 << 20)], port)
-
-        def redis() -> Server:
-            port = free_port()
-            return Server(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                           "--appendonly", "no"], port)
-
-        servers = [("queue-server", qs, fill_queue_server)]
-        if not args.no_peers:
-            for name, start, fill, binary in (("beanstalkd", beanstalkd, fill_beanstalkd, "beanstalkd"),
-                                              ("redis", redis, fill_redis, "redis-server")):
-                if shutil.which(binary):
-                    servers.append((name, start, fill))
-                else:
-                    print(f"{binary} not installed (apt-get install {binary}): peer skipped")
-        for name, start, fill in servers:
-            server = start()
-            try:
-                idle = settled(server.proc.pid)
-                began = time.monotonic()
-                fill(server.port, queues, per_queue, payload)
-                took = time.monotonic() - began
-                full = settled(server.proc.pid)
-            finally:
-                server.stop()
-            row = {"server": name, "idle_pss": idle["pss"], "full_pss": full["pss"],
-                   "pss_per_msg": (full["pss"] - idle["pss"]) / total,
-                   "rss_per_msg": (full["rss"] - idle["rss"]) / total, "fill_s": took}
-            rows.append(row)
-            print(f"{name}: idle {idle['pss'] / 2**20:,.0f} MiB, full {full['pss'] / 2**20:,.0f} MiB (PSS); "
-                  f"{row['pss_per_msg']:,.0f} B/msg PSS, {row['rss_per_msg']:,.0f} B/msg RSS; "
-                  f"filled in {took:.1f} s ({total / took:,.0f} msg/s)")
-            if len(full["by_process"]) > 1:
-                grown = {n: (b - idle["by_process"].get(n, 0)) / total for n, b in sorted(full["by_process"].items())}
-                print("  per process, B/msg (PSS): " + ", ".join(f"{n} {g:,.0f}" for n, g in grown.items()))
+        for name in servers:
+            rows.append(measure(name, args.repo, tmp, args.workers, queues, per_queue, b"x" * args.payload))
+            print(describe(rows[-1]), flush=True)
     print()
     print("| server | idle MiB | full MiB | B per message (PSS) | B per message (RSS) | ratio to beanstalkd |")
     print("|---|---:|---:|---:|---:|---:|")

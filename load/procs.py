@@ -1,9 +1,10 @@
 """A server's processes, read from /proc, for the benchmarks: the process tree under a pid, a
 short name for each process (queue-server's children by their module and worker index) and the
-CPU time each has used."""
+CPU time each has used; stopping a server process."""
 from __future__ import annotations
 
 import os
+import subprocess
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -52,3 +53,14 @@ def cpu_seconds(pid: int) -> float:
         return (int(fields[11]) + int(fields[12])) / _TICK
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
+    """Terminate `proc` if it still runs; kill it if it has not exited within `timeout` s."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

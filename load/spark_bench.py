@@ -27,7 +27,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from load.procs import cpu_seconds as process_cpu_seconds, descendants  # noqa: E402
+from load.procs import cpu_seconds as process_cpu_seconds, descendants, stop  # noqa: E402
 from tests.harness import free_port  # noqa: E402
 
 from queue_server.client import AsyncQueueClient, QueueClient
@@ -65,13 +65,7 @@ class Node:
         return f"127.0.0.1:{self.port}"
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        stop(self.proc, 20)
         self.log.close()
 
 

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")),
 def test_short_benchmark_run(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.run(
-        [sys.executable, "load/bench.py", "--seconds", "0.5", "--conns", "4", "--depth", "4", "--batch", "10",
+        [sys.executable, "load/bench.py", "--seconds", "0.5", "--conns", "4", "--depths", "4", "--batches", "10",
          "--only", "pipelined,batched,long-poll", "--json", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
@@ -35,6 +35,29 @@ def test_short_benchmark_run(tmp_path):
     assert rows[("batched", "queue-server")]["messages"] >= 10 * rows[("batched", "queue-server")]["ops"] // 3
     assert rows[("long-poll", "queue-server")]["delivery_p50_ms"] > 0
     assert "| workload | server |" in proc.stdout
+
+
+def test_short_run_prints_the_summary_with_its_targets(tmp_path):
+    """The issue-12 figures: unloaded p50 against its target, durability settings against the
+    default, scaling against its first step, memory per message; each in the closing summary."""
+    out = tmp_path / "bench.json"
+    proc = subprocess.run(
+        [sys.executable, "load/bench.py", "--seconds", "0.5", "--conns", "2", "--no-peers",
+         "--only", "unloaded,durability,scaling,memory", "--scale-workers", "1", "--scale-queues", "1,50",
+         "--scale-stored", "10,200", "--memory-messages", "2000", "--json", str(out)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads(out.read_text())
+    assert not [n for n in report["notes"] if "failed" in n], report["notes"]
+    keys = {r["key"] for r in report["results"]}
+    assert {"unloaded", "scaling/queues/50", "scaling/stored/200", "durability/fsync always",
+            "durability/no WAL (in_memory)"} <= keys, sorted(keys)
+    assert report["memory"][0]["server"] == "queue-server" and report["memory"][0]["pss_per_msg"] > 0
+    summary = proc.stdout.split("\nsummary\n", 1)[1]
+    assert "target: unloaded single-connection p50 <= 0.250 ms, measured: " in summary
+    assert "fsync always: " in summary and "50 queues: " in summary and "200 messages stored: " in summary
+    assert "memory per message at 2,000, queue-server: " in summary
 
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="no wrk (apt-get install wrk) for the HTTP workload")
