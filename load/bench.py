@@ -67,7 +67,26 @@ WORKLOADS = ("unloaded", "per-request", "pipelined", "batched", "long-poll", "qu
              "memory", "subscribe", "http", "security")
 # The targets of issue 12: (what, row key, figure, at most, unit). Each is printed in the summary
 # as "target: ..., measured: ..., met / not met".
-TARGETS = (("unloaded single-connection p50", "unloaded", "p50_ms", 0.250, "ms"),)
+# Issue 12's targets: (what, row key, figure, bound, unit, the peer row key or None). With a peer
+# row the figure is a ratio to that row's and must be at least the bound; without, the figure
+# itself must be at most (latency, memory) or at least (throughput) the bound, as `unit` says.
+TARGETS = (
+    ("unloaded single-connection p50", "unloaded", "p50_ms", 0.250, "ms", None),
+    ("per request, 8 connections, vs beanstalkd", "per-request/queue-server/8", "ops_per_s", 0.25, "x",
+     "per-request/beanstalkd/8"),
+    ("per request, 64 connections, vs beanstalkd", "per-request/queue-server/64", "ops_per_s", 0.5, "x",
+     "per-request/beanstalkd/64"),
+    ("per request, 256 connections, vs beanstalkd", "per-request/queue-server/256", "ops_per_s", 0.6, "x",
+     "per-request/beanstalkd/256"),
+    ("pipelined, depth 16, vs beanstalkd", "pipelined/queue-server/16", "ops_per_s", 1.0, "x",
+     "pipelined/beanstalkd/16"),
+    ("batched, 100 messages per request", "batched/100", "messages_per_s", 90_000, "messages/s", None),
+    ("3-node quorum, per request, vs single node", "quorum/leader/1", "ops_per_s", 0.5, "x", "quorum/single/1"),
+    ("3-node quorum, pipelined, vs single node", "quorum/leader/16", "ops_per_s", 0.5, "x", "quorum/single/16"),
+    ("memory per 100-byte message at 1M, summed over the node's processes", "memory/queue-server", "pss_per_msg",
+     300, "B", None),
+)
+AT_MOST_UNITS = ("ms", "B")
 PROTOCOLS = {"queue-server": "qs", "queue-server x3": "qs", "beanstalkd": "beanstalk", "redis": "redis"}
 
 
@@ -320,8 +339,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="per measurement (default 10)")
     parser.add_argument("--conns", type=int, default=8, help="connections (default 8; long-poll: 4 pairs)")
     parser.add_argument("--sweep", type=_ints, default=[8, 64, 256], help="per-request: connection counts (default 8,64,256)")
-    parser.add_argument("--depths", type=_ints, default=[1, 10, 100, 1000],
-                        help="pipelined: requests in flight per connection (default 1,10,100,1000)")
+    parser.add_argument("--depths", type=_ints, default=[1, 10, 16, 100, 1000],
+                        help="pipelined: requests in flight per connection (default 1,10,16,100,1000; 16 is the target's)")
     parser.add_argument("--batches", type=_ints, default=[1, 10, 100, 1000],
                         help="batched: messages per request (default 1,10,100,1000)")
     parser.add_argument("--depth", type=int, default=16, help="quorum: requests in flight per connection, pipelined (default 16)")
@@ -628,13 +647,18 @@ def summary(results: list[dict], only: list[str]) -> list[str]:
     each comparison the issue asks for came to."""
     rows = {r["key"]: r for r in results if r.get("key")}
     lines = ["summary"]
-    for what, key, figure, limit, unit in TARGETS:
-        row = rows.get(key)
-        if row is None:
-            measured, verdict = ("not run" if key.split("/")[0] not in only else "failed"), "not measured"
-        else:
-            measured, verdict = f"{row[figure]:.3f} {unit}", "met" if row[figure] <= limit else "not met"
-        lines.append(f"target: {what} <= {limit:.3f} {unit}, measured: {measured}, {verdict}")
+    for what, key, figure, bound, unit, peer in TARGETS:
+        row, base = rows.get(key), rows.get(peer) if peer else None
+        at_most = peer is None and unit in AT_MOST_UNITS
+        wanted = f"{'<=' if at_most else '>='} {bound:,.3g} {unit}"
+        if row is None or (peer and base is None):
+            missing = key if row is None else peer
+            measured = "not run" if missing.split("/")[0] not in only else "not measured (failed or skipped)"
+            lines.append(f"target: {what} {wanted}, measured: {measured}")
+            continue
+        value = row[figure] / base[figure] if peer else row[figure]
+        met = value <= bound if at_most else value >= bound
+        lines.append(f"target: {what} {wanted}, measured: {value:,.3g} {unit}, {'met' if met else 'not met'}")
     servers = ("beanstalkd", "redis")
     for conns in sorted({int(k.rsplit("/", 1)[1]) for k in rows if k.startswith("per-request/")}):
         lines += _against(rows, f"per request, {conns} connections, queue-server", f"per-request/queue-server/{conns}",
