@@ -208,6 +208,22 @@ def test_a_refused_forward_waits_for_a_leader_and_is_served_here_when_this_node_
     assert fw.forwards == {} and fw.unsent == []
 
 
+def test_a_forward_that_never_reached_the_old_leader_keeps_its_time_after_a_change_of_leader():
+    """Its send failed (on_unsent), so the old leader cannot have applied it: it waits for the
+    new leader, however long the election takes, and is sent there with its own time."""
+    fw = _forwarding()
+    [send] = fw.on_requests([(CLIENT, 5, CONSUME)], T0, leading=False, leader=LEADER, vote_id=VOTE, redirect=None)
+    fw.on_unsent(send.msg, T0)  # the leader's link is down: it died
+    changed = T0 + 1
+    fw.orphan(changed)  # this node stands for election
+    elected = changed + 2 * ELECTION
+    assert fw.tick(changed + ELECTION, None, VOTE + 1) == []  # not failed as "may have been applied"
+    assert fw.tick(elected, 3, VOTE + 1) == [Send(3, Forward(VOTE + 1, ME, send.msg.requests))]
+    assert fw.tick(elected + ELECTION, 3, VOTE + 1) == []  # the new leader holds it (its wait is 5)
+    [(_, _, reply)] = _rows(fw.tick(T0 + FORWARD_GRACE + CONSUME["wait"], 3, VOTE + 1))
+    assert reply["reason"] == TIMED_OUT
+
+
 # ----------------------------------------------------------------- forwards that could not be sent
 def test_a_forward_that_could_not_be_sent_is_sent_again_every_heartbeat():
     fw = _forwarding()
