@@ -170,7 +170,12 @@ class Forwarding:
         if not self.forwards:
             return
         due = now + self.election_timeout
+        # waiting to be sent again: never reached a leader that could apply them, so they keep
+        # their own time and go to the new leader
+        waiting = {r[0] for msg in self.unsent for r in msg.requests}
         for fid, f in self.forwards.items():
+            if fid in waiting:
+                continue
             if f[2] > due:
                 self.forwards[fid] = (*f[:2], due, *f[3:])
             self.orphaned.add(fid)
