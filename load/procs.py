@@ -45,14 +45,37 @@ def process_name(pid: int) -> str:
     return os.path.basename(argv[0]) if argv else str(pid)
 
 
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) process `pid` has used so far; 0.0 once it is gone."""
+def _stat_cpu(path: str) -> float:
+    """User + system CPU seconds of a /proc stat file; 0.0 once its process or thread is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
+        with open(path, "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / _TICK
     except (OSError, IndexError, ValueError):
         return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used so far; 0.0 once it is gone."""
+    return _stat_cpu(f"/proc/{pid}/stat")
+
+
+def thread_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds per thread of process `pid`, by thread name (the main thread is "main";
+    ZeroMQ's I/O thread is "ZMQbg/IO/0"); threads of one name are summed."""
+    out: dict[str, float] = {}
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                name = "main" if tid == str(pid) else f.read().strip()
+        except OSError:
+            continue
+        out[name] = out.get(name, 0.0) + _stat_cpu(f"/proc/{pid}/task/{tid}/stat")
+    return out
 
 
 def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:

@@ -28,7 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from load.bench import REPO, QueueServer, build_client, print_machine, run_client  # noqa: E402
-from load.procs import descendants, process_name, stop  # noqa: E402
+from load.procs import descendants, process_name, stop, thread_cpu  # noqa: E402
 
 WORKLOADS = ("per-request", "pipelined", "batched", "long-poll")
 
@@ -113,9 +113,18 @@ def main(argv: list[str] | None = None) -> None:
                 elif not args.blocking:
                     cmd.append("--nonblocking")
                 recorders.append((name, path, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
+            pids = {process_name(pid): pid for pid in descendants(node.proc.pid)[1:]}
+            threads_before = {name: thread_cpu(pid) for name, pid in pids.items()}
             result = run_client(client, "qs", node.addresses, args, **cbench_options(args.workload, args))
             print(f"client: {result['ops_per_s']:,.0f} ops/s, {result['messages_per_s']:,.0f} messages/s, "
                   f"p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms (while being profiled)")
+            ops = max(1, result["ops"])
+            print("CPU us per operation by thread (main: the process's Python; ZMQbg: ZeroMQ's I/O threads):")
+            for name, pid in sorted(pids.items()):
+                after, before = thread_cpu(pid), threads_before[name]
+                parts = ", ".join(f"{t} {(after[t] - before.get(t, 0.0)) / ops * 1e6:.1f}" for t in sorted(after)
+                                  if after[t] - before.get(t, 0.0) > 0)
+                print(f"  {name}: {parts}")
             for name, path, recorder in recorders:
                 _, err = recorder.communicate(timeout=args.seconds + 60)
                 if recorder.returncode != 0 or not os.path.exists(path):
