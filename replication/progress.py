@@ -104,6 +104,7 @@ class LeaderReplication:
         self.progress: dict[int, Progress] = {
             p: Progress(next_trans_id=log.last_trans_id + 1) for p in peers
         }
+        self._on = {AppendAck: self.on_ack, Pull: self.on_pull, HeartbeatAck: self.on_heartbeat_ack}
 
     # ----------------------------------------------------------------- inputs
 
@@ -134,13 +135,8 @@ class LeaderReplication:
         """Dispatch AppendAck, Pull and HeartbeatAck of this term; others are ignored."""
         if getattr(msg, "vote_id", None) != self.vote_id or msg.src not in self.progress:
             return []
-        if isinstance(msg, AppendAck):
-            return self.on_ack(msg, now)
-        if isinstance(msg, Pull):
-            return self.on_pull(msg, now)
-        if isinstance(msg, HeartbeatAck):
-            return self.on_heartbeat_ack(msg, now)
-        return []
+        on = self._on.get(type(msg))
+        return [] if on is None else on(msg, now)
 
     def on_ack(self, m: AppendAck, now: float) -> list[Action]:
         """The follower holds our log up to m.match_trans_id: advance it, commit, send more."""
