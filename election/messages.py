@@ -1,9 +1,10 @@
 """Election messages between nodes, and the actions election/state.py returns.
 
-Every peer message carries the sender's ``vote_id`` (the term) and ``src`` (its node_id). Each
-message class says who sends it (``SENDER``): "vote" for election traffic, "leader" for messages
-only a leader sends, "follower" for replies to a leader. election/state.py uses that to learn about
-leaders and acks from any message, replication ones included.
+Every peer message is a PeerMessage: it carries the sender's ``vote_id`` (the term) and ``src``
+(its node_id). Each election and replication message class says who sends it (``SENDER``):
+"vote" for election traffic, "leader" for messages only a leader sends, "follower" for replies to
+a leader. election/state.py uses that to learn about leaders and acks from any message,
+replication ones included.
 """
 
 from __future__ import annotations
@@ -15,14 +16,20 @@ from typing import ClassVar
 
 
 @dataclass(frozen=True, slots=True)
-class VoteRequest:
+class PeerMessage:
+    """What every message between nodes carries (replication/wire.py puts it in the envelope)."""
+
+    vote_id: int  # the sender's term
+    src: int  # the sender's node_id
+
+
+@dataclass(frozen=True, slots=True)
+class VoteRequest(PeerMessage):
     """A candidate asks for a vote in term vote_id; its log ends at (last_vote_id, last_trans_id).
 
     With pre_vote, vote_id is the term the sender WOULD start; nobody changes term for it."""
 
     SENDER: ClassVar[str] = "vote"
-    vote_id: int
-    src: int
     last_trans_id: int
     last_vote_id: int
     pre_vote: bool = False
@@ -32,25 +39,21 @@ class VoteRequest:
 
 
 @dataclass(frozen=True, slots=True)
-class VoteReply:
+class VoteReply(PeerMessage):
     """A vote (granted or not). vote_id is the request's term when granted, else the voter's."""
 
     SENDER: ClassVar[str] = "vote"
-    vote_id: int
-    src: int
     granted: bool
     pre_vote: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class Heartbeat:
+class Heartbeat(PeerMessage):
     """The leader is alive. Its log ends at (last_trans_id, last_vote_id) and is committed up to
     commit_trans_id, whose entry has commit_vote_id (a follower holding that same entry may commit
     up to it)."""
 
     SENDER: ClassVar[str] = "leader"
-    vote_id: int
-    src: int
     commit_trans_id: int
     commit_vote_id: int
     last_trans_id: int
@@ -58,25 +61,21 @@ class Heartbeat:
 
 
 @dataclass(frozen=True, slots=True)
-class HeartbeatAck:
+class HeartbeatAck(PeerMessage):
     """A follower's answer to a heartbeat (or to any message from a stale leader), with where its
     log ends."""
 
     SENDER: ClassVar[str] = "follower"
-    vote_id: int
-    src: int
     last_trans_id: int
     last_vote_id: int
 
 
 @dataclass(frozen=True, slots=True)
-class TimeoutNow:
+class TimeoutNow(PeerMessage):
     """Leader -> the follower it hands leadership to (whose log equals the leader's): start an
     election at once, without pre-vote, in the term after vote_id."""
 
     SENDER: ClassVar[str] = "vote"
-    vote_id: int
-    src: int
 
 
 # ------------------------------------------------------------------ actions

@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from queue_server.protocol.roles import Role
+from queue_server.election.membership import membership
 from queue_server.election.messages import (
     BecomeCandidate,
     BecomeFollower,
@@ -84,9 +85,7 @@ class Election:
         """members: every node_id of the cluster (this node's included). vote_id and voted_for:
         the durable state saved by an earlier run (PersistVote)."""
         self.node_id = node_id
-        self.members = tuple(sorted(set(members) | {node_id}))
-        self.peers = tuple(m for m in self.members if m != node_id)
-        self.quorum = len(self.members) // 2 + 1
+        self.members, self.peers, self.quorum = membership(node_id, members)
         self.log = log
         self.rng = rng
         self.election_timeout = election_timeout

@@ -33,16 +33,12 @@ class Follower:
         self._match = 0  # the highest position acked to this leader
         self._prev_hb: Heartbeat | None = None
         self._progress_at_hb: tuple[int, int] = (-1, -1)  # (last_trans_id, _match) then
+        self._on = {AppendEntries: self.on_append, Heartbeat: self.on_heartbeat, InstallSnapshot: self.on_snapshot}
 
     def on_message(self, msg: object, now: float) -> list[Action]:
         """Dispatch AppendEntries, Heartbeat and InstallSnapshot; others are ignored."""
-        if isinstance(msg, AppendEntries):
-            return self.on_append(msg, now)
-        if isinstance(msg, Heartbeat):
-            return self.on_heartbeat(msg, now)
-        if isinstance(msg, InstallSnapshot):
-            return self.on_snapshot(msg, now)
-        return []
+        on = self._on.get(type(msg))
+        return [] if on is None else on(msg, now)
 
     def on_append(self, m: AppendEntries, now: float) -> list[Action]:
         """Accept entries that continue the log (dropping a conflicting uncommitted suffix),

@@ -1,7 +1,7 @@
 """Replication messages between nodes and the actions the replication cores return.
 
-Like the election messages each carries ``vote_id`` (the sender's term) and ``src``, and says who
-sends it (``SENDER``), so that election/state.py learns about leaders and acks from them too.
+Like the election messages each is a PeerMessage (the sender's term ``vote_id`` and ``src``) and
+says who sends it (``SENDER``), so that election/state.py learns about leaders and acks from them too.
 replication/wire.py puts them on the wire (protobuf).
 A node hands a replication message to its replication core only when the message's vote_id equals
 its own vote_id after the election has seen the message.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from queue_server.election.messages import Send
+from queue_server.election.messages import PeerMessage, Send
 from queue_server.replication.log import Entry
 
 __all__ = [
@@ -36,13 +36,11 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True)
-class AppendEntries:
+class AppendEntries(PeerMessage):
     """Leader -> follower: entries that follow (prev_trans_id, prev_vote_id) in the leader's log
     (a push of new entries, or a catch-up batch), and the leader's commit point."""
 
     SENDER: ClassVar[str] = "leader"
-    vote_id: int
-    src: int
     prev_trans_id: int
     prev_vote_id: int
     entries: tuple[Entry, ...]
@@ -50,37 +48,31 @@ class AppendEntries:
 
 
 @dataclass(frozen=True, slots=True)
-class AppendAck:
+class AppendAck(PeerMessage):
     """Follower -> leader: the follower's log equals the leader's up to match_trans_id."""
 
     SENDER: ClassVar[str] = "follower"
-    vote_id: int
-    src: int
     match_trans_id: int
 
 
 @dataclass(frozen=True, slots=True)
-class Pull:
+class Pull(PeerMessage):
     """Follower -> leader: send me what follows my entry (last_trans_id, last_vote_id) -- my last
     one, or where a rejected push suggests our logs may still agree. Entries up to
     commit_trans_id are known to be the leader's."""
 
     SENDER: ClassVar[str] = "follower"
-    vote_id: int
-    src: int
     last_trans_id: int
     last_vote_id: int
     commit_trans_id: int
 
 
 @dataclass(frozen=True, slots=True)
-class InstallSnapshot:
+class InstallSnapshot(PeerMessage):
     """Leader -> follower: the whole state as of (trans_id, trans_vote_id), a committed point.
     `data` is opaque here (the process builds and applies it)."""
 
     SENDER: ClassVar[str] = "leader"
-    vote_id: int
-    src: int
     trans_id: int
     trans_vote_id: int
     data: object
@@ -129,29 +121,23 @@ class Discarded:
 
 
 @dataclass(frozen=True, slots=True)
-class Forward:
+class Forward(PeerMessage):
     """Follower -> leader: client requests to serve, each (forward id, request, came over UDP)."""
 
-    vote_id: int
-    src: int
     requests: tuple[tuple[int, bytes, bool], ...]
 
 
 @dataclass(frozen=True, slots=True)
-class ForwardReply:
+class ForwardReply(PeerMessage):
     """Leader -> follower: the replies to forwarded requests, by forward id."""
 
-    vote_id: int
-    src: int
     replies: tuple[tuple[int, bytes], ...]
 
 
 @dataclass(frozen=True, slots=True)
-class GiveBack:
+class GiveBack(PeerMessage):
     """Follower -> leader: messages of a consume reply that could not be delivered."""
 
-    vote_id: int
-    src: int
     queue: str
     msg_ids: tuple[int, ...]
     delivery_counts: tuple[int, ...]  # of the undelivered delivery, one per msg_id

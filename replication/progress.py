@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from queue_server.election.membership import membership
 from queue_server.election.messages import HeartbeatAck, Send
 from queue_server.replication.log import ChangeLog
 from queue_server.replication.messages import AppendAck, AppendEntries, Commit, Pull, SendSnapshot
@@ -92,8 +93,7 @@ class LeaderReplication:
         """members: the whole cluster. sync_rate: catch-up records per second (queue_sync_rate,
         <= 0 for unlimited). resend_interval: a catch-up batch unanswered this long is sent again."""
         self.node_id = node_id
-        self.members = tuple(sorted(set(members) | {node_id}))
-        self.quorum = len(self.members) // 2 + 1
+        self.members, peers, self.quorum = membership(node_id, members)
         self.log = log
         self.vote_id = vote_id
         self.max_batch = max_batch
@@ -102,8 +102,9 @@ class LeaderReplication:
         self.snapshot_timeout = snapshot_timeout
         self.bucket = TokenBucket(sync_rate, max(sync_rate, max_batch), now)
         self.progress: dict[int, Progress] = {
-            p: Progress(next_trans_id=log.last_trans_id + 1) for p in self.members if p != node_id
+            p: Progress(next_trans_id=log.last_trans_id + 1) for p in peers
         }
+        self._on = {AppendAck: self.on_ack, Pull: self.on_pull, HeartbeatAck: self.on_heartbeat_ack}
 
     # ----------------------------------------------------------------- inputs
 
@@ -134,13 +135,8 @@ class LeaderReplication:
         """Dispatch AppendAck, Pull and HeartbeatAck of this term; others are ignored."""
         if getattr(msg, "vote_id", None) != self.vote_id or msg.src not in self.progress:
             return []
-        if isinstance(msg, AppendAck):
-            return self.on_ack(msg, now)
-        if isinstance(msg, Pull):
-            return self.on_pull(msg, now)
-        if isinstance(msg, HeartbeatAck):
-            return self.on_heartbeat_ack(msg, now)
-        return []
+        on = self._on.get(type(msg))
+        return [] if on is None else on(msg, now)
 
     def on_ack(self, m: AppendAck, now: float) -> list[Action]:
         """The follower holds our log up to m.match_trans_id: advance it, commit, send more."""

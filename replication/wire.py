@@ -6,7 +6,9 @@ from dataclasses import dataclass, fields
 
 import orjson
 
-from queue_server.election.messages import Heartbeat, HeartbeatAck, TimeoutNow, VoteReply, VoteRequest
+from queue_server.election.messages import (
+    Heartbeat, HeartbeatAck, PeerMessage, TimeoutNow, VoteReply, VoteRequest,
+)
 from queue_server.replication import peer_pb2 as pb
 from queue_server.replication.log import Entry
 from queue_server.protocol.records import decode_many, encode_many
@@ -41,8 +43,8 @@ _BODIES: dict[type, str] = {
     TimeoutNow: "timeout_now",
 }
 _CLASSES = {name: cls for cls, name in _BODIES.items()}
-# The fields of each class after vote_id and src, which the envelope carries.
-_FIELDS = {cls: [f.name for f in fields(cls)][2:] for cls in _BODIES}
+# The fields of each class but PeerMessage's, which the envelope carries.
+_FIELDS = {cls: [f.name for f in fields(cls)][len(fields(PeerMessage)):] for cls in _BODIES}
 
 
 def encode(msg: object, client_host: str = "", client_port: int = 0, cluster_id: int = 0) -> bytes:

@@ -3,6 +3,8 @@ it knows no leader (it cannot reach a majority, or an election keeps failing), n
 it does not hear. Pure: the time comes in as an argument."""
 from __future__ import annotations
 
+from queue_server.election.membership import majority
+
 REPORT_EVERY = 10.0
 QUIET_AFTER = 1.0  # a peer not heard from for this long counts as unreachable in the report
 
@@ -42,5 +44,5 @@ class Reachability:
         reachable = len(self.peers) - len(parts)
         unreachable = "; ".join(parts) if parts else "every peer answers (an election is under way)"
         return (f"no leader for {now - self.no_leader_since:.0f} s: {reachable + 1} of "
-                f"{len(self.peers) + 1} nodes reachable, a majority is {(len(self.peers) + 1) // 2 + 1}; "
+                f"{len(self.peers) + 1} nodes reachable, a majority is {majority(len(self.peers) + 1)}; "
                 f"{unreachable}")

@@ -6,8 +6,9 @@ the option. The parsed objects are small frozen dataclasses, so that they pickle
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 from queue_server.client.credentials import load_token
 from queue_server.client.protocol import MAX_BATCH, parse_hosts
@@ -18,6 +19,8 @@ DEFAULT_STREAM_MAX_MESSAGES = 50_000
 DEFAULT_BATCH_SIZE = 1000
 # Below the server's default max_request_size (1 MiB), with room for the request's other fields.
 DEFAULT_MAX_REQUEST_BYTES = 900_000
+
+N = TypeVar("N", int, float)
 
 
 class OptionError(ValueError):
@@ -41,15 +44,22 @@ def _required(options: Mapping[str, str], name: str) -> str:
     return value.strip()
 
 
-def _int(options: Mapping[str, str], name: str, default: int | None, low: int = 1,
-         high: int | None = None) -> int | None:
+def _number(options: Mapping[str, str], name: str, convert: Callable[[str], N], kind: str) -> N | None:
+    """The option as `convert` (int or float) reads it; None when it is unset or blank."""
     text = _get(options, name)
     if text is None or text.strip() == "":
-        return default
+        return None
     try:
-        value = int(text)
+        return convert(text)
     except ValueError:
-        raise OptionError(f"option {name}: must be an integer, not {text!r}") from None
+        raise OptionError(f"option {name}: must be {kind}, not {text!r}") from None
+
+
+def _int(options: Mapping[str, str], name: str, default: int | None, low: int = 1,
+         high: int | None = None) -> int | None:
+    value = _number(options, name, int, "an integer")
+    if value is None:
+        return default
     if value < low or (high is not None and value > high):
         bound = f"{low}..{high}" if high is not None else f">= {low}"
         raise OptionError(f"option {name}: must be {bound}, not {value}")
@@ -58,15 +68,11 @@ def _int(options: Mapping[str, str], name: str, default: int | None, low: int = 
 
 def _float(options: Mapping[str, str], name: str, default: float | None,
            positive: bool = True) -> float | None:
-    text = _get(options, name)
-    if text is None or text.strip() == "":
+    value = _number(options, name, float, "a number")
+    if value is None:
         return default
-    try:
-        value = float(text)
-    except ValueError:
-        raise OptionError(f"option {name}: must be a number, not {text!r}") from None
     if math.isnan(value) or value < 0 or (positive and value == 0):
-        raise OptionError(f"option {name}: must be {'> 0' if positive else '>= 0'}, not {text}")
+        raise OptionError(f"option {name}: must be {'> 0' if positive else '>= 0'}, not {value}")
     return value
 
 
