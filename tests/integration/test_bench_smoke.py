@@ -55,7 +55,10 @@ def test_short_run_prints_the_summary_with_its_targets(tmp_path):
             "durability/no WAL (in_memory)"} <= keys, sorted(keys)
     assert report["memory"][0]["server"] == "queue-server" and report["memory"][0]["pss_per_msg"] > 0
     summary = proc.stdout.split("\nsummary\n", 1)[1]
-    assert "target: unloaded single-connection p50 <= 0.250 ms, measured: " in summary
+    assert "target: unloaded single-connection p50 <= 0.25 ms, measured: " in summary
+    assert "target: per request, 8 connections, vs beanstalkd >= 0.25 x, measured: not run" in summary
+    assert "target: memory per 100-byte message at 1M, summed over the node's processes <= 300 B, measured: " in summary
+    assert "at 2,000 messages, not the target's 1M: no verdict" in summary
     assert "fsync always: " in summary and "50 queues: " in summary and "200 messages stored: " in summary
     assert "memory per message at 2,000, queue-server: " in summary
 
