@@ -642,6 +642,11 @@ def _against(rows: dict, label: str, base: str, others: list[tuple[str, str]]) -
     return lines
 
 
+def _figure(value: float) -> str:
+    """A target's figure: whole with thousands separators from 1,000 up, else 3 significant digits."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
 def summary(results: list[dict], only: list[str]) -> list[str]:
     """The closing summary: every target with what was measured and whether it is met, then what
     each comparison the issue asks for came to."""
@@ -650,7 +655,7 @@ def summary(results: list[dict], only: list[str]) -> list[str]:
     for what, key, figure, bound, unit, peer in TARGETS:
         row, base = rows.get(key), rows.get(peer) if peer else None
         at_most = peer is None and unit in AT_MOST_UNITS
-        wanted = f"{'<=' if at_most else '>='} {bound:,.3g} {unit}"
+        wanted = f"{'<=' if at_most else '>='} {_figure(bound)} {unit}"
         if row is None or (peer and base is None):
             missing = key if row is None else peer
             measured = "not run" if missing.split("/")[0] not in only else "not measured (failed or skipped)"
@@ -661,7 +666,7 @@ def summary(results: list[dict], only: list[str]) -> list[str]:
         verdict = "met" if met else "not met"
         if key.startswith("memory/") and row["messages"] < 1_000_000:
             verdict = f"at {row['messages']:,} messages, not the target's 1M: no verdict"
-        lines.append(f"target: {what} {wanted}, measured: {value:,.3g} {unit}, {verdict}")
+        lines.append(f"target: {what} {wanted}, measured: {_figure(value)} {unit}, {verdict}")
     servers = ("beanstalkd", "redis")
     for conns in sorted({int(k.rsplit("/", 1)[1]) for k in rows if k.startswith("per-request/")}):
         lines += _against(rows, f"per request, {conns} connections, queue-server", f"per-request/queue-server/{conns}",
