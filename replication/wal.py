@@ -389,6 +389,14 @@ class WalWriter:
                 if not w:
                     raise OSError(errno.EIO, "write wrote nothing")
                 written += w
+        except OSError:
+            raise
+        except BaseException:
+            # Raised from outside the write (a signal handler's exit): the file may hold more
+            # than `written` says, so nothing more is written before the state is read back
+            # from the disk (close() then writes nothing; the next use reloads).
+            self._reload = True
+            raise
         finally:
             done = k = 0
             for _, frame in batch:

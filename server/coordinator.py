@@ -41,6 +41,10 @@ class Coordinator:
         self.config = config
         self.run_dir = run_dir
         self.handoff_asked = False  # SIGUSR1: the node is stopping, hand leadership over
+        # SIGTERM: leave the loop between two iterations. Exiting from inside the handler could
+        # interrupt a write to the log after the OS took the bytes but before the writer counted
+        # them; closing the log then wrote those records a second time (a corrupt log).
+        self.stop_asked = False
         self.handoff_started: float | None = None
         self.log = log
         self.storage = storage
@@ -100,7 +104,7 @@ class Coordinator:
             time.time()) if config.is_cluster else None
 
     def run(self) -> None:
-        """Serve until terminated."""
+        """Serve until SIGTERM."""
         poller = zmq.Poller()
         poller.register(self.inbox, zmq.POLLIN)
         # SIGUSR1 (the supervisor got SIGTERM) wakes the poll through this pipe.
@@ -109,13 +113,14 @@ class Coordinator:
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
         signal.signal(signal.SIGUSR1, self._ask_handoff)
+        signal.signal(signal.SIGTERM, self._ask_stop)
         poller.register(wake_r, zmq.POLLIN)
         if self.router is not None:
             poller.register(self.router, zmq.POLLIN)
         node = self.node
         node.tick(time.time())
         self.flush()
-        while True:
+        while not self.stop_asked:
             wake = node.wake_at()
             if self.storage is not None:
                 sync_at = self.storage.sync_deadline()
@@ -197,6 +202,9 @@ class Coordinator:
 
     def _ask_handoff(self, signum: int, frame: object) -> None:
         self.handoff_asked = True
+
+    def _ask_stop(self, signum: int, frame: object) -> None:
+        self.stop_asked = True
 
     def hand_off(self, now: float) -> None:
         """The node is stopping: hand leadership to an up-to-date follower (for up to half of

@@ -16,6 +16,9 @@ class Faults:
         self.open_error: int | None = None
         self.fsync_errors = 0
         self.fsyncs = 0  # fsyncs that succeeded
+        # The next write completes, then this is raised as a signal handler would raise it
+        # (SystemExit from a SIGTERM) before the caller learns how much was written.
+        self.raise_after_write: BaseException | None = None
 
     def opener(self, path: str) -> "FlakyFile":
         if self.open_error:
@@ -42,7 +45,11 @@ class FlakyFile:
                 self.faults.partial = 0
                 return n
             raise OSError(self.faults.write_error, os.strerror(self.faults.write_error))
-        return self.f.write(data)
+        n = self.f.write(data)
+        if self.faults.raise_after_write is not None:
+            exc, self.faults.raise_after_write = self.faults.raise_after_write, None
+            raise exc
+        return n
 
     def truncate(self, size: int) -> int:
         if self.faults.truncate_error:

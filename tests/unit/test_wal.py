@@ -569,3 +569,22 @@ def test_sync_policy_no_and_bad_mode():
     assert not p.after_append(0.0) and not p.due(1e9) and p.deadline() is None
     with pytest.raises(ValueError):
         SyncPolicy("sometimes")
+
+
+def test_an_exit_raised_during_a_write_never_writes_a_record_twice(tmp_path):
+    """A signal handler's SystemExit can land after the OS took a write but before the writer
+    learned how much it took: closing the log must not write those records again."""
+    disk = Faults()
+    w = WalWriter(str(tmp_path), opener=disk.opener, fsync=disk.fsync)
+    w.append(records(1, 3))
+    w.flush(sync=True)
+    w.append(records(4, 6))
+    disk.raise_after_write = SystemExit(0)
+    with pytest.raises(SystemExit):
+        w.flush(sync=False)
+    w.close()  # what the process does on its way out
+    assert [r[0] for r in read(tmp_path)] == [1, 2, 3, 4, 5, 6]
+    w = WalWriter(str(tmp_path))  # and a restart writes on after them
+    w.append(records(7, 7))
+    w.close()
+    assert [r[0] for r in read(tmp_path)] == list(range(1, 8))
