@@ -329,6 +329,13 @@ class Coordinator:
         m.maybe_fold()
 
 
+def _snapshot_writer_setup() -> None:
+    """In the forked snapshot writer: SIGTERM ends it at once (the coordinator's own handler
+    only sets a flag its loop reads), and so does the coordinator's death."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    die_with_parent()
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the coordinator process."""
     info = start("coordinator", argv)
@@ -337,7 +344,7 @@ def main(argv: list[str] | None = None) -> None:
     if not cfg.in_memory:
         try:
             storage = Storage(cfg.queue_data_dir, cfg.fsync, repair=cfg.repair, log=info.log,
-                              in_snapshot_child=die_with_parent)
+                              in_snapshot_child=_snapshot_writer_setup)
         except DataDirLocked as exc:
             info.log.error("%s", exc)
             sys.exit(3)
