@@ -65,6 +65,18 @@ def req_frames(items: list, epoch: int) -> list[bytes]:
     return [REQ, _DUMPS(items), b"%d" % epoch]
 
 
+def join_reqs(reqs: list[list[bytes]]) -> list[bytes]:
+    """REQs of one mode as one REQ: their items in order, as the worker would have served them one
+    REQ at a time (the items are joined as they are, never decoded)."""
+    parts = [frames[1][1:-1] for frames in reqs]
+    return [REQ, b"[" + b",".join(part for part in parts if part) + b"]", reqs[0][2]]
+
+
+def same_mode_reqs(first: list[bytes], second: list[bytes]) -> bool:
+    """Whether both messages are REQs sent under the same mode (so join_reqs may join them)."""
+    return first[0] == REQ and second[0] == REQ and first[2] == second[2]
+
+
 def req_epoch(frames: list[bytes]) -> int:
     """The mode a REQ was sent under (read before its items: a REQ may wait for its mode)."""
     return int(frames[2])

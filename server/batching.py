@@ -4,6 +4,8 @@ Pure: frames in, frames out."""
 from __future__ import annotations
 
 from queue_server.protocol import ipc_frames, replies
+
+
 def for_acceptor(messages: tuple[list[bytes], ...] | list[list[bytes]]) -> list[list[bytes]]:
     """The messages for the acceptor: status first, then all reply batches joined into one.
     Status first, so that the acceptor knows of a change of role before a client can read a
@@ -23,20 +25,18 @@ def for_workers(messages: tuple[tuple[int, list[bytes]], ...] | list[tuple[int, 
     in its worker's order."""
     out: list[tuple[int, list[bytes]]] = []
     last_of: dict[int, int] = {}  # worker -> index in out of its latest message
-    joined: set[int] = set()  # indices in out whose items are a list of parts, to join at the end
-    parts: dict[int, list[bytes]] = {}
+    runs: dict[int, list[list[bytes]]] = {}  # index in out -> the requests to join there
     for index, frames in messages:
         at = last_of.get(index)
-        if (at is not None and frames[0] == ipc_frames.REQ and out[at][1][0] == ipc_frames.REQ
-                and out[at][1][2] == frames[2]):
-            if at not in joined:
-                joined.add(at)
-                parts[at] = [out[at][1][1][1:-1]]
-            parts[at].append(frames[1][1:-1])
+        if at is not None and ipc_frames.same_mode_reqs(out[at][1], frames):
+            run = runs.get(at)
+            if run is None:
+                runs[at] = [out[at][1], frames]
+            else:
+                run.append(frames)
             continue
         last_of[index] = len(out)
         out.append((index, frames))
-    for at in joined:
-        index, frames = out[at]
-        out[at] = (index, [frames[0], b"[" + b",".join(p for p in parts[at] if p) + b"]", frames[2]])
+    for at, reqs in runs.items():
+        out[at] = (out[at][0], ipc_frames.join_reqs(reqs))
     return out

@@ -100,6 +100,22 @@ def test_req_round_trip(items, epoch):
     assert all(type(origin) is Origin for origin, *_ in got)
 
 
+@given(st.lists(st.lists(st.tuples(origins, st.integers(0, 2**40), requests, st.none() | tags), max_size=3),
+                min_size=1, max_size=4), epochs)
+def test_joined_reqs_hold_every_item_in_order(runs, epoch):
+    reqs = [ipc_frames.req_frames([ipc_frames.req_item(*item) for item in run], epoch) for run in runs]
+    assert all(ipc_frames.same_mode_reqs(reqs[0], other) for other in reqs)
+    joined = ipc_frames.join_reqs(reqs)
+    assert ipc_frames.req_epoch(joined) == epoch
+    assert ipc_frames.read_req(joined) == [item for run in runs for item in run]
+
+
+def test_only_reqs_of_one_mode_are_the_same_mode():
+    req = ipc_frames.req_frames([], 3)
+    assert not ipc_frames.same_mode_reqs(req, ipc_frames.req_frames([], 4))
+    assert not ipc_frames.same_mode_reqs(req, ipc_frames.fence_frames(3, ipc_frames.FROM_COORDINATOR))
+
+
 @given(st.lists(st.tuples(origins, st.integers(0, 2**40), requests), max_size=6))
 def test_forward_round_trip(items):
     frames = ipc_frames.forward_frames([ipc_frames.req_item(*item) for item in items])
