@@ -2,8 +2,6 @@
 acceptor and the workers, as few messages per destination as their order allows."""
 from __future__ import annotations
 
-import orjson
-
 from queue_server.server import batching
 from queue_server.protocol import ipc_frames, replies
 from queue_server.protocol.origin import Origin
@@ -14,15 +12,15 @@ def _rep(conn: int, seq: int) -> list[bytes]:
 
 
 def _req(item: str, epoch: int = 3) -> list[bytes]:
-    return [ipc_frames.REQ, orjson.dumps([[[1, False, 0], 0, {"queue": item}]]), b"%d" % epoch]
+    return ipc_frames.req_frames([ipc_frames.req_item(Origin(1), 0, {"queue": item})], epoch)
 
 
 def _items(frames: list[bytes]) -> list[str]:
-    return [i[2]["queue"] for i in orjson.loads(frames[1])]
+    return [request["queue"] for _, _, request, _ in ipc_frames.read_req(frames)]
 
 
 def test_the_acceptor_gets_status_first_and_one_reply_batch():
-    status = [ipc_frames.STATUS, b'{"role":"leader"}']
+    status = ipc_frames.status_frames({"role": "leader"})
     out = batching.for_acceptor([_rep(1, 1), status, _rep(2, 2)])
     assert out[0] == status and len(out) == 2
     assert [(o.conn, n) for o, n, _ in replies.decode(*out[1][1:])] == [(1, 1), (2, 2)]
@@ -33,13 +31,13 @@ def test_the_acceptor_gets_status_first_and_one_reply_batch():
 def test_requests_that_follow_one_another_to_a_worker_become_one():
     out = batching.for_workers([(0, _req("a")), (1, _req("x")), (0, _req("b")), (0, _req("c"))])
     assert [(i, _items(f)) for i, f in out] == [(0, ["a", "b", "c"]), (1, ["x"])]
-    assert out[0][1][2] == b"3"
+    assert ipc_frames.req_epoch(out[0][1]) == 3
 
 
 def test_requests_are_not_joined_across_another_message_or_mode():
     """A fence or a mode change between two requests is a barrier the worker relies on."""
     fence = ipc_frames.fence_frames(3, ipc_frames.FROM_COORDINATOR)
-    mode = [ipc_frames.MODE, b"[true,4]"]
+    mode = ipc_frames.mode_frames(True, 4)
     out = batching.for_workers([(0, _req("a")), (0, fence), (0, _req("b")), (0, mode), (0, _req("c", 4)),
                                 (0, _req("d", 5))])
     assert [f[0] for _, f in out] == [ipc_frames.REQ, ipc_frames.FENCE, ipc_frames.REQ, ipc_frames.MODE,
@@ -48,7 +46,7 @@ def test_requests_are_not_joined_across_another_message_or_mode():
 
 
 def test_each_workers_messages_keep_their_order():
-    apply = [ipc_frames.APPLY, b"[]"]
+    apply = ipc_frames.apply_frames([])
     messages = [(1, _req("x")), (0, apply), (1, _req("y")), (0, _req("a")), (1, apply), (1, _req("z"))]
     out = batching.for_workers(messages)
     for worker in (0, 1):
