@@ -13,6 +13,7 @@ from typing import Any
 
 from queue_server.config.loader import NodeConfig, parse_config
 from queue_server.server import logs
+
 CONFIG_FILE = "config.json"
 # Written in the run directory by the coordinator once a hand-off asked for by SIGUSR1 is over (or
 # there was nothing to hand over): the supervisor then lets the acceptor drain.

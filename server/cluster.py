@@ -485,7 +485,6 @@ class ClusterNode:
             _, header, blob = pending.popleft()
             self._release(header, blob)
 
-
     def _apply_to_workers(self, entries: list[Entry]) -> None:
         if not entries:
             return

@@ -8,6 +8,7 @@ from queue_server.replication import wire
 from queue_server.replication.log import Entry
 from queue_server.replication.messages import AppendEntries
 from queue_server.protocol import records as r
+
 T = 1_700_000_000.5
 
 # One record of every kind with every field set (and the single and list forms).
