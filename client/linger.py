@@ -51,6 +51,8 @@ class Batch(Generic[T]):
 
     def keep(self, alive: Callable[[T], bool]) -> Batch[T]:
         """This batch with only the callers still `alive` (those that left take nothing)."""
+        if all(map(alive, self.callers)):
+            return self  # the usual case: nothing to measure again
         kept = Batch[T](self.key, self.deadline)
         for caller, req in zip(self.callers, self.requests):
             if alive(caller):
@@ -149,10 +151,9 @@ class Batcher(Generic[T]):
             return []
         batch = batch.keep(alive)
         taken = list(zip(batch.callers[:n], batch.requests[:n]))
-        chosen = {id(caller) for caller, _ in taken}
-        rest = batch.keep(lambda caller: id(caller) not in chosen)
-        if rest.callers:
-            self._open[key] = rest
+        rest = batch.requests[n:]
+        if rest:
+            self._open[key] = Batch(key, batch.deadline, batch.callers[n:], rest, sum(map(request_size, rest)))
         return taken
 
     def take_all(self) -> list[Batch[T]]:

@@ -151,6 +151,7 @@ def test_callers_that_left_are_dropped_and_their_messages_rehomed_or_released():
     assert b.take(k, 1, lambda c: c != "gone") == [("w1", p.consume_request("q"))]
     [rest] = b.due(T0 + 1)
     assert rest.callers == ["w2"]  # the caller that left is gone from its batch too
+    assert rest.size == linger.request_size(p.consume_request("q"))  # and its bytes with it
     assert rest.keep(lambda c: False).callers == []
     assert b.take(k, 5, lambda c: True) == []
     orphan = {"action": 2, "queue": "q", "code": 0, "msg_id": 7, "data": "x", "delivery_count": 3}
