@@ -19,8 +19,6 @@ T = TypeVar("T")
 
 # The longest linger a client may ask for, in seconds: merging is for calls issued together.
 MAX_LINGER = 0.001
-# A batch's request stays under half the server's default max_request_size (1 MiB).
-MAX_BATCH_BYTES = 512 * 1024
 
 _PRODUCE_SHARED = ("delay", "ttl", "retry", "priority", "max_deliveries")
 _PRODUCE_FIELDS = frozenset({"action", "queue", "data", "producer", "sequence", *_PRODUCE_SHARED})
@@ -100,6 +98,12 @@ def _key(action: int, queue: str, req: dict[str, Any], shared: tuple[str, ...]) 
     return Key(action, queue, values)
 
 
+def max_batch_bytes(max_request_size: int) -> int:
+    """The bytes of messages a batch may hold for nodes that take requests of up to
+    `max_request_size` bytes: half, the rest left for the request's other fields."""
+    return max_request_size // 2
+
+
 def request_size(req: dict[str, Any]) -> int:
     """The bytes a request adds to a batch (its message, for a produce)."""
     return len(orjson.dumps(req["data"])) + 1 if req.get("action") == p.PRODUCE else 16
@@ -109,7 +113,8 @@ class Batcher(Generic[T]):
     """Requests waiting for their batch: a batch is due `linger` seconds after its first
     request, or at once when it holds `max_items` requests or `max_bytes`."""
 
-    def __init__(self, linger: float, max_items: int = p.MAX_BATCH, max_bytes: int = MAX_BATCH_BYTES) -> None:
+    def __init__(self, linger: float, max_items: int = p.MAX_BATCH,
+                 max_bytes: int = max_batch_bytes(p.DEFAULT_MAX_REQUEST_SIZE)) -> None:
         if not 0 < linger <= MAX_LINGER:
             raise ValueError(f"linger must be in (0, {MAX_LINGER}] seconds")
         self.linger = linger

@@ -100,8 +100,24 @@ def test_a_lost_connection_fails_every_caller_of_the_batch(tmp_path):
         node.stop()
 
 
+def test_a_batch_stays_within_the_nodes_max_request_size(tmp_path):
+    from tests.harness import NodeProcess
+    node = NodeProcess(str(tmp_path), {"max_request_size": 4096}).start()
+
+    async def run() -> None:
+        async with AsyncQueueClient(node.hosts, linger_ms=1.0, max_request_size=4096) as q:
+            ids = await asyncio.gather(*(q.produce("small", "x" * 1000) for _ in range(20)))
+            assert len(set(ids)) == 20  # 20 KB of messages: in batches the node takes
+    try:
+        _run(run())
+    finally:
+        node.stop()
+
+
 def test_linger_is_checked():
     with pytest.raises(ValueError, match="linger_ms must be 0..1"):
         AsyncQueueClient(linger_ms=2)
     with pytest.raises(ValueError, match="transport='tcp'"):
         AsyncQueueClient(transport="udp", linger_ms=1)
+    with pytest.raises(ValueError, match="max_request_size"):
+        AsyncQueueClient(linger_ms=1, max_request_size=0)
