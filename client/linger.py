@@ -70,8 +70,9 @@ def batch_key(req: dict[str, Any], own_producer: str | None) -> Key | None:
     if action == p.PRODUCE:
         if not req.keys() <= _PRODUCE_FIELDS or type(req.get("data")) is not str:
             return None
-        if req.get("producer") is not None and (req["producer"] != own_producer or req.get("sequence") is None):
-            return None
+        producer, sequence = req.get("producer"), req.get("sequence")
+        if (producer is None) != (sequence is None) or producer not in (None, own_producer):
+            return None  # only the client's own numbering is replaced by the batch's
         return _key(action, queue, req, _PRODUCE_SHARED)
     if action == p.CONSUME:
         if not req.keys() <= _CONSUME_FIELDS or req.get("wait") not in (None, 0):

@@ -33,6 +33,8 @@ def test_requests_with_the_same_queue_and_options_share_a_key():
 @pytest.mark.parametrize("req", [
     p.produce_request("q", ["a", "b"]),                        # already a batch
     p.produce_request("q", "a", producer="theirs", sequence=1),  # the caller's own idempotency key
+    p.produce_request("q", "a", producer=ME),                  # malformed: sequence missing
+    p.produce_request("q", "a", sequence=1),                    # malformed: producer missing
     {**p.produce_request("q", "a"), "seq": 3},                 # a field the batch could not echo
     p.produce_request("q", "a", delay=[1]),                    # malformed: the server says so, alone
     p.consume_request("q", wait=2),                            # a long poll
