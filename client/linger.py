@@ -231,13 +231,9 @@ def _split_consume(reqs: list[dict[str, Any]], reply: dict[str, Any]) -> list[di
     messages = reply.get("messages")
     if not isinstance(messages, list) or len(messages) > len(reqs):
         raise QueueError(p.CODE_ERROR, "bad reply from server: no messages list", reply)
-    out = []
-    for i, req in enumerate(reqs):
-        one = _answer(req, reply)
-        if i < len(messages):
-            m = messages[i]
-            one.update((k, m[k]) for k in _MESSAGE_FIELDS if k in m)
-        out.append(one)
+    out = [_answer(req, reply) for req in reqs]
+    for one, m in zip(out, messages):  # the first callers get the messages, in order
+        _with_message(one, m)
     return out
 
 
@@ -260,7 +256,7 @@ def release_request(queue: str, replies: list[dict[str, Any]]) -> dict[str, Any]
     """The release that gives back the messages in consume `replies` no caller took (leased
     ones come back ready at once; an at-most-once message is already deleted and the protocol
     cannot give it back), or None if they carry none."""
-    held = [r for r in replies if r.get("msg_id") is not None]
+    held = [r for r in replies if consumed(r)]
     if not held:
         return None
     return p.ids_request(p.RELEASE, queue, [r["msg_id"] for r in held],
@@ -274,6 +270,10 @@ def consumed(reply: dict[str, Any]) -> bool:
 
 def as_reply_to(req: dict[str, Any], message_reply: dict[str, Any]) -> dict[str, Any]:
     """`message_reply` (a consume's reply carrying a message) as the reply to consume `req`."""
-    out = _answer(req, message_reply)
-    out.update((k, message_reply[k]) for k in _MESSAGE_FIELDS if k in message_reply)
+    return _with_message(_answer(req, message_reply), message_reply)
+
+
+def _with_message(out: dict[str, Any], message: dict[str, Any]) -> dict[str, Any]:
+    """`out` with the fields of a consumed `message` (as a lone consume's reply carries them)."""
+    out.update((k, message[k]) for k in _MESSAGE_FIELDS if k in message)
     return out
