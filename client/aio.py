@@ -258,18 +258,24 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
     def __init__(self, hosts: str | Sequence[str | Address] = "127.0.0.1:1111", *, transport: str = "tcp",
                  timeout: float = 5.0, follow_redirects: bool = True, max_redirects: int = 3,
                  max_idle_wait_connections: int = 8, idempotent: bool = True, token: str | None = None,
-                 tls: tls_.TlsOption = None, linger_ms: float = 0.0) -> None:
+                 tls: tls_.TlsOption = None, linger_ms: float = 0.0,
+                 max_request_size: int = p.DEFAULT_MAX_REQUEST_SIZE) -> None:
         """The settings of QueueClient; max_idle_wait_connections: how many idle connections
         of consumes with `wait` are kept for the next ones; linger_ms: how long a produce,
-        consume or confirm waits for others to share its request (0: off, at most 1.0; TCP only)."""
+        consume or confirm waits for others to share its request (0: off, at most 1.0; TCP only);
+        max_request_size: the nodes' setting of that name, if below its default (1 MiB), so that
+        a batch of linger_ms stays within it."""
         self._settle(hosts, transport, timeout, follow_redirects, max_redirects, idempotent, token, tls)
         if not 0 <= linger_ms <= linger_.MAX_LINGER * 1000:
             raise ValueError(f"linger_ms must be 0..{linger_.MAX_LINGER * 1000:g}")
         if linger_ms and self._udp:
             raise ValueError("linger_ms needs transport='tcp' (a batch may not fit a datagram)")
+        if type(max_request_size) is not int or max_request_size < 1:
+            raise ValueError("max_request_size must be a positive number of bytes")
         self.linger_ms = linger_ms
         self._batcher: linger_.Batcher[asyncio.Future[dict[str, Any]]] | None = (
-            linger_.Batcher(linger_ms / 1000) if linger_ms else None)
+            linger_.Batcher(linger_ms / 1000, max_bytes=linger_.max_batch_bytes(max_request_size))
+            if linger_ms else None)
         self._linger_timer: asyncio.TimerHandle | None = None
         self._batch_tasks: set[asyncio.Task[None]] = set()
         self.max_idle_wait_connections = max_idle_wait_connections

@@ -19,8 +19,6 @@ T = TypeVar("T")
 
 # The longest linger a client may ask for, in seconds: merging is for calls issued together.
 MAX_LINGER = 0.001
-# A batch's request stays under half the server's default max_request_size (1 MiB).
-MAX_BATCH_BYTES = 512 * 1024
 
 _PRODUCE_SHARED = ("delay", "ttl", "retry", "priority", "max_deliveries")
 _PRODUCE_FIELDS = frozenset({"action", "queue", "data", "producer", "sequence", *_PRODUCE_SHARED})
@@ -51,6 +49,8 @@ class Batch(Generic[T]):
 
     def keep(self, alive: Callable[[T], bool]) -> Batch[T]:
         """This batch with only the callers still `alive` (those that left take nothing)."""
+        if all(map(alive, self.callers)):
+            return self  # the usual case: nothing to measure again
         kept = Batch[T](self.key, self.deadline)
         for caller, req in zip(self.callers, self.requests):
             if alive(caller):
@@ -70,8 +70,9 @@ def batch_key(req: dict[str, Any], own_producer: str | None) -> Key | None:
     if action == p.PRODUCE:
         if not req.keys() <= _PRODUCE_FIELDS or type(req.get("data")) is not str:
             return None
-        if req.get("producer") is not None and (req["producer"] != own_producer or req.get("sequence") is None):
-            return None
+        producer, sequence = req.get("producer"), req.get("sequence")
+        if (producer is None) != (sequence is None) or producer not in (None, own_producer):
+            return None  # only the client's own numbering is replaced by the batch's
         return _key(action, queue, req, _PRODUCE_SHARED)
     if action == p.CONSUME:
         if not req.keys() <= _CONSUME_FIELDS or req.get("wait") not in (None, 0):
@@ -98,6 +99,12 @@ def _key(action: int, queue: str, req: dict[str, Any], shared: tuple[str, ...]) 
     return Key(action, queue, values)
 
 
+def max_batch_bytes(max_request_size: int) -> int:
+    """The bytes of messages a batch may hold for nodes that take requests of up to
+    `max_request_size` bytes: half, the rest left for the request's other fields."""
+    return max_request_size // 2
+
+
 def request_size(req: dict[str, Any]) -> int:
     """The bytes a request adds to a batch (its message, for a produce)."""
     return len(orjson.dumps(req["data"])) + 1 if req.get("action") == p.PRODUCE else 16
@@ -107,7 +114,8 @@ class Batcher(Generic[T]):
     """Requests waiting for their batch: a batch is due `linger` seconds after its first
     request, or at once when it holds `max_items` requests or `max_bytes`."""
 
-    def __init__(self, linger: float, max_items: int = p.MAX_BATCH, max_bytes: int = MAX_BATCH_BYTES) -> None:
+    def __init__(self, linger: float, max_items: int = p.MAX_BATCH,
+                 max_bytes: int = max_batch_bytes(p.DEFAULT_MAX_REQUEST_SIZE)) -> None:
         if not 0 < linger <= MAX_LINGER:
             raise ValueError(f"linger must be in (0, {MAX_LINGER}] seconds")
         self.linger = linger
@@ -149,10 +157,9 @@ class Batcher(Generic[T]):
             return []
         batch = batch.keep(alive)
         taken = list(zip(batch.callers[:n], batch.requests[:n]))
-        chosen = {id(caller) for caller, _ in taken}
-        rest = batch.keep(lambda caller: id(caller) not in chosen)
-        if rest.callers:
-            self._open[key] = rest
+        rest = batch.requests[n:]
+        if rest:
+            self._open[key] = Batch(key, batch.deadline, batch.callers[n:], rest, sum(map(request_size, rest)))
         return taken
 
     def take_all(self) -> list[Batch[T]]:
@@ -224,13 +231,9 @@ def _split_consume(reqs: list[dict[str, Any]], reply: dict[str, Any]) -> list[di
     messages = reply.get("messages")
     if not isinstance(messages, list) or len(messages) > len(reqs):
         raise QueueError(p.CODE_ERROR, "bad reply from server: no messages list", reply)
-    out = []
-    for i, req in enumerate(reqs):
-        one = _answer(req, reply)
-        if i < len(messages):
-            m = messages[i]
-            one.update((k, m[k]) for k in _MESSAGE_FIELDS if k in m)
-        out.append(one)
+    out = [_answer(req, reply) for req in reqs]
+    for one, m in zip(out, messages):  # the first callers get the messages, in order
+        _with_message(one, m)
     return out
 
 
@@ -253,7 +256,7 @@ def release_request(queue: str, replies: list[dict[str, Any]]) -> dict[str, Any]
     """The release that gives back the messages in consume `replies` no caller took (leased
     ones come back ready at once; an at-most-once message is already deleted and the protocol
     cannot give it back), or None if they carry none."""
-    held = [r for r in replies if r.get("msg_id") is not None]
+    held = [r for r in replies if consumed(r)]
     if not held:
         return None
     return p.ids_request(p.RELEASE, queue, [r["msg_id"] for r in held],
@@ -267,6 +270,10 @@ def consumed(reply: dict[str, Any]) -> bool:
 
 def as_reply_to(req: dict[str, Any], message_reply: dict[str, Any]) -> dict[str, Any]:
     """`message_reply` (a consume's reply carrying a message) as the reply to consume `req`."""
-    out = _answer(req, message_reply)
-    out.update((k, message_reply[k]) for k in _MESSAGE_FIELDS if k in message_reply)
+    return _with_message(_answer(req, message_reply), message_reply)
+
+
+def _with_message(out: dict[str, Any], message: dict[str, Any]) -> dict[str, Any]:
+    """`out` with the fields of a consumed `message` (as a lone consume's reply carries them)."""
+    out.update((k, message[k]) for k in _MESSAGE_FIELDS if k in message)
     return out

@@ -14,6 +14,7 @@ import orjson
 
 from .errors import QueueError
 
+from queue_server.protocol.framing import DEFAULT_MAX_REQUEST_SIZE  # noqa: F401  (re-exported)
 from queue_server.protocol.vocabulary import (  # noqa: F401  (re-exported: one vocabulary for server and client)
     AUTH,
     ACTION_NAMES,

@@ -549,7 +549,7 @@ class PartitionService:
         reply = self._ok(req)
         reply["confirmed"] = _count(rec)
         if report_ids:
-            reply["confirmed_ids"] = [] if rec is None else ([rec.msg_id] if rec.msg_ids is None else list(rec.msg_ids))
+            reply["confirmed_ids"] = _ids(rec)
         return reply
 
     def _release(self, req: dict, origin: Origin, req_no: int, now: float) -> dict:
@@ -749,6 +749,13 @@ class PartitionService:
 def _count(record: Consume | Confirm | Release | None) -> int:
     """How many messages a record changed (0: no record)."""
     return 0 if record is None else count(record)
+
+
+def _ids(record: Confirm | None) -> list[int]:
+    """The ids of the messages a record changed, in its order (none: no record)."""
+    if record is None:
+        return []
+    return [record.msg_id] if record.msg_ids is None else list(record.msg_ids)
 
 
 def _empty_stats(max_size: int) -> dict:

@@ -33,6 +33,8 @@ def test_requests_with_the_same_queue_and_options_share_a_key():
 @pytest.mark.parametrize("req", [
     p.produce_request("q", ["a", "b"]),                        # already a batch
     p.produce_request("q", "a", producer="theirs", sequence=1),  # the caller's own idempotency key
+    p.produce_request("q", "a", producer=ME),                  # malformed: sequence missing
+    p.produce_request("q", "a", sequence=1),                    # malformed: producer missing
     {**p.produce_request("q", "a"), "seq": 3},                 # a field the batch could not echo
     p.produce_request("q", "a", delay=[1]),                    # malformed: the server says so, alone
     p.consume_request("q", wait=2),                            # a long poll
@@ -151,6 +153,7 @@ def test_callers_that_left_are_dropped_and_their_messages_rehomed_or_released():
     assert b.take(k, 1, lambda c: c != "gone") == [("w1", p.consume_request("q"))]
     [rest] = b.due(T0 + 1)
     assert rest.callers == ["w2"]  # the caller that left is gone from its batch too
+    assert rest.size == linger.request_size(p.consume_request("q"))  # and its bytes with it
     assert rest.keep(lambda c: False).callers == []
     assert b.take(k, 5, lambda c: True) == []
     orphan = {"action": 2, "queue": "q", "code": 0, "msg_id": 7, "data": "x", "delivery_count": 3}
