@@ -656,8 +656,8 @@ def _against(rows: dict, label: str, base: str, others: list[tuple[str, str]]) -
 
 
 def _figure(value: float) -> str:
-    """A target's figure: whole with thousands separators from 1,000 up, else 3 significant digits."""
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    """A target's figure: whole with thousands separators from 100 up, else 3 significant digits."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def summary(results: list[dict], only: list[str]) -> list[str]:
