@@ -660,6 +660,11 @@ def _figure(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
+def _steps(rows: dict, prefix: str) -> list[int]:
+    """The numbers that end the row keys starting with `prefix` (connections, depths, ...), ascending."""
+    return sorted({int(k.rsplit("/", 1)[1]) for k in rows if k.startswith(prefix)})
+
+
 def summary(results: list[dict], only: list[str]) -> list[str]:
     """The closing summary: every target with what was measured and whether it is met, then what
     each comparison the issue asks for came to."""
@@ -679,18 +684,18 @@ def summary(results: list[dict], only: list[str]) -> list[str]:
             verdict = f"at {row['messages']:,} messages, not the target's {t.messages / 1e6:g}M: no verdict"
         lines.append(f"target: {t.what} {wanted}, measured: {_figure(value)} {t.unit}, {verdict}")
     servers = ("beanstalkd", "redis")
-    for conns in sorted({int(k.rsplit("/", 1)[1]) for k in rows if k.startswith("per-request/")}):
+    for conns in _steps(rows, "per-request/"):
         lines += _against(rows, f"per request, {conns} connections, queue-server", f"per-request/queue-server/{conns}",
                           [(f"per-request/{s}/{conns}", s) for s in servers])
-    for depth in sorted({int(k.rsplit("/", 1)[1]) for k in rows if k.startswith("pipelined/")}):
+    for depth in _steps(rows, "pipelined/"):
         lines += _against(rows, f"pipelined, depth {depth}, queue-server", f"pipelined/queue-server/{depth}",
                           [(f"pipelined/{s}/{depth}", s) for s in servers])
-    batches = sorted(int(k.rsplit("/", 1)[1]) for k in rows if k.startswith("batched/"))
+    batches = _steps(rows, "batched/")
     if batches:
         lines.append("batched, messages/s (p99 ms): " + ", ".join(
             f"{b} per request {rows[f'batched/{b}']['messages_per_s']:,.0f} ({rows[f'batched/{b}']['p99_ms']:.3f})"
             for b in batches))
-    for depth in sorted({int(k.rsplit("/", 1)[1]) for k in rows if k.startswith("quorum/single/")}):
+    for depth in _steps(rows, "quorum/single/"):
         lines += _against(rows, f"quorum, depth {depth}: single node", f"quorum/single/{depth}",
                           [(f"quorum/leader/{depth}", "3 nodes, clients on the leader"),
                            (f"quorum/spread/{depth}", "3 nodes, clients spread")])
@@ -700,10 +705,10 @@ def summary(results: list[dict], only: list[str]) -> list[str]:
         lines += _against(rows, f"durability, {default.split('/', 1)[1]}", default,
                           [(k, k.split("/", 1)[1]) for k in durability if k != default])
     for axis, unit in (("workers", "workers"), ("queues", "queues"), ("stored", "messages stored")):
-        keys = sorted((k for k in rows if k.startswith(f"scaling/{axis}/")), key=lambda k: int(k.rsplit("/", 1)[1]))
-        if keys:
-            lines += _against(rows, f"scaling, {int(keys[0].rsplit('/', 1)[1]):,} {unit}", keys[0],
-                              [(k, f"{int(k.rsplit('/', 1)[1]):,} {unit}") for k in keys[1:]])
+        steps = _steps(rows, f"scaling/{axis}/")
+        if steps:
+            lines += _against(rows, f"scaling, {steps[0]:,} {unit}", f"scaling/{axis}/{steps[0]}",
+                              [(f"scaling/{axis}/{n}", f"{n:,} {unit}") for n in steps[1:]])
     for r in results:
         if r.get("workload") == "memory":
             lines.append(f"memory per message at {r['messages']:,}, {r['server']}: {r['pss_per_msg']:,.0f} B (PSS)")
