@@ -611,7 +611,7 @@ def node_config(repo: str, workers: int) -> str:
 def scaling(args: argparse.Namespace, what: str, start, measure) -> None:
     """How the per-request cost grows: with the worker count, with the queues the cycles are
     spread over (all created before the clock starts), and with messages stored elsewhere."""
-    from load.memory_bench import fill_queue_server
+    from load.memory_bench import fill_queue_server, room_for
 
     for workers in args.scale_workers:
         measure("scaling", "queue-server", f"{what}, {workers} workers", lambda w=workers: start("queue-server", {"workers": w}),
@@ -623,7 +623,7 @@ def scaling(args: argparse.Namespace, what: str, start, measure) -> None:
                 prepare=lambda srv, names=names: fill_queue_server(srv.port, names, 1, b"x" * args.payload))
     for stored in args.scale_stored:
         measure("scaling", "queue-server", f"{what}, {stored:,} messages stored",
-                lambda n=stored: start("queue-server", {"queue_size": n + 1, "max_memory_mb": 0, "max_request_size": 1 << 24}),
+                lambda n=stored: start("queue-server", room_for(n)),
                 key=f"scaling/stored/{stored}",
                 prepare=lambda srv, n=stored: fill_queue_server(srv.port, ["stored"], n, b"x" * args.payload))
 
