@@ -55,6 +55,7 @@ import threading
 import time
 import urllib.request
 from statistics import median_high
+from typing import NamedTuple
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
@@ -65,28 +66,40 @@ from load.procs import cpu_seconds, descendants, process_name, stop  # noqa: E40
 from tests.harness import free_port  # noqa: E402  (one definition for tests and benchmarks)
 WORKLOADS = ("unloaded", "per-request", "pipelined", "batched", "long-poll", "quorum", "durability", "scaling",
              "memory", "subscribe", "http", "security")
-# The targets of issue 12: (what, row key, figure, at most, unit). Each is printed in the summary
-# as "target: ..., measured: ..., met / not met".
-# Issue 12's targets: (what, row key, figure, bound, unit, the peer row key or None). With a peer
-# row the figure is a ratio to that row's and must be at least the bound; without, the figure
-# itself must be at most (latency, memory) or at least (throughput) the bound, as `unit` says.
+
+
+class Target(NamedTuple):
+    """One of issue 12's targets, printed in the summary as "target: ..., measured: ..., met / not
+    met": `figure` of row `key` (with `peer`, as a ratio to that row's figure) must be at most
+    `bound` when `at_most`, else at least. A row of fewer than `messages` stored messages gets no
+    verdict: the target is about that size."""
+
+    what: str
+    key: str
+    figure: str
+    bound: float
+    unit: str
+    peer: str | None = None
+    at_most: bool = False
+    messages: int = 0
+
+
 TARGETS = (
-    ("unloaded single-connection p50", "unloaded", "p50_ms", 0.250, "ms", None),
-    ("per request, 8 connections, vs beanstalkd", "per-request/queue-server/8", "ops_per_s", 0.25, "x",
-     "per-request/beanstalkd/8"),
-    ("per request, 64 connections, vs beanstalkd", "per-request/queue-server/64", "ops_per_s", 0.5, "x",
-     "per-request/beanstalkd/64"),
-    ("per request, 256 connections, vs beanstalkd", "per-request/queue-server/256", "ops_per_s", 0.6, "x",
-     "per-request/beanstalkd/256"),
-    ("pipelined, depth 16, vs beanstalkd", "pipelined/queue-server/16", "ops_per_s", 1.0, "x",
-     "pipelined/beanstalkd/16"),
-    ("batched, 100 messages per request", "batched/100", "messages_per_s", 90_000, "messages/s", None),
-    ("3-node quorum, per request, vs single node", "quorum/leader/1", "ops_per_s", 0.5, "x", "quorum/single/1"),
-    ("3-node quorum, pipelined, vs single node", "quorum/leader/16", "ops_per_s", 0.5, "x", "quorum/single/16"),
-    ("memory per 100-byte message at 1M, summed over the node's processes", "memory/queue-server", "pss_per_msg",
-     300, "B", None),
+    Target("unloaded single-connection p50", "unloaded", "p50_ms", 0.250, "ms", at_most=True),
+    Target("per request, 8 connections, vs beanstalkd", "per-request/queue-server/8", "ops_per_s", 0.25, "x",
+           "per-request/beanstalkd/8"),
+    Target("per request, 64 connections, vs beanstalkd", "per-request/queue-server/64", "ops_per_s", 0.5, "x",
+           "per-request/beanstalkd/64"),
+    Target("per request, 256 connections, vs beanstalkd", "per-request/queue-server/256", "ops_per_s", 0.6, "x",
+           "per-request/beanstalkd/256"),
+    Target("pipelined, depth 16, vs beanstalkd", "pipelined/queue-server/16", "ops_per_s", 1.0, "x",
+           "pipelined/beanstalkd/16"),
+    Target("batched, 100 messages per request", "batched/100", "messages_per_s", 90_000, "messages/s"),
+    Target("3-node quorum, per request, vs single node", "quorum/leader/1", "ops_per_s", 0.5, "x", "quorum/single/1"),
+    Target("3-node quorum, pipelined, vs single node", "quorum/leader/16", "ops_per_s", 0.5, "x", "quorum/single/16"),
+    Target("memory per 100-byte message at 1M, summed over the node's processes", "memory/queue-server",
+           "pss_per_msg", 300, "B", at_most=True, messages=1_000_000),
 )
-AT_MOST_UNITS = ("ms", "B")
 PROTOCOLS = {"queue-server": "qs", "queue-server x3": "qs", "beanstalkd": "beanstalk", "redis": "redis"}
 
 
@@ -598,7 +611,7 @@ def node_config(repo: str, workers: int) -> str:
 def scaling(args: argparse.Namespace, what: str, start, measure) -> None:
     """How the per-request cost grows: with the worker count, with the queues the cycles are
     spread over (all created before the clock starts), and with messages stored elsewhere."""
-    from load.memory_bench import fill_queue_server
+    from load.memory_bench import fill_queue_server, room_for
 
     for workers in args.scale_workers:
         measure("scaling", "queue-server", f"{what}, {workers} workers", lambda w=workers: start("queue-server", {"workers": w}),
@@ -610,7 +623,7 @@ def scaling(args: argparse.Namespace, what: str, start, measure) -> None:
                 prepare=lambda srv, names=names: fill_queue_server(srv.port, names, 1, b"x" * args.payload))
     for stored in args.scale_stored:
         measure("scaling", "queue-server", f"{what}, {stored:,} messages stored",
-                lambda n=stored: start("queue-server", {"queue_size": n + 1, "max_memory_mb": 0, "max_request_size": 1 << 24}),
+                lambda n=stored: start("queue-server", room_for(n)),
                 key=f"scaling/stored/{stored}",
                 prepare=lambda srv, n=stored: fill_queue_server(srv.port, ["stored"], n, b"x" * args.payload))
 
@@ -643,8 +656,13 @@ def _against(rows: dict, label: str, base: str, others: list[tuple[str, str]]) -
 
 
 def _figure(value: float) -> str:
-    """A target's figure: whole with thousands separators from 1,000 up, else 3 significant digits."""
-    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+    """A target's figure: whole with thousands separators from 100 up, else 3 significant digits."""
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
+
+
+def _steps(rows: dict, prefix: str) -> list[int]:
+    """The numbers that end the row keys starting with `prefix` (connections, depths, ...), ascending."""
+    return sorted({int(k.rsplit("/", 1)[1]) for k in rows if k.startswith(prefix)})
 
 
 def summary(results: list[dict], only: list[str]) -> list[str]:
@@ -652,34 +670,32 @@ def summary(results: list[dict], only: list[str]) -> list[str]:
     each comparison the issue asks for came to."""
     rows = {r["key"]: r for r in results if r.get("key")}
     lines = ["summary"]
-    for what, key, figure, bound, unit, peer in TARGETS:
-        row, base = rows.get(key), rows.get(peer) if peer else None
-        at_most = peer is None and unit in AT_MOST_UNITS
-        wanted = f"{'<=' if at_most else '>='} {_figure(bound)} {unit}"
-        if row is None or (peer and base is None):
-            missing = key if row is None else peer
+    for t in TARGETS:
+        row, base = rows.get(t.key), rows.get(t.peer) if t.peer else None
+        wanted = f"{'<=' if t.at_most else '>='} {_figure(t.bound)} {t.unit}"
+        if row is None or (t.peer and base is None):
+            missing = t.key if row is None else t.peer
             measured = "not run" if missing.split("/")[0] not in only else "not measured (failed or skipped)"
-            lines.append(f"target: {what} {wanted}, measured: {measured}")
+            lines.append(f"target: {t.what} {wanted}, measured: {measured}")
             continue
-        value = row[figure] / base[figure] if peer else row[figure]
-        met = value <= bound if at_most else value >= bound
-        verdict = "met" if met else "not met"
-        if key.startswith("memory/") and row["messages"] < 1_000_000:
-            verdict = f"at {row['messages']:,} messages, not the target's 1M: no verdict"
-        lines.append(f"target: {what} {wanted}, measured: {_figure(value)} {unit}, {verdict}")
+        value = row[t.figure] / base[t.figure] if t.peer else row[t.figure]
+        verdict = "met" if (value <= t.bound if t.at_most else value >= t.bound) else "not met"
+        if row["messages"] < t.messages:
+            verdict = f"at {row['messages']:,} messages, not the target's {t.messages / 1e6:g}M: no verdict"
+        lines.append(f"target: {t.what} {wanted}, measured: {_figure(value)} {t.unit}, {verdict}")
     servers = ("beanstalkd", "redis")
-    for conns in sorted({int(k.rsplit("/", 1)[1]) for k in rows if k.startswith("per-request/")}):
+    for conns in _steps(rows, "per-request/"):
         lines += _against(rows, f"per request, {conns} connections, queue-server", f"per-request/queue-server/{conns}",
                           [(f"per-request/{s}/{conns}", s) for s in servers])
-    for depth in sorted({int(k.rsplit("/", 1)[1]) for k in rows if k.startswith("pipelined/")}):
+    for depth in _steps(rows, "pipelined/"):
         lines += _against(rows, f"pipelined, depth {depth}, queue-server", f"pipelined/queue-server/{depth}",
                           [(f"pipelined/{s}/{depth}", s) for s in servers])
-    batches = sorted(int(k.rsplit("/", 1)[1]) for k in rows if k.startswith("batched/"))
+    batches = _steps(rows, "batched/")
     if batches:
         lines.append("batched, messages/s (p99 ms): " + ", ".join(
             f"{b} per request {rows[f'batched/{b}']['messages_per_s']:,.0f} ({rows[f'batched/{b}']['p99_ms']:.3f})"
             for b in batches))
-    for depth in sorted({int(k.rsplit("/", 1)[1]) for k in rows if k.startswith("quorum/single/")}):
+    for depth in _steps(rows, "quorum/single/"):
         lines += _against(rows, f"quorum, depth {depth}: single node", f"quorum/single/{depth}",
                           [(f"quorum/leader/{depth}", "3 nodes, clients on the leader"),
                            (f"quorum/spread/{depth}", "3 nodes, clients spread")])
@@ -689,10 +705,10 @@ def summary(results: list[dict], only: list[str]) -> list[str]:
         lines += _against(rows, f"durability, {default.split('/', 1)[1]}", default,
                           [(k, k.split("/", 1)[1]) for k in durability if k != default])
     for axis, unit in (("workers", "workers"), ("queues", "queues"), ("stored", "messages stored")):
-        keys = sorted((k for k in rows if k.startswith(f"scaling/{axis}/")), key=lambda k: int(k.rsplit("/", 1)[1]))
-        if keys:
-            lines += _against(rows, f"scaling, {int(keys[0].rsplit('/', 1)[1]):,} {unit}", keys[0],
-                              [(k, f"{int(k.rsplit('/', 1)[1]):,} {unit}") for k in keys[1:]])
+        steps = _steps(rows, f"scaling/{axis}/")
+        if steps:
+            lines += _against(rows, f"scaling, {steps[0]:,} {unit}", f"scaling/{axis}/{steps[0]}",
+                              [(f"scaling/{axis}/{n}", f"{n:,} {unit}") for n in steps[1:]])
     for r in results:
         if r.get("workload") == "memory":
             lines.append(f"memory per message at {r['messages']:,}, {r['server']}: {r['pss_per_msg']:,.0f} B (PSS)")

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from queue_server.client import AsyncQueueClient  # noqa: E402
-from load.procs import cpu_seconds, descendants  # noqa: E402
+from load.procs import tree_cpu_seconds  # noqa: E402
 from tests.harness import NodeProcess  # noqa: E402  (starts a node and waits for it)
 
 
@@ -49,10 +49,6 @@ async def produces_per_s(hosts: str, linger_ms: float, coroutines: int,
     return sum(counts) / elapsed, latencies[len(latencies) // 2] * 1000, sum(counts)
 
 
-def _node_cpu(pid: int | None) -> float:
-    return sum(cpu_seconds(p) for p in descendants(pid)) if pid is not None else 0.0
-
-
 @contextlib.contextmanager
 def _node(hosts: str | None) -> Iterator[tuple[str, int | None]]:
     if hosts:
@@ -78,9 +74,9 @@ def main() -> None:
     with _node(args.hosts) as (hosts, pid):
         print(f"{args.coroutines} coroutines on one AsyncQueueClient, {args.seconds:g} s each, {hosts}")
         for linger_ms in args.linger:
-            cpu = _node_cpu(pid)
+            cpu = tree_cpu_seconds(pid) if pid else 0.0
             rate, p50, n = asyncio.run(produces_per_s(hosts, linger_ms, args.coroutines, args.seconds))
-            node = f"   node CPU {(_node_cpu(pid) - cpu) / n * 1e6:6.1f} ms/1000 produces" if pid else ""
+            node = f"   node CPU {(tree_cpu_seconds(pid) - cpu) / n * 1e6:6.1f} ms/1000 produces" if pid else ""
             print(f"linger_ms={linger_ms:<4g} {rate:>10,.0f} produces/s   p50 {p50:6.2f} ms{node}")
 
 

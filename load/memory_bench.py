@@ -67,7 +67,7 @@ def settled(pid: int, seconds: float = 1.0) -> dict[str, int]:
 
 
 def recv_until(sock: socket.socket, buf: bytearray, count: int, sep: bytes) -> bytearray:
-    """Read until `buf` holds at least `count` `sep`-terminated replies; return what is left over."""
+    """Read until `buf` holds at least `count` `sep`-terminated replies; returns `buf`."""
     while buf.count(sep) < count:
         chunk = sock.recv(1 << 20)
         if not chunk:
@@ -123,11 +123,15 @@ def fill_redis(port: int, queues: list[str], per_queue: int, payload: bytes) -> 
 FILLS = {"queue-server": fill_queue_server, "beanstalkd": fill_beanstalkd, "redis": fill_redis}
 
 
+def room_for(per_queue: int) -> dict:
+    """queue-server config keys over the defaults for `per_queue` messages a queue, filled BATCH at a time."""
+    return {"queue_size": per_queue + 1, "max_memory_mb": 0, "max_request_size": 1 << 24}
+
+
 def start(name: str, repo: str, workdir: str, workers: int, per_queue: int) -> Server:
     """Server `name` (queue-server or a peer), fresh, with room for `per_queue` messages a queue."""
     if name == "queue-server":
-        return QueueServer(repo, workdir, workers, False, {
-            "queue_size": per_queue + 1, "max_memory_mb": 0, "max_request_size": 1 << 24})
+        return QueueServer(repo, workdir, workers, False, room_for(per_queue))
     port = free_port()
     extra = ("-z", str(1 << 20)) if name == "beanstalkd" else ()
     return Server(peer_argv(name, port, *extra), port)

@@ -45,19 +45,26 @@ def process_name(pid: int) -> str:
     return os.path.basename(argv[0]) if argv else str(pid)
 
 
-def _stat_cpu(path: str) -> float:
-    """User + system CPU seconds of a /proc stat file; 0.0 once its process or thread is gone."""
+def _stat(path: str) -> tuple[str, float]:
+    """The command name and the user + system CPU seconds of a /proc stat file; ("", 0.0) once
+    its process or thread is gone."""
     try:
         with open(path, "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _TICK
+            head, _, tail = f.read().rpartition(b")")
+        fields = tail.split()
+        return head.split(b"(", 1)[1].decode(errors="replace"), (int(fields[11]) + int(fields[12])) / _TICK
     except (OSError, IndexError, ValueError):
-        return 0.0
+        return "", 0.0
 
 
 def cpu_seconds(pid: int) -> float:
     """CPU seconds (user + system) process `pid` has used so far; 0.0 once it is gone."""
-    return _stat_cpu(f"/proc/{pid}/stat")
+    return _stat(f"/proc/{pid}/stat")[1]
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """CPU seconds (user + system) used so far by `pid` and its descendants alive now."""
+    return sum(cpu_seconds(p) for p in descendants(pid))
 
 
 def thread_cpu(pid: int) -> dict[str, float]:
@@ -69,12 +76,10 @@ def thread_cpu(pid: int) -> dict[str, float]:
     except OSError:
         return out
     for tid in tids:
-        try:
-            with open(f"/proc/{pid}/task/{tid}/comm") as f:
-                name = "main" if tid == str(pid) else f.read().strip()
-        except OSError:
-            continue
-        out[name] = out.get(name, 0.0) + _stat_cpu(f"/proc/{pid}/task/{tid}/stat")
+        name, seconds = _stat(f"/proc/{pid}/task/{tid}/stat")
+        if name:
+            name = "main" if tid == str(pid) else name
+            out[name] = out.get(name, 0.0) + seconds
     return out
 
 

@@ -101,10 +101,8 @@ def main(argv: list[str] | None = None) -> None:
         node = QueueServer(REPO, tmp, args.workers, False, args.config)
         recorders: list[tuple[str, str, subprocess.Popen]] = []
         try:
-            for pid in descendants(node.proc.pid):
-                name = "supervisor" if pid == node.proc.pid else process_name(pid)
-                if name == "supervisor" and not args.supervisor:
-                    continue
+            procs = [("supervisor" if pid == node.proc.pid else process_name(pid), pid) for pid in descendants(node.proc.pid)]
+            for name, pid in procs if args.supervisor else procs[1:]:
                 path = os.path.join(out_dir, f"{name}.txt")
                 cmd = [pyspy, "record", "--pid", str(pid), "--format", "raw", "--output", path,
                        "--rate", str(args.rate), "--duration", str(int(args.seconds + 2))]
@@ -113,18 +111,15 @@ def main(argv: list[str] | None = None) -> None:
                 elif not args.blocking:
                     cmd.append("--nonblocking")
                 recorders.append((name, path, subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
-            pids = {process_name(pid): pid for pid in descendants(node.proc.pid)[1:]}
-            threads_before = {name: thread_cpu(pid) for name, pid in pids.items()}
+            threads_before = {pid: thread_cpu(pid) for _, pid in procs[1:]}
             result = run_client(client, "qs", node.addresses, args, **cbench_options(args.workload, args))
             print(f"client: {result['ops_per_s']:,.0f} ops/s, {result['messages_per_s']:,.0f} messages/s, "
                   f"p50 {result['p50_ms']:.3f} ms, p99 {result['p99_ms']:.3f} ms (while being profiled)")
             ops = max(1, result["ops"])
             print("CPU us per operation by thread (main: the process's Python; ZMQbg: ZeroMQ's I/O threads):")
-            for name, pid in sorted(pids.items()):
-                after, before = thread_cpu(pid), threads_before[name]
-                parts = ", ".join(f"{t} {(after[t] - before.get(t, 0.0)) / ops * 1e6:.1f}" for t in sorted(after)
-                                  if after[t] - before.get(t, 0.0) > 0)
-                print(f"  {name}: {parts}")
+            for name, pid in sorted(procs[1:]):
+                used = {t: s - threads_before[pid].get(t, 0.0) for t, s in sorted(thread_cpu(pid).items())}
+                print(f"  {name}: " + ", ".join(f"{t} {s / ops * 1e6:.1f}" for t, s in used.items() if s > 0))
             for name, path, recorder in recorders:
                 _, err = recorder.communicate(timeout=args.seconds + 60)
                 if recorder.returncode != 0 or not os.path.exists(path):

@@ -27,7 +27,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from load.procs import cpu_seconds as process_cpu_seconds, descendants, stop  # noqa: E402
+from load.procs import stop, tree_cpu_seconds  # noqa: E402
 from tests.harness import free_port  # noqa: E402
 
 from queue_server.client import AsyncQueueClient, QueueClient
@@ -88,11 +88,6 @@ def fill(hosts: str, queues: list[str], total: int, size: int) -> float:
     started = time.perf_counter()
     asyncio.run(_fill(hosts, queues, total // len(queues), size))
     return time.perf_counter() - started
-
-
-def cpu_seconds(pid: int) -> float:
-    """CPU seconds (user + system) used so far by pid and its descendants alive now."""
-    return sum(process_cpu_seconds(p) for p in descendants(pid))
 
 
 def backlog(hosts: str, queues: list[str]) -> tuple[int, int]:
@@ -176,9 +171,9 @@ def main(argv: list[str] | None = None) -> None:
         for mode in modes:
             filled = fill(node.hosts, queues, total, args.size)
             assert backlog(node.hosts, queues)[0] == total
-            node_cpu, spark_cpu = cpu_seconds(node.proc.pid), cpu_seconds(jvm)
+            node_cpu, spark_cpu = tree_cpu_seconds(node.proc.pid), tree_cpu_seconds(jvm)
             seconds = drain(spark, node.hosts, queues, mode, args.partitions_per_queue, workdir)
-            node_cpu, spark_cpu = cpu_seconds(node.proc.pid) - node_cpu, cpu_seconds(jvm) - spark_cpu
+            node_cpu, spark_cpu = tree_cpu_seconds(node.proc.pid) - node_cpu, tree_cpu_seconds(jvm) - spark_cpu
             left, leased = backlog(node.hosts, queues)
             label = "batch read" if mode == "batch" else "stream (availableNow)"
             print(f"{label:<24}{total:>10,}{args.queues:>8}{args.queues * args.partitions_per_queue:>7}"

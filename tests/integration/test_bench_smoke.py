@@ -3,7 +3,9 @@ installed) produces figures for every row. A benchmark run, not a performance te
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -14,16 +16,27 @@ from tests.harness import REPO
 pytestmark = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler for load/cbench.c")
 
 
-def test_short_benchmark_run(tmp_path):
+def bench(tmp_path, *args: str, timeout: float) -> tuple[str, dict]:
+    """Run load/bench.py with `args`; its output and JSON report, once it exited 0 with no workload
+    failed. It runs in a session of its own, killed whole (nodes, peers, client) if it overruns."""
     out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [sys.executable, "load/bench.py", "--seconds", "0.5", "--conns", "4", "--depths", "4", "--batches", "10",
-         "--only", "pipelined,batched,long-poll", "--json", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    proc = subprocess.Popen([sys.executable, "load/bench.py", *args, "--json", str(out)], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, stdout + stderr
     report = json.loads(out.read_text())
     assert not [n for n in report["notes"] if "failed" in n], report["notes"]
+    return stdout, report
+
+
+def test_short_benchmark_run(tmp_path):
+    stdout, report = bench(tmp_path, "--seconds", "0.5", "--conns", "4", "--depths", "4", "--batches", "10",
+                           "--only", "pipelined,batched,long-poll", timeout=120)
     rows = {(r["workload"], r["server"]): r for r in report["results"]}
     expected = {("pipelined", "queue-server"), ("batched", "queue-server"), ("long-poll", "queue-server")}
     for peer, binary in (("beanstalkd", "beanstalkd"), ("redis", "redis-server")):
@@ -34,27 +47,21 @@ def test_short_benchmark_run(tmp_path):
         assert row["ops"] > 0 and row["messages"] > 0, row
     assert rows[("batched", "queue-server")]["messages"] >= 10 * rows[("batched", "queue-server")]["ops"] // 3
     assert rows[("long-poll", "queue-server")]["delivery_p50_ms"] > 0
-    assert "| workload | server |" in proc.stdout
+    assert "| workload | server |" in stdout
 
 
 def test_short_run_prints_the_summary_with_its_targets(tmp_path):
     """The issue-12 figures: unloaded p50 against its target, durability settings against the
     default, scaling against its first step, memory per message; each in the closing summary."""
-    out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [sys.executable, "load/bench.py", "--seconds", "0.5", "--conns", "2", "--no-peers",
-         "--only", "unloaded,durability,scaling,memory", "--scale-workers", "1", "--scale-queues", "1,50",
-         "--scale-stored", "10,200", "--memory-messages", "2000", "--json", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(out.read_text())
-    assert not [n for n in report["notes"] if "failed" in n], report["notes"]
+    stdout, report = bench(tmp_path, "--seconds", "0.5", "--conns", "2", "--no-peers",
+                           "--only", "unloaded,durability,scaling,memory", "--scale-workers", "1",
+                           "--scale-queues", "1,50", "--scale-stored", "10,200", "--memory-messages", "2000",
+                           timeout=300)
     keys = {r["key"] for r in report["results"]}
     assert {"unloaded", "scaling/queues/50", "scaling/stored/200", "durability/fsync always",
             "durability/no WAL (in_memory)"} <= keys, sorted(keys)
     assert report["memory"][0]["server"] == "queue-server" and report["memory"][0]["pss_per_msg"] > 0
-    summary = proc.stdout.split("\nsummary\n", 1)[1]
+    summary = stdout.split("\nsummary\n", 1)[1]
     assert "target: unloaded single-connection p50 <= 0.25 ms, measured: " in summary
     assert "target: per request, 8 connections, vs beanstalkd >= 0.25 x, measured: not run" in summary
     assert "target: memory per 100-byte message at 1M, summed over the node's processes <= 300 B, measured: " in summary
@@ -65,15 +72,7 @@ def test_short_run_prints_the_summary_with_its_targets(tmp_path):
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="no wrk (apt-get install wrk) for the HTTP workload")
 def test_short_http_benchmark_run(tmp_path):
-    out = tmp_path / "bench.json"
-    proc = subprocess.run(
-        [sys.executable, "load/bench.py", "--seconds", "1", "--conns", "2", "--only", "http", "--no-peers",
-         "--json", str(out)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(out.read_text())
-    assert not [n for n in report["notes"] if "failed" in n], report["notes"]
+    _, report = bench(tmp_path, "--seconds", "1", "--conns", "2", "--only", "http", "--no-peers", timeout=120)
     rows = [r for r in report["results"] if r["workload"] == "http"]
     assert [("over TCP" in r["what"], "over HTTP" in r["what"]) for r in rows] == [(True, False), (False, True)]
     assert all(r["ops"] > 0 and r["messages"] > 0 for r in rows), rows
