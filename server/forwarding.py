@@ -259,7 +259,7 @@ class Forwarding:
 
     def release(self, header: bytes, blob: bytes, vote_id: int) -> list:
         """Replies that may leave: to this node's acceptor, or back to the follower that
-        forwarded their request."""
+        forwarded their request. A batch with none of the latter is passed on as it is."""
         if not self.served:
             return [Deliver(header, blob)]
         local = []
@@ -269,6 +269,8 @@ class Forwarding:
                 remote.setdefault(origin.node, []).append((origin.conn, data))
             else:
                 local.append((origin, req_no, data))
+        if not remote:
+            return [Deliver(header, blob)]
         actions: list = [Deliver(*replies.encode_raw(local))] if local else []
         actions += [Send(node, ForwardReply(vote_id, self.node_id, tuple(items))) for node, items in remote.items()]
         return actions
