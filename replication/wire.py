@@ -27,7 +27,7 @@ class Envelope:
     cluster_id: int = 0
 
 
-# Each message class and its field in PeerMessage's `body`.
+# Each message class and its field in the protobuf pb.PeerMessage's `body` oneof.
 _BODIES: dict[type, str] = {
     VoteRequest: "vote_request",
     VoteReply: "vote_reply",

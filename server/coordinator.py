@@ -107,7 +107,8 @@ class Coordinator:
         """Serve until SIGTERM."""
         poller = zmq.Poller()
         poller.register(self.inbox, zmq.POLLIN)
-        # SIGUSR1 (the supervisor got SIGTERM) wakes the poll through this pipe.
+        # SIGUSR1 (the supervisor got SIGTERM: hand over) and SIGTERM (stop) only set flags; they
+        # wake the poll through this pipe.
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_r, False)
         os.set_blocking(wake_w, False)
@@ -257,7 +258,7 @@ class Coordinator:
             self.next_observe = time.monotonic() + OBSERVE_INTERVAL
             self.observe()
 
-    def carry_out(self, ready: Ready, write: bool = True) -> bool:
+    def carry_out(self, ready: Ready, write: bool) -> bool:
         """Write the log and the vote to disk (unless told there is nothing to write), then send:
         nothing that depends on a record leaves before the record is on disk. Then advance the
         node. Whether the log was stored."""

@@ -75,8 +75,8 @@ class Forwarding:
         self.election_timeout = election_timeout
         self.max_wait = max_wait
         # forward_id -> (origin, req_no, deadline, the request's echoed fields for an error reply,
-        # the request, came over UDP, how long it may take): what is needed to send it again
-        self.forwards: dict[int, tuple[Origin, int, float, dict, bytes, bool, float]] = {}
+        # the request, how long it may take): what is needed to send it again
+        self.forwards: dict[int, tuple[Origin, int, float, dict, bytes, float]] = {}
         # Forwards sent to a leader that is no longer the leader: failed as "leader changed" if
         # that node does not answer within an election timeout.
         self.orphaned: set[int] = set()
@@ -119,7 +119,7 @@ class Forwarding:
             wait = request.get("wait") if type(request) is dict else None
             grace = FORWARD_GRACE + (min(wait, self.max_wait) if isinstance(wait, (int, float)) and wait > 0 else 0)
             raw = _DUMPS(request)
-            self.forwards[fid] = (origin, req_no, now + grace, p.echo(request), raw, origin.udp, grace)
+            self.forwards[fid] = (origin, req_no, now + grace, p.echo(request), raw, grace)
             self.due = min(self.due, now + grace)
             batch.append((fid, raw, origin.udp))
         return [Send(leader, Forward(vote_id, self.node_id, tuple(batch)))]
@@ -151,9 +151,9 @@ class Forwarding:
     def _send_again(self, fid: int, target: tuple, now: float, vote_id: int) -> None:
         """Forward a request again (to whoever leads by the next heartbeat), with its full time."""
         self.orphaned.discard(fid)
-        where, req_no, _, echo, raw, udp, grace = target
-        self.forwards[fid] = (where, req_no, now + grace, echo, raw, udp, grace)
-        self.on_unsent(Forward(vote_id, self.node_id, ((fid, raw, udp),)), now)
+        where, req_no, _, echo, raw, grace = target
+        self.forwards[fid] = (where, req_no, now + grace, echo, raw, grace)
+        self.on_unsent(Forward(vote_id, self.node_id, ((fid, raw, where.udp),)), now)
 
     def on_unsent(self, msg: object, now: float) -> None:
         """A message to a peer could not be sent: forwarded client requests are sent again every
@@ -259,7 +259,7 @@ class Forwarding:
 
     def release(self, header: bytes, blob: bytes, vote_id: int) -> list:
         """Replies that may leave: to this node's acceptor, or back to the follower that
-        forwarded their request."""
+        forwarded their request. A batch with none of the latter is passed on as it is."""
         if not self.served:
             return [Deliver(header, blob)]
         local = []
@@ -269,6 +269,8 @@ class Forwarding:
                 remote.setdefault(origin.node, []).append((origin.conn, data))
             else:
                 local.append((origin, req_no, data))
+        if not remote:
+            return [Deliver(header, blob)]
         actions: list = [Deliver(*replies.encode_raw(local))] if local else []
         actions += [Send(node, ForwardReply(vote_id, self.node_id, tuple(items))) for node, items in remote.items()]
         return actions

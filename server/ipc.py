@@ -17,7 +17,7 @@ _LENGTHS = [struct.Struct(f"<B{n}I") for n in range(MAX_PARTS + 1)]
 
 def pack(parts: list[bytes]) -> bytes:
     """A message's parts as one frame: their count (u8), their lengths (u32 each), the parts."""
-    return _LENGTHS[len(parts)].pack(len(parts), *map(len, parts)) + b"".join(parts)
+    return b"".join([_LENGTHS[len(parts)].pack(len(parts), *map(len, parts)), *parts])
 
 
 def unpack(data: bytes) -> list[bytes]:
@@ -46,6 +46,7 @@ class Pipe(zmq.Socket):
 
     def recv_multipart(self, flags: int = 0, copy: bool = True, track: bool = False) -> list[bytes]:  # type: ignore[override]
         return unpack(self.recv(flags))
+
 
 def endpoint(run_dir: str, name: str) -> str:
     """The ipc:// endpoint of a process's inbox."""

@@ -317,6 +317,14 @@ def test_release_passes_replies_on_untouched_until_a_follower_was_served():
     assert fw.release(header, blob, VOTE) == [Deliver(header, blob)]
 
 
+def test_after_serving_a_follower_a_batch_of_this_nodes_own_replies_is_passed_on_as_it_is():
+    fw = _forwarding()
+    fw.serve(Forward(VOTE, 3, ((77, orjson.dumps(PRODUCE), False),)), True, VOTE)
+    header, blob = replies.encode([(CLIENT, 5, {"n": 1}), (Origin(4), 2, {"n": 2})])
+    [deliver] = fw.release(header, blob, VOTE)
+    assert deliver.header is header and deliver.blob is blob  # not decoded and encoded again
+
+
 def test_release_sends_followers_replies_back_and_keeps_this_nodes_own():
     fw = _forwarding()
     fw.serve(Forward(VOTE, 3, ((77, orjson.dumps(PRODUCE), False),)), True, VOTE)

@@ -7,9 +7,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from queue_server.protocol import ipc_frames
 from queue_server.server import ipc
 
-from queue_server.protocol import ipc_frames
+
 @given(st.lists(st.binary(max_size=300), max_size=8))
 def test_pack_round_trip(parts):
     assert ipc.unpack(ipc.pack(parts)) == parts

@@ -1,14 +1,16 @@
 """Storage (replication/storage.py) without processes: recovery of a torn or damaged log, the
-fsync policy with a fake clock and a fake file, a full disk, and recovery from snapshots."""
+fsync policy with a fake clock and a fake file, a full disk, recovery from snapshots, and the forked snapshot
+writer's SIGTERM."""
 
 import errno
 import logging
 import os
+import signal
 
 import pytest
 
 from queue_server.replication.log import ChangeLog, Entry
-from queue_server.replication.snapshot import read_snapshot, snapshot_name, write_snapshot
+from queue_server.replication.snapshot import read_snapshot, snapshot_name, snapshot_trans_ids, write_snapshot
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog, encode_record, list_segments, scan
 from queue_server.protocol.records import Produce, encode
@@ -307,3 +309,39 @@ def test_recovery_starts_from_the_newest_valid_snapshot(tmp_path):
     assert (found.trans_id, found.state, found.entries) == (3, {"at": 3}, entries(4, 8))
     assert messages.seen == [("WARNING", f"skipping snapshot {newest}: checksum mismatch")]
     s.close()
+
+
+def test_the_forked_snapshot_writer_dies_at_sigterm_under_the_coordinators_handler(tmp_path):
+    """The coordinator's SIGTERM handler only sets a flag for its loop; the snapshot writer it
+    forks (in_snapshot_child=_snapshot_writer_setup) must still end at SIGTERM, not write on."""
+    from queue_server.server.coordinator import _snapshot_writer_setup
+
+    started_r, started_w = os.pipe()
+    hold_r, hold_w = os.pipe()
+
+    def state() -> dict:  # runs in the writer, after in_snapshot_child
+        os.close(hold_w)
+        os.write(started_w, b"!")
+        os.read(hold_r, 1)  # until the test closes its end
+        return {}
+
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # the coordinator's flag, in effect
+    try:
+        s = open_storage(tmp_path, in_snapshot_child=_snapshot_writer_setup)
+        s.recover()
+        s.maybe_snapshot(1, 1, state, every=1)
+        pid = s.snapshot_pid
+        os.read(started_r, 1)
+        os.kill(pid, signal.SIGTERM)
+        os.close(hold_w)  # a writer that survived the signal writes its snapshot and exits 0
+        hold_w = -1
+        _, status = os.waitpid(pid, 0)
+        s.snapshot_pid = None
+        s.close()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        for fd in (started_r, started_w, hold_r, hold_w):
+            if fd >= 0:
+                os.close(fd)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
+    assert snapshot_trans_ids(s.datadir.snapshot_dir) == []
