@@ -78,7 +78,7 @@ class ClusterNode:
         self.follower = Follower(self.node_id, self.log, pull_interval=heartbeat)
         self.leader: LeaderReplication | None = None
         virtual = [(v.name, v.queue_list) for v in config.virtual_queue_list]
-        self.router = Router(config.workers, virtual, config.dead_letter_suffix)
+        self.router = Router(config.workers, virtual, config.dead_letter_suffix, first_gather=1)
         # The committed state, replayed from the log: what a follower's snapshot is made of and
         # what the workers are reset to when this node stops leading.
         self.state = PartitionService(self.node_id, config.queue_size, dict((n, tuple(m)) for n, m in virtual),

@@ -12,7 +12,7 @@ from queue_server.protocol.roles import Role
 from queue_server.protocol import vocabulary as p
 from queue_server.protocol.framing import FramingError
 from queue_server.protocol.origin import Origin
-from queue_server.server.router import SCATTER_ACTIONS, Router
+from queue_server.server.router import Router
 
 # This node's role, as the coordinator last reported it.
 LEADER, FOLLOWER, NONE = Role.LEADER, Role.FOLLOWER, Role.NONE
@@ -60,7 +60,6 @@ class Dispatch:
         self.epoch = 0  # of the workers' mode, as last reported (see ClusterNode.epoch)
         self.pending: list[list] = [[] for _ in range(router.workers)]
         self.forwarding: list = []
-        self.next_gather = 0
 
     # ----------------------------------------------------------------- hooks
     def reply(self, origin: Origin, req_no: int, reply: dict) -> None:
@@ -104,11 +103,7 @@ class Dispatch:
 
     def route(self, action: int, value: dict, origin: Origin, req_no: int) -> None:
         """Queue the request for the worker(s) that serve it."""
-        gather_id = 0
-        if action in SCATTER_ACTIONS:
-            gather_id = self.next_gather
-            self.next_gather += 2  # even: the coordinator numbers its own gathers odd
-        plan = self.router.plan(action, value, origin, req_no, gather_id)
+        plan = self.router.plan(action, value, origin, req_no)
         if type(plan) is str:
             self.reply(origin, req_no, p.error_reply(value, plan, self.node_id))
             return

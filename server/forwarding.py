@@ -17,7 +17,7 @@ from queue_server.replication.messages import Forward, ForwardReply
 from queue_server.protocol import vocabulary as p
 from queue_server.protocol import replies
 from queue_server.protocol.origin import Origin
-from queue_server.server.router import SCATTER_ACTIONS, Router
+from queue_server.server.router import Router
 
 # A forwarded request not answered this long after its own wait is failed (the leader is gone).
 FORWARD_GRACE = 10.0
@@ -70,7 +70,6 @@ class Forwarding:
         self.node_id = node_id
         self.leader_fields = {"leader_node_id": node_id, "leader_host": client[0], "leader_port": client[1]}
         self.router = router
-        self.next_gather = 1  # odd: the acceptor numbers its gathers even
         self.heartbeat = heartbeat
         self.election_timeout = election_timeout
         self.max_wait = max_wait
@@ -248,11 +247,7 @@ class Forwarding:
             reply = p.echo(request)
             reply.update(code=p.CODE_OK, node_id=self.node_id, **self.leader_fields)
             return _deliver([(origin, req_no, reply)])
-        gather_id = 0
-        if action in SCATTER_ACTIONS:
-            gather_id = self.next_gather
-            self.next_gather += 2
-        plan = self.router.plan(action, request, origin, req_no, gather_id)
+        plan = self.router.plan(action, request, origin, req_no)
         if type(plan) is str:
             return _deliver([(origin, req_no, p.error_reply(request, plan, self.node_id))])
         return [Work(index, item) for index, item in plan]

@@ -19,15 +19,18 @@ class Router:
     """Maps queue names (real or virtual) to worker indexes; the same on every node."""
 
     def __init__(self, workers: int, virtual_queues: Iterable[tuple[str, Iterable[str]]] = (),
-                 dead_letter_suffix: str = "") -> None:
+                 dead_letter_suffix: str = "", *, first_gather: int = 0) -> None:
         """dead_letter_suffix: config `dead_letter_suffix` ("" for none); it must be the same on
-        every node, like `workers`."""
+        every node, like `workers`. first_gather: the gather id of the first scatter request this
+        router plans; the next ones follow in steps of two, so that the acceptor (even, from 0) and
+        the coordinator (odd, from 1) never tag two gathers alike."""
         if workers < 1:
             raise ValueError("workers must be >= 1")
         self.workers = workers
         self.suffix = dead_letter_suffix
         self._key: dict[str, str] = _group_keys(virtual_queues)
         self._cache: dict[str, int] = {}
+        self._next_gather = first_gather
 
     def worker_for(self, queue: str) -> int:
         """The index of the worker owning `queue`."""
@@ -42,10 +45,10 @@ class Router:
         return index
 
 
-    def plan(self, action: int, request: dict, origin: Origin, req_no: int, gather_id: int) -> list[tuple[int, tuple]] | str:
+    def plan(self, action: int, request: dict, origin: Origin, req_no: int) -> list[tuple[int, tuple]] | str:
         """Where a queue or scatter request goes: (worker index, item for that worker's batch)
         pairs, or the reason it cannot be routed. A scatter item carries the gather tag the
-        coordinator merges the workers' parts by."""
+        coordinator merges the workers' parts by, under a gather id of this router's own."""
         queue = request.get("queue")
         if action in p.QUEUE_ACTIONS:
             if type(queue) is not str:
@@ -58,6 +61,10 @@ class Router:
         else:
             targets = range(self.workers)
         targets = list(targets)
+        gather_id = 0
+        if action in SCATTER_ACTIONS:
+            gather_id = self._next_gather
+            self._next_gather += 2
         tag = [gather_id, origin.wire(), req_no, len(targets), request]
         return [(index, ipc_frames.req_item(origin, req_no, request, tag)) for index in targets]
 

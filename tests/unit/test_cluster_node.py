@@ -445,3 +445,10 @@ def test_a_change_of_role_is_in_one_ready():
     assert node.ready().role == "leader"
     node.advance(node.ready())
     assert node.ready().role is None
+
+
+def test_the_coordinators_scatter_requests_are_numbered_odd():
+    """The acceptor numbers its own gathers even (from 0): the two never share a gather id."""
+    node = _leader()
+    plans = [node.router.plan(p.LIST, {"action": p.LIST}, Origin(1), n) for n in range(2)]
+    assert [plan[0][1][3][0] for plan in plans] == [1, 3]

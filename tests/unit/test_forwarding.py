@@ -28,7 +28,7 @@ CONSUME = {"action": p.CONSUME, "queue": "q", "wait": 5, "seq": 10}
 
 
 def _forwarding(node_id: int = ME, workers: int = 4) -> Forwarding:
-    return Forwarding(node_id, ("127.0.0.1", 1100 + node_id), Router(workers), random.Random(7),
+    return Forwarding(node_id, ("127.0.0.1", 1100 + node_id), Router(workers, first_gather=1), random.Random(7),
                       heartbeat=HEARTBEAT, election_timeout=ELECTION, max_wait=MAX_WAIT)
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import pytest
 
 from queue_server.server.gather import Gatherer, merge
+from queue_server.protocol import vocabulary as p
+from queue_server.protocol.ipc_frames import req_item
 from queue_server.protocol.origin import Origin
 from queue_server.protocol.records import decode_many, encode_many
 from queue_server.server.router import Router
@@ -277,6 +279,18 @@ def test_router_is_stable_and_keeps_virtual_groups_together():
     assert Router(4).worker_for("some-queue") == Router(4).worker_for("some-queue")
     spread = {Router(4).worker_for(f"q{i}") for i in range(100)}
     assert spread == {0, 1, 2, 3}
+
+
+def test_a_router_numbers_its_scatter_requests_in_steps_of_two_from_its_first_gather():
+    listing = {"action": p.LIST}
+
+    def gathers(r: Router) -> list[int]:
+        produce = {"action": p.PRODUCE, "queue": "q"}
+        assert r.plan(p.PRODUCE, produce, Origin(1), 9) == [(r.worker_for("q"), req_item(Origin(1), 9, produce))]
+        return [r.plan(p.LIST, listing, Origin(1), n)[0][1][3][0] for n in range(3)]
+
+    assert gathers(Router(2)) == [0, 2, 4]  # the acceptor's; the produce planned first took no number
+    assert gathers(Router(2, first_gather=1)) == [1, 3, 5]  # the coordinator's
 
 
 # ---------------------------------------------------------------- lease tokens (protocol extension)
