@@ -102,16 +102,6 @@ class Message:
 _new_message = object.__new__
 
 
-def _stored(msg_id: int, data: str, state: tuple, last: tuple | None) -> Message:
-    """A Message with `state`, or with `last` instead when equal: consecutive messages that
-    were produced together share one state tuple."""
-    m = _new_message(Message)
-    m.msg_id = msg_id
-    m.data = data
-    m._state = last if state == last else state
-    return m
-
-
 # Why a message became a dead letter (a dead_letter record's "reason").
 DEAD_MAX_DELIVERIES = "max_deliveries"
 DEAD_TTL = "ttl"
@@ -706,23 +696,29 @@ class Queue:
         if msg_id in index:
             raise ValueError(f"msg_id {msg_id} already stored in queue {self.name!r}")
         limit = record.max_deliveries
-        state = (record.ready, record.ttl, record.retry, record.priority, record.delivery_count,
-                 None, None, None if limit is None else {"max_deliveries": limit})
-        last = self._last_state
-        if state == last:  # _stored, inlined: the produce hot path
-            state = last
-        else:
-            self._last_state = state
-        m = _new_message(Message)
-        m.msg_id = msg_id
-        m.data = record.data
-        m._state = state
+        m = self._stored(msg_id, record.data, (
+            record.ready, record.ttl, record.retry, record.priority, record.delivery_count, None,
+            None, None if limit is None else {"max_deliveries": limit}))
         if type(record) is Produce:
             self.counts["produced"] += 1
         self._insert(m, now)
         producer = record.producer
         if producer is not None:
             self._remember(producer, record.sequence, msg_id)
+
+    def _stored(self, msg_id: int, data: str, state: tuple) -> Message:
+        """A Message with `state`, or with the state of the message stored last when equal:
+        messages stored one after another with the same settings share one state tuple."""
+        last = self._last_state
+        if state == last:
+            state = last
+        else:
+            self._last_state = state
+        m = _new_message(Message)
+        m.msg_id = msg_id
+        m.data = data
+        m._state = state
+        return m
 
     def _remember(self, producer: str, sequence: int, msg_id: int) -> None:
         """Add msg_id to the dedupe entry of (producer, sequence); the oldest entries go first."""
@@ -1061,12 +1057,10 @@ class Queue:
         index = q._index
         tokens = q._tokens
         delayed = []
-        last = None
         for row in snap["messages"]:
             if not 5 <= len(row) <= 10:
                 raise ValueError(f"a message in snapshot has {len(row)} items, not 5 to 10")
-            m = _stored(row[0], row[1], (*row[2:], *_ROW_DEFAULTS[len(row) - 2:]), last)
-            last = m._state
+            m = q._stored(row[0], row[1], (*row[2:], *_ROW_DEFAULTS[len(row) - 2:]))
             if m.msg_id in index or not 0 < m.msg_id < q.next_id:
                 raise ValueError(f"bad msg_id in snapshot: {m.msg_id}")
             index[m.msg_id] = m

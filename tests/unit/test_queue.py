@@ -826,6 +826,8 @@ def test_messages_produced_together_share_their_state_until_one_changes():
             q.apply(as_replayed(r))
         states = [q._index[i]._state for i in range(1, 6)]
         assert all(s is states[0] for s in states)
+        loaded = Queue.from_snapshot(orjson.loads(orjson.dumps(q.snapshot())))
+        assert all(loaded._index[i]._state is loaded._index[1]._state for i in range(2, 6))
         q.apply(Queue.from_snapshot(q.snapshot()).consume(T0, 1)[1][0])
         assert q._index[1].lease == T0 + 5.0 and q._index[2].lease is None
         assert q._index[2]._state is states[0]
