@@ -38,14 +38,11 @@ _READY, _TTL, _RETRY, _PRIORITY, _DELIVERY_COUNT, _LEASE, _TOKEN, _EXTRA = range
 
 
 def _field(i: int) -> property:
-    """A Message attribute kept at position `i` of its (shared, immutable) state tuple."""
+    """A read-only Message attribute kept at position `i` of its (shared, immutable) state
+    tuple."""
     def get(m: Message) -> object:
         return m._state[i]
-
-    def set_(m: Message, value: object) -> None:
-        s = m._state
-        m._state = s[:i] + (value,) + s[i + 1:]
-    return property(get, set_)
+    return property(get)
 
 
 class Message:
@@ -59,8 +56,9 @@ class Message:
     dead letter {"dead": {"queue", "reason", "retry", "ttl"[, "max_deliveries"]}}).
 
     Everything but msg_id and data lives in one immutable tuple that messages produced
-    together share (a queue holds millions: see docs/benchmarks.md); setting a field gives
-    this message a tuple of its own.
+    together share (a queue holds millions: see docs/benchmarks.md). Those fields are read
+    only: a change gives the message a new tuple (`_state`), built once with every field
+    the change sets.
     """
 
     __slots__ = ("msg_id", "data", "_state")
@@ -100,6 +98,15 @@ class Message:
 
 
 _new_message = object.__new__
+
+
+def _message(msg_id: int, data: str, state: tuple) -> Message:
+    """A Message holding `state` itself (not a copy)."""
+    m = _new_message(Message)
+    m.msg_id = msg_id
+    m.data = data
+    m._state = state
+    return m
 
 
 # Why a message became a dead letter (a dead_letter record's "reason").
@@ -543,11 +550,11 @@ class Queue:
         if token is not None:
             ids = self.held_at(token, now)
             if ids:
-                out = [_copy(index[i]) for i in ids]
-                if lease is not None:
-                    for m in out:
-                        m.lease = now + lease
-                return out
+                if lease is None:
+                    return [_copy(index[i]) for i in ids]
+                until = now + lease
+                return [_message(i, m.data, (*m._state[:_LEASE], until, *m._state[_TOKEN:]))
+                        for i, m in zip(ids, map(index.__getitem__, ids))]
         if count <= 0:
             return []
         out = []
@@ -597,9 +604,10 @@ class Queue:
         key = tuple(after) if after else ()
         if state == "ready":
             for priority, ready, i in self._ready_keys(now, count, key):
-                m = _copy(index[i])
-                m.ready, m.lease, m.token = ready, None, None  # a requeue: as it will be
-                out.append(([priority, ready, i], m))
+                m = index[i]
+                s = m._state  # a requeue, as it will be: ready at its lease's end, unleased
+                out.append(([priority, ready, i],
+                            _message(i, m.data, (ready, *s[_TTL:_LEASE], None, None, s[_EXTRA]))))
         elif state == "delayed":
             delayed = self._delayed
             start = delayed.bisect_right(max(key, (now, _INF)) if key else (now, _INF))
@@ -714,11 +722,7 @@ class Queue:
             state = last
         else:
             self._last_state = state
-        m = _new_message(Message)
-        m.msg_id = msg_id
-        m.data = data
-        m._state = state
-        return m
+        return _message(msg_id, data, state)
 
     def _remember(self, producer: str, sequence: int, msg_id: int) -> None:
         """Add msg_id to the dedupe entry of (producer, sequence); the oldest entries go first."""
@@ -753,55 +757,51 @@ class Queue:
         self.counts["consumed"] += sum(1 for m, n in zip(ms, counts) if n > m._state[_DELIVERY_COUNT])
         self._unlink_many(ms)
         token = record.token
-        tokens = self._tokens
         for m, delivery_count in zip(ms, counts):
-            state = m._state
-            m._state = (state[0], state[1], state[2], state[3], delivery_count, lease, state[6],
-                        state[7])
-            if state[_TOKEN] != token:
-                if state[_TOKEN] is not None:
+            s = m._state
+            if s[_TOKEN] != token:
+                if s[_TOKEN] is not None:
                     self._unbind(m)
                 if token is not None:
-                    m.token = token
-                    held = tokens.get(token)
-                    if held is None:
-                        tokens[token] = {m.msg_id}
-                    else:
-                        held.add(m.msg_id)
+                    self._bind(token, m.msg_id)
+            m._state = (s[0], s[1], s[2], s[3], delivery_count, lease, token, s[7])
         self._lease_add(lease, ids)
 
     def _lease(self, msg_id: int, lease: float | None, delivery_count: int, token: str | None) -> None:
         """Lease a message until `lease` under `token` (None: delete it, an at-most-once delivery)."""
+        if lease is None and token is not None:
+            raise ValueError(f"msg_id {msg_id}: a token needs a lease")
         m = self._index[msg_id]
         self._unlink(m)
-        if lease is None:
-            m.delivery_count = delivery_count  # a copy of it may be handed out
-        if m._state[_TOKEN] != token:
-            if m.token is not None:
+        s = m._state
+        if s[_TOKEN] != token:
+            if s[_TOKEN] is not None:
                 self._unbind(m)
             if token is not None:
-                if lease is None:
-                    raise ValueError(f"msg_id {msg_id}: a token needs a lease")
-                m.token = token
-                held = self._tokens.get(token)
-                if held is None:
-                    self._tokens[token] = {msg_id}
-                else:
-                    held.add(msg_id)
+                self._bind(token, msg_id)
+        # Deleted at most once, m itself is handed out: it carries the delivery too.
+        m._state = (s[0], s[1], s[2], s[3], delivery_count, lease, token, s[7])
         if lease is None:
             del self._index[msg_id]
         else:
-            s = m._state
-            m._state = (s[0], s[1], s[2], s[3], delivery_count, lease, s[6], s[7])
             self._lease_add(lease, (msg_id,))
 
+    def _bind(self, token: str, msg_id: int) -> None:
+        """Count msg_id among the messages leased under `token` (its state is the caller's to set)."""
+        held = self._tokens.get(token)
+        if held is None:
+            self._tokens[token] = {msg_id}
+        else:
+            held.add(msg_id)
+
     def _unbind(self, m: Message) -> None:
-        """Take `m` out of its token; a token left with no message is forgotten."""
-        held = self._tokens[m.token]
+        """Take `m` out of its token's messages, a token left with none forgotten (m's state is
+        the caller's to set)."""
+        token = m._state[_TOKEN]
+        held = self._tokens[token]
         held.discard(m.msg_id)
         if not held:
-            del self._tokens[m.token]
-        m.token = None
+            del self._tokens[token]
 
     def _apply_delete(self, record: Confirm | Expire, now: float | None) -> None:
         ids = record.msg_ids
@@ -907,7 +907,7 @@ class Queue:
             self._unbind(m)
         s = m._state
         m._state = (ready, s[1], s[2], s[3], s[4] if delivery_count is None else delivery_count,
-                    None, s[6], s[7])
+                    None, None, s[7])
         if now is not None and ready <= now:
             self._ready.add((-m.priority, ready, msg_id))
         else:
@@ -1055,7 +1055,6 @@ class Queue:
         q = cls(snap["name"], snap["max_size"], snap["next_id"])
         q.paused = bool(snap.get("paused", False))
         index = q._index
-        tokens = q._tokens
         delayed = []
         for row in snap["messages"]:
             if not 5 <= len(row) <= 10:
@@ -1071,7 +1070,7 @@ class Queue:
             else:
                 q._lease_add(m.lease, (m.msg_id,))
                 if m.token is not None:
-                    tokens.setdefault(m.token, set()).add(m.msg_id)
+                    q._bind(m.token, m.msg_id)
         for producer, sequence, first, count in snap.get("dedupe", ()):
             q._dedupe[(producer, sequence)] = [first, count]
         # Without a clock every unleased message starts as delayed; the first consume sorts it out.
@@ -1093,11 +1092,7 @@ def _remove_run(sl: SortedList, keys: list) -> bool:
 def _copy(m: Message) -> Message:
     """A copy of a stored message, for a reply (never aliased with stored state: the state
     tuple it shares is immutable)."""
-    c = _new_message(Message)
-    c.msg_id = m.msg_id
-    c.data = m.data
-    c._state = m._state
-    return c
+    return _message(m.msg_id, m.data, m._state)
 
 
 # A snapshot row's items after data, from ready on, with the defaults of the trailing ones.
