@@ -5,7 +5,7 @@ import random
 import orjson
 import pytest
 
-from queue_server.protocol.records import Record, decode, encode
+from queue_server.protocol.records import DeleteQueue, Record, decode, encode
 from queue_server.workers.queue import MAX_MSG_ID, Message, Queue, QueueFull, StateQueue
 
 
@@ -615,6 +615,8 @@ def test_apply_of_produce_advances_next_id():
     assert take(q, T0, count=5) == ["y", "x"]
     with pytest.raises(ValueError):
         q.apply(record_of({"op": "nope", "queue": "q", "msg_id": 1}))
+    with pytest.raises(ValueError, match="not a queue record"):
+        q.apply(DeleteQueue(queue="q"))  # the service's to apply, not a queue's
     with pytest.raises(KeyError):  # a replica out of sync must not silently carry on
         q.apply(record_of({"op": "confirm", "queue": "q", "msg_id": 7}))
 
