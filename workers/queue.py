@@ -560,13 +560,11 @@ class Queue:
         out = []
         for _, ready, i in self._ready_keys(now, count):
             m = index[i]
-            retry = m.retry if lease is None else lease
-            if retry > 0:
-                out.append(Message(i, m.data, ready, m.ttl, m.retry, m.priority,
-                                   m.delivery_count + 1, now + retry, token))
-            else:
-                out.append(Message(i, m.data, ready, m.ttl, m.retry, m.priority,
-                                   m.delivery_count + 1))
+            s = m._state
+            retry = s[_RETRY] if lease is None else lease
+            until, held_by = (now + retry, token) if retry > 0 else (None, None)
+            out.append(_message(i, m.data, (ready, *s[_TTL:_DELIVERY_COUNT], s[_DELIVERY_COUNT] + 1,
+                                            until, held_by, s[_EXTRA])))
         return out
 
     def _ready_keys(self, now: float, count: int, after: tuple = ()) -> list[tuple]:

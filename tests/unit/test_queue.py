@@ -808,6 +808,15 @@ def test_peek_always_matches_the_consume_that_follows(seed):
     assert checked > 100
 
 
+def test_peek_shows_a_messages_own_max_deliveries_as_the_consume_does():
+    for retry in (0.0, 5.0):
+        q = make()
+        q.produce("m", T0, T0 + HOUR, retry, 0, T0, max_deliveries=3)
+        peeked = q.peek(T0, 1, None, "t")
+        assert peeked[0].extra == {"max_deliveries": 3}
+        assert q.consume(T0, 1, None, "t")[0] == peeked
+
+
 def test_a_snapshot_written_before_the_compact_messages_loads_unchanged():
     old = {"name": "q", "max_size": 10, "next_id": 5, "paused": True,
            "messages": [[1, "a", T0, T0 + HOUR, 0.0, 0, 0, None],
