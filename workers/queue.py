@@ -320,8 +320,7 @@ class Queue:
         only if the message has not been delivered again since (None when a guard fails).
         """
         m = self._index.get(msg_id)
-        if m is None or (token is not None or delivery_count is not None) and not _passes(
-                m, token, delivery_count):
+        if m is None or not _passes(m, token, delivery_count):
             return None
         record = Confirm(queue=self.name, msg_id=msg_id)
         self.apply(record)
@@ -365,8 +364,7 @@ class Queue:
         ids = []
         for msg_id, token, delivery_count in targets:
             m = index.get(msg_id)
-            if m is not None and (token is None and delivery_count is None
-                                  or _passes(m, token, delivery_count)):
+            if m is not None and _passes(m, token, delivery_count):
                 ids.append(msg_id)
         ids = list(dict.fromkeys(ids))
         if not ids:
