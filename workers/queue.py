@@ -38,14 +38,11 @@ _READY, _TTL, _RETRY, _PRIORITY, _DELIVERY_COUNT, _LEASE, _TOKEN, _EXTRA = range
 
 
 def _field(i: int) -> property:
-    """A Message attribute kept at position `i` of its (shared, immutable) state tuple."""
+    """A read-only Message attribute kept at position `i` of its (shared, immutable) state
+    tuple."""
     def get(m: Message) -> object:
         return m._state[i]
-
-    def set_(m: Message, value: object) -> None:
-        s = m._state
-        m._state = s[:i] + (value,) + s[i + 1:]
-    return property(get, set_)
+    return property(get)
 
 
 class Message:
@@ -59,8 +56,9 @@ class Message:
     dead letter {"dead": {"queue", "reason", "retry", "ttl"[, "max_deliveries"]}}).
 
     Everything but msg_id and data lives in one immutable tuple that messages produced
-    together share (a queue holds millions: see docs/benchmarks.md); setting a field gives
-    this message a tuple of its own.
+    together share (a queue holds millions: see docs/benchmarks.md). Those fields are read
+    only: a change gives the message a new tuple (`_state`), built once with every field
+    the change sets.
     """
 
     __slots__ = ("msg_id", "data", "_state")
@@ -102,13 +100,12 @@ class Message:
 _new_message = object.__new__
 
 
-def _stored(msg_id: int, data: str, state: tuple, last: tuple | None) -> Message:
-    """A Message with `state`, or with `last` instead when equal: consecutive messages that
-    were produced together share one state tuple."""
+def _message(msg_id: int, data: str, state: tuple) -> Message:
+    """A Message holding `state` itself (not a copy)."""
     m = _new_message(Message)
     m.msg_id = msg_id
     m.data = data
-    m._state = last if state == last else state
+    m._state = state
     return m
 
 
@@ -323,8 +320,7 @@ class Queue:
         only if the message has not been delivered again since (None when a guard fails).
         """
         m = self._index.get(msg_id)
-        if m is None or (token is not None or delivery_count is not None) and not _passes(
-                m, token, delivery_count):
+        if m is None or not _passes(m, token, delivery_count):
             return None
         record = Confirm(queue=self.name, msg_id=msg_id)
         self.apply(record)
@@ -368,8 +364,7 @@ class Queue:
         ids = []
         for msg_id, token, delivery_count in targets:
             m = index.get(msg_id)
-            if m is not None and (token is None and delivery_count is None
-                                  or _passes(m, token, delivery_count)):
+            if m is not None and _passes(m, token, delivery_count):
                 ids.append(msg_id)
         ids = list(dict.fromkeys(ids))
         if not ids:
@@ -553,23 +548,21 @@ class Queue:
         if token is not None:
             ids = self.held_at(token, now)
             if ids:
-                out = [_copy(index[i]) for i in ids]
-                if lease is not None:
-                    for m in out:
-                        m.lease = now + lease
-                return out
+                if lease is None:
+                    return [_copy(index[i]) for i in ids]
+                until = now + lease
+                return [_message(i, m.data, (*m._state[:_LEASE], until, *m._state[_TOKEN:]))
+                        for i, m in zip(ids, map(index.__getitem__, ids))]
         if count <= 0:
             return []
         out = []
         for _, ready, i in self._ready_keys(now, count):
             m = index[i]
-            retry = m.retry if lease is None else lease
-            if retry > 0:
-                out.append(Message(i, m.data, ready, m.ttl, m.retry, m.priority,
-                                   m.delivery_count + 1, now + retry, token))
-            else:
-                out.append(Message(i, m.data, ready, m.ttl, m.retry, m.priority,
-                                   m.delivery_count + 1))
+            s = m._state
+            retry = s[_RETRY] if lease is None else lease
+            until, held_by = (now + retry, token) if retry > 0 else (None, None)
+            out.append(_message(i, m.data, (ready, *s[_TTL:_DELIVERY_COUNT], s[_DELIVERY_COUNT] + 1,
+                                            until, held_by, s[_EXTRA])))
         return out
 
     def _ready_keys(self, now: float, count: int, after: tuple = ()) -> list[tuple]:
@@ -607,9 +600,10 @@ class Queue:
         key = tuple(after) if after else ()
         if state == "ready":
             for priority, ready, i in self._ready_keys(now, count, key):
-                m = _copy(index[i])
-                m.ready, m.lease, m.token = ready, None, None  # a requeue: as it will be
-                out.append(([priority, ready, i], m))
+                m = index[i]
+                s = m._state  # a requeue, as it will be: ready at its lease's end, unleased
+                out.append(([priority, ready, i],
+                            _message(i, m.data, (ready, *s[_TTL:_LEASE], None, None, s[_EXTRA]))))
         elif state == "delayed":
             delayed = self._delayed
             start = delayed.bisect_right(max(key, (now, _INF)) if key else (now, _INF))
@@ -706,23 +700,25 @@ class Queue:
         if msg_id in index:
             raise ValueError(f"msg_id {msg_id} already stored in queue {self.name!r}")
         limit = record.max_deliveries
-        state = (record.ready, record.ttl, record.retry, record.priority, record.delivery_count,
-                 None, None, None if limit is None else {"max_deliveries": limit})
-        last = self._last_state
-        if state == last:  # _stored, inlined: the produce hot path
-            state = last
-        else:
-            self._last_state = state
-        m = _new_message(Message)
-        m.msg_id = msg_id
-        m.data = record.data
-        m._state = state
+        m = self._stored(msg_id, record.data, (
+            record.ready, record.ttl, record.retry, record.priority, record.delivery_count, None,
+            None, None if limit is None else {"max_deliveries": limit}))
         if type(record) is Produce:
             self.counts["produced"] += 1
         self._insert(m, now)
         producer = record.producer
         if producer is not None:
             self._remember(producer, record.sequence, msg_id)
+
+    def _stored(self, msg_id: int, data: str, state: tuple) -> Message:
+        """A Message with `state`, or with the state of the message stored last when equal:
+        messages stored one after another with the same settings share one state tuple."""
+        last = self._last_state
+        if state == last:
+            state = last
+        else:
+            self._last_state = state
+        return _message(msg_id, data, state)
 
     def _remember(self, producer: str, sequence: int, msg_id: int) -> None:
         """Add msg_id to the dedupe entry of (producer, sequence); the oldest entries go first."""
@@ -746,66 +742,61 @@ class Queue:
                 self.counts["consumed"] += 1
             self._lease(msg_id, record.lease, record.delivery_count, record.token)
             return
+        # Consume itself refuses a list form without a lease or one delivery_count per id.
         lease = record.lease
-        if lease is None:
-            raise ValueError("a consume record with msg_ids needs a lease")
         counts = record.delivery_counts
-        if len(counts) != len(ids) or len(set(ids)) != len(ids):
-            raise ValueError("a consume record needs distinct msg_ids, one delivery_count each")
+        if len(set(ids)) != len(ids):
+            raise ValueError("a consume record needs distinct msg_ids")
         index = self._index
         ms = [index[i] for i in ids]
         self.counts["consumed"] += sum(1 for m, n in zip(ms, counts) if n > m._state[_DELIVERY_COUNT])
         self._unlink_many(ms)
         token = record.token
-        tokens = self._tokens
         for m, delivery_count in zip(ms, counts):
-            state = m._state
-            m._state = (state[0], state[1], state[2], state[3], delivery_count, lease, state[6],
-                        state[7])
-            if state[_TOKEN] != token:
-                if state[_TOKEN] is not None:
+            s = m._state
+            if s[_TOKEN] != token:
+                if s[_TOKEN] is not None:
                     self._unbind(m)
                 if token is not None:
-                    m.token = token
-                    held = tokens.get(token)
-                    if held is None:
-                        tokens[token] = {m.msg_id}
-                    else:
-                        held.add(m.msg_id)
+                    self._bind(token, m.msg_id)
+            m._state = (s[0], s[1], s[2], s[3], delivery_count, lease, token, s[7])
         self._lease_add(lease, ids)
 
     def _lease(self, msg_id: int, lease: float | None, delivery_count: int, token: str | None) -> None:
         """Lease a message until `lease` under `token` (None: delete it, an at-most-once delivery)."""
+        if lease is None and token is not None:
+            raise ValueError(f"msg_id {msg_id}: a token needs a lease")
         m = self._index[msg_id]
         self._unlink(m)
-        if lease is None:
-            m.delivery_count = delivery_count  # a copy of it may be handed out
-        if m._state[_TOKEN] != token:
-            if m.token is not None:
+        s = m._state
+        if s[_TOKEN] != token:
+            if s[_TOKEN] is not None:
                 self._unbind(m)
             if token is not None:
-                if lease is None:
-                    raise ValueError(f"msg_id {msg_id}: a token needs a lease")
-                m.token = token
-                held = self._tokens.get(token)
-                if held is None:
-                    self._tokens[token] = {msg_id}
-                else:
-                    held.add(msg_id)
+                self._bind(token, msg_id)
+        # Deleted at most once, m itself is handed out: it carries the delivery too.
+        m._state = (s[0], s[1], s[2], s[3], delivery_count, lease, token, s[7])
         if lease is None:
             del self._index[msg_id]
         else:
-            s = m._state
-            m._state = (s[0], s[1], s[2], s[3], delivery_count, lease, s[6], s[7])
             self._lease_add(lease, (msg_id,))
 
+    def _bind(self, token: str, msg_id: int) -> None:
+        """Count msg_id among the messages leased under `token` (its state is the caller's to set)."""
+        held = self._tokens.get(token)
+        if held is None:
+            self._tokens[token] = {msg_id}
+        else:
+            held.add(msg_id)
+
     def _unbind(self, m: Message) -> None:
-        """Take `m` out of its token; a token left with no message is forgotten."""
-        held = self._tokens[m.token]
+        """Take `m` out of its token's messages, a token left with none forgotten (m's state is
+        the caller's to set)."""
+        token = m._state[_TOKEN]
+        held = self._tokens[token]
         held.discard(m.msg_id)
         if not held:
-            del self._tokens[m.token]
-        m.token = None
+            del self._tokens[token]
 
     def _apply_delete(self, record: Confirm | Expire, now: float | None) -> None:
         ids = record.msg_ids
@@ -911,7 +902,7 @@ class Queue:
             self._unbind(m)
         s = m._state
         m._state = (ready, s[1], s[2], s[3], s[4] if delivery_count is None else delivery_count,
-                    None, s[6], s[7])
+                    None, None, s[7])
         if now is not None and ready <= now:
             self._ready.add((-m.priority, ready, msg_id))
         else:
@@ -1059,14 +1050,11 @@ class Queue:
         q = cls(snap["name"], snap["max_size"], snap["next_id"])
         q.paused = bool(snap.get("paused", False))
         index = q._index
-        tokens = q._tokens
         delayed = []
-        last = None
         for row in snap["messages"]:
             if not 5 <= len(row) <= 10:
                 raise ValueError(f"a message in snapshot has {len(row)} items, not 5 to 10")
-            m = _stored(row[0], row[1], (*row[2:], *_ROW_DEFAULTS[len(row) - 2:]), last)
-            last = m._state
+            m = q._stored(row[0], row[1], (*row[2:], *_ROW_DEFAULTS[len(row) - 2:]))
             if m.msg_id in index or not 0 < m.msg_id < q.next_id:
                 raise ValueError(f"bad msg_id in snapshot: {m.msg_id}")
             index[m.msg_id] = m
@@ -1077,7 +1065,7 @@ class Queue:
             else:
                 q._lease_add(m.lease, (m.msg_id,))
                 if m.token is not None:
-                    tokens.setdefault(m.token, set()).add(m.msg_id)
+                    q._bind(m.token, m.msg_id)
         for producer, sequence, first, count in snap.get("dedupe", ()):
             q._dedupe[(producer, sequence)] = [first, count]
         # Without a clock every unleased message starts as delayed; the first consume sorts it out.
@@ -1099,11 +1087,7 @@ def _remove_run(sl: SortedList, keys: list) -> bool:
 def _copy(m: Message) -> Message:
     """A copy of a stored message, for a reply (never aliased with stored state: the state
     tuple it shares is immutable)."""
-    c = _new_message(Message)
-    c.msg_id = m.msg_id
-    c.data = m.data
-    c._state = m._state
-    return c
+    return _message(m.msg_id, m.data, m._state)
 
 
 # A snapshot row's items after data, from ready on, with the defaults of the trailing ones.

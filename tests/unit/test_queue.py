@@ -5,8 +5,9 @@ import random
 import orjson
 import pytest
 
+from queue_server.protocol.records import DeleteQueue, Record, decode, encode
 from queue_server.workers.queue import MAX_MSG_ID, Message, Queue, QueueFull, StateQueue
-from queue_server.protocol.records import Record, decode, encode
+
 
 def as_json(value):
     """Records (one, a list, or None) as their JSON says them: the format on the wire and disk."""
@@ -174,7 +175,7 @@ def test_lease_ending_after_ttl_expires_and_is_not_redelivered():
     assert as_json(q.expire_due(T0 + 10)) == [
         {"op": "release", "queue": "q", "msg_id": mid, "ready": T0 + 10, "delivery_count": 1}]
     assert take(q, T0 + 10) == ["m"]  # lease T0+20 >= ttl
-    assert as_json(q.expire_due(T0 + 19.9)) == []
+    assert q.expire_due(T0 + 19.9) == []
     assert not q.has_ready(T0 + 20)
     assert as_json(q.expire_due(T0 + 20)) == [{"op": "expire", "queue": "q", "msg_id": mid}]
     assert len(q) == 0
@@ -405,7 +406,7 @@ def test_token_consume_binds_and_a_retry_returns_the_same_messages():
     # The retry: the same messages, not new ones; no record without a lease to renew.
     again, records = q.consume(T0 + 1, 3, token="t")
     assert [(m.msg_id, m.delivery_count, m.lease) for m in again] == [(i, 1, T0 + 60) for i in ids[:3]]
-    assert as_json(records) == []
+    assert records == []
     # With a lease the retry renews the leases (same delivery_count, token kept).
     again, records = q.consume(T0 + 2, 3, lease=100, token="t")
     assert [m.lease for m in again] == [T0 + 102] * 3
@@ -614,6 +615,8 @@ def test_apply_of_produce_advances_next_id():
     assert take(q, T0, count=5) == ["y", "x"]
     with pytest.raises(ValueError):
         q.apply(record_of({"op": "nope", "queue": "q", "msg_id": 1}))
+    with pytest.raises(ValueError, match="not a queue record"):
+        q.apply(DeleteQueue(queue="q"))  # the service's to apply, not a queue's
     with pytest.raises(KeyError):  # a replica out of sync must not silently carry on
         q.apply(record_of({"op": "confirm", "queue": "q", "msg_id": 7}))
 
@@ -688,9 +691,10 @@ def test_replica_replaying_records_matches_leader(seed):
     for _ in range(1500):
         now += rng.choice([0, 0, 0.5, 1, 2, 7])
         for record in random_step(a, rng, now, delivered):
-            ops_seen.add(as_json(record)["op"])
-            if "msg_ids" in as_json(record):
-                list_forms_seen.add(as_json(record)["op"])
+            fields = as_json(record)
+            ops_seen.add(fields["op"])
+            if "msg_ids" in fields:
+                list_forms_seen.add(fields["op"])
             b.apply(decode(encode(record)))
         assert a.snapshot() == b.snapshot()
         assert a.tokens() == b.tokens()
@@ -804,6 +808,15 @@ def test_peek_always_matches_the_consume_that_follows(seed):
     assert checked > 100
 
 
+def test_peek_shows_a_messages_own_max_deliveries_as_the_consume_does():
+    for retry in (0.0, 5.0):
+        q = make()
+        q.produce("m", T0, T0 + HOUR, retry, 0, T0, max_deliveries=3)
+        peeked = q.peek(T0, 1, None, "t")
+        assert peeked[0].extra == {"max_deliveries": 3}
+        assert q.consume(T0, 1, None, "t")[0] == peeked
+
+
 def test_a_snapshot_written_before_the_compact_messages_loads_unchanged():
     old = {"name": "q", "max_size": 10, "next_id": 5, "paused": True,
            "messages": [[1, "a", T0, T0 + HOUR, 0.0, 0, 0, None],
@@ -826,6 +839,8 @@ def test_messages_produced_together_share_their_state_until_one_changes():
             q.apply(as_replayed(r))
         states = [q._index[i]._state for i in range(1, 6)]
         assert all(s is states[0] for s in states)
+        loaded = Queue.from_snapshot(orjson.loads(orjson.dumps(q.snapshot())))
+        assert all(loaded._index[i]._state is loaded._index[1]._state for i in range(2, 6))
         q.apply(Queue.from_snapshot(q.snapshot()).consume(T0, 1)[1][0])
         assert q._index[1].lease == T0 + 5.0 and q._index[2].lease is None
         assert q._index[2]._state is states[0]

@@ -8,21 +8,11 @@ import orjson
 import pytest
 
 from queue_server.protocol.origin import Origin
+from queue_server.protocol.records import decode_many, encode
 from queue_server.server.router import Router
 from queue_server.workers.queue import Queue, StateQueue
-from tests.unit.test_queue import HOUR, T0, check_invariants, put
+from tests.unit.test_queue import HOUR, T0, as_json, check_invariants, put
 from tests.unit.test_service import Svc
-from queue_server.protocol.records import Record, decode, decode_many, encode
-
-def as_json(value):
-    """Records (one, a list, or None) as their JSON says them: the format on the wire and disk."""
-    return orjson.loads(encode(value))
-
-
-def record_of(fields: dict) -> Record:
-    """The record whose JSON is `fields`."""
-    return decode(orjson.dumps(fields))
-
 
 
 def dlq_pair(max_deliveries: int = 0) -> tuple[Queue, dict[str, Queue]]:
@@ -99,7 +89,7 @@ def test_an_at_least_once_message_outliving_its_ttl_becomes_a_dead_letter():
     q, queues = dlq_pair()
     q.produce("x", T0, T0 + 8, 10, 0, T0)
     q.consume(T0)
-    assert as_json(q.expire_due(T0 + 5)) == []
+    assert q.expire_due(T0 + 5) == []
     [rec] = q.expire_due(T0 + 10)
     assert as_json(rec)["op"] == "dead_letter" and as_json(rec)["reason"] == "ttl"
     [(_, dead)] = queues["q.dlq"].oldest(10)
@@ -311,7 +301,7 @@ def test_peek_changes_nothing_and_filters_by_state():
 def test_bad_admin_requests_get_one_error_naming_the_field(req, field):
     t = svc(virtual_queues={"fan": ("fa", "fb")})
     r = t.call(req)
-    assert r["code"] == -1 and as_json(r)["reason"].startswith(field + ":"), r
+    assert r["code"] == -1 and r["reason"].startswith(field + ":"), r
     assert not t.s.records and not t.s.errors
 
 
@@ -405,7 +395,7 @@ def test_dead_letter_round_trip_through_the_service():
     assert r["moved"] == 1
     check_replica(t)
     r = t.call({"action": 2, "queue": "q"})
-    assert (r["data"], as_json(r)["delivery_count"]) == ("job", 1)
+    assert (r["data"], r["delivery_count"]) == ("job", 1)
     assert t.call({"action": "dlq_replay", "queue": "q"})["moved"] == 0
     # the state survives a snapshot into a fresh service
     fresh = type(t.s)(node_id=9, queue_size=100, dead_letter_suffix=".dlq", max_deliveries=1)
