@@ -7,7 +7,6 @@ of a node holding 1,000,000 messages. A benchmark, not a test.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
 import sys
@@ -17,6 +16,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from queue_server.client import QueueClient  # noqa: E402
+from load.options import parse_numbers  # noqa: E402
 from load.peers import argv as peer_argv  # noqa: E402
 from load.bench import REPO, QueueServer, Server, build_client, free_port, print_machine, run_client  # noqa: E402
 
@@ -64,13 +64,7 @@ def restart_time(workdir: str, messages: int, batch: int) -> tuple[float, float]
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--conns", type=int, default=8)
-    parser.add_argument("--payload", type=int, default=64)
-    parser.add_argument("--messages", type=int, default=1_000_000)
-    parser.add_argument("--batch", type=int, default=1000)
-    args = parser.parse_args(argv)
+    args = parse_numbers(__doc__, argv, seconds=5.0, conns=8, payload=64, messages=1_000_000, batch=1000)
     print_machine()
     print(f"client: load/cbench.c, {args.conns} connections, one request in flight each, {args.seconds:g} s per row")
     rows = []

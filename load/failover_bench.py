@@ -6,7 +6,6 @@ A benchmark, not a test; prints its figures and the machine.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -17,6 +16,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from queue_server.client import QueueClient  # noqa: E402
 from load.bench import print_machine  # noqa: E402
+from load.options import parse_numbers  # noqa: E402
 from tests.harness import Cluster, NodeProcess, RawTcp, wait_for  # noqa: E402
 
 
@@ -79,11 +79,7 @@ def catch_up(workdir: str, records: int, batch: int) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--records", type=int, default=1_000_000)
-    parser.add_argument("--batch", type=int, default=1000)
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args(argv)
+    args = parse_numbers(__doc__, argv, records=1_000_000, batch=1000, rounds=5)
     print_machine()
     with tempfile.TemporaryDirectory() as tmp:
         kill = time_to_new_leader(tmp, signal.SIGKILL, args.rounds)
