@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Mapping
+from operator import attrgetter
 from typing import Protocol
 
 from queue_server.protocol.roles import Role
@@ -110,33 +111,18 @@ class Election:
 
     # ----------------------------------------------------------------- state
 
-    @property
-    def role(self) -> Role:
-        return self._role
-
-    @property
-    def vote_id(self) -> int:
-        """The current term."""
-        return self._vote_id
-
-    @property
-    def voted_for(self) -> int | None:
-        """Who this node voted for in the current term."""
-        return self._voted_for
-
-    @property
-    def leader_id(self) -> int | None:
-        """The leader of the current term, if known (this node's id when it leads)."""
-        return self._leader_id
+    role = property(attrgetter("_role"), doc="Role: follower, candidate or leader")
+    vote_id = property(attrgetter("_vote_id"), doc="int: the current term")
+    voted_for = property(attrgetter("_voted_for"), doc="int | None: who this node voted for in the current term")
+    leader_id = property(attrgetter("_leader_id"),
+                         doc="int | None: the leader of the current term, if known (this node's id when it leads)")
 
     @property
     def is_leader(self) -> bool:
         return self._role is Role.LEADER
 
-    @property
-    def transfer_target(self) -> int | None:
-        """The follower this leader is handing leadership to, while a transfer is under way."""
-        return self._transfer_target
+    transfer_target = property(attrgetter("_transfer_target"),
+                               doc="int | None: the follower this leader is handing leadership to, while a transfer is under way")
 
     @property
     def wake_at(self) -> float:

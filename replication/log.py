@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 
 from queue_server.protocol.records import Record
 
@@ -66,20 +67,10 @@ class ChangeLog:
         """trans_id of the oldest kept entry (base + 1 when empty)."""
         return self._base_trans_id + 1
 
-    @property
-    def base_trans_id(self) -> int:
-        """trans_id just before the oldest kept entry (the snapshot point, or the last dropped)."""
-        return self._base_trans_id
-
-    @property
-    def base_vote_id(self) -> int:
-        """vote_id of the entry at base_trans_id."""
-        return self._base_vote_id
-
-    @property
-    def commit_trans_id(self) -> int:
-        """The highest committed trans_id."""
-        return self._commit
+    base_trans_id = property(attrgetter("_base_trans_id"),
+                             doc="int: trans_id just before the oldest kept entry (the snapshot point, or the last dropped)")
+    base_vote_id = property(attrgetter("_base_vote_id"), doc="int: vote_id of the entry at base_trans_id")
+    commit_trans_id = property(attrgetter("_commit"), doc="int: the highest committed trans_id")
 
     def __len__(self) -> int:
         return len(self._entries) - self._head

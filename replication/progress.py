@@ -73,34 +73,32 @@ class TokenBucket:
             self.tokens -= n
 
 
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """How fast a leader feeds its followers. max_batch: entries per AppendEntries; max_inflight:
+    batches unanswered per follower; sync_rate: catch-up entries per second (queue_sync_rate, <= 0
+    for unlimited); resend_interval: a catch-up batch unanswered this long is sent again;
+    snapshot_timeout: an InstallSnapshot unanswered this long is sent again."""
+
+    max_batch: int = 1000
+    max_inflight: int = 64
+    sync_rate: float = 3000.0
+    resend_interval: float = 0.5
+    snapshot_timeout: float = 10.0
+
+
 class LeaderReplication:
     """Replication from this node, the leader of term vote_id, to its followers."""
 
-    def __init__(
-        self,
-        node_id: int,
-        members: Iterable[int],
-        log: ChangeLog,
-        vote_id: int,
-        now: float,
-        *,
-        max_batch: int = 1000,
-        max_inflight: int = 64,
-        sync_rate: float = 3000.0,
-        resend_interval: float = 0.5,
-        snapshot_timeout: float = 10.0,
-    ) -> None:
-        """members: the whole cluster. sync_rate: catch-up records per second (queue_sync_rate,
-        <= 0 for unlimited). resend_interval: a catch-up batch unanswered this long is sent again."""
+    def __init__(self, node_id: int, members: Iterable[int], log: ChangeLog, vote_id: int, now: float,
+                 flow: Flow = Flow()) -> None:
+        """members: the whole cluster."""
         self.node_id = node_id
         self.members, peers, self.quorum = membership(node_id, members)
         self.log = log
         self.vote_id = vote_id
-        self.max_batch = max_batch
-        self.max_inflight = max_inflight
-        self.resend_interval = resend_interval
-        self.snapshot_timeout = snapshot_timeout
-        self.bucket = TokenBucket(sync_rate, max(sync_rate, max_batch), now)
+        self.flow = flow
+        self.bucket = TokenBucket(flow.sync_rate, max(flow.sync_rate, flow.max_batch), now)
         self.progress: dict[int, Progress] = {
             p: Progress(next_trans_id=log.last_trans_id + 1) for p in peers
         }
@@ -122,11 +120,11 @@ class LeaderReplication:
         actions: list[Action] = []
         for peer, pr in self.progress.items():
             if pr.state is FollowerState.PROBE:
-                if pr.probe_end is not None and now - pr.sent_at >= self.resend_interval:
+                if pr.probe_end is not None and now - pr.sent_at >= self.flow.resend_interval:
                     self._probe(pr, max(pr.probe_prev, pr.match_trans_id))
                 if pr.waiting:
                     self._send(peer, pr, now, actions)
-            elif pr.state is FollowerState.SNAPSHOT and now - pr.sent_at >= self.snapshot_timeout:
+            elif pr.state is FollowerState.SNAPSHOT and now - pr.sent_at >= self.flow.snapshot_timeout:
                 self._probe(pr, pr.match_trans_id)
                 self._send(peer, pr, now, actions)
         return actions
@@ -150,7 +148,7 @@ class LeaderReplication:
         send batches from there (or a snapshot)."""
         pr = self.progress[m.src]
         actions: list[Action] = []
-        if pr.state is FollowerState.SNAPSHOT and now - pr.sent_at < self.snapshot_timeout:
+        if pr.state is FollowerState.SNAPSHOT and now - pr.sent_at < self.flow.snapshot_timeout:
             return actions
         log = self.log
         if m.commit_trans_id > log.last_trans_id:
@@ -168,7 +166,7 @@ class LeaderReplication:
         # lost the unsynced tail of its log in a crash. A lower match only delays commits.
         pr.match_trans_id = verified
         if (pr.state is FollowerState.PROBE and pr.probe_end is not None and pr.probe_prev == start
-                and now - pr.sent_at < self.resend_interval):
+                and now - pr.sent_at < self.flow.resend_interval):
             return actions  # that batch is on its way
         self._probe(pr, start)
         self._send(m.src, pr, now, actions)
@@ -238,7 +236,7 @@ class LeaderReplication:
                 return
             if not pr.waiting:
                 return
-            limit = min(self.max_batch, self.bucket.available(now))
+            limit = min(self.flow.max_batch, self.bucket.available(now))
             if limit <= 0 and pr.next_trans_id <= log.last_trans_id:
                 pr.waiting = True
                 return
@@ -254,8 +252,8 @@ class LeaderReplication:
             actions.append(Send(peer, batch))
             return
         # REPLICATE
-        while pr.next_trans_id <= log.last_trans_id and len(pr.inflight) < self.max_inflight:
-            batch = self._batch(peer, pr, self.max_batch, actions, now)
+        while pr.next_trans_id <= log.last_trans_id and len(pr.inflight) < self.flow.max_inflight:
+            batch = self._batch(peer, pr, self.flow.max_batch, actions, now)
             if batch is None or not batch.entries:
                 return
             end = batch.prev_trans_id + len(batch.entries)

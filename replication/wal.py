@@ -32,6 +32,7 @@ import re
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Iterator
+from operator import attrgetter
 from typing import Any, NamedTuple
 
 from queue_server.replication.disk import StorageError, fsync_dir, numbered_files, read_file, truncate_file
@@ -290,20 +291,10 @@ class WalWriter:
 
     # ------------------------------------------------------------------ state
 
-    @property
-    def last_trans_id(self) -> int:
-        """The last appended trans_id (written or still pending)."""
-        return self._last
-
-    @property
-    def flushed_trans_id(self) -> int:
-        """The last trans_id handed to the OS: safe from a process crash."""
-        return self._flushed
-
-    @property
-    def synced_trans_id(self) -> int:
-        """The last trans_id fsync'd: safe from a power loss."""
-        return self._synced
+    last_trans_id = property(attrgetter("_last"), doc="int: the last appended trans_id (written or still pending)")
+    flushed_trans_id = property(attrgetter("_flushed"),
+                                doc="int: the last trans_id handed to the OS: safe from a process crash")
+    synced_trans_id = property(attrgetter("_synced"), doc="int: the last trans_id fsync'd: safe from a power loss")
 
     @property
     def first_trans_id(self) -> int:

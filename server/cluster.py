@@ -34,7 +34,7 @@ from queue_server.replication.messages import (
     Recovered,
     SendSnapshot,
 )
-from queue_server.replication.progress import LeaderReplication
+from queue_server.replication.progress import Flow, LeaderReplication
 from queue_server.server import gather
 from queue_server.protocol import ipc_frames, replies
 from queue_server.server.forwarding import Deliver, Forwarding, Undeliver, Work
@@ -62,6 +62,7 @@ class ClusterNode:
         self.config = config
         self.node_id = config.node_id
         self.members = [n.node_id for n in config.cluster_node_list] or [config.node_id]
+        self._flow = Flow(max_batch=5000, sync_rate=config.queue_sync_rate)
         self.quorum_writes = config.replication == "quorum"
         rng = rng or random.Random()
         found = recovered or Recovered()
@@ -435,10 +436,7 @@ class ClusterNode:
         committed with this term's first), then let them accept writes."""
         self.follower.reset()
         self.forwarding.orphan(now)
-        self.leader = LeaderReplication(
-            self.node_id, self.members, self.log, vote_id, now,
-            sync_rate=self.config.queue_sync_rate, max_batch=5000,
-        )
+        self.leader = LeaderReplication(self.node_id, self.members, self.log, vote_id, now, self._flow)
         self._apply_to_workers(self.log.entries_after(self.workers_trans_id, 1 << 62) or [])
         self.log.append(vote_id, [NOOP])
         self.workers_trans_id = self.log.last_trans_id

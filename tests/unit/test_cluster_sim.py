@@ -48,7 +48,7 @@ from queue_server.replication.messages import (
     Pull,
     SendSnapshot,
 )
-from queue_server.replication.progress import LeaderReplication
+from queue_server.replication.progress import Flow, LeaderReplication
 from queue_server.protocol.records import Confirm, Noop
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "200"))
@@ -143,8 +143,8 @@ class SimNode:
                 self.sim.on_leader(self, a.vote_id)
                 self.follower.reset()
                 self.leader = LeaderReplication(self.node_id, self.members, self.log, a.vote_id, now,
-                                                max_batch=8, max_inflight=4, sync_rate=400,
-                                                resend_interval=2 * HEARTBEAT, snapshot_timeout=0.5)
+                                                Flow(max_batch=8, max_inflight=4, sync_rate=400,
+                                                     resend_interval=2 * HEARTBEAT, snapshot_timeout=0.5))
                 self.log.append(a.vote_id, [NOOP])
                 self.run(self.leader.replicate(now), now)
             elif isinstance(a, (BecomeFollower, BecomeCandidate)):

@@ -18,7 +18,7 @@ from queue_server.replication.messages import (
     Pull,
     SendSnapshot,
 )
-from queue_server.replication.progress import FollowerState, LeaderReplication, TokenBucket
+from queue_server.replication.progress import Flow, FollowerState, LeaderReplication, TokenBucket
 from queue_server.protocol.records import DeleteQueue
 
 
@@ -202,7 +202,7 @@ class Pair:
         self.flogs = follower_logs or {i: ChangeLog(1000) for i in self.members[1:]}
         self.followers = {i: Follower(i, self.flogs[i], pull_interval=0.0) for i in self.members[1:]}
         self.vote_id = vote_id
-        self.leader = LeaderReplication(1, self.members, self.log, vote_id, now, **kw)
+        self.leader = LeaderReplication(1, self.members, self.log, vote_id, now, Flow(**kw))
         self.commits: list[Commit] = []
         self.snapshots: list[int] = []
         self.drop = lambda msg: False
@@ -363,7 +363,7 @@ def test_pull_from_a_diverged_position_does_not_count_as_match():
     leader_log = ChangeLog(100)
     leader_log.append(1, recs(2))
     leader_log.append(3, recs(3))
-    leader = LeaderReplication(1, [1, 2, 3], leader_log, 3, 0.0, sync_rate=0)
+    leader = LeaderReplication(1, [1, 2, 3], leader_log, 3, 0.0, Flow(sync_rate=0))
     a = leader.on_message(Pull(3, 2, 4, 2, 2), 0.0)  # its 3..4 are from term 2
     assert leader.match_of(2) == 2
     (push,) = sent(a, AppendEntries)
