@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import random
 from collections import OrderedDict
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -32,24 +31,23 @@ _NEWLINE = orjson.OPT_APPEND_NEWLINE
 
 
 # ------------------------------------------------------------------ actions (and election's Send)
-@dataclass(frozen=True, slots=True)
-class Deliver:
+# NamedTuples, not frozen dataclasses: one is made per reply batch and per forwarded request, and
+# a tuple is built in one step.
+class Deliver(NamedTuple):
     """A reply batch for this node's acceptor."""
 
     header: bytes
     blob: bytes
 
 
-@dataclass(frozen=True, slots=True)
-class Work:
+class Work(NamedTuple):
     """A request item (protocol/ipc_frames.py REQ) for worker `index` of this leading node."""
 
     index: int
     item: list
 
 
-@dataclass(frozen=True, slots=True)
-class Undeliver:
+class Undeliver(NamedTuple):
     """Give back the messages of a consume reply no client will get ([msg_id, delivery_count] each)."""
 
     queue: str
