@@ -24,7 +24,7 @@ CLOSE = b"close"  # acceptor -> worker: [CLOSE, json conn] (a TCP connection id)
 UNDELIVER = b"undeliver"  # acceptor -> coordinator -> leader's worker: [UNDELIVER, json [queue, [[msg_id, delivery_count], ...]]]
 APPLY = b"apply"  # coordinator -> worker: [APPLY, json [record, ...]] (replicas replay the leader's log)
 BATCH = b"batch"  # worker -> coordinator: [BATCH, records json, reply header json, reply blob, partials json, epoch]
-REP = b"rep"  # coordinator -> acceptor: [REP, reply header, reply blob] (protocol/replies.py)
+REP = b"rep"  # coordinator, worker -> acceptor: [REP, reply header, reply blob] (protocol/replies.py)
 STATUS = b"status"  # coordinator -> acceptor: [STATUS, json {role, leader_node_id, leader_host, leader_port, epoch}]
 FORWARD = b"forward"  # acceptor -> coordinator: [FORWARD, json [[origin, req_no, request], ...]] for the leader
 MODE = b"mode"  # coordinator -> worker: [MODE, json [accepting, epoch]] whether to accept queue requests
@@ -157,7 +157,8 @@ DRAIN_FRAMES = [DRAIN]  # the whole DRAIN message: it carries nothing
 
 # ----------------------------------------------------------------- to the acceptor
 def rep_frames(header: bytes, blob: bytes) -> list[bytes]:
-    """A REP: a reply batch (protocol/replies.py) for the acceptor to deliver."""
+    """A REP: a reply batch (protocol/replies.py) for the acceptor to deliver: from the
+    coordinator, or from a worker for the replies that rest on no record."""
     return [REP, header, blob]
 
 

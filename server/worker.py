@@ -1,6 +1,7 @@
 """A worker process: receives request batches for the queue partitions it owns, runs them
 through its PartitionService, and sends the records and replies of each batch to the coordinator
-in one message."""
+in one message; the replies that rest on no record (PartitionService.direct) go straight to the
+acceptor."""
 from __future__ import annotations
 
 import os
@@ -24,13 +25,16 @@ class Worker:
 
     def __init__(self, service: PartitionService, inbox: zmq.Socket | None, coordinator: Any, log: Any,
                  index: int = 0, metrics: WorkerMetrics | None = None,
-                 queue_metrics: QueueMetrics | None = None, memory: NodeMemory | None = None) -> None:
-        """coordinator: anything with send_multipart (a ZeroMQ PUSH socket, or a test's pipe).
+                 queue_metrics: QueueMetrics | None = None, memory: NodeMemory | None = None,
+                 acceptor: Any = None) -> None:
+        """coordinator, acceptor: anything with send_multipart (a ZeroMQ PUSH socket, or a test's
+        pipe); with no acceptor every reply goes through the coordinator.
         memory: the node's memory, read every MEMORY_CHECK_INTERVAL to refuse produces past
         max_memory_mb (None: not read)."""
         self.service = service
         self.inbox = inbox
         self.coordinator = coordinator
+        self.acceptor = acceptor
         self.log = log
         self.epoch = 0  # of the last mode change received (see ClusterNode.epoch)
         self.held: list[list[bytes]] = []
@@ -134,11 +138,19 @@ class Worker:
             self.coordinator.send_multipart(ipc_frames.fenced_frames(epoch, self.index))
 
     def flush(self) -> None:
-        """Send what the service produced since the last flush, as one message."""
+        """Send what the service produced since the last flush: the replies that rest on no
+        record to the acceptor in one REP, the rest to the coordinator in one BATCH."""
         service = self.service
         for exc in service.errors:
             self.log.error("request failed: %r", exc, exc_info=exc)
         service.errors.clear()
+        if service.direct:
+            if self.acceptor is None:
+                service.replies.extend(service.direct)
+            else:
+                count_replies(self.metrics.counts, service.direct)
+                self.acceptor.send_multipart(ipc_frames.rep_frames(*replies.encode(service.direct)))
+            service.direct.clear()
         if not (service.replies or service.records or service.partials):
             return
         count_replies(self.metrics.counts, service.replies)
@@ -172,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     ctx = zmq.Context()
     inbox = ipc.inbox(ctx, ctx_info.run_dir, ipc.worker_name(ctx_info.index))
     coordinator = ipc.outbox(ctx, ctx_info.run_dir, "coordinator")
+    acceptor = ipc.outbox(ctx, ctx_info.run_dir, "acceptor")
     service.accepting = False  # until the coordinator has restored the queues and leads
     ctx_info.log.info("worker %d ready", ctx_info.index)
     try:
@@ -179,7 +192,8 @@ def main(argv: list[str] | None = None) -> None:
         share = -(-cfg.queue_metrics_max // cfg.workers)
         Worker(service, inbox, coordinator, ctx_info.log, ctx_info.index,
                queue_metrics=QueueMetrics(share),
-               memory=NodeMemory(os.getppid()) if cfg.max_memory_mb else None).run()
+               memory=NodeMemory(os.getppid()) if cfg.max_memory_mb else None,
+               acceptor=acceptor).run()
     except KeyboardInterrupt:
         pass
     finally:

@@ -142,6 +142,31 @@ class NodeProcess:
         assert self.proc is not None
         return children(self.proc.pid)
 
+    def child_pid(self, process: str) -> int:
+        """The pid of the node's child that runs queue_server.server.<process> ("acceptor",
+        "coordinator", "worker")."""
+        module = b"queue_server.server." + process.encode()
+        for pid in self.child_pids():
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    if module in f.read().split(b"\0"):
+                        return pid
+            except OSError:
+                continue
+        raise AssertionError(f"no {process} among the children of {self.name}")
+
+    def server_side(self, client_port: int) -> tuple[int, int] | None:
+        """(state, bytes not yet read) of the node's end of the TCP connection from local port
+        `client_port`, from /proc/net/tcp; None once the kernel has closed and dropped that end."""
+        local = "0100007F:%04X" % self.address[1]
+        remote = "0100007F:%04X" % client_port
+        with open("/proc/net/tcp") as f:
+            for line in f.readlines()[1:]:
+                fields = line.split()
+                if fields[1] == local and fields[2] == remote:
+                    return int(fields[3], 16), int(fields[4].split(":")[1], 16)
+        return None
+
     def signal(self, sig: int) -> None:
         assert self.proc is not None
         self.proc.send_signal(sig)
@@ -179,11 +204,16 @@ def kill_all(node: NodeProcess) -> None:
     node.stop()
 
 
+def process_state(pid: int) -> str:
+    """The state letter of a process in /proc (R, S, T: stopped, Z: zombie, ...)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def alive(pid: int) -> bool:
     """Whether a process exists and is not a zombie."""
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        return process_state(pid) != "Z"
     except OSError:
         return False
 

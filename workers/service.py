@@ -17,7 +17,7 @@ from queue_server.protocol import limits
 from queue_server.protocol import vocabulary as p
 from queue_server.protocol.origin import Origin
 from queue_server.workers import admin, subscriptions
-from queue_server.workers.bad_request import BadRequest
+from queue_server.workers.bad_request import BadRequest, Refused
 from queue_server.protocol.records import Confirm, Consume, DeleteQueue, Noop, Record, Release, count
 from queue_server.workers.queue import Message, Queue
 
@@ -166,7 +166,8 @@ class PartitionService:
     """All queues of one worker, with the request semantics of the protocol (docs/protocol.md).
 
     After each call, the caller drains `replies` ((origin, req_no, reply dict)), `records` (change
-    records for the coordinator) and `partials` (contributions to scattered monitor/list requests).
+    records for the coordinator), `partials` (contributions to scattered monitor/list requests)
+    and `direct` (replies that may skip the coordinator, see `handle`).
     """
 
     def __init__(
@@ -210,6 +211,8 @@ class PartitionService:
         self.queues: dict[str, Queue] = {}
         self.waiters: dict[str, deque[Waiter]] = {}
         self.replies: list[tuple[int, int, dict]] = []
+        # Replies that rest on no record, committed or not: they go to the acceptor at once.
+        self.direct: list[tuple[Origin, int, dict]] = []
         self.records: list[Record] = []
         self.partials: list[list] = []
         self.errors: list[Exception] = []
@@ -228,7 +231,14 @@ class PartitionService:
 
     # ----------------------------------------------------------------------------- requests
     def handle(self, req: Any, origin: Origin, req_no: int, now: float) -> None:
-        """Serve one queue request; its reply (unless parked as a long poll) goes to `replies`."""
+        """Serve one queue request; its reply (unless parked as a long poll) goes to `replies`,
+        or to `direct` when nothing a reset of the mode could take back stands behind it: this
+        worker accepts writes, the request came from this node's own acceptor (a forwarded one's
+        reply goes back through the coordinator), it made no record, and the reply is a
+        refusal of its fields or a consume that found nothing (docs/architecture.md, "Replies
+        that skip the coordinator")."""
+        made = len(self.records)
+        settled = False
         try:
             if type(req) is not dict:
                 raise BadRequest("request: must be a JSON object")
@@ -241,13 +251,18 @@ class PartitionService:
             if not self.accepting and action != p.LOCAL_PEEK:
                 raise BadRequest("not leader: this node is not leading; retry on the leader")
             reply = handler(req, origin, req_no, now)
+            settled = action == p.CONSUME and _found_nothing(reply)
         except BadRequest as exc:
             reply = p.error_reply(req, str(exc), self.node_id)
+            settled = type(exc) is not Refused
         except Exception as exc:  # a bug must cost one request, never the process or its queues
             self.errors.append(exc)
             reply = p.error_reply(req, f"internal error: {type(exc).__name__}", self.node_id)
         if reply is not None:
-            self.replies.append((origin, req_no, reply))
+            if settled and self.accepting and not origin.node and len(self.records) == made:
+                self.direct.append((origin, req_no, reply))
+            else:
+                self.replies.append((origin, req_no, reply))
 
     def _ok(self, req: dict) -> dict:
         reply = p.echo(req)
@@ -276,7 +291,7 @@ class PartitionService:
         new = sum(1 for name in names if name not in self.queues)
         if limits.over_queue_share(len(self.queues), new, self.queue_share):
             self._refused("max_queues")
-            raise BadRequest(limits.too_many_queues(self.max_queues))
+            raise Refused(limits.too_many_queues(self.max_queues))
 
     def _refused(self, limit: str) -> None:
         self.limit_refusals[limit] = self.limit_refusals.get(limit, 0) + 1
@@ -350,7 +365,7 @@ class PartitionService:
             raise BadRequest(limits.memory_full(self.max_memory_mb))
         queues = [self._queue(t) for t in targets]
         if any(q.free() < n for q in queues):
-            raise BadRequest("queue full")
+            raise Refused("queue full")
         ids: dict[str, tuple[int, int]] = {}
         items = [(d, ready, ttl, retry, priority) for d in batch] if batch is not None else None
         for q in queues:
@@ -376,7 +391,7 @@ class PartitionService:
             entry = q.produced(producer, sequence) if q is not None else None
             if entry is not None:
                 if entry[1] != n:
-                    raise BadRequest(
+                    raise Refused(
                         f"sequence: already used by this producer for {entry[1]} message(s), not {n}")
                 seen[target] = entry
         return seen or None
@@ -744,6 +759,12 @@ class PartitionService:
         self.waiters.clear()
         self._restorable.clear()
         self.subs.end_all()
+
+
+def _found_nothing(reply: dict | None) -> bool:
+    """Whether a consume reply hands out nothing (an empty consume)."""
+    return (reply is not None and reply.get("code") == p.CODE_OK and "msg_id" not in reply
+            and not reply.get("messages"))
 
 
 def _count(record: Consume | Confirm | Release | None) -> int:

@@ -12,7 +12,7 @@ import time
 import orjson
 import pytest
 
-from tests.harness import RawTcp, udp_call, wait_for
+from tests.harness import RawTcp, process_state, udp_call, wait_for
 from tests.integration.conftest import AUTH_TOKEN
 
 
@@ -155,36 +155,6 @@ def test_closed_connection_drops_its_long_poll(node, qname):
         probe.close()
 
 
-def _acceptor_pid(node) -> int:
-    """The pid of the node's acceptor process."""
-    for pid in node.child_pids():
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if b"queue_server.server.acceptor" in f.read().split(b"\0"):
-                    return pid
-        except OSError:
-            continue
-    raise AssertionError(f"no acceptor among the children of {node.name}")
-
-
-def _process_state(pid: int) -> str:
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0]
-
-
-def _server_side(node, client_port: int) -> tuple[int, int] | None:
-    """(state, bytes not yet read) of the node's end of the TCP connection from local port
-    `client_port`, from /proc/net/tcp; None once the kernel has closed and dropped that end."""
-    local = "0100007F:%04X" % node.address[1]
-    remote = "0100007F:%04X" % client_port
-    with open("/proc/net/tcp") as f:
-        for line in f.readlines()[1:]:
-            fields = line.split()
-            if fields[1] == local and fields[2] == remote:
-                return int(fields[3], 16), int(fields[4].split(":")[1], 16)
-    return None
-
-
 @pytest.mark.parametrize("retry", [0, 60], ids=["at-most-once", "at-least-once"])
 def test_consume_reply_for_a_connection_gone_gives_the_message_back(node, qname, retry):
     """A consume reply that reaches the acceptor after its connection is gone goes back to the
@@ -202,7 +172,7 @@ def test_consume_reply_for_a_connection_gone_gives_the_message_back(node, qname,
     other = RawTcp(*node.address)
     producer = RawTcp(*node.address)
     probe = RawTcp(*node.address)
-    acceptor = _acceptor_pid(node)
+    acceptor = node.child_pid("acceptor")
     gone_port = gone.getsockname()[1]
     try:
         gone.sendall(orjson.dumps({"action": 2, "queue": qname, "wait": 5, "seq": "gone"}) + b"\n")
@@ -212,13 +182,13 @@ def test_consume_reply_for_a_connection_gone_gives_the_message_back(node, qname,
 
         os.kill(acceptor, signal.SIGSTOP)
         try:
-            wait_for(lambda: _process_state(acceptor) == "T", 5, "the acceptor to stop")
+            wait_for(lambda: process_state(acceptor) == "T", 5, "the acceptor to stop")
             producer.send({"action": 1, "queue": qname, "data": "kept", "retry": retry})
             producer_port = producer.sock.getsockname()[1]
-            wait_for(lambda: (_server_side(node, producer_port) or (0, 0))[1] > 0, 5, "the produce to arrive")
+            wait_for(lambda: (node.server_side(producer_port) or (0, 0))[1] > 0, 5, "the produce to arrive")
             gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             gone.close()  # linger 0: an RST
-            wait_for(lambda: _server_side(node, gone_port) is None, 5, "the RST to close the node's end")
+            wait_for(lambda: node.server_side(gone_port) is None, 5, "the RST to close the node's end")
         finally:
             os.kill(acceptor, signal.SIGCONT)
 

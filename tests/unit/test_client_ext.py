@@ -31,8 +31,9 @@ class ServiceHandler:
         with self.lock:
             n = next(self.numbers)
             self.service.handle(req, Origin(1), n, time.time())
-            replies = [r for _, req_no, r in self.service.replies if req_no == n]
+            replies = [r for _, req_no, r in self.service.replies + self.service.direct if req_no == n]
             self.service.replies.clear()
+            self.service.direct.clear()
             self.service.records.clear()
             return replies[0]
 

@@ -394,8 +394,12 @@ def _drive(s: PartitionService, requests: list, udp: list[bool], steps: list[flo
         now += step
         s.handle(req, Origin(1, over_udp), no, now)
         assert not s.errors, f"internal error on {req!r}: {s.errors!r}"
-        mine = [r for _, n, r in s.replies if n == no]
-        for _, n, reply in s.replies:
+        # A reply that skips the coordinator rests on no record: a refusal or an empty consume.
+        for _, n, reply in s.direct:
+            assert not s.records, f"{req!r} wrote {s.records!r} but its reply skips the coordinator"
+            assert reply["code"] == p.CODE_ERROR or not (reply.get("messages") or "msg_id" in reply)
+        mine = [r for _, n, r in s.replies + s.direct if n == no]
+        for _, n, reply in s.replies + s.direct:
             assert n not in answered, f"request {n} answered twice"
             answered[n] = reply
             parked.discard(n)
@@ -417,6 +421,7 @@ def _drive(s: PartitionService, requests: list, udp: list[bool], steps: list[flo
             assert any(w.req_no == no for ws in s.waiters.values() for w in ws)
             parked.add(no)
         s.replies.clear()
+        s.direct.clear()
         s.records.clear()
     s.tick(now + MAX_WAIT + 1)
     assert not s.errors

@@ -51,7 +51,9 @@ def _service(**kw):
 def _call(s, req: dict) -> dict:
     from queue_server.protocol.origin import Origin
     s.handle(req, Origin(1), 1, 1_700_000_000.0)
-    reply = s.replies.pop()[2]
+    reply = (s.replies + s.direct).pop()[2]
+    s.replies.clear()
+    s.direct.clear()
     s.records.clear()
     return reply
 

@@ -32,8 +32,10 @@ class Svc:
         return mine[0] if mine else None
 
     def drain(self) -> list:
-        replies = list(self.s.replies)
+        """Every reply, whichever way it leaves (through the coordinator or straight)."""
+        replies = self.s.replies + self.s.direct
         self.s.replies.clear()
+        self.s.direct.clear()
         for rec in decode_many(encode_many(self.s.records)):  # as the log carries them
             self.replica.apply(rec)
         self.s.records.clear()

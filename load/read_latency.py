@@ -1,0 +1,82 @@
+"""Latency of requests that change nothing, one at a time on one connection (QueueClient): an
+empty consume, a monitor of one queue and a refused field, on a node of its own (in memory,
+loopback). Each row: the median and p90 latency in microseconds of `--requests` requests.
+
+    python load/read_latency.py                      # 2,000 requests of each kind
+    python load/read_latency.py --hosts 127.0.0.1:1111 --requests 2000 --repeat 3
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from queue_server.client import QueueClient  # noqa: E402
+from queue_server.client.errors import QueueError  # noqa: E402
+from tests.harness import NodeProcess  # noqa: E402  (starts a node and waits for it)
+
+
+def _refused(q: QueueClient, queue: str) -> None:
+    with contextlib.suppress(QueueError):
+        q.request({"action": "consume", "queue": queue, "count": 0})
+
+
+KINDS: dict[str, Callable[[QueueClient, str], object]] = {
+    "empty consume": lambda q, queue: q.consume(queue),
+    "monitor": lambda q, queue: q.monitor(queue),
+    "refused field": _refused,
+}
+
+
+def latencies_us(q: QueueClient, call: Callable[[QueueClient, str], object], queue: str, n: int) -> list[float]:
+    """The latency of each of `n` calls, one at a time, in microseconds."""
+    for _ in range(100):  # warm up
+        call(q, queue)
+    out = []
+    for _ in range(n):
+        started = time.perf_counter()
+        call(q, queue)
+        out.append((time.perf_counter() - started) * 1e6)
+    return out
+
+
+@contextlib.contextmanager
+def _node(hosts: str | None) -> Iterator[str]:
+    if hosts:
+        yield hosts
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        node = NodeProcess(tmp, command=[sys.executable, "-m", "queue_server.server.main", "--in-memory"]).start()
+        try:
+            yield node.hosts
+        finally:
+            node.stop()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--hosts", help="a running node (default: start one, in memory)")
+    parser.add_argument("--requests", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=1, help="rounds; each row reports the median of the rounds")
+    args = parser.parse_args()
+    queue = f"read-latency-{os.getpid()}"
+    rounds: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}
+    with _node(args.hosts) as hosts, QueueClient(hosts) as q:
+        for _ in range(args.repeat):
+            for kind, call in KINDS.items():
+                got = sorted(latencies_us(q, call, queue, args.requests))
+                rounds[kind].append((got[len(got) // 2], got[len(got) * 9 // 10]))
+    for kind, results in rounds.items():
+        p50 = statistics.median(r[0] for r in results)
+        p90 = statistics.median(r[1] for r in results)
+        print(f"{kind:15s} p50 {p50:7.1f} us  p90 {p90:7.1f} us  ({args.repeat} x {args.requests})")
+
+
+if __name__ == "__main__":
+    main()
