@@ -24,6 +24,7 @@ if sys.path and os.path.abspath(sys.path[0]) == HERE:
 
 import argparse  # noqa: E402
 import cProfile  # noqa: E402
+import gc  # noqa: E402
 import logging  # noqa: E402
 import pstats  # noqa: E402
 import statistics  # noqa: E402
@@ -106,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
     import queue_server.server.cluster as cluster
     print(f"code: {os.path.dirname(os.path.dirname(cluster.__file__))}")
     work = batches(args.cycles, args.count, args.requests)
+    gc.set_threshold(100_000, 50, 100_000)  # as server/child.py's start sets it in every child
     logging.basicConfig(level=logging.WARNING)
     log = logging.getLogger("coordinator")
     results = []
