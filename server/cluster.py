@@ -41,7 +41,7 @@ from queue_server.server.forwarding import Deliver, Forwarding, Undeliver, Work
 from queue_server.protocol.origin import Origin
 from queue_server.server.ready import Ready
 from queue_server.protocol.roles import Role
-from queue_server.protocol.records import Noop, Record, decode_many
+from queue_server.protocol.records import Noop, Record, decode_many, each_encoded
 from queue_server.protocol import vocabulary as p
 from queue_server.server.router import Router
 from queue_server.workers.queue import StateQueue
@@ -369,7 +369,7 @@ class ClusterNode:
                     self._reset_workers()  # undo the changes in the workers too
                 header = ipc_frames.EMPTY_LIST
             else:
-                _, last = self.log.append(self.election.vote_id, decode_many(records))
+                _, last = self.log.append(self.election.vote_id, decode_many(records), each_encoded(records))
                 self.workers_trans_id = last
                 self._run(self.leader.replicate(now), now)
         if header != ipc_frames.EMPTY_LIST:
