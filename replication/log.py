@@ -52,22 +52,21 @@ class ChangeLog:
         self._base_trans_id = last_trans_id
         self._base_vote_id = last_vote_id
         self._commit = last_trans_id
+        # Where the log ends, kept by _ended after every change (read several times per batch).
+        self._last_trans_id = last_trans_id
+        self._last_vote_id = last_vote_id
 
     # ----------------------------------------------------------------- positions
 
     @property
     def last_trans_id(self) -> int:
         """trans_id of the last entry, or of the base when empty."""
-        if len(self._entries) > self._head:
-            return self._entries[-1].trans_id
-        return self._base_trans_id
+        return self._last_trans_id
 
     @property
     def last_vote_id(self) -> int:
         """vote_id of the last entry, or of the base when empty."""
-        if len(self._entries) > self._head:
-            return self._entries[-1].vote_id
-        return self._base_vote_id
+        return self._last_vote_id
 
     @property
     def first_trans_id(self) -> int:
@@ -131,6 +130,7 @@ class ChangeLog:
                 raise ValueError("records and their encodings differ in number")
             self._entries.extend(map(Entry, range(first, first + len(records)), [vote_id] * len(records),
                                      records, encoded))
+        self._ended()
         self._evict()
         return first, first + len(records) - 1
 
@@ -185,6 +185,7 @@ class ChangeLog:
         cut = self._head + (trans_id - self._base_trans_id)
         dropped = self._entries[cut:]
         del self._entries[cut:]
+        self._ended()
         return dropped
 
     def reset(self, trans_id: int, vote_id: int) -> None:
@@ -197,6 +198,7 @@ class ChangeLog:
         self._base_trans_id = trans_id
         self._base_vote_id = vote_id
         self._commit = trans_id
+        self._ended()
 
     # ----------------------------------------------------------------- internals
 
@@ -209,6 +211,15 @@ class ChangeLog:
     def _extend(self, entries: Sequence[Entry]) -> None:
         # Copies, so that a caller mutating its list (or a shared Entry) cannot change our log.
         self._entries.extend(Entry(e.trans_id, e.vote_id, e.record, e.data) for e in entries)
+        self._ended()
+
+    def _ended(self) -> None:
+        """Note where the log ends now (the last entry, or the base when empty)."""
+        if len(self._entries) > self._head:
+            last = self._entries[-1]
+            self._last_trans_id, self._last_vote_id = last.trans_id, last.vote_id
+        else:
+            self._last_trans_id, self._last_vote_id = self._base_trans_id, self._base_vote_id
 
     def _evict(self) -> None:
         """Drop committed entries from the front while more than capacity are kept."""

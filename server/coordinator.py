@@ -284,19 +284,22 @@ class Coordinator:
                 except StorageError as exc:
                     self.log.error("could not store the vote: %s", exc)
                     vote_stored = False
-        for index, message in batching.for_workers(ready.to_workers):
-            self.workers[index].send_multipart(message)
-        for message in batching.for_acceptor(ready.to_acceptor):
-            self.acceptor.send_multipart(message)
+        if ready.to_workers:
+            for index, message in batching.for_workers(ready.to_workers):
+                self.workers[index].send_multipart(message)
+        if ready.to_acceptor:
+            for message in batching.for_acceptor(ready.to_acceptor):
+                self.acceptor.send_multipart(message)
         unsent = []
-        for target, msg in ready.peer_messages(log_stored, vote_stored):
-            link = self.peers.get(target)
-            if link is None:
-                continue
-            try:
-                link.send(wire.encode(msg, *self.client))
-            except zmq.Again:  # not connected yet, or too far behind
-                unsent.append(msg)
+        if ready.to_peers:
+            for target, msg in ready.peer_messages(log_stored, vote_stored):
+                link = self.peers.get(target)
+                if link is None:
+                    continue
+                try:
+                    link.send(wire.encode(msg, *self.client))
+                except zmq.Again:  # not connected yet, or too far behind
+                    unsent.append(msg)
         node.advance(ready, durable_trans_id=durable, log_stored=log_stored)
         for msg in unsent:
             node.on_unsent(msg, time.time())
