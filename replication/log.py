@@ -11,10 +11,10 @@ Pure logic: no I/O, no clock.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter
 
-from queue_server.protocol.records import Record
+from queue_server.protocol.records import Encoded, Record, encode
 
 # Drop the dead head of the backing list once it is at least this long and half the list.
 _COMPACT_MIN = 1024
@@ -22,11 +22,19 @@ _COMPACT_MIN = 1024
 
 @dataclass(slots=True)
 class Entry:
-    """One change-log record with its position and the term it was written in."""
+    """One change-log record with its position and the term it was written in; `data`, when
+    known, is the record's JSON as the worker (or the leader, or the disk) gave it, which goes to
+    disk and to peers as it is."""
 
     trans_id: int
     vote_id: int
     record: Record
+    data: Encoded | None = field(default=None, compare=False, repr=False)
+
+    def encoded(self) -> Encoded:
+        """The record's JSON (records.encode's bytes)."""
+        data = self.data
+        return encode(self.record) if data is None else data
 
 
 class ChangeLog:
@@ -45,22 +53,14 @@ class ChangeLog:
         self._base_trans_id = last_trans_id
         self._base_vote_id = last_vote_id
         self._commit = last_trans_id
+        # Where the log ends, kept by _ended after every change (read several times per batch).
+        self._last_trans_id = last_trans_id
+        self._last_vote_id = last_vote_id
 
     # ----------------------------------------------------------------- positions
 
-    @property
-    def last_trans_id(self) -> int:
-        """trans_id of the last entry, or of the base when empty."""
-        if len(self._entries) > self._head:
-            return self._entries[-1].trans_id
-        return self._base_trans_id
-
-    @property
-    def last_vote_id(self) -> int:
-        """vote_id of the last entry, or of the base when empty."""
-        if len(self._entries) > self._head:
-            return self._entries[-1].vote_id
-        return self._base_vote_id
+    last_trans_id = property(attrgetter("_last_trans_id"), doc="int: trans_id of the last entry, or of the base when empty")
+    last_vote_id = property(attrgetter("_last_vote_id"), doc="int: vote_id of the last entry, or of the base when empty")
 
     @property
     def first_trans_id(self) -> int:
@@ -98,19 +98,25 @@ class ChangeLog:
 
     # ----------------------------------------------------------------- changes
 
-    def append(self, vote_id: int, records: list[Record]) -> tuple[int, int]:
+    def append(self, vote_id: int, records: list[Record],
+               encoded: Sequence[Encoded] | None = None) -> tuple[int, int]:
         """Leader: give records the next trans_ids in term vote_id; returns (first, last).
+        encoded: each record's JSON, when the caller has it (see Entry.data).
 
         With no records returns (last + 1, last)."""
         if vote_id < self.last_vote_id:
             raise ValueError(f"vote_id {vote_id} is below the log's last vote_id {self.last_vote_id}")
         first = self.last_trans_id + 1
-        tid = first
-        for record in records:
-            self._entries.append(Entry(tid, vote_id, record))
-            tid += 1
+        if encoded is None:
+            self._entries.extend(map(Entry, range(first, first + len(records)), [vote_id] * len(records), records))
+        else:
+            if len(encoded) != len(records):
+                raise ValueError("records and their encodings differ in number")
+            self._entries.extend(map(Entry, range(first, first + len(records)), [vote_id] * len(records),
+                                     records, encoded))
+        self._ended()
         self._evict()
-        return first, tid - 1
+        return first, first + len(records) - 1
 
     def commit_to(self, trans_id: int) -> None:
         """Mark everything up to trans_id committed; never moves back, never past the last entry."""
@@ -163,6 +169,7 @@ class ChangeLog:
         cut = self._head + (trans_id - self._base_trans_id)
         dropped = self._entries[cut:]
         del self._entries[cut:]
+        self._ended()
         return dropped
 
     def reset(self, trans_id: int, vote_id: int) -> None:
@@ -175,6 +182,7 @@ class ChangeLog:
         self._base_trans_id = trans_id
         self._base_vote_id = vote_id
         self._commit = trans_id
+        self._ended()
 
     # ----------------------------------------------------------------- internals
 
@@ -186,7 +194,16 @@ class ChangeLog:
 
     def _extend(self, entries: Sequence[Entry]) -> None:
         # Copies, so that a caller mutating its list (or a shared Entry) cannot change our log.
-        self._entries.extend(Entry(e.trans_id, e.vote_id, e.record) for e in entries)
+        self._entries.extend(Entry(e.trans_id, e.vote_id, e.record, e.data) for e in entries)
+        self._ended()
+
+    def _ended(self) -> None:
+        """Note where the log ends now (the last entry, or the base when empty)."""
+        if len(self._entries) > self._head:
+            last = self._entries[-1]
+            self._last_trans_id, self._last_vote_id = last.trans_id, last.vote_id
+        else:
+            self._last_trans_id, self._last_vote_id = self._base_trans_id, self._base_vote_id
 
     def _evict(self) -> None:
         """Drop committed entries from the front while more than capacity are kept."""

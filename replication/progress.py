@@ -279,9 +279,12 @@ class LeaderReplication:
 
     def _maybe_commit(self, actions: list[Action]) -> None:
         log = self.log
-        matches = sorted([log.last_trans_id] + [pr.match_trans_id for pr in self.progress.values()],
-                         reverse=True)
-        candidate = matches[self.quorum - 1]
+        if self.progress:
+            matches = sorted([log.last_trans_id] + [pr.match_trans_id for pr in self.progress.values()],
+                             reverse=True)
+            candidate = matches[self.quorum - 1]
+        else:  # a cluster of one: its own log is the quorum
+            candidate = log.last_trans_id
         before = log.commit_trans_id
         if candidate > before and log.term_at(candidate) == self.vote_id:
             entries = tuple(log.entries_after(before, candidate - before) or ())

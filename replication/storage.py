@@ -16,9 +16,14 @@ from queue_server.replication.log import ChangeLog, Entry
 from queue_server.replication.messages import Recovered
 from queue_server.replication.snapshot import read_latest_snapshot, snapshot_trans_ids, write_snapshot
 from queue_server.replication.wal import Opener, StorageError, SyncPolicy, WalWriter, read_wal
-from queue_server.protocol.records import decode, encode
+from queue_server.protocol.records import Record, decode
 
 __all__ = ["Recovered", "Storage", "StorageError"]
+
+
+def _decoded_with_bytes(payload: bytes) -> tuple[Record, bytes]:
+    """A record read from the log, and its bytes (they go to peers as they are)."""
+    return decode(payload), payload
 
 
 class Storage:
@@ -53,9 +58,10 @@ class Storage:
         latest = read_latest_snapshot(self.datadir.snapshot_dir, warn=self.log.warning)
         if latest is not None:
             found.trans_id, found.vote_id, found.state = latest
-        for trans_id, vote_id, record in read_wal(self.datadir.wal_dir, after=found.trans_id,
-                                                  repair=self.repair, warn=self.log.warning, decode=decode):
-            found.entries.append(Entry(trans_id, vote_id, record))
+        for trans_id, vote_id, (record, data) in read_wal(self.datadir.wal_dir, after=found.trans_id,
+                                                          repair=self.repair, warn=self.log.warning,
+                                                          decode=_decoded_with_bytes):
+            found.entries.append(Entry(trans_id, vote_id, record, data))
         self.wal = WalWriter(self.datadir.wal_dir, segment_bytes=self.segment_bytes,
                              opener=self._wal_opener, fsync=self._wal_fsync)
         if self.wal.last_trans_id < found.trans_id:
@@ -81,7 +87,7 @@ class Storage:
                 if entries is None:  # what the disk lacks fell off the log: start after a snapshot
                     wal.reset(log.base_trans_id)
                     entries = log.entries_after(log.base_trans_id, 1 << 62) or []
-                wal.append((e.trans_id, e.vote_id, encode(e.record)) for e in entries)
+                wal.append((e.trans_id, e.vote_id, e.encoded()) for e in entries)
                 sync = self.policy.after_append(now)
             else:
                 sync = self.policy.due(now)

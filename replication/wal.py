@@ -389,12 +389,15 @@ class WalWriter:
             self._reload = True
             raise
         finally:
-            done = k = 0
-            for _, frame in batch:
-                if done + len(frame) > written:
-                    break
-                done += len(frame)
-                k += 1
+            if written == size:
+                done, k = size, n
+            else:
+                done = k = 0
+                for _, frame in batch:
+                    if done + len(frame) > written:
+                        break
+                    done += len(frame)
+                    k += 1
             if k:
                 self._unsynced.extend(batch[:k])
                 del self._pending[:k]

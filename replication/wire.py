@@ -11,7 +11,7 @@ from queue_server.election.messages import (
 )
 from queue_server.replication import peer_pb2 as pb
 from queue_server.replication.log import Entry
-from queue_server.protocol.records import decode_many, encode_many
+from queue_server.protocol.records import decode_many, each_encoded, join_encoded
 from queue_server.replication.messages import (
     AppendAck, AppendEntries, Forward, ForwardReply, GiveBack, InstallSnapshot, Pull,
 )
@@ -61,7 +61,7 @@ def encode(msg: object, client_host: str = "", client_port: int = 0, cluster_id:
         value = getattr(msg, field)
         if field == "entries":
             body.vote_ids.extend([e.vote_id for e in value])
-            body.records = encode_many([e.record for e in value])
+            body.records = join_encoded([e.encoded() for e in value])
         elif field == "data":
             body.data = dumps(value)
         elif field == "requests":
@@ -92,7 +92,8 @@ def decode(data: bytes) -> Envelope:
                 if len(records) != len(body.vote_ids):
                     raise ValueError("entries: records and vote_ids differ in length")
                 first = body.prev_trans_id + 1
-                value = tuple(map(Entry, range(first, first + len(records)), body.vote_ids, records))
+                value = tuple(map(Entry, range(first, first + len(records)), body.vote_ids, records,
+                                  each_encoded(body.records) if records else ()))
             elif field == "data":
                 value = loads(value)
             elif field == "requests":

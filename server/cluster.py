@@ -41,7 +41,7 @@ from queue_server.server.forwarding import Deliver, Forwarding, Undeliver, Work
 from queue_server.protocol.origin import Origin
 from queue_server.server.ready import Ready
 from queue_server.protocol.roles import Role
-from queue_server.protocol.records import Noop, Record, decode_many
+from queue_server.protocol.records import Noop, Record, decode_many, each_encoded
 from queue_server.protocol import vocabulary as p
 from queue_server.server.router import Router
 from queue_server.workers.queue import StateQueue
@@ -238,9 +238,22 @@ class ClusterNode:
     # ----------------------------------------------------------------- Ready / advance
     def has_ready(self) -> bool:
         """Whether ready() has anything to persist or send."""
-        return bool(self._to_workers or self._to_acceptor or self._to_peers or self._vote is not None
+        return bool(self._to_acceptor) or self._more_than_replies()
+
+    def _more_than_replies(self) -> bool:
+        """Whether anything but messages to the acceptor waits for a Ready."""
+        return bool(self._to_workers or self._to_peers or self._vote is not None
                     or self._truncate_after is not None or self._snapshot_now
                     or self.log.last_trans_id != self._stable_through or self.role != self._reported_role)
+
+    def take_replies(self) -> list[list[bytes]]:
+        """After advance(): when all that waits is messages to the acceptor (the replies the
+        write just released), take them; they may be sent at once, with nothing to persist
+        first. Otherwise nothing: a Ready carries them with the rest."""
+        if not self._to_acceptor or self._more_than_replies():
+            return []
+        taken, self._to_acceptor = self._to_acceptor, []
+        return taken
 
     def ready(self) -> Ready:
         """Everything decided since the last advance(): persist it (log, then vote), send it, then
@@ -357,7 +370,7 @@ class ClusterNode:
                     self._reset_workers()  # undo the changes in the workers too
                 header = ipc_frames.EMPTY_LIST
             else:
-                _, last = self.log.append(self.election.vote_id, decode_many(records))
+                _, last = self.log.append(self.election.vote_id, decode_many(records), each_encoded(records))
                 self.workers_trans_id = last
                 self._run(self.leader.replicate(now), now)
         if header != ipc_frames.EMPTY_LIST:

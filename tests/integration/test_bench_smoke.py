@@ -76,3 +76,14 @@ def test_short_http_benchmark_run(tmp_path):
     rows = [r for r in report["results"] if r["workload"] == "http"]
     assert [("over TCP" in r["what"], "over HTTP" in r["what"]) for r in rows] == [(True, False), (False, True)]
     assert all(r["ops"] > 0 and r["messages"] > 0 for r in rows), rows
+
+
+def test_the_coordinator_bench_runs(tmp_path):
+    """load/coordinator_bench.py keeps up with the Coordinator it drives: a tiny run of each shape
+    answers every batch (it exits non-zero if a reply batch is left pending) and prints its figure."""
+    for extra in ([], ["--requests", "4", "--profile", "3"], ["--count", "10", "--in-memory"]):
+        proc = subprocess.run([sys.executable, os.path.join(REPO, "load", "coordinator_bench.py"), "--cycles", "20", "--rounds", "1", *extra],
+                              cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""}, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "CPU us per batch: median" in proc.stdout, proc.stdout

@@ -391,6 +391,25 @@ def test_a_reply_leaves_in_the_ready_after_the_one_that_persists_its_record():
     assert not node.has_ready()
 
 
+def test_replies_a_write_released_are_taken_without_a_second_ready():
+    """take_replies hands over what advance released when nothing else waits (no Ready made
+    for them), and nothing while anything else waits: that goes in a Ready with the rest."""
+    node = _leader()
+    assert node.take_replies() == []
+    _batch(node, node.epoch, [PRODUCE])
+    persist = node.ready()
+    assert node.take_replies() == []  # the record is not on disk yet
+    node.advance(persist, durable_trans_id=persist.log_through)
+    taken = node.take_replies()
+    assert [(o, r["code"]) for o, _, r in _replies(tuple(taken))] == [(Origin(7), 0)]
+    assert not node.has_ready() and node.take_replies() == []
+    _batch(node, node.epoch, [{**PRODUCE, "msg_id": 2}])
+    persist = node.ready()
+    node.advance(persist, durable_trans_id=persist.log_through)
+    node.on_undelivered("q", [[1, 1]])  # something for a worker waits too
+    assert node.take_replies() == [] and _replies(node.ready().to_acceptor) != []
+
+
 def test_only_the_ready_after_a_write_that_just_sends_its_replies_needs_no_write():
     """The coordinator writes the first Ready of a flush (an fsync may be due) and any Ready with
     a log, a truncation or a vote to store; the one carrying the replies the write released

@@ -125,3 +125,17 @@ def test_a_peer_message_with_a_bad_record_is_refused_as_a_value_error():
     broken = good.replace(b'{"op":"noop"}', b'{"op":"nope"}')
     with pytest.raises(ValueError, match="bad peer message"):
         wire.decode(broken)
+
+
+def test_each_record_of_an_array_is_the_bytes_encode_gives_it():
+    """The coordinator keeps each record of a worker's array as it came (each_encoded) and
+    writes those bytes to disk and to peers: they must be what encode gives the record, and
+    join_encoded must give the array back."""
+    array = r.encode_many(EVERY_FIELD)
+    encoded = r.each_encoded(array)
+    assert [bytes(e) for e in encoded] == [r.encode(record) for record in EVERY_FIELD]
+    assert [r.decode(e) for e in encoded] == EVERY_FIELD
+    assert r.join_encoded(encoded) == array
+    assert r.join_encoded([]) == r.encode_many([]) and r.each_encoded(b"[]") == []
+    with pytest.raises(r.RecordError):
+        r.each_encoded(b"[{")

@@ -7,7 +7,7 @@ from queue_server.election.messages import Heartbeat, HeartbeatAck, TimeoutNow, 
 from queue_server.replication import messages, wire
 from queue_server.replication.log import Entry
 from queue_server.replication.messages import AppendAck, AppendEntries, InstallSnapshot, Pull
-from queue_server.protocol.records import Produce
+from queue_server.protocol.records import Produce, encode
 
 MESSAGES = [
     VoteRequest(3, 1, 10, 2, True),
@@ -43,3 +43,18 @@ def test_garbage_is_a_value_error(data):
 def test_not_a_peer_message():
     with pytest.raises(TypeError):
         wire.encode(object())
+
+
+def test_entries_travel_as_the_bytes_they_came_with():
+    """An entry's data (the worker's bytes) is sent as it is, the same bytes the record encodes
+    to, and a follower's entries keep what they came in (for its WAL)."""
+    record = Produce(queue="q", msg_id=1, ready=1.0, ttl=2.0, retry=0.0, priority=0, data="é", delivery_count=0)
+    data = encode(record)
+    bare = AppendEntries(3, 1, 4, 2, (Entry(5, 3, record), Entry(6, 3, record)), 4)
+    carried = AppendEntries(3, 1, 4, 2, (Entry(5, 3, record, data), Entry(6, 3, record, data)), 4)
+    assert wire.encode(carried) == wire.encode(bare)
+    got = wire.decode(wire.encode(carried)).msg
+    assert got == bare and [bytes(e.data) for e in got.entries] == [data, data]
+    # The bytes go as they are, not encoded again from the record.
+    marked = AppendEntries(3, 1, 4, 2, (Entry(5, 3, record, data.replace(b'"q"', b'"r"')),), 4)
+    assert wire.decode(wire.encode(marked)).msg.entries[0].record.queue == "r"
