@@ -59,8 +59,10 @@ class ChangeLog:
 
     # ----------------------------------------------------------------- positions
 
-    last_trans_id = property(attrgetter("_last_trans_id"), doc="int: trans_id of the last entry, or of the base when empty")
-    last_vote_id = property(attrgetter("_last_vote_id"), doc="int: vote_id of the last entry, or of the base when empty")
+    last_trans_id = property(attrgetter("_last_trans_id"),
+                             doc="int: trans_id of the last entry, or of the base when empty")
+    last_vote_id = property(attrgetter("_last_vote_id"),
+                            doc="int: vote_id of the last entry, or of the base when empty")
 
     @property
     def first_trans_id(self) -> int:
@@ -68,7 +70,7 @@ class ChangeLog:
         return self._base_trans_id + 1
 
     base_trans_id = property(attrgetter("_base_trans_id"),
-                             doc="int: trans_id just before the oldest kept entry (the snapshot point, or the last dropped)")
+                             doc="int: trans_id before the oldest kept entry (the snapshot point, or the last dropped)")
     base_vote_id = property(attrgetter("_base_vote_id"), doc="int: vote_id of the entry at base_trans_id")
     commit_trans_id = property(attrgetter("_commit"), doc="int: the highest committed trans_id")
 
