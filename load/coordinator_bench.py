@@ -21,8 +21,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 if sys.path and os.path.abspath(sys.path[0]) == HERE:
     del sys.path[0]  # load/profile.py would stand in for the standard library's (cProfile imports it)
+sys.path.insert(0, os.path.dirname(HERE))
 
-import argparse  # noqa: E402
 import cProfile  # noqa: E402
 import gc  # noqa: E402
 import logging  # noqa: E402
@@ -35,6 +35,7 @@ import orjson  # noqa: E402
 import zmq  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
+from load.options import number_options  # noqa: E402
 from queue_server.config.loader import parse_config  # noqa: E402
 from queue_server.protocol import ipc_frames, replies  # noqa: E402
 from queue_server.protocol.origin import Origin  # noqa: E402
@@ -93,11 +94,9 @@ def batches(cycles: int, count: int, per_batch: int) -> list[list[bytes]]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--cycles", type=int, default=3000, help="produce/consume/confirm cycles per round (default 3000)")
-    parser.add_argument("--count", type=int, default=1, help="messages per request (default 1)")
-    parser.add_argument("--requests", type=int, default=1, help="requests per worker batch (default 1)")
-    parser.add_argument("--rounds", type=int, default=5, help="rounds, each on a fresh node; the median is printed (default 5)")
+    parser = number_options(__doc__, cycles=(3000, "produce/consume/confirm cycles per round"),
+                            count=(1, "messages per request"), requests=(1, "requests per worker batch"),
+                            rounds=(5, "rounds, each on a fresh node; the median is printed"))
     parser.add_argument("--fsync", default="everysec", help="the node's fsync (default everysec)")
     parser.add_argument("--in-memory", action="store_true", help="no data dir (no WAL)")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print cProfile's top N functions by own time")

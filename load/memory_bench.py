@@ -12,7 +12,6 @@ figure to compare is PSS growth per message; RSS is printed beside it.
 """
 from __future__ import annotations
 
-import argparse
 import os
 import socket
 import sys
@@ -26,6 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from load.bench import REPO, QueueServer, Server, print_machine  # noqa: E402
+from load.options import number_options  # noqa: E402
 from load.peers import argv as peer_argv, installed as installed_peers  # noqa: E402
 from load.procs import descendants, process_name  # noqa: E402
 from tests.harness import free_port  # noqa: E402
@@ -170,11 +170,9 @@ def describe(row: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--messages", type=int, default=1_000_000, help="messages in all (default 1,000,000)")
-    parser.add_argument("--queues", type=int, default=1, help="spread over this many queues (default 1)")
-    parser.add_argument("--payload", type=int, default=100, help="message bytes (default 100)")
-    parser.add_argument("--workers", type=int, default=2, help="queue-server workers (default 2)")
+    parser = number_options(__doc__, messages=(1_000_000, "messages in all"),
+                            queues=(1, "spread over this many queues"), payload=(100, "message bytes"),
+                            workers=(2, "queue-server workers"))
     parser.add_argument("--no-peers", action="store_true", help="skip beanstalkd and redis")
     parser.add_argument("--repo", default=REPO, help="queue-server checkout to run (default: this one)")
     args = parser.parse_args(argv)
