@@ -21,7 +21,8 @@ import heapq
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
-from itertools import compress
+from itertools import compress, groupby, islice
+from operator import itemgetter, lt
 
 from sortedcontainers import SortedList
 
@@ -60,6 +61,20 @@ class _Lane:
         ids.append(msg_id)
         self.readies.append(ready)
         self.dead.append(0)
+        return True
+
+    def extend(self, keys: list[Key]) -> bool:
+        """Add keys sorted by (ready, msg_id) at the end if all keep the lane in order; False
+        (nothing added) if not."""
+        ids = array("q", map(itemgetter(2), keys))
+        readies = array("d", map(itemgetter(1), keys))
+        if self.ids and (ids[0] <= self.ids[-1] or readies[0] < self.readies[-1]):
+            return False
+        if not all(map(lt, ids, islice(ids, 1, None))):
+            return False
+        self.ids.extend(ids)
+        self.readies.extend(readies)
+        self.dead.extend(bytes(len(ids)))
         return True
 
     def find(self, ready: float, msg_id: int) -> int:
@@ -191,10 +206,7 @@ class Ordering:
         """Add the key (group, ready, msg_id); it must not be there already."""
         lane = self._lanes.get(group)
         if lane is None:
-            lane = self._lanes[group] = _Lane()
-            self._groups.append(group)
-            if len(self._groups) > 1:
-                self._groups.sort()
+            lane = self._new_lane(group)
         if not lane.append(ready, msg_id):
             self._late.add((group, ready, msg_id))
             self._n_late += 1
@@ -202,9 +214,18 @@ class Ordering:
 
     def update(self, keys: Iterable[Key]) -> None:
         """Add keys (none there already), in ascending order so that most go to the lanes."""
-        add = self.add
-        for group, ready, msg_id in sorted(keys):
-            add(group, ready, msg_id)
+        keys = sorted(keys)
+        late: list[Key] = []
+        lanes = self._lanes
+        for group, run in groupby(keys, itemgetter(0)):
+            run = list(run)
+            lane = lanes.get(group) or self._new_lane(group)
+            if not lane.extend(run):
+                late.extend(key for key in run if not lane.append(key[1], key[2]))
+        if late:
+            self._late.update(late)
+            self._n_late += len(late)
+        self._n += len(keys)
 
     def head(self) -> Key | None:
         """The first key, or None when empty."""
@@ -325,6 +346,13 @@ class Ordering:
                     self._n -= n
                     self._n_late -= n
         return found
+
+    def _new_lane(self, group: int) -> _Lane:
+        lane = self._lanes[group] = _Lane()
+        self._groups.append(group)
+        if len(self._groups) > 1:
+            self._groups.sort()
+        return lane
 
     def _drop_lane(self, group: int) -> None:
         del self._lanes[group]

@@ -930,9 +930,8 @@ class Queue:
         delayed = self._delayed
         if delayed and delayed.head()[1] <= now:
             index = self._index
-            add = self._ready.add
-            for _, t, msg_id in delayed.pop_through(0, now):
-                add(-index[msg_id]._state[_PRIORITY], t, msg_id)
+            self._ready.update([(-index[msg_id]._state[_PRIORITY], t, msg_id)
+                                for _, t, msg_id in delayed.pop_through(0, now)])
         leased = self._leased
         if leased and leased.keys()[0] <= now:
             index = self._index

@@ -3,6 +3,8 @@ tuples, over random operation sequences, and keeps its garbage bounded."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,6 +24,7 @@ OPS = st.one_of(
     _ADD, _ADD, _ADD, _ADD, _DISCARD, _DISCARD,
     st.tuples(st.just("add_old"), GROUPS, st.floats(0, 20), st.integers(1, 300)),
     st.tuples(st.just("add_run"), GROUPS, READY_STEPS, st.integers(1, 30)),
+    st.tuples(st.just("add_many"), st.integers(0, 2**32), st.just(0.0), st.integers(1, 12)),
     st.tuples(st.just("pop_head"), st.just(0), st.just(0.0), st.just(0)),
     st.tuples(st.just("first"), st.integers(0, 10**6), st.booleans(), st.integers(0, 12)),
     st.tuples(st.just("through"), st.integers(0, 10**6), st.booleans(), st.booleans()),
@@ -65,6 +68,17 @@ def _run(ops: list) -> None:
             used.update(k[2] for k in keys)
             o.update(keys)
             model.update(keys)
+        elif name == "add_many":  # keys in any order at once, as a snapshot load gives them
+            rng = random.Random(a)
+            keys = {}
+            for i in range(1, c + 1):
+                new = rng.choice([msg_id + i, rng.randrange(1, 300)])
+                if new not in used:
+                    keys[new] = (rng.choice([0, 0, 2]), rng.choice([ready, rng.uniform(0, 20)]), new)
+            msg_id += c
+            used.update(keys)
+            o.update(keys.values())
+            model.update(keys.values())
         if name in ("add", "add_old"):
             used.add(key[2])
             o.add(*key)
