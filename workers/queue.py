@@ -15,12 +15,13 @@ import heapq
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 
-from sortedcontainers import SortedDict, SortedList
+from sortedcontainers import SortedDict
 
 from queue_server.protocol.records import (
     Confirm, Consume, DeadLetter, DlqReplay, Expire, Pause, Produce, Purge, Record, Release, Restore,
     count,
 )
+from queue_server.workers.ordering import Ordering
 
 MAX_MSG_ID = 2**63 - 1
 # How many idempotent produces (producer, sequence) a queue remembers, oldest forgotten first.
@@ -122,8 +123,8 @@ class Queue:
     """One queue's messages, ordered for delivery, with leases, retries and ttl.
 
     Each stored message is in exactly one ordering:
-    delayed ``(ready, msg_id)``, ready ``(-priority, ready, msg_id)`` or leased (by lease
-    deadline, then msg_id).
+    delayed ``(0, ready, msg_id)``, ready ``(-priority, ready, msg_id)`` (both an `Ordering`,
+    workers/ordering.py) or leased (by lease deadline, then msg_id).
     A delayed message whose time has come may sit in `delayed` until the next consume or
     expire_due; every query accounts for that, so where a message sits is never observable.
 
@@ -146,8 +147,8 @@ class Queue:
         self.next_id = next_id
         self.dedupe_window = dedupe_window
         self._index: dict[int, Message] = {}
-        self._delayed = SortedList()
-        self._ready = SortedList()
+        self._delayed = Ordering()  # one group, 0
+        self._ready = Ordering()
         # Leased messages by lease deadline: {deadline: {msg_id: None}}. A batch leased together
         # shares one deadline, so it is one entry here, not one per message.
         self._leased: SortedDict = SortedDict()
@@ -270,7 +271,7 @@ class Queue:
         index = self._index
         if lease is not None:
             # One record for the whole batch: every message gets the same lease and token.
-            ids = [key[2] for key in ready.islice(0, count)]
+            ids = [key[2] for key in ready.first(count)]
             record = Consume(queue=self.name, msg_ids=ids, lease=now + lease, token=token,
                              delivery_counts=[index[i]._state[_DELIVERY_COUNT] + 1 for i in ids])
             self.apply(record, now)
@@ -280,7 +281,7 @@ class Queue:
         apply = self.apply
         delivered: list[Message] = []
         while count > 0 and ready:
-            msg_id = ready[0][2]
+            msg_id = ready.head()[2]
             m = index[msg_id]
             state = m._state
             retry = state[_RETRY] if lease is None else lease
@@ -496,13 +497,13 @@ class Queue:
         t = None
         delayed = self._delayed
         if delayed:
-            head = delayed[0][0]
+            head = delayed.head()[1]
             if head > now:
                 t = head
             else:
-                i = delayed.bisect_right((now, _INF))
-                if i < len(delayed):
-                    t = delayed[i][0]
+                later = delayed.first(1, (0, now, _INF))
+                if later:
+                    t = later[0][1]
         leased = self._leased
         if leased:
             i = leased.bisect_right(now)
@@ -518,7 +519,7 @@ class Queue:
         if self._ready:
             return True
         delayed = self._delayed
-        if delayed and delayed[0][0] <= now:
+        if delayed and delayed.head()[1] <= now:
             return True
         return self._due_requeues(now) > 0 if self._leased else False
 
@@ -570,13 +571,10 @@ class Queue:
         ordering would hold after settling at `now`: the ready ones, the due delayed ones and the
         leases ended by `now` that end in a requeue (ready again at their lease deadline)."""
         index = self._index
-        ready = self._ready
-        start = ready.bisect_right(after) if after else 0
-        keys = list(ready.islice(start, start + count))
+        keys = self._ready.first(count, after or None)
         delayed = self._delayed
-        if delayed and delayed[0][0] <= now:
-            n = delayed.bisect_right((now, _INF))
-            keys.extend((-index[i].priority, t, i) for t, i in delayed.islice(0, n))
+        if delayed and delayed.head()[1] <= now:
+            keys.extend((-index[i].priority, t, i) for _, t, i in delayed.through(0, now))
         leased = self._leased
         if leased and leased.keys()[0] <= now:
             for deadline in leased.irange(maximum=now):
@@ -605,9 +603,8 @@ class Queue:
                 out.append(([priority, ready, i],
                             _message(i, m.data, (ready, *s[_TTL:_LEASE], None, None, s[_EXTRA]))))
         elif state == "delayed":
-            delayed = self._delayed
-            start = delayed.bisect_right(max(key, (now, _INF)) if key else (now, _INF))
-            for ready, i in delayed.islice(start, start + count):
+            start = max(key, (now, _INF)) if key else (now, _INF)
+            for _, ready, i in self._delayed.first(count, (0, *start)):
                 out.append(([ready, i], _copy(index[i])))
         elif state == "leased":
             leased = self._leased
@@ -667,8 +664,8 @@ class Queue:
         """
         delayed = self._delayed
         due = 0
-        if delayed and delayed[0][0] <= now:
-            due = delayed.bisect_right((now, _INF))
+        if delayed and delayed.head()[1] <= now:
+            due = delayed.count_through(0, now)
         requeues = self._due_requeues(now) if self._leased else 0
         return {
             "size": len(self._index),
@@ -879,9 +876,9 @@ class Queue:
         state = m._state
         ready = state[_READY]
         if now is not None and ready <= now:
-            self._ready.add((-state[_PRIORITY], ready, msg_id))
+            self._ready.add(-state[_PRIORITY], ready, msg_id)
         else:
-            self._delayed.add((ready, msg_id))
+            self._delayed.add(0, ready, msg_id)
         if msg_id >= self.next_id:
             self.next_id = msg_id + 1
 
@@ -904,9 +901,9 @@ class Queue:
         m._state = (ready, s[1], s[2], s[3], s[4] if delivery_count is None else delivery_count,
                     None, None, s[7])
         if now is not None and ready <= now:
-            self._ready.add((-m.priority, ready, msg_id))
+            self._ready.add(-s[_PRIORITY], ready, msg_id)
         else:
-            self._delayed.add((ready, msg_id))
+            self._delayed.add(0, ready, msg_id)
 
     def _unlink_many(self, ms: list[Message]) -> None:
         """Take messages out of their orderings; a run of neighbours goes as one slice."""
@@ -914,12 +911,8 @@ class Queue:
         waiting = [m for m in ms if m._state[_LEASE] is None]
         for lease, msg_id in leased:
             self._lease_remove(lease, msg_id)
-        if waiting:
-            keys = [(-m._state[_PRIORITY], m._state[_READY], m.msg_id) for m in waiting]
-            if not _remove_run(self._ready, keys) and not _remove_run(
-                    self._delayed, [(m._state[_READY], m.msg_id) for m in waiting]):
-                for m in waiting:
-                    self._unlink(m)
+        for m in waiting:
+            self._unlink(m)
 
     def _unlink(self, m: Message) -> None:
         """Take `m` out of whichever ordering holds it."""
@@ -927,26 +920,18 @@ class Queue:
         if state[_LEASE] is not None:
             self._lease_remove(state[_LEASE], m.msg_id)
             return
-        key = (-state[_PRIORITY], state[_READY], m.msg_id)
-        ready = self._ready
-        if ready and ready[0] == key:  # the consume hot path
-            ready.pop(0)
-        elif key in ready:
-            ready.remove(key)
-        else:
-            self._delayed.remove((state[_READY], m.msg_id))
+        if not self._ready.discard(-state[_PRIORITY], state[_READY], m.msg_id):
+            self._delayed.remove(0, state[_READY], m.msg_id)
 
     # ------------------------------------------------------------------ moving due messages
 
     def _settle(self, now: float, records: list[Record]) -> None:
         """Move due delayed messages to ready; end due leases (release or expire records)."""
         delayed = self._delayed
-        if delayed and delayed[0][0] <= now:
-            n = delayed.bisect_right((now, _INF))
-            due = delayed[:n]
-            del delayed[:n]
+        if delayed and delayed.head()[1] <= now:
             index = self._index
-            self._ready.update([(-index[msg_id].priority, t, msg_id) for t, msg_id in due])
+            self._ready.update([(-index[msg_id]._state[_PRIORITY], t, msg_id)
+                                for _, t, msg_id in delayed.pop_through(0, now)])
         leased = self._leased
         if leased and leased.keys()[0] <= now:
             index = self._index
@@ -1061,7 +1046,7 @@ class Queue:
             if m.lease is None:
                 if m.token is not None:
                     raise ValueError(f"msg_id {m.msg_id}: a token without a lease in snapshot")
-                delayed.append((m.ready, m.msg_id))
+                delayed.append((0, m.ready, m.msg_id))
             else:
                 q._lease_add(m.lease, (m.msg_id,))
                 if m.token is not None:
@@ -1071,17 +1056,6 @@ class Queue:
         # Without a clock every unleased message starts as delayed; the first consume sorts it out.
         q._delayed.update(delayed)
         return q
-
-
-def _remove_run(sl: SortedList, keys: list) -> bool:
-    """Remove `keys` from `sl` if they are neighbours there (one slice); False otherwise."""
-    keys.sort()
-    i = sl.bisect_left(keys[0])
-    j = i + len(keys)
-    if j > len(sl) or sl[j - 1] != keys[-1] or sl[i:j] != keys:
-        return False
-    del sl[i:j]
-    return True
 
 
 def _copy(m: Message) -> Message:
@@ -1132,7 +1106,7 @@ class _NoOrdering:
 
     __slots__ = ()
 
-    def add(self, key: object) -> None:
+    def add(self, group: int, ready: float, msg_id: int) -> None:
         pass
 
     def clear(self) -> None:

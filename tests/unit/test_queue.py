@@ -42,7 +42,7 @@ def take(q: Queue, now: float, count: int = 1) -> list[str]:
 def check_invariants(q: Queue) -> None:
     """Every stored message is in exactly one ordering, under the key its fields give; a
     message is leased under a token exactly when the token lists it."""
-    delayed = {mid for _, mid in q._delayed}
+    delayed = {mid for *_, mid in q._delayed}
     ready = {mid for *_, mid in q._ready}
     leased = {mid for group in q._leased.values() for mid in group}
     assert all(q._leased.values()) and q._n_leased == len(leased)
@@ -54,7 +54,7 @@ def check_invariants(q: Queue) -> None:
             assert mid in q._leased[m.lease]
         else:
             assert m.lease is None and m.token is None
-            assert (m.ready, mid) in q._delayed or (-m.priority, m.ready, mid) in q._ready
+            assert (0, m.ready, mid) in q._delayed or (-m.priority, m.ready, mid) in q._ready
         if m.token is not None:
             assert mid in q._tokens[m.token]
     for token, held in q._tokens.items():
