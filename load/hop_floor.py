@@ -33,6 +33,7 @@ import sys
 import tempfile
 import zlib
 from array import array
+from typing import Callable
 
 import orjson
 import zmq
@@ -103,7 +104,7 @@ def _socket(ctx: zmq.Context, kind: int, run_dir: str, name: str) -> zmq.Socket:
     return sock
 
 
-def _pass_on(inbox: zmq.Socket, handle) -> None:
+def _pass_on(inbox: zmq.Socket, handle: Callable[[list[bytes]], None]) -> None:
     """A worker's or the coordinator's loop: wait for a message, drain up to MAX_DRAIN, hand them
     to `handle` together (it sends one message per destination). A blocking recv, not ours'
     poll: one system call fewer per wake-up."""
@@ -163,11 +164,11 @@ def coordinator(hops: int, run_dir: str) -> None:
     _pass_on(inbox, handle)
 
 
-class Acceptor(asyncio.Protocol):
-    """The client side: one per connection. Parses each request line once (orjson); with hops 0
-    answers at once, else queues it for its worker (flushed once per loop turn)."""
+class Connection(asyncio.Protocol):
+    """One client connection. Parses each request line once (orjson); with hops 0 answers at
+    once, else queues it for its worker (flushed once per loop turn)."""
 
-    def __init__(self, node: "AcceptorNode") -> None:
+    def __init__(self, node: "Acceptor") -> None:
         self.node = node
         self.rest = b""
         self.conn_id = 0
@@ -208,7 +209,7 @@ class Acceptor(asyncio.Protocol):
 crc = zlib.crc32
 
 
-class AcceptorNode:
+class Acceptor:
     """The acceptor process's state: connections, requests pending per worker, replies held
     until released (hops 4)."""
 
@@ -216,7 +217,7 @@ class AcceptorNode:
         self.hops = hops
         self.workers = workers
         self.loop = loop
-        self.conns: dict[int, Acceptor] = {}
+        self.conns: dict[int, Connection] = {}
         self.next_conn = 1
         ctx = zmq.Context()
         self.inbox = _socket(ctx, zmq.PULL, run_dir, "acceptor")
@@ -225,9 +226,9 @@ class AcceptorNode:
         self.flush_scheduled = False
         self.held: list[list[tuple[int, bytes]]] = [[] for _ in range(workers)]  # (seq, bundle) per worker
         self.released = [0] * workers
-        self.dirty: set[Acceptor] = set()
+        self.dirty: set[Connection] = set()
 
-    def register(self, conn: Acceptor) -> int:
+    def register(self, conn: Connection) -> int:
         conn_id = self.next_conn
         self.next_conn += 1
         self.conns[conn_id] = conn
@@ -251,6 +252,7 @@ class AcceptorNode:
                 self.pending[index] = (array("I"), bytearray(), [])
 
     def on_inbox(self) -> None:
+        """Drain the inbox, answer what is released, write each connection's replies once."""
         recv = self.inbox.recv
         for _ in range(MAX_DRAIN):
             try:
@@ -285,6 +287,7 @@ class AcceptorNode:
         del held[:n]
 
     def answer(self, bundle: memoryview) -> None:
+        """Queue the fixed reply of every request in `bundle` on its connection."""
         conns = self.conns
         for conn_id, action in items(bundle):
             conn = conns.get(conn_id)
@@ -299,9 +302,9 @@ def acceptor(hops: int, workers: int, port: int, run_dir: str) -> None:
 
     loop = uvloop.new_event_loop()
     asyncio.set_event_loop(loop)
-    node = AcceptorNode(hops, workers, run_dir, loop)
+    node = Acceptor(hops, workers, run_dir, loop)
     loop.add_reader(node.inbox.getsockopt(zmq.FD), node.on_inbox)
-    loop.run_until_complete(loop.create_server(lambda: Acceptor(node), "127.0.0.1", port, backlog=1024,
+    loop.run_until_complete(loop.create_server(lambda: Connection(node), "127.0.0.1", port, backlog=1024,
                                                reuse_address=True))
     loop.run_forever()
 
@@ -361,7 +364,7 @@ class FloorNode:
 SETTINGS = ("unloaded", "per-request", "pipelined")
 
 
-def workload(args: argparse.Namespace, workdir: str, start, measure) -> None:
+def workload(args: argparse.Namespace, workdir: str, start: Callable, measure: Callable) -> None:
     """bench.py's `floor` workload: beanstalkd (when installed and not --no-peers) and each
     --hops variant at 1 connection, each --sweep count, and --depth in flight at --conns."""
     from load.peers import installed
