@@ -29,6 +29,9 @@ Workloads (each on a freshly started server):
                 back to back (which goes first alternates), each pair's ratio printed; then the same cycles with the Python
                 QueueClient plain and over TLS, also in pairs (load/tls_bench.py: cbench has no
                 TLS, so that ratio includes the Python client's own TLS cost)
+  floor         the hop floor (load/hop_floor.py): a skeleton node with our processes and
+                transports and no queue work, at --hops 0, 2, 3, 4, beside beanstalkd, at 1
+                connection, each --sweep count and --depth in flight
 
 It ends with a summary: every target ("target: X, measured: Y, met / not met") and each
 comparison (peers, quorum against a single node, durability settings, scaling) with p99 and the
@@ -65,7 +68,7 @@ from load.peers import argv as peer_argv, installed as installed_peers  # noqa: 
 from load.procs import cpu_seconds, descendants, process_name, stop  # noqa: E402
 from tests.harness import free_port  # noqa: E402  (one definition for tests and benchmarks)
 WORKLOADS = ("unloaded", "per-request", "pipelined", "batched", "long-poll", "quorum", "durability", "scaling",
-             "memory", "subscribe", "http", "security")
+             "memory", "subscribe", "http", "security", "floor")
 
 
 class Target(NamedTuple):
@@ -100,7 +103,7 @@ TARGETS = (
     Target("memory per 100-byte message at 1M, summed over the node's processes", "memory/queue-server",
            "pss_per_msg", 300, "B", at_most=True, messages=1_000_000),
 )
-PROTOCOLS = {"queue-server": "qs", "queue-server x3": "qs", "beanstalkd": "beanstalk", "redis": "redis"}
+PROTOCOLS = {"queue-server": "qs", "floor": "qs", "queue-server x3": "qs", "beanstalkd": "beanstalk", "redis": "redis"}
 
 
 def machine() -> dict:
@@ -356,7 +359,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="pipelined: requests in flight per connection (default 1,10,16,100,1000; 16 is the target's)")
     parser.add_argument("--batches", type=_ints, default=[1, 10, 100, 1000],
                         help="batched: messages per request (default 1,10,100,1000)")
-    parser.add_argument("--depth", type=int, default=16, help="quorum: requests in flight per connection, pipelined (default 16)")
+    parser.add_argument("--depth", type=int, default=16,
+                        help="quorum, floor: requests in flight per connection, pipelined (default 16)")
+    parser.add_argument("--hops", type=_hops, default=[0, 2, 3, 4],
+                        help="floor: the skeleton's variants, ZeroMQ hops per request (default 0,2,3,4)")
     parser.add_argument("--scale-workers", type=_ints, default=[1, 2, 4], help="scaling: worker counts (default 1,2,4)")
     parser.add_argument("--scale-queues", type=_ints, default=[1, 10000],
                         help="scaling: queues the cycles are spread over, all created first (default 1,10000)")
@@ -541,6 +547,10 @@ def main(argv: list[str] | None = None) -> None:
                                                           args.payload, tmp))
         if "security" in only:
             security(args, tmp, start, measure, rows, notes)
+        if "floor" in only:
+            from load import hop_floor
+
+            hop_floor.workload(args, tmp, start, measure)
 
         if "subscribe" in only:
             from load import subscribe_bench
@@ -575,6 +585,11 @@ def main(argv: list[str] | None = None) -> None:
         for r in memory_rows:
             by = ", ".join(f"{n} {b:,.0f}" for n, b in r["by_process"].items())
             print(f"| {r['server']} | {r['messages']:,} | {r['pss_per_msg']:,.0f} | {r['rss_per_msg']:,.0f} | {by} |")
+    if "floor" in only:
+        from load import hop_floor
+
+        print()
+        print("\n".join(hop_floor.table(rows)))
     print()
     for line in summary(rows + memory_rows, only):
         print(line)
@@ -595,6 +610,14 @@ def _ints(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
+
+
+def _hops(text: str) -> list[int]:
+    """The floor's variants: a comma-separated subset of 0, 2, 3, 4 (an argparse type)."""
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    if not values or not set(values) <= {"0", "2", "3", "4"}:
+        raise argparse.ArgumentTypeError(f"expected some of 0,2,3,4, got {text!r}")
+    return [int(v) for v in values]
 
 
 def node_config(repo: str, workers: int) -> str:

@@ -16,11 +16,12 @@ from tests.harness import REPO
 pytestmark = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler for load/cbench.c")
 
 
-def bench(tmp_path, *args: str, timeout: float) -> tuple[str, dict]:
-    """Run load/bench.py with `args`; its output and JSON report, once it exited 0 with no workload
-    failed. It runs in a session of its own, killed whole (nodes, peers, client) if it overruns."""
+def bench(tmp_path, *args: str, timeout: float, script: str = "load/bench.py") -> tuple[str, dict]:
+    """Run `script` (load/bench.py or a script that runs bench.py's workloads) with `args`; its
+    output and JSON report, once it exited 0 with no workload failed. It runs in a session of
+    its own, killed whole (nodes, peers, client) if it overruns."""
     out = tmp_path / "bench.json"
-    proc = subprocess.Popen([sys.executable, "load/bench.py", *args, "--json", str(out)], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, script, *args, "--json", str(out)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
@@ -68,6 +69,22 @@ def test_short_run_prints_the_summary_with_its_targets(tmp_path):
     assert "at 2,000 messages, not the target's 1M: no verdict" in summary
     assert "fsync always: " in summary and "50 queues: " in summary and "200 messages stored: " in summary
     assert "memory per message at 2,000, queue-server: " in summary
+
+
+def test_hop_floor_gives_figures_for_every_variant(tmp_path):
+    """load/hop_floor.py: every skeleton variant (and beanstalkd when installed) at 1 connection,
+    the sweep and pipelined, with CPU per process, in its table."""
+    stdout, report = bench(tmp_path, "--seconds", "0.3", "--conns", "2", "--sweep", "2", "--depth", "4",
+                           timeout=180, script="load/hop_floor.py")
+    rows = {r["key"]: r for r in report["results"]}
+    variants = ["hops=0", "hops=2", "hops=3", "hops=4"] + (["beanstalkd"] if shutil.which("beanstalkd") else [])
+    assert set(rows) == {f"floor/{v}/{s}" for v in variants for s in ("1", "2", "d4")}, sorted(rows)
+    for row in rows.values():
+        assert row["ops"] > 0 and row["messages"] > 0, row
+    assert set(rows["floor/hops=3/2"]["cpu_us_per_op"]) >= {"acceptor", "worker-0", "worker-1", "coordinator"}
+    table = stdout.split("| variant | setting |", 1)[1]
+    for v in variants:
+        assert f"\n| {v} | 2 connections, depth 4 | " in table, table
 
 
 @pytest.mark.skipif(shutil.which("wrk") is None, reason="no wrk (apt-get install wrk) for the HTTP workload")
