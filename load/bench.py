@@ -199,6 +199,12 @@ class Server:
             return b"".join(f.readlines()[-lines:]).decode(errors="replace")
 
 
+def start_peer(name: str, *extra: str) -> Server:
+    """Peer `name` (load/peers.py) on a free loopback port, with `extra` arguments."""
+    port = free_port()
+    return Server(peer_argv(name, port, *extra), port)
+
+
 class QueueServer(Server):
     """A queue-server node from `repo` on free ports (with metrics_port when asked)."""
 
@@ -403,8 +409,7 @@ def main(argv: list[str] | None = None) -> None:
         def start(server: str, config: dict | None = None):
             if server == "queue-server":
                 return QueueServer(repo, tmp, args.workers, args.metrics, config)
-            port = free_port()
-            return Server(peer_argv(server, port), port)
+            return start_peer(server)
 
         def measure(workload: str, server: str, what: str, starter, runner=None, repeat: int | None = None,
                     key: str | None = None, prepare=None, **kw) -> None:
@@ -512,10 +517,9 @@ def main(argv: list[str] | None = None) -> None:
                         lambda config=config: start("queue-server", config), key=f"durability/{label}")
             if "beanstalkd" in peers:
                 for every_write in (True, False):
-                    port = free_port()
-                    label, command = durability_bench.beanstalkd_binlog(port, tempfile.mkdtemp(dir=tmp), every_write)
+                    label, extra = durability_bench.beanstalkd_binlog(tempfile.mkdtemp(dir=tmp), every_write)
                     measure("durability", "beanstalkd", f"{what['beanstalkd'][0]}, {label}",
-                            lambda command=command, port=port: Server(command, port))
+                            lambda extra=extra: start_peer("beanstalkd", *extra))
         if "scaling" in only:
             scaling(args, what["queue-server"][0], start, measure)
         if "memory" in only:
@@ -550,7 +554,7 @@ def main(argv: list[str] | None = None) -> None:
         if "floor" in only:
             from load import hop_floor
 
-            hop_floor.workload(args, tmp, start, measure)
+            hop_floor.workload(args, tmp, peers, start, measure)
 
         if "subscribe" in only:
             from load import subscribe_bench

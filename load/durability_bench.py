@@ -8,7 +8,6 @@ of a node holding 1,000,000 messages. A benchmark, not a test.
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -17,8 +16,8 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from queue_server.client import QueueClient  # noqa: E402
 from load.options import parse_numbers  # noqa: E402
-from load.peers import argv as peer_argv  # noqa: E402
-from load.bench import REPO, QueueServer, Server, build_client, free_port, print_machine, run_client  # noqa: E402
+from load.peers import installed as installed_peers  # noqa: E402
+from load.bench import REPO, QueueServer, Server, build_client, print_machine, run_client, start_peer  # noqa: E402
 
 
 # Each queue-server durability setting: (label, config keys over the defaults).
@@ -31,11 +30,11 @@ SETTINGS = (
 )
 
 
-def beanstalkd_binlog(port: int, binlog: str, fsync_every_write: bool) -> tuple[str, list[str]]:
-    """(label, command) of beanstalkd on `port` with its binlog in `binlog` (-b), syncing every
-    write (-f0) or never."""
+def beanstalkd_binlog(binlog: str, fsync_every_write: bool) -> tuple[str, tuple[str, ...]]:
+    """(label, beanstalkd's extra arguments) for its binlog in `binlog` (-b), syncing every write
+    (-f0) or never."""
     label = "beanstalkd -b (fsync every write, -f0)" if fsync_every_write else "beanstalkd -b (no fsync)"
-    return label, peer_argv("beanstalkd", port, "-b", binlog, *(("-f", "0") if fsync_every_write else ()))
+    return label, ("-b", binlog, *(("-f", "0") if fsync_every_write else ()))
 
 
 def restart_time(workdir: str, messages: int, batch: int) -> tuple[float, float]:
@@ -81,13 +80,13 @@ def main(argv: list[str] | None = None) -> None:
 
         for label, config in SETTINGS:
             measure(f"queue-server {label}", QueueServer(REPO, tmp, 2, False, config, name="durability"))
-        if shutil.which("beanstalkd"):
+        notes: list[str] = []
+        if installed_peers(notes, "beanstalkd"):
             for every_write in (True, False):
-                port = free_port()
-                label, command = beanstalkd_binlog(port, tempfile.mkdtemp(dir=tmp), every_write)
-                measure(label, Server(command, port), "beanstalk")
-        else:
-            print("  beanstalkd not installed (apt-get install beanstalkd): peer skipped")
+                label, extra = beanstalkd_binlog(tempfile.mkdtemp(dir=tmp), every_write)
+                measure(label, start_peer("beanstalkd", *extra), "beanstalk")
+        for note in notes:
+            print("  " + note)
         stored, restarted = restart_time(tmp, args.messages, args.batch)
     print(f"\nstored {args.messages:,} messages in {stored:.1f} s; restart until all are back: {restarted:.1f} s")
     print("\n| workload | ops/s | p50 ms | p99 ms |\n|---|---|---|---|")

@@ -364,13 +364,11 @@ class FloorNode:
 SETTINGS = ("unloaded", "per-request", "pipelined")
 
 
-def workload(args: argparse.Namespace, workdir: str, start: Callable, measure: Callable) -> None:
-    """bench.py's `floor` workload: beanstalkd (when installed and not --no-peers) and each
-    --hops variant at 1 connection, each --sweep count, and --depth in flight at --conns."""
-    from load.peers import installed
-
+def workload(args: argparse.Namespace, workdir: str, peers: list[str], start: Callable, measure: Callable) -> None:
+    """bench.py's `floor` workload: beanstalkd (when among `peers`) and each --hops variant at 1
+    connection, each --sweep count, and --depth in flight at --conns."""
     servers: list[tuple[str, str, object]] = []
-    if not args.no_peers and "beanstalkd" in installed([]):
+    if "beanstalkd" in peers:
         servers.append(("beanstalkd", "beanstalkd", lambda: start("beanstalkd")))
     for hops in args.hops:
         servers.append((f"hops={hops}", "floor", lambda h=hops: FloorNode(h, workdir, args.workers)))

@@ -24,11 +24,10 @@ import orjson
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from load.bench import REPO, QueueServer, Server, print_machine  # noqa: E402
+from load.bench import REPO, QueueServer, Server, print_machine, start_peer  # noqa: E402
 from load.options import number_options  # noqa: E402
-from load.peers import argv as peer_argv, installed as installed_peers  # noqa: E402
+from load.peers import installed as installed_peers  # noqa: E402
 from load.procs import descendants, process_name  # noqa: E402
-from tests.harness import free_port  # noqa: E402
 
 BATCH = 1000  # messages per request / command while filling
 
@@ -132,9 +131,7 @@ def start(name: str, repo: str, workdir: str, workers: int, per_queue: int) -> S
     """Server `name` (queue-server or a peer), fresh, with room for `per_queue` messages a queue."""
     if name == "queue-server":
         return QueueServer(repo, workdir, workers, False, room_for(per_queue))
-    port = free_port()
-    extra = ("-z", str(1 << 20)) if name == "beanstalkd" else ()
-    return Server(peer_argv(name, port, *extra), port)
+    return start_peer(name, *(("-z", str(1 << 20)) if name == "beanstalkd" else ()))
 
 
 def measure(name: str, repo: str, workdir: str, workers: int, queues: list[str], per_queue: int,

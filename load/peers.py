@@ -7,10 +7,12 @@ import shutil
 BINARIES = {"beanstalkd": "beanstalkd", "redis": "redis-server"}
 
 
-def installed(notes: list[str]) -> list[str]:
-    """The peers installed here; a note in `notes` for each one that is not."""
+def installed(notes: list[str], *names: str) -> list[str]:
+    """The peers (`names`, default all) installed here; a note in `notes` for each one that is not."""
     found = []
     for name, binary in BINARIES.items():
+        if names and name not in names:
+            continue
         if shutil.which(binary):
             found.append(name)
         else:
