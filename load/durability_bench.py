@@ -17,6 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from queue_server.client import QueueClient  # noqa: E402
 from load.options import parse_numbers  # noqa: E402
 from load.peers import installed as installed_peers  # noqa: E402
+from tests.harness import wait_for  # noqa: E402
 from load.bench import REPO, QueueServer, Server, build_client, print_machine, run_client, start_peer  # noqa: E402
 
 
@@ -55,8 +56,7 @@ def restart_time(workdir: str, messages: int, batch: int) -> tuple[float, float]
     node = QueueServer(REPO, workdir, 2, False, same_disk, name="restart")
     try:
         with QueueClient(node.addresses[0], timeout=60) as q:
-            while q.monitor("stored")["size"] != messages:
-                time.sleep(0.05)
+            wait_for(lambda: q.monitor("stored")["size"] == messages, 600, f"the restarted node to hold {messages:,} messages")
         return stored, time.monotonic() - start
     finally:
         node.stop()
