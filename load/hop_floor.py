@@ -80,17 +80,6 @@ def items(bundle: bytes | memoryview) -> list[tuple[int, int]]:
 
 
 # ----------------------------------------------------------------------------- processes
-def _die_with_parent() -> None:
-    """Have Linux end this process when the one that started it dies."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
-
-
 def _endpoint(run_dir: str, name: str) -> str:
     return "ipc://" + os.path.join(run_dir, name + ".ipc")
 
@@ -415,7 +404,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--port", type=int, default=0)
     a = parser.parse_args(argv)
-    _die_with_parent()
+    from queue_server.server.child import die_with_parent  # as our children do: no orphan outlives the benchmark
+
+    die_with_parent()
     if a.role == "acceptor":
         acceptor(a.hops, a.workers, a.port, a.run_dir)
     elif a.role == "worker":
