@@ -64,6 +64,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
+from load.options import number_options  # noqa: E402
 from load.peers import argv as peer_argv, installed as installed_peers  # noqa: E402
 from load.procs import cpu_seconds, descendants, process_name, stop  # noqa: E402
 from tests.harness import free_port  # noqa: E402  (one definition for tests and benchmarks)
@@ -357,16 +358,17 @@ def run_client(client: str, proto: str, addresses: list[str], args: argparse.Nam
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--seconds", type=float, default=10.0, help="per measurement (default 10)")
-    parser.add_argument("--conns", type=int, default=8, help="connections (default 8; long-poll: 4 pairs)")
+    parser = number_options(__doc__, seconds=(10.0, "per measurement"),
+                            conns=(8, "connections (long-poll: half as many producer/consumer pairs)"),
+                            depth=(16, "quorum, floor: requests in flight per connection, pipelined"),
+                            memory_messages=(1_000_000, "memory: messages of 100 bytes stored (load/memory_bench.py)"),
+                            payload=(64, "message bytes"), workers=(2, "queue-server workers"),
+                            repeat=(1, "measure each workload N times, report the median ops/s"))
     parser.add_argument("--sweep", type=_ints, default=[8, 64, 256], help="per-request: connection counts (default 8,64,256)")
     parser.add_argument("--depths", type=_ints, default=[1, 10, 16, 100, 1000],
                         help="pipelined: requests in flight per connection (default 1,10,16,100,1000; 16 is the target's)")
     parser.add_argument("--batches", type=_ints, default=[1, 10, 100, 1000],
                         help="batched: messages per request (default 1,10,100,1000)")
-    parser.add_argument("--depth", type=int, default=16,
-                        help="quorum, floor: requests in flight per connection, pipelined (default 16)")
     parser.add_argument("--hops", type=_hops, default=[0, 2, 3, 4],
                         help="floor: the skeleton's variants, ZeroMQ hops per request (default 0,2,3,4)")
     parser.add_argument("--scale-workers", type=_ints, default=[1, 2, 4], help="scaling: worker counts (default 1,2,4)")
@@ -374,15 +376,10 @@ def main(argv: list[str] | None = None) -> None:
                         help="scaling: queues the cycles are spread over, all created first (default 1,10000)")
     parser.add_argument("--scale-stored", type=_ints, default=[1000, 1000000],
                         help="scaling: messages stored in another queue during the cycles (default 1000,1000000)")
-    parser.add_argument("--memory-messages", type=int, default=1_000_000,
-                        help="memory: messages of 100 bytes stored (default 1,000,000; load/memory_bench.py)")
-    parser.add_argument("--payload", type=int, default=64, help="message bytes (default 64)")
-    parser.add_argument("--workers", type=int, default=2, help="queue-server workers (default 2)")
     parser.add_argument("--only", default=",".join(WORKLOADS), help=f"comma-separated subset of {','.join(WORKLOADS)}")
     parser.add_argument("--no-peers", action="store_true", help="skip beanstalkd and redis")
     parser.add_argument("--metrics", action="store_true", help="run queue-server with metrics_port on, scraped every second")
     parser.add_argument("--repo", default=REPO, help="queue-server checkout to run (default: this one)")
-    parser.add_argument("--repeat", type=int, default=1, help="measure each workload N times, report the median ops/s")
     parser.add_argument("--json", default="bench-results.json", help="where to write the results")
     args = parser.parse_args(argv)
     only = [w.strip() for w in args.only.split(",") if w.strip()]

@@ -7,7 +7,6 @@ node's CPU time per 1000 produces (only when the script starts the node).
 """
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -18,6 +17,7 @@ from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from queue_server.client import AsyncQueueClient  # noqa: E402
+from load.options import number_options  # noqa: E402
 from load.procs import tree_cpu_seconds  # noqa: E402
 from tests.harness import NodeProcess  # noqa: E402  (starts a node and waits for it)
 
@@ -65,10 +65,9 @@ def _node(hosts: str | None) -> Iterator[tuple[str, int | None]]:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = number_options(__doc__, coroutines=(64, "closed-loop producers sharing one client"),
+                        seconds=(5.0, "per linger setting"))
     ap.add_argument("--hosts", help="a running node (default: start one)")
-    ap.add_argument("--coroutines", type=int, default=64)
-    ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--linger", type=float, nargs="+", default=[0.0, 1.0], help="linger_ms settings to compare")
     args = ap.parse_args()
     with _node(args.hosts) as (hosts, pid):

@@ -28,6 +28,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from load.bench import REPO, QueueServer, build_client, print_machine, run_client  # noqa: E402
+from load.options import number_options  # noqa: E402
 from load.procs import descendants, process_name, stop, thread_cpu  # noqa: E402
 
 WORKLOADS = ("per-request", "pipelined", "batched", "long-poll")
@@ -72,17 +73,13 @@ def top_lines(name: str, samples: Counter, top: int) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = number_options(__doc__, seconds=(10.0, "load and recording time"), conns=(8, "connections"),
+                            depth=(16, "pipelined: requests in flight per connection"),
+                            batch=(100, "batched: messages per request"), payload=(64, "message bytes"),
+                            workers=(2, "queue-server workers"), top=(15, "functions per process"),
+                            rate=(200, "py-spy samples per second"))
     parser.add_argument("--workload", choices=WORKLOADS, default="per-request", help="what the client does (default per-request)")
-    parser.add_argument("--seconds", type=float, default=10.0, help="load and recording time (default 10)")
-    parser.add_argument("--conns", type=int, default=8, help="connections (default 8)")
-    parser.add_argument("--depth", type=int, default=16, help="pipelined: requests in flight per connection (default 16)")
-    parser.add_argument("--batch", type=int, default=100, help="batched: messages per request (default 100)")
-    parser.add_argument("--payload", type=int, default=64, help="message bytes (default 64)")
-    parser.add_argument("--workers", type=int, default=2, help="queue-server workers (default 2)")
     parser.add_argument("--config", type=json.loads, default={}, help="config keys over the defaults, as JSON")
-    parser.add_argument("--top", type=int, default=15, help="functions per process (default 15)")
-    parser.add_argument("--rate", type=int, default=200, help="py-spy samples per second (default 200)")
     parser.add_argument("--blocking", action="store_true", help="stop each process while sampling it (exact, slower)")
     parser.add_argument("--native", action="store_true", help="C frames too (uvloop, zmq, orjson; implies --blocking)")
     parser.add_argument("--supervisor", action="store_true", help="profile the supervisor too")

@@ -7,7 +7,6 @@ loopback). Each row: the median and p90 latency in microseconds of `--requests` 
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import statistics
@@ -19,6 +18,7 @@ from collections.abc import Callable, Iterator
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from queue_server.client import QueueClient  # noqa: E402
 from queue_server.client.errors import QueueError  # noqa: E402
+from load.options import number_options  # noqa: E402
 from tests.harness import NodeProcess  # noqa: E402  (starts a node and waits for it)
 
 
@@ -60,10 +60,9 @@ def _node(hosts: str | None) -> Iterator[str]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = number_options(__doc__, requests=(2000, "requests of each kind a round"),
+                            repeat=(1, "rounds; each row reports the median of the rounds"))
     parser.add_argument("--hosts", help="a running node (default: start one, in memory)")
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--repeat", type=int, default=1, help="rounds; each row reports the median of the rounds")
     args = parser.parse_args()
     queue = f"read-latency-{os.getpid()}"
     rounds: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}
