@@ -38,9 +38,11 @@ from typing import Callable
 import orjson
 import zmq
 
+from queue_server.server import ipc
+from queue_server.server.child import die_with_parent
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 VARIANTS = (0, 2, 3, 4)
-MAX_DRAIN = 256  # messages drained from an inbox before sending on (server/ipc.py's)
 
 # The replies cbench reads (a "code":0; a consume's "msg_id"), shaped as ours are.
 _PAYLOAD = ("0123456789abcdef" * 4).encode()
@@ -80,27 +82,14 @@ def items(bundle: bytes | memoryview) -> list[tuple[int, int]]:
 
 
 # ----------------------------------------------------------------------------- processes
-def _endpoint(run_dir: str, name: str) -> str:
-    return "ipc://" + os.path.join(run_dir, name + ".ipc")
-
-
-def _socket(ctx: zmq.Context, kind: int, run_dir: str, name: str) -> zmq.Socket:
-    """A PULL bound to `name` or a PUSH connected to it, unbounded and without linger (server/ipc.py's)."""
-    sock = ctx.socket(kind)
-    sock.setsockopt(zmq.RCVHWM if kind == zmq.PULL else zmq.SNDHWM, 0)
-    sock.setsockopt(zmq.LINGER, 0)
-    (sock.bind if kind == zmq.PULL else sock.connect)(_endpoint(run_dir, name))
-    return sock
-
-
 def _pass_on(inbox: zmq.Socket, handle: Callable[[list[bytes]], None]) -> None:
-    """A worker's or the coordinator's loop: wait for a message, drain up to MAX_DRAIN, hand them
-    to `handle` together (it sends one message per destination). A blocking recv, not ours'
+    """A worker's or the coordinator's loop: wait for a message, drain up to ipc.MAX_DRAIN, hand
+    them to `handle` together (it sends one message per destination). A blocking recv, not ours'
     poll: one system call fewer per wake-up."""
     recv = inbox.recv
     while True:
         got = [recv()]
-        for _ in range(MAX_DRAIN - 1):
+        for _ in range(ipc.MAX_DRAIN - 1):
             try:
                 got.append(recv(zmq.NOBLOCK))
             except zmq.Again:
@@ -112,9 +101,9 @@ def worker(hops: int, index: int, run_dir: str) -> None:
     """Forwards the acceptor's requests: to the acceptor (hops 2), to the coordinator (3), or the
     "records" to the coordinator and the "replies" to the acceptor, numbered (4)."""
     ctx = zmq.Context()
-    inbox = _socket(ctx, zmq.PULL, run_dir, f"worker-{index}")
-    to_acceptor = _socket(ctx, zmq.PUSH, run_dir, "acceptor")
-    to_coordinator = _socket(ctx, zmq.PUSH, run_dir, "coordinator")
+    inbox = ipc.inbox(ctx, run_dir, ipc.worker_name(index))
+    to_acceptor = ipc.outbox(ctx, run_dir, "acceptor")
+    to_coordinator = ipc.outbox(ctx, run_dir, "coordinator")
     seq = 0
 
     def handle(got: list[bytes]) -> None:
@@ -137,8 +126,8 @@ def coordinator(hops: int, run_dir: str) -> None:
     """Sends the acceptor what the workers sent (hops 3), or only how far each worker's batches
     are released (4)."""
     ctx = zmq.Context()
-    inbox = _socket(ctx, zmq.PULL, run_dir, "coordinator")
-    to_acceptor = _socket(ctx, zmq.PUSH, run_dir, "acceptor")
+    inbox = ipc.inbox(ctx, run_dir, "coordinator")
+    to_acceptor = ipc.outbox(ctx, run_dir, "acceptor")
 
     def handle(got: list[bytes]) -> None:
         if hops == 3:
@@ -209,8 +198,8 @@ class Acceptor:
         self.conns: dict[int, Connection] = {}
         self.next_conn = 1
         ctx = zmq.Context()
-        self.inbox = _socket(ctx, zmq.PULL, run_dir, "acceptor")
-        self.to_workers = [_socket(ctx, zmq.PUSH, run_dir, f"worker-{i}") for i in range(workers if hops else 0)]
+        self.inbox = ipc.inbox(ctx, run_dir, "acceptor")
+        self.to_workers = [ipc.outbox(ctx, run_dir, ipc.worker_name(i)) for i in range(workers if hops else 0)]
         self.pending: list[tuple[array, bytearray, list[bytes]]] = [(array("I"), bytearray(), []) for _ in range(workers)]
         self.flush_scheduled = False
         self.held: list[list[tuple[int, bytes]]] = [[] for _ in range(workers)]  # (seq, bundle) per worker
@@ -243,7 +232,7 @@ class Acceptor:
     def on_inbox(self) -> None:
         """Drain the inbox, answer what is released, write each connection's replies once."""
         recv = self.inbox.recv
-        for _ in range(MAX_DRAIN):
+        for _ in range(ipc.MAX_DRAIN):
             try:
                 message = recv(zmq.NOBLOCK)
             except zmq.Again:
@@ -313,7 +302,7 @@ class FloorNode:
         self.log = open(self.log_path, "ab")
         script = [sys.executable, os.path.abspath(__file__), "--role"]
         common = ["--hops", str(hops), "--run-dir", run_dir, "--workers", str(workers)]
-        roles = {f"worker-{i}": ["worker", "--index", str(i)] for i in range(workers)} if hops else {}
+        roles = {ipc.worker_name(i): ["worker", "--index", str(i)] for i in range(workers)} if hops else {}
         if hops >= 3:
             roles["coordinator"] = ["coordinator"]
         roles["acceptor"] = ["acceptor", "--port", str(self.port)]
@@ -404,9 +393,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--index", type=int, default=0)
     parser.add_argument("--port", type=int, default=0)
     a = parser.parse_args(argv)
-    from queue_server.server.child import die_with_parent  # as our children do: no orphan outlives the benchmark
-
-    die_with_parent()
+    die_with_parent()  # as our children do: no orphan outlives the benchmark
     if a.role == "acceptor":
         acceptor(a.hops, a.workers, a.port, a.run_dir)
     elif a.role == "worker":
