@@ -8,18 +8,15 @@ node's CPU time per 1000 produces (only when the script starts the node).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from queue_server.client import AsyncQueueClient  # noqa: E402
 from load.options import number_options  # noqa: E402
 from load.procs import tree_cpu_seconds  # noqa: E402
-from tests.harness import NodeProcess  # noqa: E402  (starts a node and waits for it)
+from load.node import node_at  # noqa: E402
 
 
 async def produces_per_s(hosts: str, linger_ms: float, coroutines: int,
@@ -49,28 +46,13 @@ async def produces_per_s(hosts: str, linger_ms: float, coroutines: int,
     return sum(counts) / elapsed, latencies[len(latencies) // 2] * 1000, sum(counts)
 
 
-@contextlib.contextmanager
-def _node(hosts: str | None) -> Iterator[tuple[str, int | None]]:
-    if hosts:
-        yield hosts, None
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        node = NodeProcess(tmp, {"queue_size": 1_000_000},
-                           command=[sys.executable, "-m", "queue_server.server.main", "--in-memory"]).start()
-        try:
-            assert node.proc is not None
-            yield node.hosts, node.proc.pid
-        finally:
-            node.stop()
-
-
 def main() -> None:
     ap = number_options(__doc__, coroutines=(64, "closed-loop producers sharing one client"),
                         seconds=(5.0, "per linger setting"))
     ap.add_argument("--hosts", help="a running node (default: start one)")
     ap.add_argument("--linger", type=float, nargs="+", default=[0.0, 1.0], help="linger_ms settings to compare")
     args = ap.parse_args()
-    with _node(args.hosts) as (hosts, pid):
+    with node_at(args.hosts, {"queue_size": 1_000_000}) as (hosts, pid):
         print(f"{args.coroutines} coroutines on one AsyncQueueClient, {args.seconds:g} s each, {hosts}")
         for linger_ms in args.linger:
             cpu = tree_cpu_seconds(pid) if pid else 0.0
