@@ -9,17 +9,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from queue_server.client import AsyncQueueClient  # noqa: E402
-from load.procs import tree_cpu_seconds  # noqa: E402
-from tests.harness import NodeProcess  # noqa: E402  (starts a node and waits for it)
+from load.procs import own_node, tree_cpu_seconds  # noqa: E402
 
 
 async def produces_per_s(hosts: str, linger_ms: float, coroutines: int,
@@ -49,21 +45,6 @@ async def produces_per_s(hosts: str, linger_ms: float, coroutines: int,
     return sum(counts) / elapsed, latencies[len(latencies) // 2] * 1000, sum(counts)
 
 
-@contextlib.contextmanager
-def _node(hosts: str | None) -> Iterator[tuple[str, int | None]]:
-    if hosts:
-        yield hosts, None
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        node = NodeProcess(tmp, {"queue_size": 1_000_000},
-                           command=[sys.executable, "-m", "queue_server.server.main", "--in-memory"]).start()
-        try:
-            assert node.proc is not None
-            yield node.hosts, node.proc.pid
-        finally:
-            node.stop()
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", help="a running node (default: start one)")
@@ -71,7 +52,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--linger", type=float, nargs="+", default=[0.0, 1.0], help="linger_ms settings to compare")
     args = ap.parse_args()
-    with _node(args.hosts) as (hosts, pid):
+    with own_node(args.hosts, {"queue_size": 1_000_000}) as (hosts, pid):
         print(f"{args.coroutines} coroutines on one AsyncQueueClient, {args.seconds:g} s each, {hosts}")
         for linger_ms in args.linger:
             cpu = tree_cpu_seconds(pid) if pid else 0.0

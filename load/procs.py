@@ -1,10 +1,14 @@
 """A server's processes, read from /proc, for the benchmarks: the process tree under a pid, a
 short name for each process (queue-server's children by their module and worker index) and the
-CPU time each has used; stopping a server process."""
+CPU time each has used; starting a node of its own and stopping a server process."""
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
@@ -92,3 +96,21 @@ def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextlib.contextmanager
+def own_node(hosts: str | None, config: dict | None = None) -> Iterator[tuple[str, int | None]]:
+    """(hosts, None) when given a running node's `hosts`; otherwise a node of this script's own
+    for the block (in memory, on loopback, with `config`'s keys), as (its hosts, its pid)."""
+    if hosts:
+        yield hosts, None
+        return
+    from tests.harness import NodeProcess  # starts a node and waits for it
+
+    with tempfile.TemporaryDirectory() as tmp:
+        node = NodeProcess(tmp, config, command=[sys.executable, "-m", "queue_server.server.main", "--in-memory"]).start()
+        try:
+            assert node.proc is not None
+            yield node.hosts, node.proc.pid
+        finally:
+            node.stop()

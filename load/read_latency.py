@@ -7,19 +7,18 @@ loopback). Each row: the median and p90 latency in microseconds of `--requests` 
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import os
 import statistics
 import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from queue_server.client import QueueClient  # noqa: E402
 from queue_server.client.errors import QueueError  # noqa: E402
-from tests.harness import NodeProcess  # noqa: E402  (starts a node and waits for it)
+from load.options import number_options  # noqa: E402
+from load.procs import own_node  # noqa: E402
 
 
 def _refused(q: QueueClient, queue: str) -> None:
@@ -46,28 +45,13 @@ def latencies_us(q: QueueClient, call: Callable[[QueueClient, str], object], que
     return out
 
 
-@contextlib.contextmanager
-def _node(hosts: str | None) -> Iterator[str]:
-    if hosts:
-        yield hosts
-        return
-    with tempfile.TemporaryDirectory() as tmp:
-        node = NodeProcess(tmp, command=[sys.executable, "-m", "queue_server.server.main", "--in-memory"]).start()
-        try:
-            yield node.hosts
-        finally:
-            node.stop()
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = number_options(__doc__, requests=2000, repeat=(1, "rounds; each row reports the median of the rounds"))
     parser.add_argument("--hosts", help="a running node (default: start one, in memory)")
-    parser.add_argument("--requests", type=int, default=2000)
-    parser.add_argument("--repeat", type=int, default=1, help="rounds; each row reports the median of the rounds")
     args = parser.parse_args()
     queue = f"read-latency-{os.getpid()}"
     rounds: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}
-    with _node(args.hosts) as hosts, QueueClient(hosts) as q:
+    with own_node(args.hosts) as (hosts, _pid), QueueClient(hosts) as q:
         for _ in range(args.repeat):
             for kind, call in KINDS.items():
                 got = sorted(latencies_us(q, call, queue, args.requests))
