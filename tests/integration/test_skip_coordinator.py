@@ -13,13 +13,14 @@ def _nothing_yet(conn: RawTcp) -> bool:
     """Whether no reply has reached `conn` so far (read without waiting)."""
     if conn.buf:
         return False
+    timeout = conn.sock.gettimeout()
     conn.sock.setblocking(False)
     try:
         conn.buf += conn.sock.recv(1 << 16)
     except BlockingIOError:
         pass
     finally:
-        conn.sock.settimeout(10)
+        conn.sock.settimeout(timeout)
     return not conn.buf
 
 
