@@ -395,7 +395,8 @@ class Acceptor(Dispatch):
                 conn.flush()
 
     def on_inbox(self) -> None:
-        """Drain reply batches and status messages from the coordinator."""
+        """Drain reply batches (from the coordinator, and from the workers for the replies that
+        skip it) and status messages (from the coordinator)."""
         inbox = self.inbox
         deliver = self.deliver
         metrics = self.metrics

@@ -11,6 +11,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Callable
 
 import orjson
@@ -154,6 +156,19 @@ class NodeProcess:
             except OSError:
                 continue
         raise AssertionError(f"no {process} among the children of {self.name}")
+
+    @contextmanager
+    def child_stopped(self, process: str) -> Iterator[int]:
+        """Stop the node's child `process` (SIGSTOP, as child_pid names it) until the block ends
+        (SIGCONT, however it ends); the block starts once the kernel shows it stopped, and is
+        given its pid."""
+        pid = self.child_pid(process)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: process_state(pid) == "T", 5, f"the {process} to stop")
+            yield pid
+        finally:
+            os.kill(pid, signal.SIGCONT)
 
     def server_side(self, client_port: int) -> tuple[int, int] | None:
         """(state, bytes not yet read) of the node's end of the TCP connection from local port

@@ -210,7 +210,7 @@ class PartitionService:
         self.draining = False  # the node is shutting down: long polls are answered at once, empty
         self.queues: dict[str, Queue] = {}
         self.waiters: dict[str, deque[Waiter]] = {}
-        self.replies: list[tuple[int, int, dict]] = []
+        self.replies: list[tuple[Origin, int, dict]] = []
         # Replies that rest on no record, committed or not: they go to the acceptor at once.
         self.direct: list[tuple[Origin, int, dict]] = []
         self.records: list[Record] = []
@@ -286,7 +286,7 @@ class PartitionService:
         return q
 
     def admit_queues(self, names: tuple[str, ...]) -> None:
-        """Refuse (BadRequest) a request that would create queues past this worker's share of
+        """Refuse (Refused) a request that would create queues past this worker's share of
         max_queues; existing queues always pass."""
         new = sum(1 for name in names if name not in self.queues)
         if limits.over_queue_share(len(self.queues), new, self.queue_share):

@@ -2,8 +2,6 @@
 long polls, and the bad-input battery."""
 from __future__ import annotations
 
-import os
-import signal
 import socket
 import struct
 import threading
@@ -12,7 +10,7 @@ import time
 import orjson
 import pytest
 
-from tests.harness import RawTcp, process_state, udp_call, wait_for
+from tests.harness import RawTcp, udp_call, wait_for
 from tests.integration.conftest import AUTH_TOKEN
 
 
@@ -172,7 +170,6 @@ def test_consume_reply_for_a_connection_gone_gives_the_message_back(node, qname,
     other = RawTcp(*node.address)
     producer = RawTcp(*node.address)
     probe = RawTcp(*node.address)
-    acceptor = node.child_pid("acceptor")
     gone_port = gone.getsockname()[1]
     try:
         gone.sendall(orjson.dumps({"action": 2, "queue": qname, "wait": 5, "seq": "gone"}) + b"\n")
@@ -180,17 +177,13 @@ def test_consume_reply_for_a_connection_gone_gives_the_message_back(node, qname,
         other.send({"action": 2, "queue": qname, "wait": 5, "seq": "other"})
         wait_for(lambda: probe.call({"action": 4, "queue": qname})["waiters"] == 2, 5, "the second poll to park")
 
-        os.kill(acceptor, signal.SIGSTOP)
-        try:
-            wait_for(lambda: process_state(acceptor) == "T", 5, "the acceptor to stop")
+        with node.child_stopped("acceptor"):
             producer.send({"action": 1, "queue": qname, "data": "kept", "retry": retry})
             producer_port = producer.sock.getsockname()[1]
             wait_for(lambda: (node.server_side(producer_port) or (0, 0))[1] > 0, 5, "the produce to arrive")
             gone.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             gone.close()  # linger 0: an RST
             wait_for(lambda: node.server_side(gone_port) is None, 5, "the RST to close the node's end")
-        finally:
-            os.kill(acceptor, signal.SIGCONT)
 
         got = other.recv()
         assert got["seq"] == "other" and "msg_id" in got, f"the message was not given back: {got}"
@@ -202,7 +195,6 @@ def test_consume_reply_for_a_connection_gone_gives_the_message_back(node, qname,
         stats = probe.call({"action": 4, "queue": qname})
         assert (stats["size"], stats["in_flight"], stats["waiters"]) == ((1, 1, 0) if retry else (0, 0, 0))
     finally:
-        os.kill(acceptor, signal.SIGCONT)
         for conn in (other, producer, probe):
             conn.close()
         gone.close()

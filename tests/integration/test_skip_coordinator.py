@@ -4,46 +4,40 @@ while a produce waits until it is resumed; and a connection's replies still leav
 order."""
 from __future__ import annotations
 
-import os
-import signal
-from contextlib import contextmanager
-from typing import Iterator
-
 import orjson
 
-from tests.harness import RawTcp, process_state, wait_for
-
-
-@contextmanager
-def _coordinator_stopped(node) -> Iterator[None]:
-    pid = node.child_pid("coordinator")
-    os.kill(pid, signal.SIGSTOP)
-    try:
-        wait_for(lambda: process_state(pid) == "T", 5, "the coordinator to stop")
-        yield
-    finally:
-        os.kill(pid, signal.SIGCONT)
+from tests.harness import RawTcp, wait_for
 
 
 def _nothing_yet(conn: RawTcp) -> bool:
     """Whether no reply has reached `conn` so far (read without waiting)."""
     if conn.buf:
         return False
+    timeout = conn.sock.gettimeout()
     conn.sock.setblocking(False)
     try:
         conn.buf += conn.sock.recv(1 << 16)
     except BlockingIOError:
         pass
     finally:
-        conn.sock.settimeout(10)
+        conn.sock.settimeout(timeout)
     return not conn.buf
+
+
+def _serving(conn: RawTcp, *queues: str) -> None:
+    """Wait until the workers of `queues` serve requests: a node accepts connections before its
+    coordinator's mode has reached every worker, and a worker holds what it is sent until then
+    (it would wait for the stopped coordinator)."""
+    for queue in queues:
+        wait_for(lambda: conn.call({"action": 2, "queue": queue})["code"] == 0, 10, f"the worker of {queue} to serve")
 
 
 def test_an_empty_consume_and_a_refusal_are_answered_while_the_coordinator_is_stopped(node, qname):
     producer = RawTcp(*node.address)
     reader = RawTcp(*node.address)
     try:
-        with _coordinator_stopped(node):
+        _serving(reader, qname, qname + "-empty")
+        with node.child_stopped("coordinator"):
             producer.send({"action": 1, "queue": qname, "data": "a", "seq": "p"})
             got = reader.call({"action": 2, "queue": qname + "-empty", "seq": "e"})
             assert (got["code"], got["seq"]) == (0, "e") and "msg_id" not in got
@@ -65,7 +59,8 @@ def test_a_read_answered_first_waits_behind_an_earlier_write_of_its_connection(n
     other = RawTcp(*node.address)
     empty = qname + "-empty"
     try:
-        with _coordinator_stopped(node):
+        _serving(other, qname, empty)
+        with node.child_stopped("coordinator"):
             writer.send(orjson.dumps({"action": 1, "queue": qname, "data": "a", "seq": 1}) + b"\n"
                         + orjson.dumps({"action": 2, "queue": empty, "seq": 2}) + b"\n")
             port = writer.sock.getsockname()[1]

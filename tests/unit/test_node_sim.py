@@ -156,13 +156,13 @@ class SimAcceptor(Dispatch):
 
 
 class _Pipe:
-    """A worker's PUSH socket to the coordinator."""
+    """A worker's PUSH socket to the coordinator or the acceptor."""
 
-    def __init__(self, node: "SimNode", src: str) -> None:
-        self.node, self.src = node, src
+    def __init__(self, node: "SimNode", src: str, dst: str) -> None:
+        self.node, self.src, self.dst = node, src, dst
 
     def send_multipart(self, frames: list[bytes]) -> None:
-        self.node.pipe(self.src, COORD, list(frames))
+        self.node.pipe(self.src, self.dst, list(frames))
 
 
 class _Quiet:
@@ -190,8 +190,9 @@ class SimNode:
                                        max_deliveries=self.config.max_deliveries,
                                        dead_letter_suffix=self.config.dead_letter_suffix)
             service.accepting = False
-            self.workers.append(Worker(service, None, _Pipe(self, _worker_proc(i)), _Quiet(), i,
-                                       metrics=WorkerMetrics(CollectorRegistry())))
+            self.workers.append(Worker(service, None, _Pipe(self, _worker_proc(i), COORD), _Quiet(), i,
+                                       metrics=WorkerMetrics(CollectorRegistry()),
+                                       acceptor=_Pipe(self, _worker_proc(i), ACCEPTOR)))
         self.acceptor = SimAcceptor(self)
         self.vote = recovered.vote
         self.coord_flush()

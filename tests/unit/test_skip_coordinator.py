@@ -150,6 +150,8 @@ def test_the_worker_sends_direct_replies_to_the_acceptor_and_the_rest_to_the_coo
     [batch] = w.coordinator.sent
     _records, header, blob, _partials, epoch = ipc_frames.read_batch(batch)
     assert [n for _, n, _ in replies.decode(header, blob)] == [0] and epoch == 1
+    counted = {(p.PRODUCE, 0): 1, (p.CONSUME, 0): 1, (p.CONSUME, -1): 1}  # each reply once, whichever way
+    assert w.metrics.counts == counted
     w.flush()
     assert len(w.acceptor.sent) == 1 and len(w.coordinator.sent) == 1  # nothing new, nothing sent
 
@@ -160,3 +162,4 @@ def test_the_worker_sends_direct_replies_to_the_acceptor_and_the_rest_to_the_coo
     [batch] = w.coordinator.sent
     _records, header, blob, _partials, _epoch = ipc_frames.read_batch(batch)
     assert sorted(n for _, n, _ in replies.decode(header, blob)) == [0, 1, 2]
+    assert w.metrics.counts == counted
