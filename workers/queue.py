@@ -1036,21 +1036,24 @@ class Queue:
         q.paused = bool(snap.get("paused", False))
         index = q._index
         delayed = []
+        stored = q._stored
+        next_id = q.next_id
         for row in snap["messages"]:
             if not 5 <= len(row) <= 10:
                 raise ValueError(f"a message in snapshot has {len(row)} items, not 5 to 10")
-            m = q._stored(row[0], row[1], (*row[2:], *_ROW_DEFAULTS[len(row) - 2:]))
-            if m.msg_id in index or not 0 < m.msg_id < q.next_id:
-                raise ValueError(f"bad msg_id in snapshot: {m.msg_id}")
-            index[m.msg_id] = m
-            if m.lease is None:
-                if m.token is not None:
-                    raise ValueError(f"msg_id {m.msg_id}: a token without a lease in snapshot")
-                delayed.append((0, m.ready, m.msg_id))
+            msg_id = row[0]
+            if msg_id in index or not 0 < msg_id < next_id:
+                raise ValueError(f"bad msg_id in snapshot: {msg_id}")
+            m = index[msg_id] = stored(msg_id, row[1], (*row[2:], *_ROW_DEFAULTS[len(row) - 2:]))
+            ready, _, _, _, _, lease, token, _ = m._state  # one read, not three property calls
+            if lease is None:
+                if token is not None:
+                    raise ValueError(f"msg_id {msg_id}: a token without a lease in snapshot")
+                delayed.append((0, ready, msg_id))
             else:
-                q._lease_add(m.lease, (m.msg_id,))
-                if m.token is not None:
-                    q._bind(m.token, m.msg_id)
+                q._lease_add(lease, (msg_id,))
+                if token is not None:
+                    q._bind(token, msg_id)
         for producer, sequence, first, count in snap.get("dedupe", ()):
             q._dedupe[(producer, sequence)] = [first, count]
         # Without a clock every unleased message starts as delayed; the first consume sorts it out.
