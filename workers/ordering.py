@@ -80,10 +80,7 @@ class _Lane:
     def find(self, ready: float, msg_id: int) -> int:
         """The position of the live key (ready, msg_id), or -1."""
         ids = self.ids
-        i = self.start
-        if i < len(ids) and ids[i] == msg_id:  # the consume hot path: the head
-            return i if self.readies[i] == ready else -1
-        i = bisect_left(ids, msg_id, i)
+        i = bisect_left(ids, msg_id, self.start)
         if i < len(ids) and ids[i] == msg_id and self.readies[i] == ready and not self.dead[i]:
             return i
         return -1
