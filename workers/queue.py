@@ -906,13 +906,10 @@ class Queue:
             self._delayed.add(0, ready, msg_id)
 
     def _unlink_many(self, ms: list[Message]) -> None:
-        """Take messages out of their orderings; a run of neighbours goes as one slice."""
-        leased = [(m._state[_LEASE], m.msg_id) for m in ms if m._state[_LEASE] is not None]
-        waiting = [m for m in ms if m._state[_LEASE] is None]
-        for lease, msg_id in leased:
-            self._lease_remove(lease, msg_id)
-        for m in waiting:
-            self._unlink(m)
+        """Take messages out of whichever orderings hold them."""
+        unlink = self._unlink
+        for m in ms:
+            unlink(m)
 
     def _unlink(self, m: Message) -> None:
         """Take `m` out of whichever ordering holds it."""
