@@ -280,8 +280,11 @@ class Queue:
         name = self.name
         apply = self.apply
         delivered: list[Message] = []
-        while count > 0 and ready:
-            msg_id = ready.head()[2]
+        while count > 0:
+            key = ready.head()
+            if key is None:
+                break
+            msg_id = key[2]
             m = index[msg_id]
             state = m._state
             retry = state[_RETRY] if lease is None else lease
