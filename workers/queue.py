@@ -80,10 +80,6 @@ class Message:
     token = _field(_TOKEN)
     extra = _field(_EXTRA)
 
-    def row(self) -> list:
-        """[msg_id, data, ready, ttl, retry, priority, delivery_count, lease, token, extra]."""
-        return [self.msg_id, self.data, *self._state]
-
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Message):
             return NotImplemented
@@ -95,7 +91,8 @@ class Message:
     def __repr__(self) -> str:
         names = ("msg_id", "data", "ready", "ttl", "retry", "priority", "delivery_count", "lease",
                  "token", "extra")
-        return "Message(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, self.row())) + ")"
+        values = (self.msg_id, self.data, *self._state)
+        return "Message(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, values)) + ")"
 
 
 _new_message = object.__new__
