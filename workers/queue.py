@@ -1035,13 +1035,18 @@ class Queue:
         delayed = []
         stored = q._stored
         next_id = q.next_id
+        last_tail = state = None
         for row in snap["messages"]:
             if not 5 <= len(row) <= 10:
                 raise ValueError(f"a message in snapshot has {len(row)} items, not 5 to 10")
             msg_id = row[0]
             if msg_id in index or not 0 < msg_id < next_id:
                 raise ValueError(f"bad msg_id in snapshot: {msg_id}")
-            m = index[msg_id] = stored(msg_id, row[1], (*row[2:], *_ROW_DEFAULTS[len(row) - 2:]))
+            tail = row[2:]
+            if tail != last_tail:  # else the state of the row before serves (most rows)
+                last_tail = tail
+                state = (*tail, *_ROW_DEFAULTS[len(row) - 2:])
+            m = index[msg_id] = stored(msg_id, row[1], state)
             ready, _, _, _, _, lease, token, _ = m._state  # one read, not three property calls
             if lease is None:
                 if token is not None:
