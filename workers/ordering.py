@@ -80,10 +80,7 @@ class _Lane:
     def find(self, ready: float, msg_id: int) -> int:
         """The position of the live key (ready, msg_id), or -1."""
         ids = self.ids
-        i = self.start
-        if i < len(ids) and ids[i] == msg_id:  # the consume hot path: the head
-            return i if self.readies[i] == ready else -1
-        i = bisect_left(ids, msg_id, i)
+        i = bisect_left(ids, msg_id, self.start)
         if i < len(ids) and ids[i] == msg_id and self.readies[i] == ready and not self.dead[i]:
             return i
         return -1
@@ -178,24 +175,23 @@ class Ordering:
     answers as a SortedList of those tuples, without a tuple per key for keys that arrive in
     order within their group."""
 
-    __slots__ = ("_lanes", "_groups", "_late", "_n", "_n_late")
+    __slots__ = ("_lanes", "_groups", "_late", "_n_late")
 
     def __init__(self, keys: Iterable[Key] = ()) -> None:
         self._lanes: dict[int, _Lane] = {}
         self._groups: list[int] = []  # the groups of _lanes, ascending; each lane not empty
         self._late = SortedList()  # keys that came out of order
-        self._n = 0
         self._n_late = 0  # len(self._late), without a call on the hot paths
         self.update(keys)
 
     def __len__(self) -> int:
-        return self._n
+        return sum(map(len, self._lanes.values())) + self._n_late
 
     def __bool__(self) -> bool:
-        return self._n != 0
+        return bool(self._groups) or self._n_late != 0
 
     def __iter__(self) -> Iterator[Key]:
-        return iter(self.first(self._n))
+        return iter(self.first(len(self)))
 
     def __contains__(self, key: object) -> bool:
         group, ready, msg_id = key  # type: ignore[misc]
@@ -210,7 +206,6 @@ class Ordering:
         if not lane.append(ready, msg_id):
             self._late.add((group, ready, msg_id))
             self._n_late += 1
-        self._n += 1
 
     def update(self, keys: Iterable[Key]) -> None:
         """Add keys (none there already), in ascending order so that most go to the lanes."""
@@ -225,7 +220,6 @@ class Ordering:
         if late:
             self._late.update(late)
             self._n_late += len(late)
-        self._n += len(keys)
 
     def head(self) -> Key | None:
         """The first key, or None when empty."""
@@ -249,7 +243,6 @@ class Ordering:
                 i = lane.find(ready, msg_id)
             if i >= 0:
                 lane.kill(i)
-                self._n -= 1
                 if not lane.ids:  # a lane keeps no dead key once it has no live one
                     self._drop_lane(group)
                 return True
@@ -258,7 +251,6 @@ class Ordering:
             late = self._late
             if key in late:
                 late.remove(key)
-                self._n -= 1
                 self._n_late -= 1
                 return True
         return False
@@ -270,7 +262,7 @@ class Ordering:
 
     def first(self, count: int, after: Key | None = None) -> list[Key]:
         """The first `count` keys (greater than `after` when given), in order."""
-        if count <= 0 or not self._n:
+        if count <= 0:
             return []
         found: list[Key] = []
         lanes = self._lanes
@@ -316,7 +308,7 @@ class Ordering:
         self._lanes.clear()
         self._groups.clear()
         self._late.clear()
-        self._n = self._n_late = 0
+        self._n_late = 0
 
     def _upto(self, group: int, ready: float, take: bool) -> list[Key]:
         found: list[Key] = []
@@ -331,7 +323,6 @@ class Ordering:
             found.extend(keys)
             if take and keys:
                 lane.drop_front(hi)
-                self._n -= len(keys)
                 if not lane:
                     emptied.append(g)
         for g in emptied:
@@ -343,7 +334,6 @@ class Ordering:
                 found = list(heapq.merge(found, late.islice(0, n)))
                 if take:
                     del late[:n]
-                    self._n -= n
                     self._n_late -= n
         return found
 

@@ -80,10 +80,6 @@ class Message:
     token = _field(_TOKEN)
     extra = _field(_EXTRA)
 
-    def row(self) -> list:
-        """[msg_id, data, ready, ttl, retry, priority, delivery_count, lease, token, extra]."""
-        return [self.msg_id, self.data, *self._state]
-
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Message):
             return NotImplemented
@@ -95,7 +91,8 @@ class Message:
     def __repr__(self) -> str:
         names = ("msg_id", "data", "ready", "ttl", "retry", "priority", "delivery_count", "lease",
                  "token", "extra")
-        return "Message(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, self.row())) + ")"
+        values = (self.msg_id, self.data, *self._state)
+        return "Message(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, values)) + ")"
 
 
 _new_message = object.__new__
@@ -280,8 +277,11 @@ class Queue:
         name = self.name
         apply = self.apply
         delivered: list[Message] = []
-        while count > 0 and ready:
-            msg_id = ready.head()[2]
+        while count > 0:
+            key = ready.head()
+            if key is None:
+                break
+            msg_id = key[2]
             m = index[msg_id]
             state = m._state
             retry = state[_RETRY] if lease is None else lease
@@ -906,13 +906,10 @@ class Queue:
             self._delayed.add(0, ready, msg_id)
 
     def _unlink_many(self, ms: list[Message]) -> None:
-        """Take messages out of their orderings; a run of neighbours goes as one slice."""
-        leased = [(m._state[_LEASE], m.msg_id) for m in ms if m._state[_LEASE] is not None]
-        waiting = [m for m in ms if m._state[_LEASE] is None]
-        for lease, msg_id in leased:
-            self._lease_remove(lease, msg_id)
-        for m in waiting:
-            self._unlink(m)
+        """Take messages out of whichever orderings hold them."""
+        unlink = self._unlink
+        for m in ms:
+            unlink(m)
 
     def _unlink(self, m: Message) -> None:
         """Take `m` out of whichever ordering holds it."""
@@ -1036,21 +1033,29 @@ class Queue:
         q.paused = bool(snap.get("paused", False))
         index = q._index
         delayed = []
+        stored = q._stored
+        next_id = q.next_id
+        last_tail = state = None
         for row in snap["messages"]:
             if not 5 <= len(row) <= 10:
                 raise ValueError(f"a message in snapshot has {len(row)} items, not 5 to 10")
-            m = q._stored(row[0], row[1], (*row[2:], *_ROW_DEFAULTS[len(row) - 2:]))
-            if m.msg_id in index or not 0 < m.msg_id < q.next_id:
-                raise ValueError(f"bad msg_id in snapshot: {m.msg_id}")
-            index[m.msg_id] = m
-            if m.lease is None:
-                if m.token is not None:
-                    raise ValueError(f"msg_id {m.msg_id}: a token without a lease in snapshot")
-                delayed.append((0, m.ready, m.msg_id))
+            msg_id = row[0]
+            if msg_id in index or not 0 < msg_id < next_id:
+                raise ValueError(f"bad msg_id in snapshot: {msg_id}")
+            tail = row[2:]
+            if tail != last_tail:  # else the state of the row before serves (most rows)
+                last_tail = tail
+                state = (*tail, *_ROW_DEFAULTS[len(row) - 2:])
+            m = index[msg_id] = stored(msg_id, row[1], state)
+            ready, _, _, _, _, lease, token, _ = m._state  # one read, not three property calls
+            if lease is None:
+                if token is not None:
+                    raise ValueError(f"msg_id {msg_id}: a token without a lease in snapshot")
+                delayed.append((0, ready, msg_id))
             else:
-                q._lease_add(m.lease, (m.msg_id,))
-                if m.token is not None:
-                    q._bind(m.token, m.msg_id)
+                q._lease_add(lease, (msg_id,))
+                if token is not None:
+                    q._bind(token, msg_id)
         for producer, sequence, first, count in snap.get("dedupe", ()):
             q._dedupe[(producer, sequence)] = [first, count]
         # Without a clock every unleased message starts as delayed; the first consume sorts it out.

@@ -19,7 +19,7 @@ READY_STEPS = st.sampled_from([0.0, 0.0, 0.5, 1.0, -1.0])  # mostly in order, so
 # One operation: (name, group, ready step or ready, id step or count). Adds and deletes weigh
 # most, so that lanes grow and get holes that later reads and pops must step over.
 _ADD = st.tuples(st.just("add"), GROUPS, READY_STEPS, st.sampled_from([1, 1, 1, 2, -5]))
-_DISCARD = st.tuples(st.just("discard"), st.integers(0, 10**6), st.booleans(), st.just(0))
+_DISCARD = st.tuples(st.just("discard"), st.integers(0, 10**6), st.booleans(), st.booleans())
 OPS = st.one_of(
     _ADD, _ADD, _ADD, _ADD, _DISCARD, _DISCARD,
     st.tuples(st.just("add_old"), GROUPS, st.floats(0, 20), st.integers(1, 300)),
@@ -50,6 +50,7 @@ def _run(ops: list) -> None:
     o, model = Ordering(), SortedList()
     ready, msg_id = 5.0, 100
     used: set[int] = set()
+    gone: list = []  # keys discarded: dead in their lane's middle, some of them
     for name, a, b, c in ops:
         if name == "add":
             ready = max(0.0, ready + b)
@@ -84,8 +85,11 @@ def _run(ops: list) -> None:
             o.add(*key)
             model.add(key)
         elif name == "discard":
-            if b and model:  # a stored key, else most likely one that is not there
+            if b and model:  # a stored key, a key taken out, else most likely one never there
                 key = model[a % len(model)]
+                gone.append(key)
+            elif c and gone:
+                key = gone[a % len(gone)]
             else:
                 key = (0, float(a % 20), a % 400)
             assert o.discard(*key) == (key in model)
