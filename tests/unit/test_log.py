@@ -308,3 +308,13 @@ def test_the_end_after_accepting_over_a_conflicting_suffix():
     log.accept(2, 1, entries(3, 2, 3))
     assert log.accept(2, 1, entries(3, 3, 1, tag="new"))
     assert _end(log) == (3, 3)
+
+
+def test_append_keeps_each_records_bytes_and_refuses_a_count_mismatch():
+    log = ChangeLog(100)
+    log.append(1, recs(2), [b'{"a":1}', b'{"b":2}'])
+    log.append(1, recs(1))
+    assert [e.data for e in log.entries_after(0, 10)] == [b'{"a":1}', b'{"b":2}', None]
+    with pytest.raises(ValueError, match="differ in number"):
+        log.append(1, recs(2), [b"{}"])
+    assert _end(log) == (3, 1) and len(log) == 3
