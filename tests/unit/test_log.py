@@ -211,6 +211,13 @@ def test_accept_copies_entries():
     assert log.term_at(1) == 1
 
 
+def test_accept_keeps_each_entrys_bytes():
+    """A follower's entries keep the bytes they came in, for its WAL."""
+    log = ChangeLog(100)
+    log.accept(0, 0, [Entry(1, 1, {"a": 1}, b'{"a": 1}')])
+    assert log.entry_at(1).data == b'{"a": 1}'
+
+
 # ------------------------------------------------------------------ truncate and reset
 
 
