@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
 from operator import attrgetter
 
 from queue_server.protocol.records import Encoded, Record, encode
@@ -108,17 +109,15 @@ class ChangeLog:
         With no records returns (last + 1, last)."""
         if vote_id < self.last_vote_id:
             raise ValueError(f"vote_id {vote_id} is below the log's last vote_id {self.last_vote_id}")
+        n = len(records)
+        if encoded is not None and len(encoded) != n:
+            raise ValueError("records and their encodings differ in number")
         first = self.last_trans_id + 1
-        if encoded is None:
-            self._entries.extend(map(Entry, range(first, first + len(records)), [vote_id] * len(records), records))
-        else:
-            if len(encoded) != len(records):
-                raise ValueError("records and their encodings differ in number")
-            self._entries.extend(map(Entry, range(first, first + len(records)), [vote_id] * len(records),
-                                     records, encoded))
+        self._entries.extend(map(Entry, range(first, first + n), repeat(vote_id, n), records,
+                                 repeat(None, n) if encoded is None else encoded))
         self._ended()
         self._evict()
-        return first, first + len(records) - 1
+        return first, first + n - 1
 
     def commit_to(self, trans_id: int) -> None:
         """Mark everything up to trans_id committed; never moves back, never past the last entry."""

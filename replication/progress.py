@@ -103,6 +103,7 @@ class LeaderReplication:
             p: Progress(next_trans_id=log.last_trans_id + 1) for p in peers
         }
         self._on = {AppendAck: self.on_ack, Pull: self.on_pull, HeartbeatAck: self.on_heartbeat_ack}
+        self._last_batch: AppendEntries | None = None  # the last one built (see _batch)
 
     # ----------------------------------------------------------------- inputs
 
@@ -262,10 +263,19 @@ class LeaderReplication:
             actions.append(Send(peer, batch))
 
     def _batch(self, peer: int, pr: Progress, limit: int, actions: list[Action], now: float) -> AppendEntries | None:
-        """The AppendEntries from pr.next_trans_id, or None after switching to SNAPSHOT."""
+        """The AppendEntries from pr.next_trans_id, or None after switching to SNAPSHOT. Followers
+        at the same place get the same object, so that it is encoded once for all of them."""
         prev = pr.next_trans_id - 1
-        entries = self.log.entries_after(prev, limit)
-        prev_vote = self.log.term_at(prev)
+        log = self.log
+        last = self._last_batch
+        # A leader's log is only appended to in its term: same start, size and commit point,
+        # same batch.
+        if (last is not None and last.prev_trans_id == prev >= log.base_trans_id
+                and last.commit_trans_id == log.commit_trans_id
+                and len(last.entries) == min(limit, log.last_trans_id - prev)):
+            return last
+        entries = log.entries_after(prev, limit)
+        prev_vote = log.term_at(prev)
         if entries is None or prev_vote is None:
             pr.state = FollowerState.SNAPSHOT
             pr.inflight.clear()
@@ -274,8 +284,9 @@ class LeaderReplication:
             pr.sent_at = now
             actions.append(SendSnapshot(peer))
             return None
-        return AppendEntries(self.vote_id, self.node_id, prev, prev_vote, tuple(entries),
-                             self.log.commit_trans_id)
+        self._last_batch = AppendEntries(self.vote_id, self.node_id, prev, prev_vote, tuple(entries),
+                                         log.commit_trans_id)
+        return self._last_batch
 
     def _maybe_commit(self, actions: list[Action]) -> None:
         log = self.log

@@ -292,12 +292,16 @@ class Coordinator:
                 self.acceptor.send_multipart(message)
         unsent = []
         if ready.to_peers:
+            sent: dict[int, bytes] = {}  # id of a message -> its bytes: one batch for several followers
             for target, msg in ready.peer_messages(log_stored, vote_stored):
                 link = self.peers.get(target)
                 if link is None:
                     continue
+                data = sent.get(id(msg))
+                if data is None:
+                    data = sent[id(msg)] = wire.encode(msg, *self.client)
                 try:
-                    link.send(wire.encode(msg, *self.client))
+                    link.send(data)
                 except zmq.Again:  # not connected yet, or too far behind
                     unsent.append(msg)
         node.advance(ready, durable_trans_id=durable, log_stored=log_stored)

@@ -18,6 +18,7 @@ from queue_server.protocol import ipc_frames, replies
 from queue_server.server.cluster import ClusterNode
 from queue_server.server.forwarding import FORWARD_GRACE
 from queue_server.protocol.origin import Origin
+from queue_server.protocol.records import encode
 from queue_server.server.ready import Ready
 
 T0 = 1_000_000.0
@@ -110,6 +111,15 @@ def test_a_batch_from_the_current_mode_is_logged_and_answered():
     assert node.log.last_trans_id == last + 1
     (origin, seq, reply), = _replies(_drain(node)[0])
     assert (origin, seq, reply["code"]) == (Origin(7), 1, 0)
+
+
+def test_a_batch_s_records_are_logged_as_the_bytes_the_worker_sent():
+    """The log (and so the WAL and the peers) gets each record's bytes from the worker's array,
+    not the record encoded again (which here would write "retry":0.0 for the worker's 0)."""
+    node = _leader()
+    node.on_batch(b'[ %s ]' % orjson.dumps(PRODUCE), *replies.encode([]), ipc_frames.EMPTY_LIST, node.epoch, T0 + 2)
+    entry = node.log.entry_at(node.log.last_trans_id)
+    assert bytes(entry.encoded()) == orjson.dumps(PRODUCE) != encode(entry.record)
 
 
 def test_a_batch_from_an_old_mode_is_refused_and_not_logged():

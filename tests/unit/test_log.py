@@ -211,6 +211,13 @@ def test_accept_copies_entries():
     assert log.term_at(1) == 1
 
 
+def test_accept_keeps_each_entrys_bytes():
+    """A follower's entries keep the bytes they came in, for its WAL."""
+    log = ChangeLog(100)
+    log.accept(0, 0, [Entry(1, 1, {"a": 1}, b'{"a": 1}')])
+    assert log.entry_at(1).data == b'{"a": 1}'
+
+
 # ------------------------------------------------------------------ truncate and reset
 
 
@@ -246,3 +253,75 @@ def test_reset_after_snapshot():
     assert log.entries_after(5, 1) is None
     assert log.accept(100, 4, entries(101, 4, 2))
     assert log.last_trans_id == 102
+
+
+# ------------------------------------------------------------------ where the log ends, on every path
+# ChangeLog keeps last_trans_id / last_vote_id instead of reading them off its entries each time;
+# each path that changes the entries must leave them equal to what the entries say.
+
+
+def _end_from_entries(log: ChangeLog) -> tuple[int, int]:
+    kept = log.entries_after(log.base_trans_id, 1 << 30)
+    last = kept[-1] if kept else None
+    return (last.trans_id, last.vote_id) if last else (log.base_trans_id, log.base_vote_id)
+
+
+def _end(log: ChangeLog) -> tuple[int, int]:
+    assert (log.last_trans_id, log.last_vote_id) == _end_from_entries(log)
+    return log.last_trans_id, log.last_vote_id
+
+
+def test_the_end_after_a_truncate_into_an_earlier_term():
+    log = ChangeLog(100)
+    log.append(1, recs(2))
+    log.append(2, recs(2))
+    log.truncate_after(2)
+    assert _end(log) == (2, 1)
+
+
+def test_the_end_after_a_truncate_of_every_kept_entry_is_the_base():
+    log = ChangeLog(2)
+    log.append(1, recs(3))
+    log.commit_to(3)
+    log.append(2, recs(2))  # 2 and 3 fall off: the base is (3, 1), 4..5 are kept
+    assert (log.base_trans_id, log.base_vote_id) == (3, 1)
+    log.truncate_after(3)
+    assert _end(log) == (3, 1)
+
+
+def test_the_end_after_compaction_of_the_backing_list():
+    log = ChangeLog(3)
+    for i in range(1, 3001):  # past _COMPACT_MIN dropped entries: the backing list is compacted
+        log.append(1 + i // 1000, [{"i": i}])
+        log.commit_to(i - 1)
+        assert _end(log) == (i, 1 + i // 1000)
+    log.truncate_after(2999)
+    assert _end(log) == (2999, 3)
+
+
+def test_the_end_after_installing_a_snapshot():
+    log = ChangeLog(100)
+    log.append(1, recs(2))
+    log.append(5, recs(3))
+    log.reset(3, 2)  # a snapshot behind this log's (uncommitted) end, in an earlier term
+    assert _end(log) == (3, 2)
+    log.append(6, recs(1))
+    assert _end(log) == (4, 6)
+
+
+def test_the_end_after_accepting_over_a_conflicting_suffix():
+    log = ChangeLog(100)
+    log.accept(0, 0, entries(1, 1, 2))
+    log.accept(2, 1, entries(3, 2, 3))
+    assert log.accept(2, 1, entries(3, 3, 1, tag="new"))
+    assert _end(log) == (3, 3)
+
+
+def test_append_keeps_each_records_bytes_and_refuses_a_count_mismatch():
+    log = ChangeLog(100)
+    log.append(1, recs(2), [b'{"a":1}', b'{"b":2}'])
+    log.append(1, recs(1))
+    assert [e.data for e in log.entries_after(0, 10)] == [b'{"a":1}', b'{"b":2}', None]
+    with pytest.raises(ValueError, match="differ in number"):
+        log.append(1, recs(2), [b"{}"])
+    assert _end(log) == (3, 1) and len(log) == 3

@@ -274,6 +274,40 @@ def test_probe_then_pipelined_pushes():
     assert p.log.commit_trans_id == 6
 
 
+def test_followers_at_the_same_place_get_one_batch_object():
+    """The coordinator encodes a message once for every follower it goes to: followers at the
+    same place are given the same AppendEntries; a batch of another place, size or commit
+    point is one of its own."""
+    log = ChangeLog(100)
+    leader = LeaderReplication(1, [1, 2, 3], log, 1, 0.0)
+    log.append(1, recs(2))
+    leader.replicate(0.0)
+    for peer in (2, 3):
+        leader.on_message(AppendAck(1, peer, 2), 0.0)
+    log.append(1, recs(1))
+    pushes = {a.to: a.msg for a in leader.replicate(0.0) if isinstance(a, Send)}
+    assert pushes[2] is pushes[3] and pushes[2] == AppendEntries(1, 1, 2, 1, tuple(log.entries_after(2, 1)), 2)
+    log.append(1, recs(1))
+    (longer,) = sent(leader.on_message(Pull(1, 3, 2, 1, 2), 0.0))  # 3 asks again from 2
+    assert longer == AppendEntries(1, 1, 2, 1, tuple(log.entries_after(2, 2)), 2)
+    log.commit_to(3)
+    (committed,) = sent(leader.on_message(Pull(1, 3, 2, 1, 2), 1.0))
+    assert committed == AppendEntries(1, 1, 2, 1, tuple(log.entries_after(2, 2)), 3)
+    (pushed,) = sent(leader.replicate(1.0))  # to 2, from 3
+    assert pushed == AppendEntries(1, 1, 3, 1, tuple(log.entries_after(3, 1)), 3)
+
+
+def test_a_batch_from_before_the_log_is_not_sent_again_but_a_snapshot():
+    log = ChangeLog(3)
+    log.append(1, recs(3))
+    log.commit_to(3)
+    leader = LeaderReplication(1, [1, 2, 3], log, 1, 0.0, Flow(max_batch=2))
+    (batch,) = sent(leader.on_message(Pull(1, 3, 1, 1, 1), 0.0), AppendEntries)
+    assert (batch.prev_trans_id, len(batch.entries)) == (1, 2)
+    log.append(1, recs(2))  # 1 and 2 fall off: the base is 2
+    assert of(leader.on_message(Pull(1, 3, 1, 1, 1), 1.0), SendSnapshot) == [SendSnapshot(3)]
+
+
 def test_commit_needs_a_majority_including_the_leader():
     p = Pair(n=5, resend_interval=0.5)
     p.blocked = {3, 4, 5}

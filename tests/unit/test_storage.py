@@ -331,6 +331,8 @@ def test_the_forked_snapshot_writer_dies_at_sigterm_under_the_coordinators_handl
         s.recover()
         s.maybe_snapshot(1, 1, state, every=1)
         pid = s.snapshot_pid
+        os.close(started_w)  # a writer that died before state() gives end of file, not a hang
+        started_w = -1
         os.read(started_r, 1)
         os.kill(pid, signal.SIGTERM)
         os.close(hold_w)  # a writer that survived the signal writes its snapshot and exits 0
