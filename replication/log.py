@@ -19,6 +19,8 @@ from queue_server.protocol.records import Encoded, Record, encode
 
 # Drop the dead head of the backing list once it is at least this long and half the list.
 _COMPACT_MIN = 1024
+# The newest entries that keep their record's bytes by default (ChangeLog keep_bytes).
+KEEP_BYTES = 8192
 
 
 @dataclass(slots=True)
@@ -42,8 +44,13 @@ class ChangeLog:
     """The change log: records with strictly increasing trans_ids, bounded to `capacity` entries
     kept in memory (older fall off the front)."""
 
-    def __init__(self, capacity: int, last_trans_id: int = 0, last_vote_id: int = 0) -> None:
-        """An empty log that starts after a snapshot at (last_trans_id, last_vote_id)."""
+    def __init__(self, capacity: int, last_trans_id: int = 0, last_vote_id: int = 0, *,
+                 keep_bytes: int = KEEP_BYTES) -> None:
+        """An empty log that starts after a snapshot at (last_trans_id, last_vote_id).
+        keep_bytes: how many of the newest entries keep their record's bytes (Entry.data; up to a
+        32nd more, shed in runs); an
+        older entry's bytes are encoded again if it is read, which only a follower that fell
+        behind, or a disk write that fell behind, asks for."""
         if capacity < 1:
             raise ValueError("capacity must be at least 1")
         if last_trans_id < 0 or last_vote_id < 0:
@@ -57,6 +64,9 @@ class ChangeLog:
         # Where the log ends, kept by _ended after every change (read several times per batch).
         self._last_trans_id = last_trans_id
         self._last_vote_id = last_vote_id
+        self.keep_bytes = keep_bytes
+        self._shed_run = max(1, keep_bytes // 32)  # shed in runs: not a call per append
+        self._bytes_from = last_trans_id + 1  # entries from here on may still hold their bytes
 
     # ----------------------------------------------------------------- positions
 
@@ -205,6 +215,21 @@ class ChangeLog:
             self._last_trans_id, self._last_vote_id = last.trans_id, last.vote_id
         else:
             self._last_trans_id, self._last_vote_id = self._base_trans_id, self._base_vote_id
+        last = self._last_trans_id
+        if self._bytes_from > last + 1:  # truncated
+            self._bytes_from = last + 1
+        elif last - self.keep_bytes - self._bytes_from + 1 >= self._shed_run:  # that many to shed
+            self._shed_bytes()
+
+    def _shed_bytes(self) -> None:
+        """Let go of the bytes of entries older than the newest keep_bytes: kept for the log's
+        whole capacity they cost the coordinator tens of bytes per stored message."""
+        first = max(self._bytes_from, self._base_trans_id + 1)
+        through = self._last_trans_id - self.keep_bytes
+        entries, at = self._entries, self._head - self._base_trans_id - 1
+        for trans_id in range(first, through + 1):
+            entries[at + trans_id].data = None
+        self._bytes_from = min(max(first, through + 1), self._last_trans_id + 1)
 
     def _evict(self) -> None:
         """Drop committed entries from the front while more than capacity are kept."""

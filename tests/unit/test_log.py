@@ -325,3 +325,21 @@ def test_append_keeps_each_records_bytes_and_refuses_a_count_mismatch():
     with pytest.raises(ValueError, match="differ in number"):
         log.append(1, recs(2), [b"{}"])
     assert _end(log) == (3, 1) and len(log) == 3
+
+
+def test_only_the_newest_entries_keep_their_bytes():
+    """Bytes kept for the log's whole capacity would cost the coordinator tens of bytes per stored
+    message: only the newest keep_bytes entries hold them, whatever path changed the log."""
+    log = ChangeLog(100, keep_bytes=3)
+    data = [f'{{"n":{i}}}'.encode() for i in range(1, 8)]
+    log.append(1, recs(5), data[:5])
+    assert [e.data for e in log.entries_after(0, 10)] == [None, None, *data[2:5]]
+    log.commit_to(3)
+    log.truncate_after(3)  # 4 and 5 go; 1..3 keep what they had
+    log.append(2, recs(2), data[5:7])  # 4 and 5 again: 3..5 are the newest three
+    assert [e.data for e in log.entries_after(0, 10)] == [None, None, data[2], *data[5:7]]
+    log.accept(5, 2, [Entry(6, 2, {"a": 6}, b"6"), Entry(7, 2, {"a": 7}, b"7")])
+    assert [e.data for e in log.entries_after(0, 10)] == [None] * 4 + [data[6], b"6", b"7"]
+    log.reset(20, 3)
+    log.append(3, recs(4), [b"21", b"22", b"23", b"24"])
+    assert [e.data for e in log.entries_after(20, 10)] == [None, b"22", b"23", b"24"]
