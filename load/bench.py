@@ -357,6 +357,13 @@ def run_client(client: str, proto: str, addresses: list[str], args: argparse.Nam
     return json.loads(out.stdout)
 
 
+def comparison_options(parser: argparse.ArgumentParser) -> None:
+    """The options of a benchmark that runs a queue-server checkout beside its peers: --no-peers
+    and --repo."""
+    parser.add_argument("--no-peers", action="store_true", help="skip beanstalkd and redis")
+    parser.add_argument("--repo", default=REPO, help="queue-server checkout to run (default: this one)")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = number_options(__doc__, seconds=(10.0, "per measurement"),
                             conns=(8, "connections (long-poll: half as many producer/consumer pairs)"),
@@ -377,9 +384,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scale-stored", type=_ints, default=[1000, 1000000],
                         help="scaling: messages stored in another queue during the cycles (default 1000,1000000)")
     parser.add_argument("--only", default=",".join(WORKLOADS), help=f"comma-separated subset of {','.join(WORKLOADS)}")
-    parser.add_argument("--no-peers", action="store_true", help="skip beanstalkd and redis")
+    comparison_options(parser)
     parser.add_argument("--metrics", action="store_true", help="run queue-server with metrics_port on, scraped every second")
-    parser.add_argument("--repo", default=REPO, help="queue-server checkout to run (default: this one)")
     parser.add_argument("--json", default="bench-results.json", help="where to write the results")
     args = parser.parse_args(argv)
     only = [w.strip() for w in args.only.split(",") if w.strip()]

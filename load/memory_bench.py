@@ -24,7 +24,7 @@ import orjson
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from load.bench import REPO, QueueServer, Server, print_machine, start_peer  # noqa: E402
+from load.bench import QueueServer, Server, comparison_options, print_machine, start_peer  # noqa: E402
 from load.options import number_options  # noqa: E402
 from load.peers import installed as installed_peers  # noqa: E402
 from load.procs import descendants, process_name  # noqa: E402
@@ -170,8 +170,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = number_options(__doc__, messages=(1_000_000, "messages in all"),
                             queues=(1, "spread over this many queues"), payload=(100, "message bytes"),
                             workers=(2, "queue-server workers"))
-    parser.add_argument("--no-peers", action="store_true", help="skip beanstalkd and redis")
-    parser.add_argument("--repo", default=REPO, help="queue-server checkout to run (default: this one)")
+    comparison_options(parser)
     args = parser.parse_args(argv)
     per_queue = args.messages // args.queues
     queues = [f"mem{i}" for i in range(args.queues)]
