@@ -4,10 +4,26 @@ from __future__ import annotations
 
 import socket
 import ssl
+from dataclasses import dataclass
 from typing import Union
 
 TlsOption = Union[bool, ssl.SSLContext, None]
 
+
+@dataclass(frozen=True)
+class TlsFiles:
+    """TLS named by files instead of held as an SSLContext: it pickles, so it can travel to the
+    process that connects (a Spark executor) and be made into a context there."""
+
+    enabled: bool = False  # True: TLS even without a file (the system's CAs verify the node)
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def context(self) -> ssl.SSLContext | None:
+        """The SSLContext these name (a CA or client certificate implies TLS); None: plain TCP."""
+        return context(self.enabled or bool(self.ca_file or self.cert_file), self.ca_file,
+                       self.cert_file, self.key_file)
 
 
 def closed_before_reply(tls_on: bool) -> str:

@@ -6,12 +6,14 @@ the option. The parsed objects are small frozen dataclasses, so that they pickle
 from __future__ import annotations
 
 import math
+import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
 from queue_server.client.credentials import load_token
 from queue_server.client.protocol import MAX_BATCH, parse_hosts
+from queue_server.client.tls import TlsFiles, context
 
 DEFAULT_LEASE = 60.0
 DEFAULT_TIMEOUT = 30.0
@@ -123,6 +125,7 @@ class ReadOptions:
     max_messages_per_trigger: int | None = None  # stream only
     look: bool = True  # batch only: peek instead of consuming (the read takes nothing)
     auth_token: str | None = None  # the nodes' client token (auth_token_file)
+    tls: TlsFiles = TlsFiles()  # made into an SSLContext where the client is made
 
     @classmethod
     def parse(cls, options: Mapping[str, str], streaming: bool) -> ReadOptions:
@@ -148,6 +151,7 @@ class ReadOptions:
             max_messages_per_trigger=_int(options, "maxMessagesPerTrigger", None),
             look=look,
             auth_token=_auth_token(options),
+            tls=_tls(options),
         )
         if not streaming and not opts.confirm and not opts.look and opts.read_id is None:
             raise OptionError("option readId: required with confirm=false (confirm_read() needs it)")
@@ -165,6 +169,45 @@ def _auth_token(options: Mapping[str, str]) -> str | None:
         return load_token(path.strip() if path else None)
     except OSError as exc:
         raise OptionError(f"option authTokenFile: cannot read {path}: {exc.strerror or exc}") from None
+
+
+def _tls(options: Mapping[str, str]) -> TlsFiles:
+    """TLS as queue-cli's --tls, --tls-ca, --tls-cert and --tls-key take it: `tls` true/false,
+    `tlsCa`, `tlsCert` (each implies tls) and `tlsKey`. The files are loaded once here, so that
+    a bad one fails the job on the driver naming its option; executors load the same paths."""
+    ca, cert, key = (_path(options, n) for n in ("tlsCa", "tlsCert", "tlsKey"))
+    if key and not cert:
+        raise OptionError("option tlsKey: needs tlsCert (the certificate this key belongs to)")
+    if _get(options, "tls") is not None and not _bool(options, "tls", False) and (ca or cert):
+        raise OptionError(f"option tls: false contradicts {'tlsCa' if ca else 'tlsCert'} (which implies tls)")
+    files = TlsFiles(_bool(options, "tls", False), ca, cert, key)
+    if ca:
+        _loads("tlsCa", ca, "a PEM file of CA certificates", lambda: context(True, ca))
+    if cert:
+        _loads("tlsCert", cert, "a PEM certificate whose key is in it or in tlsKey",
+               lambda: context(True, None, cert, key))
+    return files
+
+
+def _path(options: Mapping[str, str], name: str) -> str | None:
+    """A file option: None when unset or blank; else a file this process can read."""
+    path = (_get(options, name) or "").strip()
+    if not path:
+        return None
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise OptionError(f"option {name}: cannot read {path}: {exc.strerror or exc}") from None
+    return path
+
+
+def _loads(name: str, path: str, what: str, load: Callable[[], object]) -> None:
+    try:
+        load()
+    except (OSError, ssl.SSLError) as exc:
+        reason = getattr(exc, "reason", None) or exc.strerror or str(exc)
+        raise OptionError(f"option {name}: {path} is not {what} ({reason})") from None
 
 
 def _after_read(options: Mapping[str, str]) -> tuple[bool, bool]:
@@ -199,6 +242,7 @@ class WriteOptions:
     priority: int | None = None
     producer_id: str | None = None
     auth_token: str | None = None  # the nodes' client token (auth_token_file)
+    tls: TlsFiles = TlsFiles()  # made into an SSLContext where the client is made
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> WriteOptions:
@@ -221,4 +265,5 @@ class WriteOptions:
             priority=prio,
             producer_id=_plain_id(options, "producerId"),
             auth_token=_auth_token(options),
+            tls=_tls(options),
         )

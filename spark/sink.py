@@ -104,7 +104,7 @@ class QueueStreamWriter(DataSourceStreamArrowWriter):
 def produce_batches(opts: WriteOptions, producer: str, batches: Iterator) -> ProduceCommit:
     """Send the rows of Arrow record batches as idempotent produce requests."""
     result = ProduceCommit()
-    client = QueueClient(opts.hosts, timeout=opts.timeout, token=opts.auth_token)
+    client = QueueClient(opts.hosts, timeout=opts.timeout, token=opts.auth_token, tls=opts.tls.context())
     sequence = 0
     try:
         for batch in batches:

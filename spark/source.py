@@ -40,6 +40,7 @@ from pyspark.sql.types import (
 from queue_server.client import QueueClient
 from queue_server.client import protocol as p
 from queue_server.client.admin import peek_request
+from queue_server.client.tls import TlsFiles, TlsOption
 
 from .offsets import chunk_token, chunks
 from .options import ReadOptions, WriteOptions
@@ -116,6 +117,7 @@ class QueuePartition(InputPartition):
     confirm: bool  # batch consume=true: confirm the tokens once read
     look: bool = False  # batch default: peek page by page instead of consuming
     auth_token: str | None = None  # the nodes' client token (auth_token_file)
+    tls: TlsFiles = TlsFiles()
 
     @property
     def value(self) -> str:  # InputPartition's repr/debug field
@@ -138,7 +140,8 @@ class QueueBatchReader(DataSourceReader):
         per_queue = 1 if o.look else o.partitions_per_queue
         return [
             QueuePartition(o.hosts, q, f"{self.read_id}/{i}", o.max_messages, o.lease, o.chunk,
-                           o.timeout, exact=False, confirm=o.confirm, look=o.look, auth_token=o.auth_token)
+                           o.timeout, exact=False, confirm=o.confirm, look=o.look, auth_token=o.auth_token,
+                           tls=o.tls)
             for q in o.queues
             for i in range(per_queue)
         ]
@@ -158,7 +161,7 @@ def read_partition(part: QueuePartition) -> Iterator:
     fetched: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
     used: list[str] = []
-    client = QueueClient(part.hosts, timeout=part.timeout, token=part.auth_token)
+    client = QueueClient(part.hosts, timeout=part.timeout, token=part.auth_token, tls=part.tls.context())
 
     def fetch() -> None:
         try:
@@ -254,28 +257,28 @@ def arrow_schema():
 
 
 def confirm_read(hosts: str, queues: str | Iterable[str], read_id: str, timeout: float = 30.0,
-                 token: str | None = None) -> int:
+                 token: str | None = None, tls: TlsOption = None) -> int:
     """Confirm everything a batch read with confirm=false and readId=`read_id` still holds;
     how many messages were confirmed. Call it once the job that used the rows has succeeded.
-    token: the nodes' client token, if they require one."""
-    return _by_read(p.CONFIRM, hosts, queues, read_id, timeout, token)
+    token: the nodes' client token, if they require one; tls: as QueueClient's."""
+    return _by_read(p.CONFIRM, hosts, queues, read_id, timeout, token, tls)
 
 
 def release_read(hosts: str, queues: str | Iterable[str], read_id: str, timeout: float = 30.0,
-                 token: str | None = None) -> int:
+                 token: str | None = None, tls: TlsOption = None) -> int:
     """Give back everything a batch read with confirm=false and readId=`read_id` still holds
     (ready again at once, for any consumer); how many leases were released."""
-    return _by_read(p.RELEASE, hosts, queues, read_id, timeout, token)
+    return _by_read(p.RELEASE, hosts, queues, read_id, timeout, token, tls)
 
 
 def _by_read(action: int, hosts: str, queues: str | Iterable[str], read_id: str, timeout: float,
-             token: str | None) -> int:
+             token: str | None, tls: TlsOption) -> int:
     if not read_id or "/" in read_id:
         raise ValueError("read_id: must be non-empty, without '/'")
     names = [q.strip() for q in queues.split(",")] if isinstance(queues, str) else list(queues)
     field = "confirmed" if action == p.CONFIRM else "released"
     done = 0
-    with QueueClient(hosts, timeout=timeout, token=token) as client:
+    with QueueClient(hosts, timeout=timeout, token=token, tls=tls) as client:
         for q in names:
             if q:
                 reply = client.request(p.ids_request(action, q, None, token_prefix=f"{read_id}/"))

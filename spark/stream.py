@@ -111,7 +111,7 @@ class QueueStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if count:
                     parts.append(QueuePartition(
                         o.hosts, queue, f"{last.prefix}{i}", count, o.lease, last.chunk, o.timeout,
-                        exact=True, confirm=False, auth_token=o.auth_token))
+                        exact=True, confirm=False, auth_token=o.auth_token, tls=o.tls))
         return parts
 
     def commit(self, end: dict) -> None:
@@ -134,7 +134,8 @@ class _Driver:
     def __init__(self, opts: ReadOptions) -> None:
         self.opts = opts
         self.stream_id: str | None = None
-        self.client = QueueClient(opts.hosts, timeout=opts.timeout, token=opts.auth_token)
+        self.client = QueueClient(opts.hosts, timeout=opts.timeout, token=opts.auth_token,
+                                  tls=opts.tls.context())
         self.lock = threading.Lock()
         self.rounds: dict[int, Offset] = {}  # planned or running, not confirmed yet
         self.confirmed_upto = -1  # every round <= this one is confirmed (as far as we know)
@@ -195,7 +196,8 @@ class _Driver:
             self.confirmed_upto = max(self.confirmed_upto, offset.round)
 
     def _keep_leases(self) -> None:
-        client = QueueClient(self.opts.hosts, timeout=self.opts.timeout, token=self.opts.auth_token)
+        client = QueueClient(self.opts.hosts, timeout=self.opts.timeout, token=self.opts.auth_token,
+                             tls=self.opts.tls.context())
         interval = self.opts.lease / 3
         try:
             while not self._stop.wait(interval):
