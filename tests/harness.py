@@ -17,6 +17,7 @@ from typing import Callable
 
 import orjson
 
+from load.procs import signal_each, stop_tree
 from queue_server.server.node_memory import children
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -186,35 +187,24 @@ class NodeProcess:
         assert self.proc is not None
         self.proc.send_signal(sig)
 
+    def signal_all(self, sig: int) -> None:
+        """Send `sig` to every process of the node at once: its children, then the supervisor."""
+        assert self.proc is not None
+        signal_each(self.child_pids() + [self.proc.pid], sig)
+
     def stop(self, timeout: float = 15.0) -> int | None:
         """Stop the node (SIGTERM, then SIGKILL) and every child it left."""
         if self.proc is None:
             return None
-        pids = self.child_pids() if self.proc.poll() is None else []
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        status = stop_tree(self.proc, timeout)
         self._log.close()
-        return self.proc.returncode
+        return status
 
 
 def kill_all(node: NodeProcess) -> None:
     """kill -9 of every process of the node at once (a crash, not a shutdown)."""
     assert node.proc is not None
-    for pid in node.child_pids() + [node.proc.pid]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    node.signal_all(signal.SIGKILL)
     node.proc.wait(10)
     node.stop()
 
