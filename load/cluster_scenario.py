@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -33,7 +32,7 @@ sys.path.insert(0, REPO)
 
 from queue_server.config.loader import strip_comments  # noqa: E402
 from load.bench import request  # noqa: E402
-from load.procs import descendants  # noqa: E402
+from load.procs import kill_tree, stop_tree  # noqa: E402
 from tests.harness import free_port  # noqa: E402
 
 
@@ -104,22 +103,13 @@ class LocalNode:
 
     def kill(self) -> None:
         """SIGKILL the whole node, supervisor and children at once: a crash, no clean stop."""
-        if self.proc is not None and self.proc.poll() is None:
-            for pid in descendants(self.proc.pid):
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            self.proc.wait()
+        if self.proc is not None:
+            kill_tree(self.proc)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        """A clean stop (SIGTERM); SIGKILL to the whole node after 15 s."""
+        if self.proc is not None:
+            stop_tree(self.proc, 15.0)
 
 
 def local_cluster(configs: list[str], keep_ports: bool, workdir: str) -> list[LocalNode]:

@@ -20,14 +20,6 @@ from load.options import parse_numbers  # noqa: E402
 from tests.harness import Cluster, NodeProcess, RawTcp, wait_for  # noqa: E402
 
 
-def _signal_node(node: NodeProcess, sig: int) -> None:
-    for pid in node.child_pids() + [node.proc.pid]:
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
 def time_to_new_leader(workdir: str, sig: int, rounds: int) -> list[float]:
     """Seconds from signalling the leader until both others agree on a new one."""
     times = []
@@ -37,11 +29,11 @@ def time_to_new_leader(workdir: str, sig: int, rounds: int) -> list[float]:
             leader = c.wait_leader()
             others = [i for i in c.nodes if i != leader]
             start = time.monotonic()
-            _signal_node(c.nodes[leader], sig)
+            c.nodes[leader].signal_all(sig)
             c.wait_leader(among=others, exclude=leader, timeout=30)
             times.append(time.monotonic() - start)
             if sig == signal.SIGSTOP:
-                _signal_node(c.nodes[leader], signal.SIGCONT)
+                c.nodes[leader].signal_all(signal.SIGCONT)
         finally:
             c.stop()
     return times

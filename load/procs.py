@@ -1,26 +1,36 @@
 """A server's processes, read from /proc, for the benchmarks: the process tree under a pid, a
 short name for each process (queue-server's children by their module and worker index) and the
-CPU time each has used; stopping a server process."""
+CPU time each has used; signalling and stopping processes and process groups (one way for the
+tests, the benchmarks and the soak runner: grace, then SIGKILL, orphans of a group killed)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
+import time
+from collections.abc import Callable, Iterable, Iterator
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def descendants(pid: int) -> list[int]:
-    """`pid` and all its descendants alive now, `pid` first."""
-    children: dict[int, list[int]] = {}
+def _processes() -> Iterator[tuple[int, str, int, int]]:
+    """(pid, state letter, parent pid, process group) of every process in /proc now."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
             with open(f"/proc/{entry}/stat", "rb") as f:
-                ppid = int(f.read().rsplit(b")", 1)[1].split()[1])
+                fields = f.read().rsplit(b")", 1)[1].split()
+            yield int(entry), fields[0].decode(), int(fields[1]), int(fields[2])
         except (OSError, IndexError, ValueError):
             continue
-        children.setdefault(ppid, []).append(int(entry))
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and all its descendants alive now, `pid` first."""
+    children: dict[int, list[int]] = {}
+    for child, _, ppid, _ in _processes():
+        children.setdefault(ppid, []).append(child)
     found, todo = [], [pid]
     while todo:
         p = todo.pop()
@@ -83,12 +93,85 @@ def thread_cpu(pid: int) -> dict[str, float]:
     return out
 
 
-def stop(proc: subprocess.Popen, timeout: float = 15.0) -> None:
-    """Terminate `proc` if it still runs; kill it if it has not exited within `timeout` s."""
-    if proc.poll() is None:
-        proc.terminate()
+def signal_each(pids: Iterable[int], sig: int) -> None:
+    """Send `sig` to each of `pids` that still exists."""
+    for pid in pids:
         try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def signal_group(pgid: int, sig: int) -> None:
+    """Send `sig` to every process of group `pgid`, if any is left."""
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def group_members(pgid: int) -> list[str]:
+    """'pid command' of each live process in process group pgid (from /proc)."""
+    found = []
+    for pid, state, _, group in _processes():
+        if group != pgid or state == "Z":
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        found.append(f"{pid} {cmd[:160]}")
+    return found
+
+
+def wait_until(condition: Callable[[], object], timeout: float) -> bool:
+    """Poll `condition` until it holds (True) or `timeout` seconds pass (False)."""
+    deadline = time.monotonic() + timeout
+    delay = 0.01
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
+    return True
+
+
+def stop(proc: subprocess.Popen, grace: float = 15.0, *, group: bool = False, kill_wait: float = 5.0) -> int:
+    """Stop `proc` and return its exit status: SIGTERM, then SIGKILL if it has not exited within
+    `grace` seconds (`grace` 0: SIGKILL at once). With `group` (`proc` leads a process group of its
+    own, as start_new_session makes it) both signals go to the whole group and stopping waits
+    until no process of the group is left: the orphans `proc` leaves are stopped too."""
+    def done() -> bool:
+        return proc.poll() is not None and not (group and group_members(proc.pid))
+
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, kill_wait)):
+        if done() or (sig == signal.SIGTERM and grace <= 0):
+            continue
+        if group:
+            signal_group(proc.pid, sig)
+            wait_until(done, wait)
+        elif proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                pass
+    return proc.wait()
+
+
+def stop_tree(proc: subprocess.Popen, grace: float = 15.0) -> int:
+    """`stop` a supervisor (SIGTERM to it alone: it stops its children itself), then SIGKILL every
+    descendant it had when asked to stop that is still there (children in sessions of their own
+    are in no group of its)."""
+    pids = descendants(proc.pid)[1:] if proc.poll() is None else []
+    status = stop(proc, grace)
+    signal_each(pids, signal.SIGKILL)
+    return status
+
+
+def kill_tree(proc: subprocess.Popen) -> int:
+    """SIGKILL `proc` and all its descendants at once (a crash, no clean stop); its exit status."""
+    if proc.poll() is None:
+        signal_each(descendants(proc.pid), signal.SIGKILL)
+    return proc.wait()

@@ -51,9 +51,11 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from load.procs import group_members, signal_each, signal_group, stop, wait_until  # noqa: E402
 FAULT = "fault"
 SIM = "sim"
 SIM_GLOB = "tests/unit/test_*sim*.py"
@@ -485,79 +487,21 @@ class CpuHog:
         """Kill the hog (each process and the group it leads: stress-ng forks its workers)."""
         procs, self.procs = self.procs, []
         for p in procs:
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(p.pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    break
-                try:
-                    p.wait(3)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            try:
-                os.killpg(p.pid, signal.SIGKILL)  # stress-ng workers that outlived their parent
-            except (ProcessLookupError, PermissionError):
-                pass
-            if p.poll() is None:
-                p.kill()
-                p.wait()
-
-
-def group_members(pgid: int) -> list[str]:
-    """'pid command' of each live process in process group pgid (from /proc)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            if int(fields[2]) != pgid or fields[0] == "Z":
-                continue
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmd = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
-        except (OSError, IndexError, ValueError):
-            continue
-        found.append(f"{entry} {cmd[:160]}")
-    return found
-
-
-def _wait_until(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    delay = 0.01
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(delay)
-        delay = min(delay * 2, 0.2)
-    return True
-
-
-def _signal(pid: int, sig: int, group: bool = False) -> None:
-    try:
-        (os.killpg if group else os.kill)(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
+            stop(p, 3.0, group=True)
 
 
 def stop_run(proc: subprocess.Popen, grace: float = INTERRUPT_GRACE) -> None:
     """End a pytest run: stacks to its log, SIGINT (fixtures stop their nodes), then SIGTERM and
     SIGKILL to its whole process group."""
     if proc.poll() is None:
-        _signal(proc.pid, signal.SIGUSR1)
+        signal_each([proc.pid], signal.SIGUSR1)
         time.sleep(0.2)  # the dump is written by the signal handler itself
-        _signal(proc.pid, signal.SIGINT)
+        signal_each([proc.pid], signal.SIGINT)
         try:
             proc.wait(grace)
         except subprocess.TimeoutExpired:
             pass
-    for sig, wait in ((signal.SIGTERM, TERM_GRACE), (signal.SIGKILL, 5.0)):
-        if proc.poll() is None or group_members(proc.pid):
-            _signal(proc.pid, sig, group=True)
-            _wait_until(lambda: proc.poll() is not None and not group_members(proc.pid), wait)
-    if proc.poll() is None:
-        proc.wait()
+    stop(proc, TERM_GRACE, group=True)
 
 
 class Session:
@@ -597,9 +541,9 @@ class Session:
             self.current = None
         duration = time.monotonic() - started
         leaked: list[str] = []
-        if not _wait_until(lambda: not group_members(proc.pid), LEAK_GRACE):
+        if not wait_until(lambda: not group_members(proc.pid), LEAK_GRACE):
             leaked = group_members(proc.pid)
-            _signal(proc.pid, signal.SIGKILL, group=True)
+            signal_group(proc.pid, signal.SIGKILL)
         with open(log_path, "rb") as f:
             output = f.read().decode(errors="replace")
         summary = summarise(output)
@@ -702,7 +646,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:  # a second ^C: no more grace
             aborted_log = session.current_log
             if session.current is not None:
-                _signal(session.current.pid, signal.SIGKILL, group=True)
+                signal_group(session.current.pid, signal.SIGKILL)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the cleanup below is not interrupted
         if hog is not None:

@@ -17,6 +17,7 @@ from typing import Callable
 
 import orjson
 
+from load.procs import signal_each, stop_tree
 from queue_server.server.node_memory import children
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -111,8 +112,9 @@ class NodeProcess:
     def hosts(self) -> str:
         return f"{self.config['host']}:{self.config['port']}"
 
-    def start(self, wait: bool = True) -> "NodeProcess":
-        """Start the node; with `wait`, return once it accepts TCP connections."""
+    def start(self, wait: bool = True, serving: bool = False) -> "NodeProcess":
+        """Start the node; with `wait`, return once it accepts TCP connections; with `serving`,
+        once it serves a request (wait_serving)."""
         path = os.path.join(self.workdir, f"{self.name}.json")
         with open(path, "w") as f:
             json.dump(self.config, f)
@@ -122,17 +124,55 @@ class NodeProcess:
             cwd=self.cwd, stdout=self._log, stderr=subprocess.STDOUT,
         )
         STARTED.append(self)
-        if wait:
+        if serving:
+            self.wait_serving()
+        elif wait:
             self.wait_ready()
         return self
 
-    def wait_ready(self, timeout: float = 20.0) -> None:
-        """Wait until the node accepts connections (or fail, showing its log)."""
-        def ready() -> bool:
+    def _wait_up(self, condition: Callable[[], object], timeout: float, what: str) -> None:
+        """wait_for(condition), failing at once, with the node's log, if the node exits."""
+        def up() -> object:
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
-            return can_connect(*self.address)
-        wait_for(ready, timeout, f"{self.name} to accept connections")
+            return condition()
+        wait_for(up, timeout, f"{self.name} {what}")
+
+    def wait_ready(self, timeout: float = 20.0) -> None:
+        """Wait until the node accepts connections (or fail, showing its log). It may not serve
+        yet: see wait_serving."""
+        self._wait_up(lambda: can_connect(*self.address), timeout, "to accept connections")
+
+    def serves(self) -> bool:
+        """Whether the node answers a node-wide monitor (action 4) with code 0. That request is
+        forwarded to the leader and gathered from every worker of the node that answers it, so
+        the node knows a leader, reaches it, and the leader's workers have their mode (a node
+        accepts connections before all three). With `auth_token_file`, authenticates first."""
+        try:
+            conn = RawTcp(*self.address, timeout=1.0)
+        except OSError:
+            return False
+        try:
+            token = self.token()
+            if token is not None and conn.call({"action": "auth", "token": token}).get("code") != 0:
+                return False
+            return conn.call({"action": 4}).get("code") == 0
+        except (OSError, ValueError):
+            return False
+        finally:
+            conn.close()
+
+    def wait_serving(self, timeout: float = 30.0) -> None:
+        """Wait until the node serves a request (serves), or fail, showing its log."""
+        self._wait_up(self.serves, timeout, "to serve a request (a monitor answered with code 0)")
+
+    def token(self) -> str | None:
+        """A client token of a node with `auth_token_file` (the file's first token), else None."""
+        path = self.config.get("auth_token_file")
+        if not path:
+            return None
+        with open(path) as f:
+            return next((line.strip() for line in f if line.strip()), None)
 
     def log(self) -> str:
         """Everything the node has logged so far."""
@@ -186,35 +226,24 @@ class NodeProcess:
         assert self.proc is not None
         self.proc.send_signal(sig)
 
+    def signal_all(self, sig: int) -> None:
+        """Send `sig` to every process of the node at once: its children, then the supervisor."""
+        assert self.proc is not None
+        signal_each(self.child_pids() + [self.proc.pid], sig)
+
     def stop(self, timeout: float = 15.0) -> int | None:
         """Stop the node (SIGTERM, then SIGKILL) and every child it left."""
         if self.proc is None:
             return None
-        pids = self.child_pids() if self.proc.poll() is None else []
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        status = stop_tree(self.proc, timeout)
         self._log.close()
-        return self.proc.returncode
+        return status
 
 
 def kill_all(node: NodeProcess) -> None:
     """kill -9 of every process of the node at once (a crash, not a shutdown)."""
     assert node.proc is not None
-    for pid in node.child_pids() + [node.proc.pid]:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+    node.signal_all(signal.SIGKILL)
     node.proc.wait(10)
     node.stop()
 
@@ -476,6 +505,13 @@ class Cluster:
             lines.append(f"--- node {i} ({state}): leader {self.leader_view(i)}, role {self.role(i)}")
             lines.extend(node.log().splitlines()[-15:])
         return "\n".join(lines)
+
+    def wait_serving(self, timeout: float = 30.0) -> int:
+        """Wait until every node serves requests: they agree on a leader and each relays a
+        request to it (wait_leader, then wait_forwarding); the leader."""
+        leader = self.wait_leader(timeout)
+        self.wait_forwarding(leader, timeout)
+        return leader
 
     def wait_forwarding(self, leader: int, timeout: float = 15.0) -> None:
         """Wait until every other node relays a request to `leader` and brings its reply back

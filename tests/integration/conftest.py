@@ -20,8 +20,8 @@ AUTH_TOKEN = "battery-token"
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    """One single node shared by a test module (tests use their own queue names)."""
-    n = NodeProcess(str(tmp_path_factory.mktemp("node")), NODE_CONFIG).start()
+    """One single node shared by a test module (tests use their own queue names), serving."""
+    n = NodeProcess(str(tmp_path_factory.mktemp("node")), NODE_CONFIG).start(serving=True)
     yield n
     n.stop()
 
@@ -33,7 +33,7 @@ def authed_node(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("authed-node")
     token_file = workdir / "token"
     token_file.write_text(AUTH_TOKEN + "\n")
-    n = NodeProcess(str(workdir), {**NODE_CONFIG, "auth_token_file": str(token_file)}).start()
+    n = NodeProcess(str(workdir), {**NODE_CONFIG, "auth_token_file": str(token_file)}).start(serving=True)
     yield n
     n.stop()
 

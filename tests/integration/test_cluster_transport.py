@@ -30,7 +30,6 @@ def roles(cluster) -> tuple[int, int]:
     """(leader, a follower that knows it)."""
     leader = cluster.wait_leader()
     follower = next(i for i in cluster.nodes if i != leader)
-    wait_for(lambda: cluster.leader_view(follower) == leader, 10, "the follower to know the leader")
     return leader, follower
 
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 
+from load.procs import kill_tree
 from queue_server.client import QueueClient, QueueError
 from tests.harness import wait_for
 
@@ -61,9 +62,7 @@ def test_a_dead_node_is_named_restarted_and_the_data_removed_at_the_end():
         assert proc.wait(40) == 0
         assert not os.path.exists(root)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        kill_tree(proc)
 
 
 def _produced(q: QueueClient) -> bool:

@@ -164,8 +164,7 @@ def cluster(tmp_path):
 
 
 def test_forwarded_admin_actions_and_their_state_after_a_fail_over(cluster):
-    leader = cluster.wait_leader()
-    cluster.wait_forwarding(leader)
+    leader = cluster.wait_serving()
     follower = next(i for i in cluster.nodes if i != leader)
     with QueueClient(cluster.nodes[follower].hosts) as q:
         q.produce_batch("jobs", ["a", "b"])

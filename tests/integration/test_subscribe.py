@@ -72,8 +72,7 @@ def test_a_consumer_that_disconnects_gets_its_messages_back_after_the_lease(node
 def test_at_most_once_pushes_are_never_delivered_twice_across_a_fail_over(tmp_path):
     c = Cluster(str(tmp_path / "c")).start()
     try:
-        leader = c.wait_leader()
-        c.wait_forwarding(leader)
+        leader = c.wait_serving()
         sent = [f"amo-{i}" for i in range(300)]
         with QueueClient(c.hosts) as q:
             q.produce_batch("pushed", sent)
