@@ -39,14 +39,6 @@ def _all_pids(node) -> list[int]:
     return node.child_pids() + [node.proc.pid]
 
 
-def _signal_node(node, sig: int) -> None:
-    for pid in _all_pids(node):
-        try:
-            os.kill(pid, sig)
-        except ProcessLookupError:
-            pass
-
-
 def _scrape(node) -> dict[str, float]:
     """The node's metrics (sample name with its labels -> value)."""
     url = f"http://{node.config['host']}:{node.config['metrics_port']}/metrics"
@@ -84,7 +76,7 @@ def test_kill_leader_under_load(cluster):
         _wait_acks(history, 200)
         pids = _all_pids(c.nodes[leader])
         committed = wait_for(lambda: c.ask(leader, {"action": 104}), 5, "the leader's monitor")["commit_trans_id"]
-        _signal_node(c.nodes[leader], signal.SIGKILL)
+        c.nodes[leader].signal_all(signal.SIGKILL)
         killed_at = time.monotonic()
         survivors = [i for i in c.nodes if i != leader]
         new_leader = c.wait_leader(among=survivors, exclude=leader)
@@ -111,18 +103,18 @@ def test_paused_leader_steps_down_and_no_two_leaders_accept_writes(cluster):
     work = Workload(c.hosts, history).start()
     try:
         _wait_acks(history, 100)
-        _signal_node(c.nodes[leader], signal.SIGSTOP)
+        c.nodes[leader].signal_all(signal.SIGSTOP)
         paused_at = time.monotonic()
         others = [i for i in c.nodes if i != leader]
         new_leader = c.wait_leader(among=others, exclude=leader)
         print(f"new leader {new_leader} {time.monotonic() - paused_at:.3f} s after pausing {leader}")
         _wait_acks(history, 100)
-        _signal_node(c.nodes[leader], signal.SIGCONT)
+        c.nodes[leader].signal_all(signal.SIGCONT)
         wait_for(lambda: c.role(leader) == "follower", 15, "the old leader to step down")
         assert c.wait_leader() == new_leader
         _wait_acks(history, 100)
     finally:
-        _signal_node(c.nodes[leader], signal.SIGCONT)
+        c.nodes[leader].signal_all(signal.SIGCONT)
         work.stop()
     drain(c.hosts, history)
     history.check()
@@ -183,7 +175,7 @@ def test_follower_far_behind_catches_up_by_snapshot(cluster):
     wait_for(caught_up, 30, "the restarted follower to catch up")
     print(f"follower {follower} caught up 3000 messages past a 500-record log in {time.monotonic() - started:.3f} s")
     # the follower's copy is a real one: it can lead
-    _signal_node(c.nodes[leader], signal.SIGKILL)
+    c.nodes[leader].signal_all(signal.SIGKILL)
     rest = [i for i in c.nodes if i != leader]
     new_leader = c.wait_leader(among=rest, exclude=leader)
     with QueueClient(c.nodes[new_leader].hosts) as q:
@@ -256,8 +248,7 @@ def test_follower_cut_off_from_the_leader_still_answers(cluster):
     reconnecting) must still answer a forwarded request -- the leader's reply, or an error to
     retry elsewhere -- within FORWARD_GRACE."""
     c = cluster(proxied=True)
-    leader = c.wait_leader()
-    c.wait_forwarding(leader)
+    leader = c.wait_serving()
     follower = next(i for i in c.nodes if i != leader)
     link = c.proxies[(follower, leader)]
     link.cut()

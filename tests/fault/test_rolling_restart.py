@@ -41,8 +41,7 @@ def test_rolling_restart_loses_nothing_and_clients_see_no_error(tmp_path, monkey
     workloads: list[Workload] = []
     try:
         cluster.start()
-        leader = cluster.wait_leader(60)
-        cluster.wait_forwarding(leader, 60)
+        leader = cluster.wait_serving(60)
         history = History()
         hosts = [node.hosts for node in cluster.nodes.values()]
         # Each workload starts on a different node: clients of every node see each restart.

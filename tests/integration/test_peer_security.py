@@ -73,8 +73,7 @@ def term(cluster: Cluster, node_id: int) -> float:
 
 
 def prepared(cluster: Cluster) -> tuple[dict, dict[int, float]]:
-    leader = cluster.wait_leader()
-    cluster.wait_forwarding(leader)
+    leader = cluster.wait_serving()
     conn = RawTcp(*cluster.nodes[leader].address)
     try:
         if not conn.call({"action": "peek", "queue": "jobs", "count": 10}).get("messages"):

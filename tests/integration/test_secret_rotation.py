@@ -112,8 +112,7 @@ def test_rolling_rotation_of_secret_and_token_keeps_the_cluster_serving(tmp_path
                 fresh = NodeProcess(node.workdir, node.config, name=node.name)
                 fresh.log_path = node.log_path
                 cluster.nodes[node_id] = fresh.start()
-                leader = cluster.wait_leader(timeout=30)
-                cluster.wait_forwarding(leader, timeout=30)
+                leader = cluster.wait_serving(timeout=30)
                 for i, n in cluster.nodes.items():
                     assert metric(n.config["metrics_port"], "queue_server_peer_rejected_total", reason="bad_key") == 0, \
                         f"step {number}, node {node_id} restarted: node {i} refused a peer's key"
