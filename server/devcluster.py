@@ -20,7 +20,9 @@ import sys
 import tempfile
 import time
 
-from queue_server.server import secret_file
+from queue_server.config.loader import ConfigError, load_config
+from queue_server.server import preflight, secret_file
+
 RESTART_AFTER = 1.0  # seconds between a node's death and its restart (--restart)
 
 
@@ -69,6 +71,17 @@ def ask_leader(port: int, timeout: float = 1.0) -> dict | None:
         return None
 
 
+def startable(paths: dict[int, str]) -> str | None:
+    """Why one of the nodes cannot start (its port is taken, ...) as one line, or None: checked
+    before any starts, so that another program on a port is never taken for one of the nodes."""
+    for node_id, path in paths.items():
+        try:
+            preflight.check(load_config(path, {})[0])
+        except (ConfigError, preflight.StartError, OSError) as exc:
+            return f"node {node_id}: {exc}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="queue-cluster", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -97,6 +110,13 @@ def main(argv: list[str] | None = None) -> int:
         paths[cfg["node_id"]] = path = os.path.join(root, f"node{cfg['node_id']}.json")
         with open(path, "w") as f:
             json.dump(cfg, f, indent=2)
+    problem = startable(paths)
+    if problem:
+        print(f"queue-cluster: {problem}; choose free ports with --base-port, --internal-base-port and "
+              f"--http-base-port", file=sys.stderr)
+        if args.data_root is None:
+            shutil.rmtree(root, ignore_errors=True)
+        return 1
     procs: dict[int, subprocess.Popen] = {}
 
     def launch(node_id: int) -> None:
