@@ -27,6 +27,25 @@ class DataDirLocked(Exception):
     """Another node (process) holds the data directory."""
 
 
+def _locked(path: str, fd: int) -> DataDirLocked:
+    holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+    return DataDirLocked(f"queue data dir {path} is in use by another node (pid {holder})")
+
+
+def check_free(path: str) -> None:
+    """Raise DataDirLocked if a node holds the directory now; takes and keeps nothing."""
+    try:
+        fd = os.open(os.path.join(path, "LOCK"), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _locked(path, fd) from None
+    finally:
+        os.close(fd)  # releases the flock if it was taken
+
+
 class DataDir:
     """Owns a queue data directory for the lifetime of the process (or until close)."""
 
@@ -40,9 +59,9 @@ class DataDir:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            exc = _locked(path, fd)
             os.close(fd)
-            raise DataDirLocked(f"queue data dir {path} is in use by another node (pid {holder})") from None
+            raise exc from None
         except BaseException:
             os.close(fd)
             raise

@@ -1,9 +1,10 @@
 """A node that cannot start says why in one line (exit status 1, no traceback), naming the
-config key: a busy port, a host name that does not resolve, a data directory that cannot be
-made, a config file that cannot be read. A peer's name that does not resolve yet only warns."""
+config key: a busy port, a host name that does not resolve or is not this machine's, a data
+directory that cannot be made or that another node holds, a config file that cannot be read. A peer's name that does not resolve yet only warns."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import sys
 import pytest
 
 from queue_server.config.loader import parse_config
+from queue_server.replication.datadir import DataDir
 from queue_server.server import preflight
 from tests.harness import free_port
 
@@ -69,6 +71,20 @@ def test_data_dir_that_cannot_be_made(tmp_path):
     assert code == 1
     assert_one_line(out, f"queue-server: config key 'queue_data_dir': cannot create '{blocker / 'data'}': "
                          f"Not a directory")
+
+
+def test_data_dir_held_by_a_running_node(tmp_path):
+    with DataDir(str(tmp_path)):  # as a node's coordinator holds it
+        code, out = start("--port", str(free_port()), "--data-dir", str(tmp_path))
+    assert code == 1
+    assert_one_line(out, f"queue-server: config key 'queue_data_dir': queue data dir {tmp_path} is in use by "
+                         f"another node (pid {os.getpid()}); give each node its own (--data-dir)")
+
+
+def test_host_that_is_not_an_address_of_this_machine():
+    code, out = start("--host", "192.0.2.1", "--port", str(free_port()), "--in-memory")  # TEST-NET-1
+    assert code == 1
+    assert_one_line(out, "queue-server: config key 'host': 192.0.2.1 is not an address of this machine")
 
 
 def test_config_file_missing(tmp_path):
