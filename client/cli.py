@@ -244,7 +244,13 @@ def _print_reply(request: dict, reply: dict, as_json: bool) -> None:
 
 
 def _print_error(exc: QueueError, as_json: bool) -> None:
-    print(_dump(exc.reply) if as_json else f"queue-cli: {exc.reason}", file=sys.stderr)
+    if as_json:
+        print(_dump(exc.reply), file=sys.stderr)
+        return
+    hint = ""
+    if exc.reason.startswith(p.AUTH_REFUSED):
+        hint = " (queue-cli gives the nodes' token from --token-file FILE, or $QUEUE_TOKEN)"
+    print(f"queue-cli: {exc.reason}{hint}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -17,6 +17,7 @@ from .errors import QueueError
 from queue_server.protocol.framing import DEFAULT_MAX_REQUEST_SIZE  # noqa: F401  (re-exported)
 from queue_server.protocol.vocabulary import (  # noqa: F401  (re-exported: one vocabulary for server and client)
     AUTH,
+    AUTH_REFUSED,
     ACTION_NAMES,
     CODE_ERROR,
     CODE_OK,

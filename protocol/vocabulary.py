@@ -25,6 +25,8 @@ DLQ_REPLAY = 25
 LOCAL_PEEK = 120
 # Client authentication (config auth_token_file): the first request on a TCP connection.
 AUTH = 9
+# The start of the reason of every reply refused for a missing or wrong token (TCP and HTTP).
+AUTH_REFUSED = "authentication "
 # Push subscriptions with credit (issue 14): pushed messages travel as replies with this req_no,
 # written at once, outside the connection's reply order.
 SUBSCRIBE = 26

@@ -116,6 +116,19 @@ def test_queue_cli_reads_the_token_from_a_file_or_the_environment(secured, tmp_p
     assert cli.main(["--hosts", secured.hosts, "produce", "cli", "z"]) == 1
 
 
+@pytest.mark.parametrize("token", [None, "guess"], ids=["no token", "wrong token"])
+def test_queue_cli_refused_says_how_to_give_the_token(secured, monkeypatch, token):
+    monkeypatch.delenv("QUEUE_TOKEN", raising=False)
+    if token:
+        monkeypatch.setenv("QUEUE_TOKEN", token)
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert cli.main(["--hosts", secured.hosts, "list"]) == 1
+    [line] = err.getvalue().splitlines()
+    assert line.startswith("queue-cli: authentication ")
+    assert line.endswith("(queue-cli gives the nodes' token from --token-file FILE, or $QUEUE_TOKEN)")
+
+
 def test_with_auth_off_an_auth_request_is_answered_ok(node):
     conn = RawTcp(*node.address)
     assert conn.call({"action": "auth", "token": "anything"})["code"] == 0
