@@ -508,7 +508,12 @@ def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) ->
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise ConfigError("", f"cannot read config file {path}: {reason}") from None
-    return parse_config(text, overrides)
+    try:
+        return parse_config(text, overrides)
+    except ConfigError as e:
+        if e.key:
+            raise
+        raise ConfigError("", f"{path}: {e.message}") from None  # which file is not JSON
 
 
 def key_docs() -> Iterable[tuple[str, Any, str]]:

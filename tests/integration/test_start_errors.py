@@ -94,6 +94,15 @@ def test_config_file_missing(tmp_path):
     assert_one_line(out, f"queue-server: config: cannot read config file {missing}: No such file or directory")
 
 
+def test_config_file_that_is_not_json(tmp_path):
+    cfg = tmp_path / "node.json"
+    cfg.write_text('{"port": 1111,\n}')
+    code, out = start("--config", str(cfg))
+    assert code == 1
+    assert_one_line(out, f"queue-server: config: {cfg}: invalid JSON: Expecting property name enclosed in "
+                         f"double quotes at line 2 column 1")
+
+
 def test_config_path_is_a_directory(tmp_path):
     code, out = start("--config", str(tmp_path))
     assert code == 1
