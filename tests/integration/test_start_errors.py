@@ -87,6 +87,15 @@ def test_host_that_is_not_an_address_of_this_machine():
     assert_one_line(out, "queue-server: config key 'host': 192.0.2.1 is not an address of this machine")
 
 
+@pytest.mark.parametrize("mode", ["999", "rw", "1777"])
+def test_keygen_with_a_bad_mode_says_what_it_takes(tmp_path, mode):
+    code, out = start("keygen", "--out", str(tmp_path / "secret"), "--mode", mode)
+    assert code == 2  # argparse's: a bad command line
+    assert out.strip().splitlines()[-1] == (f"queue-server keygen: error: argument --mode: expected permissions "
+                                            f"in octal such as 600 or 644, got '{mode}'")
+    assert not (tmp_path / "secret").exists()
+
+
 def test_config_file_missing(tmp_path):
     missing = tmp_path / "nope.json"
     code, out = start("--config", str(missing))
