@@ -8,6 +8,7 @@ or the error reply's JSON with --json), 2 no server could be reached or a usage 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import ssl
 import sys
@@ -38,15 +39,22 @@ def _hosts(text: str) -> list[p.Address]:
 
 
 def _number(text: str) -> int | float:
-    """An int when the text is one (what the original's clients send), else a float."""
+    """An int when the text is one (what the original's clients send), else a finite float."""
     try:
         return int(text)
     except ValueError:
-        return float(text)
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    return value
 
 
 def _positive(text: str) -> float:
-    value = float(text)
+    value = float(_number(text))
     if value <= 0:
         raise argparse.ArgumentTypeError("must be > 0")
     return value

@@ -837,6 +837,15 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     return code, out, err
 
 
+@pytest.mark.parametrize("argv", [["--timeout", "abc", "list"], ["produce", "q", "x", "--delay", "abc"],
+                                  ["consume", "q", "--wait", "nan"], ["extend", "q", "1", "--retry", "inf"]])
+def test_cli_a_flag_that_is_not_a_number_says_so(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    code, _, err = cli(capsys, *argv)
+    assert code == 2
+    flag, value = next((a, b) for a, b in zip(argv, argv[1:]) if a.startswith("--"))
+    assert err.splitlines()[-1].endswith(f"error: argument {flag}: expected a number, got '{value}'")
+
+
 def test_cli_produce_consume_confirm(servers: Any, capsys: pytest.CaptureFixture[str]) -> None:
     server = servers()
     h = ("--hosts", server.addr)
