@@ -305,7 +305,9 @@ def _with_client(args: argparse.Namespace, work: Callable[[QueueClient], None]) 
         ssl_context = tls.context(args.tls or bool(args.tls_ca or args.tls_cert), args.tls_ca,
                                   args.tls_cert, args.tls_key)
     except (OSError, ssl.SSLError) as exc:
-        print(f"queue-cli: --tls-ca/--tls-cert/--tls-key: {tls.describe(exc) or exc}", file=sys.stderr)
+        files = ", ".join(f for f in (args.tls_ca, args.tls_cert, args.tls_key) if f)
+        why = tls.describe(exc) or (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc))
+        print(f"queue-cli: --tls-ca/--tls-cert/--tls-key: cannot load {files}: {why}", file=sys.stderr)
         return EXIT_USAGE
     try:
         with QueueClient(args.hosts, transport="udp" if args.udp else "tcp", timeout=args.timeout,
