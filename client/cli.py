@@ -314,6 +314,10 @@ def _with_client(args: argparse.Namespace, work: Callable[[QueueClient], None]) 
                          token=token, tls=ssl_context) as client:
             work(client)
     except (NoServerAvailable, QueueTimeout) as exc:
+        if args.udp and isinstance(exc, QueueTimeout) and token is None and not args.json:
+            # a node with auth_token_file drops such datagrams unanswered (no amplification)
+            exc = QueueTimeout(exc.code, f"{exc.reason} (over UDP, a node that requires a token does not answer "
+                                         f"without one: --token-file FILE, or $QUEUE_TOKEN)", exc.reply)
         _print_error(exc, args.json)
         return EXIT_UNREACHABLE
     except QueueError as exc:

@@ -88,6 +88,16 @@ def test_udp_without_a_valid_auth_token_gets_no_reply(secured):
     assert monitor_size(secured, "u") == 1
 
 
+def test_queue_cli_over_udp_without_a_token_says_a_token_may_be_missing(secured, monkeypatch):
+    monkeypatch.delenv("QUEUE_TOKEN", raising=False)
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert cli.main(["--hosts", secured.hosts, "--udp", "--timeout", "0.5", "list"]) == 2
+    [line] = err.getvalue().splitlines()
+    assert line.startswith("queue-cli: ") and line.endswith(
+        "(over UDP, a node that requires a token does not answer without one: --token-file FILE, or $QUEUE_TOKEN)")
+
+
 @pytest.mark.parametrize("transport", ["tcp", "udp"])
 def test_clients_present_their_token(secured, transport):
     with QueueClient(secured.hosts, transport=transport, token=TOKEN) as q:
