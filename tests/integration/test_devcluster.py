@@ -94,3 +94,14 @@ def test_a_port_taken_by_another_program_stops_it_before_any_node_starts():
     [line] = err.splitlines()
     assert line.startswith(f"queue-cluster: node 2: config key 'port': TCP 127.0.0.1:{clients + 1} is already in use")
     assert "--base-port" in line
+
+
+def test_a_data_root_that_cannot_be_written_is_one_line(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "queue_server.server.devcluster", "3", "--data-root", str(blocker / "data"),
+         "--base-port", str(free_run(3)), "--internal-base-port", str(free_run(3)), "--http-base-port", "0"],
+        capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == f"queue-cluster: --data-root: cannot write in {blocker / 'data'}: Not a directory\n"
