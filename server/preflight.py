@@ -53,6 +53,8 @@ def check(config: NodeConfig) -> list[str]:
     if config.auth_token_file:
         _loads(read_token_file, config.auth_token_file)
     _loads(tls.server_context, config)
+    if config.cluster_secret_file:  # read by the coordinator whenever it is set, cluster or not
+        _loads(read_secrets, config.cluster_secret_file)
     if me is not None:
         warnings += _peer_security(config, me.host)
     return warnings
@@ -62,7 +64,6 @@ def _peer_security(config: NodeConfig, host: str) -> list[str]:
     """A peer port others can reach needs the cluster secret, unless insecure_peers says plainly
     that it may go without."""
     if config.cluster_secret_file:
-        _loads(read_secrets, config.cluster_secret_file)
         return []
     if is_loopback(host):
         return []

@@ -96,6 +96,19 @@ def test_keygen_with_a_bad_mode_says_what_it_takes(tmp_path, mode):
     assert not (tmp_path / "secret").exists()
 
 
+@pytest.mark.parametrize("nodes", [0, 1], ids=["single node", "a list of one node"])
+def test_a_cluster_secret_file_that_is_no_secret_on_a_single_node(tmp_path, nodes):
+    secret = tmp_path / "cluster.secret"
+    secret.write_text("short\n")
+    cfg = tmp_path / "node.json"
+    cfg.write_text(json.dumps({"port": free_port(), "in_memory": True, "cluster_secret_file": str(secret),
+                               "cluster_node_list": [{"node_id": 1, "host": "127.0.0.1", "port": free_port()}][:nodes]}))
+    code, out = start("--config", str(cfg))
+    assert code == 1
+    assert_one_line(out, f"queue-server: config key 'cluster_secret_file': {secret} holds a line that is no secret "
+                         f"of at least 16 characters (make one with: queue-server keygen --out {secret})")
+
+
 def test_config_file_missing(tmp_path):
     missing = tmp_path / "nope.json"
     code, out = start("--config", str(missing))
