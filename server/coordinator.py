@@ -14,7 +14,7 @@ import zmq
 
 from queue_server.config.loader import NodeConfig
 from queue_server.replication import wire
-from queue_server.replication.datadir import DataDirLocked
+from queue_server.replication.datadir import DamagedVoteState, DataDirLocked
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog
 from queue_server.server import batching, ipc, peer_keys
@@ -369,6 +369,11 @@ def main(argv: list[str] | None = None) -> None:
         coordinator = Coordinator(cfg, ctx, info.run_dir, info.log, storage)
         info.log.info("coordinator ready")
         coordinator.run()
+    except DamagedVoteState as exc:
+        # Forgetting the vote could let this node vote twice in one term: a person decides.
+        info.log.error("%s; restore it, or delete it if the node may forget its vote (a single node, or one whose "
+                       "cluster elects without it)", exc)
+        sys.exit(4)
     except CorruptLog as exc:
         info.log.error("%s; start with --repair to cut the log there (losing what follows)", exc)
         sys.exit(4)

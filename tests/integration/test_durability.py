@@ -139,6 +139,20 @@ def test_torn_tail_is_truncated_and_middle_corruption_stops_the_start(tmp_path):
         repaired.stop()
 
 
+def test_a_damaged_vote_file_stops_the_start_saying_what_to_do(tmp_path):
+    node = NodeProcess(str(tmp_path), {"queue_data_dir": str(tmp_path / "data")})
+    os.makedirs(tmp_path / "data")
+    (tmp_path / "data" / "vote.json").write_text("garbage\n")
+    node.start(wait=False)
+    try:
+        assert node.proc.wait(30) == 1
+        assert "Traceback" not in node.log()
+        assert f"{tmp_path / 'data' / 'vote.json'} is not a vote state file" in node.log()
+        assert "restore it, or delete it if the node may forget its vote" in node.log()
+    finally:
+        node.stop()
+
+
 def test_second_node_on_the_same_data_dir_refuses_to_start(tmp_path):
     first = NodeProcess(str(tmp_path)).start()
     try:
