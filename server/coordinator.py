@@ -54,10 +54,10 @@ class Coordinator:
         if recovered is not None:
             queues = self.node.state.queues
             count = sum(len(q) for q in queues.values())
-            log.info("recovered %d queue%s holding %d message%s in %.2f s (snapshot at trans_id %d, "
-                     "%d log records after it)", len(queues), "" if len(queues) == 1 else "s", count,
-                     "" if count == 1 else "s", time.monotonic() - started, recovered.trans_id,
-                     len(recovered.entries))
+            # The log records after the snapshot are applied as they commit, after this line.
+            log.info("recovered in %.2f s: a snapshot at trans_id %d of %d queue%s holding %d message%s, and "
+                     "%d log records after it", time.monotonic() - started, recovered.trans_id, len(queues),
+                     "" if len(queues) == 1 else "s", count, "" if count == 1 else "s", len(recovered.entries))
         self.inbox = ipc.inbox(ctx, run_dir, "coordinator")
         self.acceptor = ipc.outbox(ctx, run_dir, "acceptor")
         self.workers = [ipc.outbox(ctx, run_dir, ipc.worker_name(i)) for i in range(config.workers)]

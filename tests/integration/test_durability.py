@@ -88,7 +88,7 @@ def test_restart_keeps_ids_times_leases_and_delivery_counts(tmp_path):
             assert [m.msg_id for m in rest] == list(range(11, 121))  # leased stay leased, delayed stays delayed
             assert all(m.delivery_count == 1 for m in rest)
             assert q.produce("state", "next") > 121
-        assert re.search(r"recovered 1 queue holding 120 messages in [\d.]+ s \(snapshot at trans_id \d+, ",
+        assert re.search(r"recovered in [\d.]+ s: a snapshot at trans_id \d+ of 1 queue holding 120 messages, and ",
                          node.log()), node.log()
     finally:
         node.stop()
