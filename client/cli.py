@@ -258,6 +258,9 @@ def _print_error(exc: QueueError, as_json: bool) -> None:
     hint = ""
     if exc.reason.startswith(p.AUTH_REFUSED):
         hint = " (queue-cli gives the nodes' token from --token-file FILE, or $QUEUE_TOKEN)"
+    elif exc.reason == p.NO_LEADER:
+        hint = (" (the nodes reached know no leader: fewer than a majority of the cluster are up and in "
+                "touch, or an election is on; give --hosts every node)")
     print(f"queue-cli: {exc.reason}{hint}", file=sys.stderr)
 
 

@@ -67,6 +67,8 @@ CODE_REDIRECT = -2
 # The reason of an error reply to a request that was not applied because the node it reached
 # stopped leading first: sending it again (to the new leader) is safe.
 LEADERSHIP_CHANGED = "not leader: leadership changed; retry"
+# The reason of an error reply from a node that knows no leader (nothing was applied).
+NO_LEADER = "no leader"
 
 # delay/ttl values at or above this are unix timestamps; below it, seconds from now.
 ABSOLUTE_TIME_THRESHOLD = 1_000_000_000
