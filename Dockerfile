@@ -14,6 +14,7 @@ COPY election ./election
 COPY config ./config
 COPY client ./client
 COPY spark ./spark
+COPY protocol ./protocol
 RUN pip install --no-cache-dir . \
     && useradd --system --uid 10001 --home-dir /var/lib/queue-server queue \
     && mkdir -p /var/lib/queue-server && chown queue /var/lib/queue-server

@@ -8,6 +8,7 @@ or the error reply's JSON with --json), 2 no server could be reached or a usage 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import ssl
 import sys
@@ -38,15 +39,22 @@ def _hosts(text: str) -> list[p.Address]:
 
 
 def _number(text: str) -> int | float:
-    """An int when the text is one (what the original's clients send), else a float."""
+    """An int when the text is one (what the original's clients send), else a finite float."""
     try:
         return int(text)
     except ValueError:
-        return float(text)
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
+    return value
 
 
 def _positive(text: str) -> float:
-    value = float(text)
+    value = float(_number(text))
     if value <= 0:
         raise argparse.ArgumentTypeError("must be > 0")
     return value
@@ -244,7 +252,16 @@ def _print_reply(request: dict, reply: dict, as_json: bool) -> None:
 
 
 def _print_error(exc: QueueError, as_json: bool) -> None:
-    print(_dump(exc.reply) if as_json else f"queue-cli: {exc.reason}", file=sys.stderr)
+    if as_json:
+        print(_dump(exc.reply), file=sys.stderr)
+        return
+    hint = ""
+    if exc.reason.startswith(p.AUTH_REFUSED):
+        hint = " (queue-cli gives the nodes' token from --token-file FILE, or $QUEUE_TOKEN)"
+    elif exc.reason == p.NO_LEADER:
+        hint = (" (the nodes reached know no leader: fewer than a majority of the cluster are up and in "
+                "touch, or an election is on; give --hosts every node)")
+    print(f"queue-cli: {exc.reason}{hint}", file=sys.stderr)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -291,13 +308,19 @@ def _with_client(args: argparse.Namespace, work: Callable[[QueueClient], None]) 
         ssl_context = tls.context(args.tls or bool(args.tls_ca or args.tls_cert), args.tls_ca,
                                   args.tls_cert, args.tls_key)
     except (OSError, ssl.SSLError) as exc:
-        print(f"queue-cli: --tls-ca/--tls-cert/--tls-key: {tls.describe(exc) or exc}", file=sys.stderr)
+        files = ", ".join(f for f in (args.tls_ca, args.tls_cert, args.tls_key) if f)
+        why = tls.describe(exc) or (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc))
+        print(f"queue-cli: --tls-ca/--tls-cert/--tls-key: cannot load {files}: {why}", file=sys.stderr)
         return EXIT_USAGE
     try:
         with QueueClient(args.hosts, transport="udp" if args.udp else "tcp", timeout=args.timeout,
                          token=token, tls=ssl_context) as client:
             work(client)
     except (NoServerAvailable, QueueTimeout) as exc:
+        if args.udp and isinstance(exc, QueueTimeout) and token is None and not args.json:
+            # a node with auth_token_file drops such datagrams unanswered (no amplification)
+            exc = QueueTimeout(exc.code, f"{exc.reason} (over UDP, a node that requires a token does not answer "
+                                         f"without one: --token-file FILE, or $QUEUE_TOKEN)", exc.reply)
         _print_error(exc, args.json)
         return EXIT_UNREACHABLE
     except QueueError as exc:

@@ -17,12 +17,14 @@ from .errors import QueueError
 from queue_server.protocol.framing import DEFAULT_MAX_REQUEST_SIZE  # noqa: F401  (re-exported)
 from queue_server.protocol.vocabulary import (  # noqa: F401  (re-exported: one vocabulary for server and client)
     AUTH,
+    AUTH_REFUSED,
     ACTION_NAMES,
     CODE_ERROR,
     CODE_OK,
     CODE_REDIRECT,
     CONFIRM,
     LEADERSHIP_CHANGED,
+    NO_LEADER,
     CONSUME,
     EXTEND,
     LEADER,
@@ -369,7 +371,7 @@ def udp_reply(reply: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
 def try_elsewhere(reply: dict) -> bool:
     """Whether an error reply means "this node cannot serve anyone now" (it knows no leader), so
     another host of the list should be tried. Nothing was applied."""
-    return reply.get("code") == CODE_ERROR and reply.get("reason") == "no leader"
+    return reply.get("code") == CODE_ERROR and reply.get("reason") == NO_LEADER
 
 
 def retry_elsewhere(req: dict, reply: dict) -> bool:

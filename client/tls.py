@@ -8,7 +8,9 @@ from dataclasses import dataclass
 from typing import Union
 
 TlsOption = Union[bool, ssl.SSLContext, None]
-
+# OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH: the certificate is
+# trusted, but made for another name than the one connected to.
+_NAME_MISMATCH = (62, 64)
 
 @dataclass(frozen=True)
 class TlsFiles:
@@ -63,7 +65,11 @@ def wrap(sock: socket.socket, ctx: ssl.SSLContext, host: str) -> ssl.SSLSocket:
 def describe(exc: BaseException) -> str | None:
     """A TLS failure in one line a person can act on; None if `exc` is not one."""
     if isinstance(exc, ssl.SSLCertVerificationError):
-        return f"TLS: the node's certificate is not trusted: {exc.verify_message} (give the CA with tls_ca / --tls-ca)"
+        if exc.verify_code in _NAME_MISMATCH:
+            hint = "connect with a name the certificate was made for, or make it for this one"
+        else:
+            hint = "give the CA with tls_ca / --tls-ca"
+        return f"TLS: the node's certificate is not trusted: {exc.verify_message} ({hint})"
     if not isinstance(exc, ssl.SSLError):
         return None
     reason = exc.reason or str(exc)

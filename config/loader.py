@@ -257,7 +257,7 @@ class _Key:
 
 _KEYS: tuple[_Key, ...] = (
     # the original's keys
-    _Key("log_prefix", "", _string(False), "log file name prefix; '' logs to stderr"),
+    _Key("log_prefix", "", _string(False), "also log to <prefix>.log in the working directory; '' logs to stderr only"),
     _Key("log_level", 3, _int(0, 5), "0 off, 1 error, 2 warning, 3 info, 4 debug, 5 trace"),
     _Key("node_type", 10, _int(0), "cluster id: the same on every node of a cluster"),
     _Key("node_id", 1, _int(1), "this node's id, unique in the cluster"),
@@ -508,7 +508,12 @@ def load_config(path: str | None, overrides: Mapping[str, Any] | None = None) ->
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
         raise ConfigError("", f"cannot read config file {path}: {reason}") from None
-    return parse_config(text, overrides)
+    try:
+        return parse_config(text, overrides)
+    except ConfigError as e:
+        if e.key:
+            raise
+        raise ConfigError("", f"{path}: {e.message}") from None  # which file is not JSON
 
 
 def key_docs() -> Iterable[tuple[str, Any, str]]:
@@ -519,7 +524,7 @@ def key_docs() -> Iterable[tuple[str, Any, str]]:
 DEFAULT_CONFIG_TEXT = """\
 // queue-server node config: JSON with // and /* */ comments (the original's format).
 {
-    "log_prefix" : "",              // log file name prefix; "" logs to stderr
+    "log_prefix" : "",              // also log to <prefix>.log in the working directory; "" = stderr only
     "log_level" : 3,                // 0 off, 1 error, 2 warning, 3 info, 4 debug, 5 trace
 
     "node_type" : 10,               // cluster id: the same on every node of a cluster

@@ -25,6 +25,8 @@ DLQ_REPLAY = 25
 LOCAL_PEEK = 120
 # Client authentication (config auth_token_file): the first request on a TCP connection.
 AUTH = 9
+# The start of the reason of every reply refused for a missing or wrong token (TCP and HTTP).
+AUTH_REFUSED = "authentication "
 # Push subscriptions with credit (issue 14): pushed messages travel as replies with this req_no,
 # written at once, outside the connection's reply order.
 SUBSCRIBE = 26
@@ -65,6 +67,8 @@ CODE_REDIRECT = -2
 # The reason of an error reply to a request that was not applied because the node it reached
 # stopped leading first: sending it again (to the new leader) is safe.
 LEADERSHIP_CHANGED = "not leader: leadership changed; retry"
+# The reason of an error reply from a node that knows no leader (nothing was applied).
+NO_LEADER = "no leader"
 
 # delay/ttl values at or above this are unix timestamps; below it, seconds from now.
 ABSOLUTE_TIME_THRESHOLD = 1_000_000_000

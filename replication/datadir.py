@@ -27,6 +27,29 @@ class DataDirLocked(Exception):
     """Another node (process) holds the data directory."""
 
 
+class DamagedVoteState(ValueError):
+    """vote.json cannot be read: the node cannot know its term and vote."""
+
+
+def _locked(path: str, fd: int) -> DataDirLocked:
+    holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+    return DataDirLocked(f"queue data dir {path} is in use by another node (pid {holder})")
+
+
+def check_free(path: str) -> None:
+    """Raise DataDirLocked if a node holds the directory now; takes and keeps nothing."""
+    try:
+        fd = os.open(os.path.join(path, "LOCK"), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise _locked(path, fd) from None
+    finally:
+        os.close(fd)  # releases the flock if it was taken
+
+
 class DataDir:
     """Owns a queue data directory for the lifetime of the process (or until close)."""
 
@@ -40,9 +63,9 @@ class DataDir:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            exc = _locked(path, fd)
             os.close(fd)
-            raise DataDirLocked(f"queue data dir {path} is in use by another node (pid {holder})") from None
+            raise exc from None
         except BaseException:
             os.close(fd)
             raise
@@ -65,7 +88,7 @@ class DataDir:
 
     def load_vote_state(self) -> tuple[int, int | None]:
         """(vote_id, voted_for) last saved; (0, None) for a new directory. A damaged file raises
-        ValueError rather than forgetting a vote."""
+        DamagedVoteState rather than forgetting a vote."""
         try:
             data = read_file(self._vote_path)
         except FileNotFoundError:
@@ -74,13 +97,13 @@ class DataDir:
             obj = orjson.loads(data)
             vote_id, voted_for = obj["vote_id"], obj["voted_for"]
         except (orjson.JSONDecodeError, TypeError, KeyError) as e:
-            raise ValueError(f"{self._vote_path} is not a vote state file: {e!r}") from None
+            raise DamagedVoteState(f"{self._vote_path} is not a vote state file: {e}") from None
         if (
             type(vote_id) is not int
             or vote_id < 0
             or not (voted_for is None or type(voted_for) is int)
         ):
-            raise ValueError(f"{self._vote_path} holds a bad vote state: {data[:200]!r}")
+            raise DamagedVoteState(f"{self._vote_path} holds a bad vote state: {data[:200]!r}")
         return vote_id, voted_for
 
     def save_vote_state(self, vote_id: int, voted_for: int | None) -> None:

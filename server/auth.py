@@ -9,10 +9,12 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
+from queue_server.protocol.vocabulary import AUTH_REFUSED
 from queue_server.server import secret_file
-AUTH_REQUIRED = "authentication required: send {\"action\": \"auth\", \"token\": ...} first"
-AUTH_FAILED = "authentication failed"
-AUTH_THROTTLED = "authentication failed: too many failures from this address, retry later"
+
+AUTH_REQUIRED = AUTH_REFUSED + "required: send {\"action\": \"auth\", \"token\": ...} first"
+AUTH_FAILED = AUTH_REFUSED + "failed"
+AUTH_THROTTLED = AUTH_FAILED + ": too many failures from this address, retry later"
 
 MAX_FAILURES = 5  # failed attempts per address within WINDOW before it is refused unchecked
 WINDOW = 10.0  # seconds

@@ -14,7 +14,7 @@ import zmq
 
 from queue_server.config.loader import NodeConfig
 from queue_server.replication import wire
-from queue_server.replication.datadir import DataDirLocked
+from queue_server.replication.datadir import DamagedVoteState, DataDirLocked
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog
 from queue_server.server import batching, ipc, peer_keys
@@ -54,10 +54,10 @@ class Coordinator:
         if recovered is not None:
             queues = self.node.state.queues
             count = sum(len(q) for q in queues.values())
-            log.info("recovered %d queue%s holding %d message%s in %.2f s (snapshot at trans_id %d, "
-                     "%d log records after it)", len(queues), "" if len(queues) == 1 else "s", count,
-                     "" if count == 1 else "s", time.monotonic() - started, recovered.trans_id,
-                     len(recovered.entries))
+            # The log records after the snapshot are applied as they commit, after this line.
+            log.info("recovered in %.2f s: a snapshot at trans_id %d of %d queue%s holding %d message%s, and "
+                     "%d log records after it", time.monotonic() - started, recovered.trans_id, len(queues),
+                     "" if len(queues) == 1 else "s", count, "" if count == 1 else "s", len(recovered.entries))
         self.inbox = ipc.inbox(ctx, run_dir, "coordinator")
         self.acceptor = ipc.outbox(ctx, run_dir, "acceptor")
         self.workers = [ipc.outbox(ctx, run_dir, ipc.worker_name(i)) for i in range(config.workers)]
@@ -369,6 +369,11 @@ def main(argv: list[str] | None = None) -> None:
         coordinator = Coordinator(cfg, ctx, info.run_dir, info.log, storage)
         info.log.info("coordinator ready")
         coordinator.run()
+    except DamagedVoteState as exc:
+        # Forgetting the vote could let this node vote twice in one term: a person decides.
+        info.log.error("%s; restore it, or delete it if the node may forget its vote (a single node, or one whose "
+                       "cluster elects without it)", exc)
+        sys.exit(4)
     except CorruptLog as exc:
         info.log.error("%s; start with --repair to cut the log there (losing what follows)", exc)
         sys.exit(4)

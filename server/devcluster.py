@@ -20,7 +20,9 @@ import sys
 import tempfile
 import time
 
-from queue_server.server import secret_file
+from queue_server.config.loader import ConfigError, load_config
+from queue_server.server import preflight, secret_file
+
 RESTART_AFTER = 1.0  # seconds between a node's death and its restart (--restart)
 
 
@@ -69,6 +71,33 @@ def ask_leader(port: int, timeout: float = 1.0) -> dict | None:
         return None
 
 
+def write_files(args: argparse.Namespace, root: str, clients: list[int], internals: list[int],
+                https: list[int] | None) -> dict[int, str]:
+    """The cluster secret (if root has none yet) and each node's config in root; node id -> path."""
+    os.makedirs(root, exist_ok=True)
+    secret = os.path.join(root, "cluster.secret")
+    if not os.path.exists(secret):  # the nodes' peer links are authenticated and encrypted (CURVE)
+        secret_file.write_secret(secret)
+    paths: dict[int, str] = {}
+    for cfg in cluster_configs(args.nodes, root, clients, internals, http_ports=https, replication=args.replication,
+                               cluster_secret_file=secret):
+        paths[cfg["node_id"]] = path = os.path.join(root, f"node{cfg['node_id']}.json")
+        with open(path, "w") as f:
+            json.dump(cfg, f, indent=2)
+    return paths
+
+
+def startable(paths: dict[int, str]) -> str | None:
+    """Why one of the nodes cannot start (its port is taken, ...) as one line, or None: checked
+    before any starts, so that another program on a port is never taken for one of the nodes."""
+    for node_id, path in paths.items():
+        try:
+            preflight.check(load_config(path, {})[0])
+        except (ConfigError, preflight.StartError, OSError) as exc:
+            return f"node {node_id}: {exc}"
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="queue-cluster", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -87,16 +116,19 @@ def main(argv: list[str] | None = None) -> int:
     root = args.data_root or tempfile.mkdtemp(prefix="queue-cluster-")
     clients = [args.base_port + i for i in range(args.nodes)]
     internals = [args.internal_base_port + i for i in range(args.nodes)]
-    secret = os.path.join(root, "cluster.secret")
-    if not os.path.exists(secret):  # the nodes' peer links are authenticated and encrypted (CURVE)
-        secret_file.write_secret(secret)
-    paths: dict[int, str] = {}
     https = [args.http_base_port + i for i in range(args.nodes)] if args.http_base_port else None
-    for cfg in cluster_configs(args.nodes, root, clients, internals, http_ports=https, replication=args.replication,
-                               cluster_secret_file=secret):
-        paths[cfg["node_id"]] = path = os.path.join(root, f"node{cfg['node_id']}.json")
-        with open(path, "w") as f:
-            json.dump(cfg, f, indent=2)
+    try:
+        paths = write_files(args, root, clients, internals, https)
+        problem = startable(paths)
+    except OSError as exc:
+        problem = f"--data-root: cannot write in {root}: {exc.strerror or exc}"
+    if problem:
+        if "port" in problem:
+            problem += "; choose free ports with --base-port, --internal-base-port and --http-base-port"
+        print(f"queue-cluster: {problem}", file=sys.stderr)
+        if args.data_root is None:
+            shutil.rmtree(root, ignore_errors=True)
+        return 1
     procs: dict[int, subprocess.Popen] = {}
 
     def launch(node_id: int) -> None:

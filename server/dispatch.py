@@ -16,7 +16,7 @@ from queue_server.server.router import Router
 
 # This node's role, as the coordinator last reported it.
 LEADER, FOLLOWER, NONE = Role.LEADER, Role.FOLLOWER, Role.NONE
-NO_LEADER = "no leader"
+NO_LEADER = p.NO_LEADER
 TO_COORDINATOR = -1  # the destination of a message for the coordinator (workers are 0, 1, ...)
 
 

@@ -104,7 +104,7 @@ class Forwarding:
         if leading:
             return [a for origin, req_no, request in items for a in self.route(origin, req_no, request)]
         if leader is None:
-            return _deliver([(origin, req_no, p.error_reply(request, "no leader", self.node_id))
+            return _deliver([(origin, req_no, p.error_reply(request, p.NO_LEADER, self.node_id))
                              for origin, req_no, request in items])
         if redirect is not None:
             return _deliver([(origin, req_no, p.redirect_reply(request, self.node_id, redirect))

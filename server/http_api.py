@@ -139,9 +139,12 @@ class HttpApi:
             return await handler(request)
         except web.HTTPRequestEntityTooLarge:
             return self.refuse(413, None, f"{TOO_LARGE} ({self.acceptor.config.max_request_size} bytes)")
-        except (web.HTTPNotFound, web.HTTPMethodNotAllowed) as exc:
+        except web.HTTPMethodNotAllowed as exc:
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            return self.refuse(exc.status, None, f"route: no {request.method} {request.path}; it takes {allowed}")
+        except web.HTTPNotFound as exc:
             return self.refuse(exc.status, None,
-                               f"route: no {request.method} {request.path} (the routes: GET /v1/openapi.json)")
+                               f"route: no {request.method} {request.path} (GET /v1/openapi.json lists the routes)")
 
     @web.middleware
     async def connection_limit(self, request: web.Request, handler: Callable) -> web.StreamResponse:

@@ -13,10 +13,10 @@ from typing import Any, Mapping
 import orjson
 
 from queue_server.protocol import vocabulary as p
-AUTH_MISSING = "authentication required: send the header Authorization: Bearer <token>"
+AUTH_MISSING = p.AUTH_REFUSED + "required: send the header Authorization: Bearer <token>"
 BEARER = "bearer "
 # Reasons (prefixes) of code -1 replies that say "not now, try again" rather than "bad input".
-UNAVAILABLE = ("no leader", "not leader", "leader changed", "forwarded request timed out",
+UNAVAILABLE = (p.NO_LEADER, "not leader", "leader changed", "forwarded request timed out",
                "storage unavailable", "queue full")
 TOO_LARGE = "request exceeds max_request_size"
 LEADER_HEADER = "X-Queue-Leader"  # the leader's client address, host:port

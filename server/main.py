@@ -204,12 +204,23 @@ def _describe(status: int) -> str:
     return f"exit status {os.waitstatus_to_exitcode(status)}"
 
 
+def _file_mode(value: str) -> int:
+    """--mode: permissions in octal, as chmod takes them."""
+    try:
+        mode = int(value, 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o777:
+        raise argparse.ArgumentTypeError(f"expected permissions in octal such as 600 or 644, got {value!r}")
+    return mode
+
+
 def keygen(argv: list[str]) -> int:
     """`queue-server keygen --out FILE`: write a new cluster secret (config cluster_secret_file)."""
     parser = argparse.ArgumentParser(prog="queue-server keygen",
                                      description="Write a new random cluster secret (mode 0600) for cluster_secret_file.")
     parser.add_argument("--out", required=True, help="the file to create (never overwritten)")
-    parser.add_argument("--mode", type=lambda v: int(v, 8), default=0o600,
+    parser.add_argument("--mode", type=_file_mode, default=0o600,
                         help="its permissions, octal (default 600; docker-compose.yml needs 644: the "
                              "containers' user must read the bind-mounted file)")
     args = parser.parse_args(argv)

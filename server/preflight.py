@@ -10,6 +10,7 @@ import socket
 from typing import Any, Callable
 
 from queue_server.config.loader import NodeConfig
+from queue_server.replication import datadir
 from queue_server.server.auth import read_token_file
 from queue_server.server import tls
 from queue_server.server.secret_file import read_secrets
@@ -36,17 +37,24 @@ def check(config: NodeConfig) -> list[str]:
     _bindable("port", config.host, config.port, socket.SOCK_STREAM)
     _bindable("port", config.host, config.port, socket.SOCK_DGRAM)
     if me is not None:
-        _bindable(f"cluster_node_list[{config.cluster_node_list.index(me)}].port", me.host, me.port,
-                  socket.SOCK_STREAM)
+        i = config.cluster_node_list.index(me)
+        _bindable(f"cluster_node_list[{i}].port", me.host, me.port, socket.SOCK_STREAM,
+                  host_key=f"cluster_node_list[{i}].host")
     if config.metrics_port:
         _bindable("metrics_port", config.host, config.metrics_port, socket.SOCK_STREAM)
     if config.http_port:
         _bindable("http_port", config.host, config.http_port, socket.SOCK_STREAM)
     if not config.in_memory:
         _writable_dir("queue_data_dir", config.queue_data_dir)
+        try:
+            datadir.check_free(config.queue_data_dir)
+        except datadir.DataDirLocked as exc:
+            raise StartError(f"config key 'queue_data_dir': {exc}; give each node its own (--data-dir)") from None
     if config.auth_token_file:
         _loads(read_token_file, config.auth_token_file)
     _loads(tls.server_context, config)
+    if config.cluster_secret_file:  # read by the coordinator whenever it is set, cluster or not
+        _loads(read_secrets, config.cluster_secret_file)
     if me is not None:
         warnings += _peer_security(config, me.host)
     return warnings
@@ -56,7 +64,6 @@ def _peer_security(config: NodeConfig, host: str) -> list[str]:
     """A peer port others can reach needs the cluster secret, unless insecure_peers says plainly
     that it may go without."""
     if config.cluster_secret_file:
-        _loads(read_secrets, config.cluster_secret_file)
         return []
     if is_loopback(host):
         return []
@@ -94,8 +101,9 @@ def _resolve(key: str, host: str) -> None:
         raise StartError(f"config key '{key}': cannot resolve host '{host}' ({reason})") from None
 
 
-def _bindable(key: str, host: str, port: int, kind: socket.SocketKind) -> None:
-    """Bind and release the address as the node will (SO_REUSEADDR, as the acceptor does)."""
+def _bindable(key: str, host: str, port: int, kind: socket.SocketKind, host_key: str = "host") -> None:
+    """Bind and release the address as the node will (SO_REUSEADDR, as the acceptor does); the
+    error names `host_key` when the host is what is wrong."""
     proto = "TCP" if kind == socket.SOCK_STREAM else "UDP"
     family = socket.getaddrinfo(host, port, type=kind)[0][0]
     with socket.socket(family, kind) as s:
@@ -108,7 +116,7 @@ def _bindable(key: str, host: str, port: int, kind: socket.SocketKind) -> None:
             if exc.errno == errno.EADDRINUSE:
                 why = "is already in use (another queue-server, or another program?)"
             elif exc.errno == errno.EADDRNOTAVAIL:
-                why = "is not an address of this machine"
+                raise StartError(f"config key '{host_key}': {host} is not an address of this machine") from None
             elif exc.errno == errno.EACCES:
                 why = "needs privileges (ports below 1024)"
             else:

@@ -88,6 +88,16 @@ def test_udp_without_a_valid_auth_token_gets_no_reply(secured):
     assert monitor_size(secured, "u") == 1
 
 
+def test_queue_cli_over_udp_without_a_token_says_a_token_may_be_missing(secured, monkeypatch):
+    monkeypatch.delenv("QUEUE_TOKEN", raising=False)
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert cli.main(["--hosts", secured.hosts, "--udp", "--timeout", "0.5", "list"]) == 2
+    [line] = err.getvalue().splitlines()
+    assert line.startswith("queue-cli: ") and line.endswith(
+        "(over UDP, a node that requires a token does not answer without one: --token-file FILE, or $QUEUE_TOKEN)")
+
+
 @pytest.mark.parametrize("transport", ["tcp", "udp"])
 def test_clients_present_their_token(secured, transport):
     with QueueClient(secured.hosts, transport=transport, token=TOKEN) as q:
@@ -114,6 +124,19 @@ def test_queue_cli_reads_the_token_from_a_file_or_the_environment(secured, tmp_p
     monkeypatch.setenv("QUEUE_TOKEN", "guess")
     monkeypatch.setattr(sys, "stderr", io.StringIO())
     assert cli.main(["--hosts", secured.hosts, "produce", "cli", "z"]) == 1
+
+
+@pytest.mark.parametrize("token", [None, "guess"], ids=["no token", "wrong token"])
+def test_queue_cli_refused_says_how_to_give_the_token(secured, monkeypatch, token):
+    monkeypatch.delenv("QUEUE_TOKEN", raising=False)
+    if token:
+        monkeypatch.setenv("QUEUE_TOKEN", token)
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    assert cli.main(["--hosts", secured.hosts, "list"]) == 1
+    [line] = err.getvalue().splitlines()
+    assert line.startswith("queue-cli: authentication ")
+    assert line.endswith("(queue-cli gives the nodes' token from --token-file FILE, or $QUEUE_TOKEN)")
 
 
 def test_with_auth_off_an_auth_request_is_answered_ok(node):

@@ -71,3 +71,36 @@ def _produced(q: QueueClient) -> bool:
         return True
     except QueueError:  # "leader changed" while node 2, if it led, is replaced
         return False
+
+
+def test_a_port_taken_by_another_program_stops_it_before_any_node_starts():
+    clients, internals, https = free_run(3), free_run(3), free_run(3)
+    with socket.socket() as squatter:  # another program on node 2's client port
+        squatter.bind(("127.0.0.1", clients + 1))
+        squatter.listen(1)
+        proc = subprocess.Popen(
+            [sys.executable, "-P", "-m", "queue_server.server.devcluster", "3", "--base-port", str(clients),
+             "--internal-base-port", str(internals), "--http-base-port", str(https)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:  # it started the nodes after all: stop them too
+                os.killpg(proc.pid, signal.SIGINT)
+                proc.communicate(timeout=40)
+    assert proc.returncode == 1
+    assert out == ""  # no node was started, no leader named
+    [line] = err.splitlines()
+    assert line.startswith(f"queue-cluster: node 2: config key 'port': TCP 127.0.0.1:{clients + 1} is already in use")
+    assert "--base-port" in line
+
+
+def test_a_data_root_that_cannot_be_written_is_one_line(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "queue_server.server.devcluster", "3", "--data-root", str(blocker / "data"),
+         "--base-port", str(free_run(3)), "--internal-base-port", str(free_run(3)), "--http-base-port", "0"],
+        capture_output=True, text=True, timeout=30)
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == f"queue-cluster: --data-root: cannot write in {blocker / 'data'}: Not a directory\n"

@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 from queue_server.client import QueueClient
@@ -75,3 +76,13 @@ def test_healthcheck_and_exposed_ports_match_the_configs():
     assert len(ports) == 9 and all(p.startswith("127.0.0.1:") for p in ports), ports
     assert "secrets: [cluster_secret]" in compose and "file: ./cluster.secret" in compose
     assert "queue-server keygen --out cluster.secret" in compose
+
+
+def test_the_image_copies_every_package_directory():
+    """`pip install .` in the image needs every directory pyproject.toml maps a package to."""
+    dirs = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values())
+    copied = set()
+    for line in re.findall(r"^COPY\s+(.*)$", (ROOT / "Dockerfile").read_text(), re.M):
+        *sources, _ = line.split()
+        copied.update(sources)
+    assert dirs - copied == set()

@@ -88,7 +88,7 @@ def test_restart_keeps_ids_times_leases_and_delivery_counts(tmp_path):
             assert [m.msg_id for m in rest] == list(range(11, 121))  # leased stay leased, delayed stays delayed
             assert all(m.delivery_count == 1 for m in rest)
             assert q.produce("state", "next") > 121
-        assert re.search(r"recovered 1 queue holding 120 messages in [\d.]+ s \(snapshot at trans_id \d+, ",
+        assert re.search(r"recovered in [\d.]+ s: a snapshot at trans_id \d+ of 1 queue holding 120 messages, and ",
                          node.log()), node.log()
     finally:
         node.stop()
@@ -137,6 +137,20 @@ def test_torn_tail_is_truncated_and_middle_corruption_stops_the_start(tmp_path):
             assert 0 < q.monitor("torn")["size"] < 50
     finally:
         repaired.stop()
+
+
+def test_a_damaged_vote_file_stops_the_start_saying_what_to_do(tmp_path):
+    node = NodeProcess(str(tmp_path), {"queue_data_dir": str(tmp_path / "data")})
+    os.makedirs(tmp_path / "data")
+    (tmp_path / "data" / "vote.json").write_text("garbage\n")
+    node.start(wait=False)
+    try:
+        assert node.proc.wait(30) == 1
+        assert "Traceback" not in node.log()
+        assert f"{tmp_path / 'data' / 'vote.json'} is not a vote state file" in node.log()
+        assert "restore it, or delete it if the node may forget its vote" in node.log()
+    finally:
+        node.stop()
 
 
 def test_second_node_on_the_same_data_dir_refuses_to_start(tmp_path):

@@ -148,7 +148,7 @@ def test_without_a_token_401_with_a_wrong_one_403(port, qname):
     assert http(port, "GET", "/readyz")[0] == 200 and http(port, "GET", "/healthz")[0] == 200
 
 
-def test_bad_input_400_unknown_route_404_too_large_413(port, qname):
+def test_bad_input_400_unknown_route_404_wrong_method_405_too_large_413(port, qname):
     status, _, body = call(port, "POST", f"/v1/queues/{qname}/messages", {"data": "x", "retry": -1})
     assert (status, body["reason"]) == (400, "retry: must be >= 0")
     status, _, body = call(port, "POST", f"/v1/queues/{qname}/messages", b"{not json")
@@ -156,7 +156,9 @@ def test_bad_input_400_unknown_route_404_too_large_413(port, qname):
     status, _, body = call(port, "GET", f"/v1/queues/{qname}/messages?count=0")
     assert (status, body["reason"]) == (400, "count: must be 1..1000")
     status, _, body = call(port, "GET", "/v1/nothing")
-    assert status == 404 and body["reason"].startswith("route: no GET /v1/nothing")
+    assert (status, body["reason"]) == (404, "route: no GET /v1/nothing (GET /v1/openapi.json lists the routes)")
+    status, _, body = call(port, "PUT", f"/v1/queues/{qname}/messages")
+    assert (status, body["reason"]) == (405, f"route: no PUT /v1/queues/{qname}/messages; it takes GET, POST")
     status, _, body = call(port, "POST", f"/v1/queues/{qname}/messages", {"data": "x" * 5000})
     assert status == 413 and body["reason"].startswith("request exceeds max_request_size")
 

@@ -1,9 +1,10 @@
 """A node that cannot start says why in one line (exit status 1, no traceback), naming the
-config key: a busy port, a host name that does not resolve, a data directory that cannot be
-made, a config file that cannot be read. A peer's name that does not resolve yet only warns."""
+config key: a busy port, a host name that does not resolve or is not this machine's, a data
+directory that cannot be made or that another node holds, a config file that cannot be read. A peer's name that does not resolve yet only warns."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import sys
 import pytest
 
 from queue_server.config.loader import parse_config
+from queue_server.replication.datadir import DataDir
 from queue_server.server import preflight
 from tests.harness import free_port
 
@@ -71,11 +73,56 @@ def test_data_dir_that_cannot_be_made(tmp_path):
                          f"Not a directory")
 
 
+def test_data_dir_held_by_a_running_node(tmp_path):
+    with DataDir(str(tmp_path)):  # as a node's coordinator holds it
+        code, out = start("--port", str(free_port()), "--data-dir", str(tmp_path))
+    assert code == 1
+    assert_one_line(out, f"queue-server: config key 'queue_data_dir': queue data dir {tmp_path} is in use by "
+                         f"another node (pid {os.getpid()}); give each node its own (--data-dir)")
+
+
+def test_host_that_is_not_an_address_of_this_machine():
+    code, out = start("--host", "192.0.2.1", "--port", str(free_port()), "--in-memory")  # TEST-NET-1
+    assert code == 1
+    assert_one_line(out, "queue-server: config key 'host': 192.0.2.1 is not an address of this machine")
+
+
+@pytest.mark.parametrize("mode", ["999", "rw", "1777"])
+def test_keygen_with_a_bad_mode_says_what_it_takes(tmp_path, mode):
+    code, out = start("keygen", "--out", str(tmp_path / "secret"), "--mode", mode)
+    assert code == 2  # argparse's: a bad command line
+    assert out.strip().splitlines()[-1] == (f"queue-server keygen: error: argument --mode: expected permissions "
+                                            f"in octal such as 600 or 644, got '{mode}'")
+    assert not (tmp_path / "secret").exists()
+
+
+@pytest.mark.parametrize("nodes", [0, 1], ids=["single node", "a list of one node"])
+def test_a_cluster_secret_file_that_is_no_secret_on_a_single_node(tmp_path, nodes):
+    secret = tmp_path / "cluster.secret"
+    secret.write_text("short\n")
+    cfg = tmp_path / "node.json"
+    cfg.write_text(json.dumps({"port": free_port(), "in_memory": True, "cluster_secret_file": str(secret),
+                               "cluster_node_list": [{"node_id": 1, "host": "127.0.0.1", "port": free_port()}][:nodes]}))
+    code, out = start("--config", str(cfg))
+    assert code == 1
+    assert_one_line(out, f"queue-server: config key 'cluster_secret_file': {secret} holds a line that is no secret "
+                         f"of at least 16 characters (make one with: queue-server keygen --out {secret})")
+
+
 def test_config_file_missing(tmp_path):
     missing = tmp_path / "nope.json"
     code, out = start("--config", str(missing))
     assert code == 1
     assert_one_line(out, f"queue-server: config: cannot read config file {missing}: No such file or directory")
+
+
+def test_config_file_that_is_not_json(tmp_path):
+    cfg = tmp_path / "node.json"
+    cfg.write_text('{"port": 1111,\n}')
+    code, out = start("--config", str(cfg))
+    assert code == 1
+    assert_one_line(out, f"queue-server: config: {cfg}: invalid JSON: Expecting property name enclosed in "
+                         f"double quotes at line 2 column 1")
 
 
 def test_config_path_is_a_directory(tmp_path):

@@ -6,6 +6,7 @@ import asyncio
 import os
 import pickle
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ import uvloop
 
 from queue_server.client import AsyncQueueClient, Message, NoServerAvailable, QueueClient, QueueError, QueueTimeout
 from queue_server.client import protocol as p
+from queue_server.client import tls as client_tls
 from queue_server.client.cli import main
 
 DEADLINE = 5.0  # seconds any condition in these tests may take
@@ -835,6 +837,31 @@ def cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
     code = main(["--json", *argv])
     out, err = capsys.readouterr()
     return code, out, err
+
+
+@pytest.mark.parametrize("argv", [["--timeout", "abc", "list"], ["produce", "q", "x", "--delay", "abc"],
+                                  ["consume", "q", "--wait", "nan"], ["extend", "q", "1", "--retry", "inf"]])
+def test_cli_a_flag_that_is_not_a_number_says_so(capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    code, _, err = cli(capsys, *argv)
+    assert code == 2
+    flag, value = next((a, b) for a, b in zip(argv, argv[1:]) if a.startswith("--"))
+    assert err.splitlines()[-1].endswith(f"error: argument {flag}: expected a number, got '{value}'")
+
+
+def test_cli_a_tls_file_that_cannot_be_read_is_named(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = str(tmp_path / "ca.pem")
+    code, _, err = cli(capsys, "--tls-ca", missing, "list")
+    assert code == 2
+    assert err == f"queue-cli: --tls-ca/--tls-cert/--tls-key: cannot load {missing}: No such file or directory\n"
+
+
+@pytest.mark.parametrize("code, hint", [(62, "connect with a name the certificate was made for, or make it for this one"),
+                                        (64, "connect with a name the certificate was made for, or make it for this one"),
+                                        (18, "give the CA with tls_ca / --tls-ca")])
+def test_an_untrusted_certificate_says_what_to_change(code: int, hint: str) -> None:
+    exc = ssl.SSLCertVerificationError(1, "certificate verify failed")
+    exc.verify_code, exc.verify_message = code, "what OpenSSL says"
+    assert client_tls.describe(exc) == f"TLS: the node's certificate is not trusted: what OpenSSL says ({hint})"
 
 
 def test_cli_produce_consume_confirm(servers: Any, capsys: pytest.CaptureFixture[str]) -> None:

@@ -11,7 +11,7 @@ import pytest
 from queue_server.config import loader
 from queue_server.config.loader import (
     DEFAULT_CONFIG_TEXT, ClusterNode, ConfigError, NodeConfig, VirtualQueue, check_queue_name,
-    load_config, parse_config, strip_comments,
+    key_docs, load_config, parse_config, strip_comments,
 )
 
 EXAMPLES = Path(loader.__file__).parent / "examples"
@@ -394,6 +394,17 @@ def test_examples_load() -> None:
 def test_single_example() -> None:
     config, _ = load_config(str(EXAMPLES / "single.json"))
     assert not config.is_cluster and config.port == 1111
+
+
+def test_single_example_shows_every_key_at_its_default() -> None:
+    """The README sends readers to single.json for every key with its default and meaning."""
+    text = (EXAMPLES / "single.json").read_text()
+    config, _ = load_config(str(EXAMPLES / "single.json"))
+    default, _ = load_config(None)
+    for name, _, _ in key_docs():
+        assert f'"{name}"' in text, name
+        if name not in ("log_prefix", "http_port"):  # the example logs to a file and serves HTTP
+            assert getattr(config, name) == getattr(default, name), name
 
 
 def test_cluster_examples() -> None:

@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from queue_server.replication.datadir import DataDir, DataDirLocked
+from queue_server.replication.datadir import DataDir, DataDirLocked, check_free
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -94,3 +94,14 @@ def test_the_lock_goes_with_the_process_that_held_it(tmp_path):
     with DataDir(str(tmp_path)) as d:
         assert (tmp_path / "LOCK").read_text() == f"{os.getpid()}\n"
         d.save_vote_state(1, None)
+
+
+def test_check_free_says_who_holds_the_directory_and_takes_nothing(tmp_path):
+    check_free(str(tmp_path / "new"))  # no directory yet: free
+    check_free(str(tmp_path))  # no LOCK file yet: free
+    d = DataDir(str(tmp_path))
+    with pytest.raises(DataDirLocked, match=f"in use by another node \\(pid {os.getpid()}\\)"):
+        check_free(str(tmp_path))
+    d.close()
+    check_free(str(tmp_path))
+    DataDir(str(tmp_path)).close()  # the check kept no lock behind
