@@ -305,8 +305,7 @@ def _with_client(args: argparse.Namespace, work: Callable[[QueueClient], None]) 
         print(f"queue-cli: --token-file: cannot read {args.token_file}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_USAGE
     try:
-        ssl_context = tls.context(args.tls or bool(args.tls_ca or args.tls_cert), args.tls_ca,
-                                  args.tls_cert, args.tls_key)
+        ssl_context = tls.TlsFiles(args.tls, args.tls_ca, args.tls_cert, args.tls_key).context()
     except (OSError, ssl.SSLError) as exc:
         files = ", ".join(f for f in (args.tls_ca, args.tls_cert, args.tls_key) if f)
         why = tls.describe(exc) or (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc))
