@@ -30,7 +30,7 @@ from queue_server.server.router import Router
 _DUMPS = orjson.dumps
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
 _LOADS = orjson.loads
-# Per-connection pipelining window: stop reading a connection with this many replies owed.
+# Most messages on_inbox takes from the inbox in one loop turn before it lets the loop run on.
 MAX_DRAIN = 512
 UDP_TOO_LARGE = "response too large for UDP, use TCP"
 _TOO_LARGE = UDP_TOO_LARGE.encode()
@@ -253,6 +253,7 @@ class Acceptor(Dispatch):
         self.auth = Authenticator(read_token_file(config.auth_token_file) if config.auth_token_file else None)
         self.workers = [ipc.outbox(ctx, run_dir, ipc.worker_name(i)) for i in range(config.workers)]
         self.inbox = ipc.inbox(ctx, run_dir, "acceptor")
+        self.inbox_poller = ipc.poller_of(self.inbox)
         self.coordinator = ipc.outbox(ctx, run_dir, "coordinator")
         self.ready = asyncio.Event()
         self.flush_requests_scheduled = False
@@ -397,14 +398,11 @@ class Acceptor(Dispatch):
     def on_inbox(self) -> None:
         """Drain reply batches (from the coordinator, and from the workers for the replies that
         skip it) and status messages (from the coordinator)."""
-        inbox = self.inbox
         deliver = self.deliver
         metrics = self.metrics
-        for _ in range(MAX_DRAIN):
-            try:
-                frames = inbox.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                break
+        received = 0
+        for frames in ipc.drain(self.inbox, self.inbox_poller, MAX_DRAIN):
+            received += 1
             if frames[0] == ipc_frames.REP:
                 probe_no = metrics.probe_no
                 header, blob = ipc_frames.read_rep(frames)
@@ -415,7 +413,7 @@ class Acceptor(Dispatch):
             elif frames[0] == ipc_frames.STATUS:
                 self.on_status(ipc_frames.read_status(frames))
                 self.ready.set()
-        else:
+        if received == MAX_DRAIN:
             self.loop.call_soon(self.on_inbox)  # more may be waiting: the fd is edge-triggered
         self.schedule_output()
 

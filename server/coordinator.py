@@ -107,6 +107,7 @@ class Coordinator:
         """Serve until SIGTERM."""
         poller = zmq.Poller()
         poller.register(self.inbox, zmq.POLLIN)
+        inbox_poller = ipc.poller_of(self.inbox)
         # SIGUSR1 (the supervisor got SIGTERM: hand over) and SIGTERM (stop) only set flags; they
         # wake the poll through this pipe.
         wake_r, wake_w = os.pipe()
@@ -162,11 +163,7 @@ class Coordinator:
                         node.tick(now)
                         self.flush()
             if self.inbox in events:
-                for _ in range(ipc.MAX_DRAIN):
-                    try:
-                        frames = self.inbox.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
+                for frames in ipc.drain(self.inbox, inbox_poller):
                     now = time.time()
                     self.dispatch(frames, now)
                     if now >= node.wake_at():

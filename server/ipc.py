@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import struct
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import zmq
 
@@ -77,20 +77,39 @@ def worker_name(index: int) -> str:
     return f"worker-{index}"
 
 
+def poller_of(sock: zmq.Socket) -> zmq.Poller:
+    """A poller of `sock` alone, for drain."""
+    poller = zmq.Poller()
+    poller.register(sock, zmq.POLLIN)
+    return poller
+
+
+def drain(sock: zmq.Socket, poller: zmq.Poller, limit: int = MAX_DRAIN) -> Iterator[list[bytes]]:
+    """The messages waiting on `sock`, at most `limit`, for a caller told that one is there (if
+    none is, a zmq.Again ends it). `poller` polls `sock` alone (poller_of): asking it whether
+    another message waits costs less than a receive that raises zmq.Again."""
+    recv = sock.recv_multipart
+    try:
+        frames = recv(zmq.NOBLOCK)
+    except zmq.Again:
+        return
+    yield frames
+    poll = poller.poll
+    for _ in range(limit - 1):
+        if not poll(0):
+            return
+        yield recv(zmq.NOBLOCK)
+
+
 def serve(sock: zmq.Socket, dispatch: Callable[[list[bytes]], None], idle: Callable[[], float | None], after: Callable[[], None]) -> None:
     """A process's main loop: wait for messages on `sock` (at most until `idle()` seconds, or 1 s),
     hand each to `dispatch` (at most MAX_DRAIN before `after` runs, so output is never held back
     by a flood of input), then call `after`."""
-    poller = zmq.Poller()
-    poller.register(sock, zmq.POLLIN)
+    poller = poller_of(sock)
     while True:
         timeout = idle()
         timeout = 1.0 if timeout is None else min(max(timeout, 0.0), 1.0)
         if poller.poll(timeout * 1000 + 0.5):
-            for _ in range(MAX_DRAIN):
-                try:
-                    frames = sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
+            for frames in drain(sock, poller):
                 dispatch(frames)
         after()
