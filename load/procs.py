@@ -137,6 +137,13 @@ def wait_until(condition: Callable[[], object], timeout: float) -> bool:
     return True
 
 
+def _leads_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except ProcessLookupError:
+        return False
+
+
 def stop(proc: subprocess.Popen, grace: float = 15.0, *, group: bool = False, kill_wait: float = 5.0) -> int:
     """Stop `proc` and return its exit status: SIGTERM, then SIGKILL if it has not exited within
     `grace` seconds (`grace` 0: SIGKILL at once). With `group` (`proc` leads a process group of its
@@ -150,7 +157,7 @@ def stop(proc: subprocess.Popen, grace: float = 15.0, *, group: bool = False, ki
             continue
         if group:
             signal_group(proc.pid, sig)
-            if proc.poll() is None:  # if it leads no group, the group signal missed it
+            if proc.poll() is None and not _leads_group(proc.pid):  # the group signal missed it
                 proc.send_signal(sig)
             wait_until(done, wait)
         elif proc.poll() is None:
