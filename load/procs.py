@@ -137,10 +137,17 @@ def wait_until(condition: Callable[[], object], timeout: float) -> bool:
     return True
 
 
+def _leads_group(pid: int) -> bool:
+    try:
+        return os.getpgid(pid) == pid
+    except ProcessLookupError:
+        return False
+
+
 def stop(proc: subprocess.Popen, grace: float = 15.0, *, group: bool = False, kill_wait: float = 5.0) -> int:
     """Stop `proc` and return its exit status: SIGTERM, then SIGKILL if it has not exited within
     `grace` seconds (`grace` 0: SIGKILL at once). With `group` (`proc` leads a process group of its
-    own, as start_new_session makes it) both signals go to the whole group and stopping waits
+    own, as start_new_session makes it) both signals go to the whole group too and stopping waits
     until no process of the group is left: the orphans `proc` leaves are stopped too."""
     def done() -> bool:
         return proc.poll() is not None and not (group and group_members(proc.pid))
@@ -150,6 +157,8 @@ def stop(proc: subprocess.Popen, grace: float = 15.0, *, group: bool = False, ki
             continue
         if group:
             signal_group(proc.pid, sig)
+            if proc.poll() is None and not _leads_group(proc.pid):  # the group signal missed it
+                proc.send_signal(sig)
             wait_until(done, wait)
         elif proc.poll() is None:
             proc.send_signal(sig)

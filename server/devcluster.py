@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -21,6 +22,7 @@ import tempfile
 import time
 
 from queue_server.config.loader import ConfigError, load_config
+from queue_server.replication import datadir
 from queue_server.server import preflight, secret_file
 
 RESTART_AFTER = 1.0  # seconds between a node's death and its restart (--restart)
@@ -87,14 +89,32 @@ def write_files(args: argparse.Namespace, root: str, clients: list[int], interna
     return paths
 
 
+# The config keys of a node's ports: queue-cluster chooses them from its --*-base-port options.
+_PORT_KEY = re.compile(r"config key '(port|metrics_port|http_port|cluster_node_list\[\d+\]\.port)'")
+
+
 def startable(paths: dict[int, str]) -> str | None:
-    """Why one of the nodes cannot start (its port is taken, ...) as one line, or None: checked
-    before any starts, so that another program on a port is never taken for one of the nodes."""
+    """Why one of the nodes cannot start (its port is taken, ...) as one line saying which
+    queue-cluster option to change, or None: checked before any starts, so that another program
+    on a port is never taken for one of the nodes. Data dirs first: a queue-cluster still running
+    on the same --data-root holds its ports too, and it, not a port, is what to change."""
+    configs = {}
     for node_id, path in paths.items():
         try:
-            preflight.check(load_config(path, {})[0])
-        except (ConfigError, preflight.StartError, OSError) as exc:
+            configs[node_id] = config = load_config(path, {})[0]
+            if not config.in_memory:
+                datadir.check_free(config.queue_data_dir)
+        except datadir.DataDirLocked as exc:
+            return f"node {node_id}: {exc}: stop the queue-cluster that uses this --data-root, or give another"
+        except (ConfigError, OSError) as exc:
             return f"node {node_id}: {exc}"
+    for node_id, config in configs.items():
+        try:
+            preflight.check(config)
+        except (preflight.StartError, OSError) as exc:
+            hint = ("; choose free ports with --base-port, --internal-base-port and --http-base-port"
+                    if _PORT_KEY.match(str(exc)) else "")
+            return f"node {node_id}: {exc}{hint}"
     return None
 
 
@@ -123,8 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         problem = f"--data-root: cannot write in {root}: {exc.strerror or exc}"
     if problem:
-        if "port" in problem:
-            problem += "; choose free ports with --base-port, --internal-base-port and --http-base-port"
         print(f"queue-cluster: {problem}", file=sys.stderr)
         if args.data_root is None:
             shutil.rmtree(root, ignore_errors=True)

@@ -141,7 +141,9 @@ class HttpApi:
             return self.refuse(413, None, f"{TOO_LARGE} ({self.acceptor.config.max_request_size} bytes)")
         except web.HTTPMethodNotAllowed as exc:
             allowed = ", ".join(sorted(exc.allowed_methods))
-            return self.refuse(exc.status, None, f"route: no {request.method} {request.path}; it takes {allowed}")
+            response = self.refuse(exc.status, None, f"route: no {request.method} {request.path}; it takes {allowed}")
+            response.headers["Allow"] = allowed  # a 405 must list them (RFC 9110, 15.5.6)
+            return response
         except web.HTTPNotFound as exc:
             return self.refuse(exc.status, None,
                                f"route: no {request.method} {request.path} (GET /v1/openapi.json lists the routes)")

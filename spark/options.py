@@ -6,6 +6,7 @@ the option. The parsed objects are small frozen dataclasses, so that they pickle
 from __future__ import annotations
 
 import math
+import socket
 import ssl
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -181,33 +182,50 @@ def _tls(options: Mapping[str, str]) -> TlsFiles:
     if _get(options, "tls") is not None and not _bool(options, "tls", False) and (ca or cert):
         raise OptionError(f"option tls: false contradicts {'tlsCa' if ca else 'tlsCert'} (which implies tls)")
     files = TlsFiles(_bool(options, "tls", False), ca, cert, key)
-    if ca:
-        _loads("tlsCa", ca, "a PEM file of CA certificates", lambda: context(True, ca))
-    if cert:
-        _loads("tlsCert", cert, "a PEM certificate whose key is in it or in tlsKey",
-               lambda: context(True, None, cert, key))
+    _load_tls(files, "")
     return files
 
 
+def tls_context(files: TlsFiles) -> ssl.SSLContext | None:
+    """The SSLContext of the TLS options, made where a client is made (the driver or an
+    executor); a file missing or bad here is an OptionError of one line naming its option and
+    this host."""
+    return _load_tls(files, f" on {socket.gethostname()} (every executor needs the TLS files at the paths the "
+                            f"driver was given)")
+
+
+def _load_tls(files: TlsFiles, where: str) -> ssl.SSLContext | None:
+    for name, path in (("tlsCa", files.ca_file), ("tlsCert", files.cert_file), ("tlsKey", files.key_file)):
+        if path:
+            _readable(name, path, where)
+    if files.ca_file:
+        _loads("tlsCa", files.ca_file, "a PEM file of CA certificates", lambda: context(True, files.ca_file), where)
+    if files.cert_file:
+        _loads("tlsCert", files.cert_file, "a PEM certificate whose key is in it or in tlsKey",
+               lambda: context(True, None, files.cert_file, files.key_file), where)
+    return files.context()
+
+
 def _path(options: Mapping[str, str], name: str) -> str | None:
-    """A file option: None when unset or blank; else a file this process can read."""
+    """A file option: None when unset or blank."""
     path = (_get(options, name) or "").strip()
-    if not path:
-        return None
+    return path or None
+
+
+def _readable(name: str, path: str, where: str) -> None:
     try:
         with open(path, "rb"):
             pass
     except OSError as exc:
-        raise OptionError(f"option {name}: cannot read {path}: {exc.strerror or exc}") from None
-    return path
+        raise OptionError(f"option {name}: cannot read {path}{where}: {exc.strerror or exc}") from None
 
 
-def _loads(name: str, path: str, what: str, load: Callable[[], object]) -> None:
+def _loads(name: str, path: str, what: str, load: Callable[[], object], where: str) -> None:
     try:
         load()
     except (OSError, ssl.SSLError) as exc:
         reason = getattr(exc, "reason", None) or exc.strerror or str(exc)
-        raise OptionError(f"option {name}: {path} is not {what} ({reason})") from None
+        raise OptionError(f"option {name}: {path} is not {what}{where} ({reason})") from None
 
 
 def _after_read(options: Mapping[str, str]) -> tuple[bool, bool]:

@@ -32,7 +32,7 @@ from pyspark.sql.types import StructType
 from queue_server.client import QueueClient
 from queue_server.client import protocol as p
 
-from .options import WriteOptions
+from .options import WriteOptions, tls_context
 
 OPTIONAL_COLUMNS = ("delay", "ttl", "retry", "priority")
 
@@ -104,7 +104,7 @@ class QueueStreamWriter(DataSourceStreamArrowWriter):
 def produce_batches(opts: WriteOptions, producer: str, batches: Iterator) -> ProduceCommit:
     """Send the rows of Arrow record batches as idempotent produce requests."""
     result = ProduceCommit()
-    client = QueueClient(opts.hosts, timeout=opts.timeout, token=opts.auth_token, tls=opts.tls.context())
+    client = QueueClient(opts.hosts, timeout=opts.timeout, token=opts.auth_token, tls=tls_context(opts.tls))
     sequence = 0
     try:
         for batch in batches:

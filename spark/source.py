@@ -43,7 +43,7 @@ from queue_server.client.admin import peek_request
 from queue_server.client.tls import TlsFiles, TlsOption
 
 from .offsets import chunk_token, chunks
-from .options import ReadOptions, WriteOptions
+from .options import ReadOptions, WriteOptions, tls_context
 
 # Built from types, not parsed from DDL: parsing needs the JVM, which executors' Python lacks.
 SCHEMA = StructType([
@@ -161,7 +161,7 @@ def read_partition(part: QueuePartition) -> Iterator:
     fetched: queue.Queue = queue.Queue(maxsize=2)
     stop = threading.Event()
     used: list[str] = []
-    client = QueueClient(part.hosts, timeout=part.timeout, token=part.auth_token, tls=part.tls.context())
+    client = QueueClient(part.hosts, timeout=part.timeout, token=part.auth_token, tls=tls_context(part.tls))
 
     def fetch() -> None:
         try:

@@ -44,7 +44,7 @@ from queue_server.client import QueueClient
 from queue_server.client import protocol as p
 
 from .offsets import Offset, plan, round_prefix, split
-from .options import ReadOptions
+from .options import ReadOptions, tls_context
 from .source import QueuePartition, read_partition
 
 log = logging.getLogger("queue.spark.stream")
@@ -135,7 +135,7 @@ class _Driver:
         self.opts = opts
         self.stream_id: str | None = None
         self.client = QueueClient(opts.hosts, timeout=opts.timeout, token=opts.auth_token,
-                                  tls=opts.tls.context())
+                                  tls=tls_context(opts.tls))
         self.lock = threading.Lock()
         self.rounds: dict[int, Offset] = {}  # planned or running, not confirmed yet
         self.confirmed_upto = -1  # every round <= this one is confirmed (as far as we know)
@@ -197,7 +197,7 @@ class _Driver:
 
     def _keep_leases(self) -> None:
         client = QueueClient(self.opts.hosts, timeout=self.opts.timeout, token=self.opts.auth_token,
-                             tls=self.opts.tls.context())
+                             tls=tls_context(self.opts.tls))
         interval = self.opts.lease / 3
         try:
             while not self._stop.wait(interval):

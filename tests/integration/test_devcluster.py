@@ -104,3 +104,20 @@ def test_a_data_root_that_cannot_be_written_is_one_line(tmp_path):
         capture_output=True, text=True, timeout=30)
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == f"queue-cluster: --data-root: cannot write in {blocker / 'data'}: Not a directory\n"
+
+
+def test_a_data_root_another_queue_cluster_runs_on_says_so_and_not_to_change_ports(tmp_path):
+    from queue_server.replication.datadir import DataDir
+
+    root = tmp_path / "reports"  # "port" in the path: the hint must come from the error's config key
+    held = DataDir(str(root / "node2"))  # as node 2 of a queue-cluster still running holds it
+    try:
+        done = subprocess.run(
+            [sys.executable, "-P", "-m", "queue_server.server.devcluster", "3", "--data-root", str(root),
+             "--base-port", str(free_run(3)), "--internal-base-port", str(free_run(3)), "--http-base-port", "0"],
+            capture_output=True, text=True, timeout=30)
+    finally:
+        held.close()
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr == (f"queue-cluster: node 2: queue data dir {root / 'node2'} is in use by another node "
+                           f"(pid {os.getpid()}): stop the queue-cluster that uses this --data-root, or give another\n")

@@ -157,8 +157,9 @@ def test_bad_input_400_unknown_route_404_wrong_method_405_too_large_413(port, qn
     assert (status, body["reason"]) == (400, "count: must be 1..1000")
     status, _, body = call(port, "GET", "/v1/nothing")
     assert (status, body["reason"]) == (404, "route: no GET /v1/nothing (GET /v1/openapi.json lists the routes)")
-    status, _, body = call(port, "PUT", f"/v1/queues/{qname}/messages")
+    status, headers, body = call(port, "PUT", f"/v1/queues/{qname}/messages")
     assert (status, body["reason"]) == (405, f"route: no PUT /v1/queues/{qname}/messages; it takes GET, POST")
+    assert headers["Allow"] == "GET, POST"
     status, _, body = call(port, "POST", f"/v1/queues/{qname}/messages", {"data": "x" * 5000})
     assert status == 413 and body["reason"].startswith("request exceeds max_request_size")
 

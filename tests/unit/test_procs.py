@@ -73,3 +73,14 @@ def test_kill_tree_kills_the_process_and_its_descendants():
         assert wait_until(lambda: _gone(child), 5.0)
     finally:
         subprocess.run(["kill", "-9", str(child)], stderr=subprocess.DEVNULL)
+
+
+def test_stop_of_a_group_stops_a_process_that_leads_no_group_of_its_own():
+    proc = subprocess.Popen([sys.executable, "-c", _STUBBORN], stdout=subprocess.PIPE)  # in pytest's group
+    proc.stdout.readline()
+    try:
+        started = time.monotonic()
+        assert stop(proc, 0.5, group=True, kill_wait=2.0) == -signal.SIGKILL
+        assert time.monotonic() - started < 5
+    finally:
+        kill_tree(proc)

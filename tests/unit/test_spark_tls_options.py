@@ -89,3 +89,22 @@ def test_bad_values_name_their_option_in_one_line(certs, tmp_path):
             with pytest.raises(OptionError, match=message) as err:
                 parse(**extra)
             assert "\n" not in str(err.value)
+
+
+def test_a_tls_file_missing_on_an_executor_fails_its_task_in_one_line_naming_the_option(certs, tmp_path):
+    import shutil
+    import socket
+
+    from queue_server.spark.sink import produce_batches
+    from queue_server.spark.source import read_partition
+
+    ca = str(tmp_path / "ca.pem")
+    shutil.copy(certs.ca, ca)
+    reading, writing = read(tlsCa=ca, consume="true"), write(tlsCa=ca)  # on the driver, the file is there
+    [part] = QueueBatchReader(reading).partitions()
+    (tmp_path / "ca.pem").unlink()  # the executor's host has no such file
+    expected = f"option tlsCa: cannot read {ca} on {socket.gethostname()} (every executor needs the TLS files"
+    for run in (lambda: next(read_partition(part)), lambda: produce_batches(writing, "p", iter(()))):
+        with pytest.raises(OptionError) as err:
+            run()
+        assert str(err.value).startswith(expected) and "\n" not in str(err.value)
