@@ -8,7 +8,6 @@ or the error reply's JSON with --json), 2 no server could be reached or a usage 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import ssl
 import sys
@@ -40,15 +39,8 @@ def _hosts(text: str) -> list[p.Address]:
 
 def _number(text: str) -> int | float:
     """An int when the text is one (what the original's clients send), else a finite float."""
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value):
+    value = p.number(text)
+    if value is None:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
     return value
 

@@ -25,6 +25,7 @@ from queue_server.protocol.vocabulary import (  # noqa: F401  (re-exported: one 
     CONFIRM,
     LEADERSHIP_CHANGED,
     NO_LEADER,
+    number,
     CONSUME,
     EXTEND,
     LEADER,

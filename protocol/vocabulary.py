@@ -2,6 +2,7 @@
 by the acceptor, the workers, the coordinator and the client (client/protocol.py re-exports them)."""
 from __future__ import annotations
 
+import math
 import re
 from typing import Any
 
@@ -158,6 +159,20 @@ def delivered(reply: Any) -> tuple[str, list[list[int]]] | None:
     if "msg_id" in reply:
         given.append([reply["msg_id"], reply.get("delivery_count", 0)])
     return (queue, given) if given and isinstance(queue, str) else None
+
+
+def number(text: str) -> int | float | None:
+    """The number `text` spells: an int when it is one (what the original's clients send), else a
+    finite float; None when it is neither (nan and inf included)."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def absolute_time(value: float, now: float) -> float:

@@ -79,15 +79,8 @@ def scalar(text: str) -> Any:
             return orjson.loads(text)
         except orjson.JSONDecodeError:
             return text
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        value = float(text)
-    except ValueError:
-        return text
-    return value if value == value and value not in (float("inf"), float("-inf")) else text
+    value = p.number(text)
+    return text if value is None else value
 
 
 def build(route: Route, path_params: Mapping[str, str], query: Mapping[str, str], body: bytes) -> dict | str:
