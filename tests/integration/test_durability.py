@@ -257,6 +257,6 @@ def test_restarted_follower_pulls_only_the_gap(tmp_path):
         c.nodes[follower] = node = _restart(node)
         wait_for(lambda: has(500), 20, "the follower to catch up")
         log = node.log()
-        assert "(snapshot at trans_id 0, " in log and "installed a snapshot" not in log
+        assert ": a snapshot at trans_id 0 of " in log and "installed a snapshot" not in log
     finally:
         c.stop()
