@@ -44,11 +44,7 @@ class _Lane:
     __slots__ = ("readies", "ids", "dead", "start", "n_dead")
 
     def __init__(self) -> None:
-        self.readies = array("d")
-        self.ids = array("q")
-        self.dead = bytearray()
-        self.start = 0
-        self.n_dead = 0
+        self._reset()
 
     def __len__(self) -> int:
         return len(self.ids) - self.start - self.n_dead
@@ -164,6 +160,7 @@ class _Lane:
         self.start = self.n_dead = 0
 
     def _reset(self) -> None:
+        """Empty: no key, live or dead."""
         self.readies = array("d")
         self.ids = array("q")
         self.dead = bytearray()
@@ -214,7 +211,9 @@ class Ordering:
         lanes = self._lanes
         for group, run in groupby(keys, itemgetter(0)):
             run = list(run)
-            lane = lanes.get(group) or self._new_lane(group)
+            lane = lanes.get(group)
+            if lane is None:
+                lane = self._new_lane(group)
             if not lane.extend(run):
                 late.extend(key for key in run if not lane.append(key[1], key[2]))
         if late:
