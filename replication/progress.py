@@ -290,12 +290,9 @@ class LeaderReplication:
 
     def _maybe_commit(self, actions: list[Action]) -> None:
         log = self.log
-        if self.progress:
-            matches = sorted([log.last_trans_id] + [pr.match_trans_id for pr in self.progress.values()],
-                             reverse=True)
-            candidate = matches[self.quorum - 1]
-        else:  # a cluster of one: its own log is the quorum
-            candidate = log.last_trans_id
+        matches = sorted([log.last_trans_id] + [pr.match_trans_id for pr in self.progress.values()],
+                         reverse=True)
+        candidate = matches[self.quorum - 1]  # a cluster of one: its own last entry
         before = log.commit_trans_id
         if candidate > before and log.term_at(candidate) == self.vote_id:
             entries = tuple(log.entries_after(before, candidate - before) or ())

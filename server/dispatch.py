@@ -16,7 +16,6 @@ from queue_server.server.router import Router
 
 # This node's role, as the coordinator last reported it.
 LEADER, FOLLOWER, NONE = Role.LEADER, Role.FOLLOWER, Role.NONE
-NO_LEADER = p.NO_LEADER
 TO_COORDINATOR = -1  # the destination of a message for the coordinator (workers are 0, 1, ...)
 
 
@@ -99,7 +98,7 @@ class Dispatch:
             else:
                 self.reply(origin, req_no, p.redirect_reply(value, self.node_id, self.leader))
         else:
-            self.reply(origin, req_no, p.error_reply(value, NO_LEADER, self.node_id))
+            self.reply(origin, req_no, p.error_reply(value, p.NO_LEADER, self.node_id))
 
     def route(self, action: int, value: dict, origin: Origin, req_no: int) -> None:
         """Queue the request for the worker(s) that serve it."""
@@ -115,7 +114,7 @@ class Dispatch:
     def answer_leader(self, origin: Origin, req_no: int, value: dict) -> None:
         """Action 8: the leader's client address."""
         if self.role == NONE:
-            self.reply(origin, req_no, p.error_reply(value, NO_LEADER, self.node_id))
+            self.reply(origin, req_no, p.error_reply(value, p.NO_LEADER, self.node_id))
             return
         reply = p.echo(value)
         reply.update(code=p.CODE_OK, node_id=self.node_id, **self.leader)

@@ -10,7 +10,7 @@ import pytest
 
 from queue_server.protocol import ipc_frames
 from queue_server.protocol import vocabulary as p
-from queue_server.server.dispatch import FOLLOWER, LEADER, NO_LEADER, TO_COORDINATOR, Dispatch, ReplyOrder
+from queue_server.server.dispatch import FOLLOWER, LEADER, TO_COORDINATOR, Dispatch, ReplyOrder
 from queue_server.protocol.framing import FramingError
 from queue_server.protocol.origin import Origin
 from queue_server.server.router import Router
@@ -111,7 +111,7 @@ def test_with_no_leader_known_queue_requests_are_refused_and_local_ones_served()
     d.submit(Origin(7), 0, produce("q"))
     d.submit(Origin(7), 1, {"action": p.LEADER})
     d.submit(Origin(7), 2, {"action": p.LOCAL_LIST})
-    assert [r["reason"] for _, _, r in d.answers] == [NO_LEADER, NO_LEADER]
+    assert [r["reason"] for _, _, r in d.answers] == [p.NO_LEADER, p.NO_LEADER]
     d.flush_requests()
     assert sorted(i for i, _ in d.sent) == list(range(WORKERS))  # 104 is served by this node
 
