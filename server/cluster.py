@@ -249,7 +249,8 @@ class ClusterNode:
     def take_replies(self) -> list[list[bytes]]:
         """After advance(): when all that waits is messages to the acceptor (the replies the
         write just released), take them; they may be sent at once, with nothing to persist
-        first. Otherwise nothing: a Ready carries them with the rest."""
+        first (has_ready() is False once they are taken). Otherwise nothing: a Ready carries them
+        with the rest."""
         if not self._to_acceptor or self._more_than_replies():
             return []
         taken, self._to_acceptor = self._to_acceptor, []

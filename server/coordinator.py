@@ -252,9 +252,10 @@ class Coordinator:
             if not self.carry_out(ready, ready.needs_write(written)):
                 break
             released = node.take_replies()  # the common case: no second Ready just for them
-            if released:
+            if released:  # they were all that waited
                 for message in batching.for_acceptor(released):
                     self.acceptor.send_multipart(message)
+                break
             if not node.has_ready():
                 break
             written = ready.log_through
