@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import ssl
 import sys
 from importlib import metadata
 from collections.abc import Callable, Sequence
@@ -298,10 +297,9 @@ def _with_client(args: argparse.Namespace, work: Callable[[QueueClient], None]) 
         return EXIT_USAGE
     try:
         ssl_context = tls.TlsFiles(args.tls, args.tls_ca, args.tls_cert, args.tls_key).context()
-    except (OSError, ssl.SSLError) as exc:
-        files = ", ".join(f for f in (args.tls_ca, args.tls_cert, args.tls_key) if f)
-        why = tls.describe(exc) or (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc))
-        print(f"queue-cli: --tls-ca/--tls-cert/--tls-key: cannot load {files}: {why}", file=sys.stderr)
+    except tls.TlsFileError as exc:
+        why = exc.reason if exc.what is None else f"not {exc.what} ({exc.reason})"
+        print(f"queue-cli: --tls-ca/--tls-cert/--tls-key: cannot load {exc.path}: {why}", file=sys.stderr)
         return EXIT_USAGE
     try:
         with QueueClient(args.hosts, transport="udp" if args.udp else "tcp", timeout=args.timeout,
