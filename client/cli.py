@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import ssl
 import sys
 from importlib import metadata
 from collections.abc import Callable, Sequence
@@ -243,17 +242,24 @@ def _print_reply(request: dict, reply: dict, as_json: bool) -> None:
     print(_dump(reply) if as_json else human(request, reply))
 
 
-def _print_error(exc: QueueError, as_json: bool) -> None:
+def _print_error(exc: QueueError, as_json: bool, udp_without_token: bool = False) -> None:
     if as_json:
         print(_dump(exc.reply), file=sys.stderr)
-        return
-    hint = ""
+    else:
+        print(f"queue-cli: {exc.reason}{_hint(exc, udp_without_token)}", file=sys.stderr)
+
+
+def _hint(exc: QueueError, udp_without_token: bool) -> str:
+    """What a person can do about the error, in parentheses; "" when its reason says it."""
+    if udp_without_token and isinstance(exc, QueueTimeout):
+        # a node with auth_token_file drops such datagrams unanswered (no amplification)
+        return " (over UDP, a node that requires a token does not answer without one: --token-file FILE, or $QUEUE_TOKEN)"
     if exc.reason.startswith(p.AUTH_REFUSED):
-        hint = " (queue-cli gives the nodes' token from --token-file FILE, or $QUEUE_TOKEN)"
-    elif exc.reason == p.NO_LEADER:
-        hint = (" (the nodes reached know no leader: fewer than a majority of the cluster are up and in "
-                "touch, or an election is on; give --hosts every node)")
-    print(f"queue-cli: {exc.reason}{hint}", file=sys.stderr)
+        return " (queue-cli gives the nodes' token from --token-file FILE, or $QUEUE_TOKEN)"
+    if exc.reason == p.NO_LEADER:
+        return (" (the nodes reached know no leader: fewer than a majority of the cluster are up and in touch, "
+                "or an election is on; give --hosts every node)")
+    return ""
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -298,21 +304,16 @@ def _with_client(args: argparse.Namespace, work: Callable[[QueueClient], None]) 
         return EXIT_USAGE
     try:
         ssl_context = tls.TlsFiles(args.tls, args.tls_ca, args.tls_cert, args.tls_key).context()
-    except (OSError, ssl.SSLError) as exc:
-        files = ", ".join(f for f in (args.tls_ca, args.tls_cert, args.tls_key) if f)
-        why = tls.describe(exc) or (exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc))
-        print(f"queue-cli: --tls-ca/--tls-cert/--tls-key: cannot load {files}: {why}", file=sys.stderr)
+    except tls.TlsFileError as exc:
+        why = exc.reason if exc.what is None else f"not {exc.what} ({exc.reason})"
+        print(f"queue-cli: --tls-ca/--tls-cert/--tls-key: cannot load {exc.path}: {why}", file=sys.stderr)
         return EXIT_USAGE
     try:
         with QueueClient(args.hosts, transport="udp" if args.udp else "tcp", timeout=args.timeout,
                          token=token, tls=ssl_context) as client:
             work(client)
     except (NoServerAvailable, QueueTimeout) as exc:
-        if args.udp and isinstance(exc, QueueTimeout) and token is None and not args.json:
-            # a node with auth_token_file drops such datagrams unanswered (no amplification)
-            exc = QueueTimeout(exc.code, f"{exc.reason} (over UDP, a node that requires a token does not answer "
-                                         f"without one: --token-file FILE, or $QUEUE_TOKEN)", exc.reply)
-        _print_error(exc, args.json)
+        _print_error(exc, args.json, udp_without_token=args.udp and token is None)
         return EXIT_UNREACHABLE
     except QueueError as exc:
         _print_error(exc, args.json)

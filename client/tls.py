@@ -12,6 +12,19 @@ TlsOption = Union[bool, ssl.SSLContext, None]
 # trusted, but made for another name than the one connected to.
 _NAME_MISMATCH = (62, 64)
 
+class TlsFileError(ValueError):
+    """A TLS file that cannot be read, or is not what it must be: `field` ("ca_file",
+    "cert_file" or "key_file") names it for the caller's option names, `what` is None when the
+    file cannot be read, and `reason` is the one-line cause."""
+
+    def __init__(self, field: str, path: str, reason: str, what: str | None = None) -> None:
+        super().__init__(f"cannot read {path}: {reason}" if what is None else f"{path} is not {what} ({reason})")
+        self.field = field
+        self.path = path
+        self.reason = reason
+        self.what = what
+
+
 @dataclass(frozen=True)
 class TlsFiles:
     """TLS named by files instead of held as an SSLContext: it pickles, so it can travel to the
@@ -23,9 +36,38 @@ class TlsFiles:
     key_file: str | None = None
 
     def context(self) -> ssl.SSLContext | None:
-        """The SSLContext these name (a CA or client certificate implies TLS); None: plain TCP."""
-        return context(self.enabled or bool(self.ca_file or self.cert_file), self.ca_file,
-                       self.cert_file, self.key_file)
+        """The SSLContext these name (a CA or client certificate implies TLS); None: plain TCP.
+        A file that cannot be read or loaded raises TlsFileError naming it."""
+        if not (self.enabled or self.ca_file or self.cert_file):
+            return None
+        for field, path in (("ca_file", self.ca_file), ("cert_file", self.cert_file), ("key_file", self.key_file)):
+            if path:
+                _readable(field, path)
+        try:
+            ctx = ssl.create_default_context(cafile=self.ca_file)
+        except (OSError, ssl.SSLError) as exc:
+            if not self.ca_file:
+                raise
+            raise TlsFileError("ca_file", self.ca_file, _reason(exc), "a PEM file of CA certificates") from None
+        if self.cert_file:
+            try:
+                ctx.load_cert_chain(self.cert_file, self.key_file)
+            except (OSError, ssl.SSLError) as exc:
+                raise TlsFileError("cert_file", self.cert_file, _reason(exc),
+                                   "a PEM certificate whose key is in it or in the key file") from None
+        return ctx
+
+
+def _readable(field: str, path: str) -> None:
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise TlsFileError(field, path, exc.strerror or str(exc)) from None
+
+
+def _reason(exc: OSError) -> str:
+    return getattr(exc, "reason", None) or exc.strerror or str(exc)
 
 
 def closed_before_reply(tls_on: bool) -> str:
@@ -38,19 +80,13 @@ def closed_before_reply(tls_on: bool) -> str:
     return "connection closed by the server before any reply (a node with TLS closes plain connections: connect with tls)"
 
 
-def context(tls: TlsOption, ca_file: str | None = None, cert_file: str | None = None,
-            key_file: str | None = None) -> ssl.SSLContext | None:
+def context(tls: TlsOption) -> ssl.SSLContext | None:
     """The SSLContext for option `tls`: False/None plain TCP; True verifies the node's
-    certificate against `ca_file` or the system's CAs (cert_file, key_file: this client's
-    certificate, for nodes with tls_ca_file); an SSLContext is used as it is."""
+    certificate against the system's CAs (TlsFiles: against a CA file, with a client
+    certificate); an SSLContext is used as it is."""
     if isinstance(tls, ssl.SSLContext):
         return tls
-    if not tls:
-        return None
-    ctx = ssl.create_default_context(cafile=ca_file)
-    if cert_file:
-        ctx.load_cert_chain(cert_file, key_file)
-    return ctx
+    return TlsFiles(bool(tls)).context()
 
 
 def wrap(sock: socket.socket, ctx: ssl.SSLContext, host: str) -> ssl.SSLSocket:

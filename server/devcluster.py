@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -89,10 +88,6 @@ def write_files(args: argparse.Namespace, root: str, clients: list[int], interna
     return paths
 
 
-# The config keys of a node's ports: queue-cluster chooses them from its --*-base-port options.
-_PORT_KEY = re.compile(r"config key '(port|metrics_port|http_port|cluster_node_list\[\d+\]\.port)'")
-
-
 def startable(paths: dict[int, str]) -> str | None:
     """Why one of the nodes cannot start (its port is taken, ...) as one line saying which
     queue-cluster option to change, or None: checked before any starts, so that another program
@@ -111,10 +106,11 @@ def startable(paths: dict[int, str]) -> str | None:
     for node_id, config in configs.items():
         try:
             preflight.check(config)
+        except preflight.PortUnavailable as exc:  # queue-cluster chose it from its --*-base-port options
+            return (f"node {node_id}: {exc}; choose free ports with --base-port, --internal-base-port and "
+                    f"--http-base-port")
         except (preflight.StartError, OSError) as exc:
-            hint = ("; choose free ports with --base-port, --internal-base-port and --http-base-port"
-                    if _PORT_KEY.match(str(exc)) else "")
-            return f"node {node_id}: {exc}{hint}"
+            return f"node {node_id}: {exc}"
     return None
 
 

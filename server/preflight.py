@@ -20,6 +20,10 @@ class StartError(Exception):
     """Why the node cannot start, as one line."""
 
 
+class PortUnavailable(StartError):
+    """One of the node's ports cannot be bound (in use, privileged, ...): a port to change."""
+
+
 def check(config: NodeConfig) -> list[str]:
     """Raise StartError naming the config key if the node cannot start as configured; return
     warnings about what may heal by itself (a peer's name that does not resolve yet, as in a
@@ -121,7 +125,7 @@ def _bindable(key: str, host: str, port: int, kind: socket.SocketKind, host_key:
                 why = "needs privileges (ports below 1024)"
             else:
                 why = f"cannot be bound: {exc.strerror or exc}"
-            raise StartError(f"config key '{key}': {proto} {host}:{port} {why}") from None
+            raise PortUnavailable(f"config key '{key}': {proto} {host}:{port} {why}") from None
 
 
 def _writable_dir(key: str, path: str) -> None:

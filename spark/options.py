@@ -14,7 +14,7 @@ from typing import TypeVar
 
 from queue_server.client.credentials import load_token
 from queue_server.client.protocol import MAX_BATCH, parse_hosts
-from queue_server.client.tls import TlsFiles, context
+from queue_server.client.tls import TlsFileError, TlsFiles
 
 DEFAULT_LEASE = 60.0
 DEFAULT_TIMEOUT = 30.0
@@ -194,38 +194,23 @@ def tls_context(files: TlsFiles) -> ssl.SSLContext | None:
                             f"driver was given)")
 
 
+_TLS_OPTIONS = {"ca_file": "tlsCa", "cert_file": "tlsCert", "key_file": "tlsKey"}  # TlsFileError.field
+
+
 def _load_tls(files: TlsFiles, where: str) -> ssl.SSLContext | None:
-    for name, path in (("tlsCa", files.ca_file), ("tlsCert", files.cert_file), ("tlsKey", files.key_file)):
-        if path:
-            _readable(name, path, where)
-    if files.ca_file:
-        _loads("tlsCa", files.ca_file, "a PEM file of CA certificates", lambda: context(True, files.ca_file), where)
-    if files.cert_file:
-        _loads("tlsCert", files.cert_file, "a PEM certificate whose key is in it or in tlsKey",
-               lambda: context(True, None, files.cert_file, files.key_file), where)
-    return files.context()
+    try:
+        return files.context()
+    except TlsFileError as exc:
+        name = _TLS_OPTIONS[exc.field]
+        if exc.what is None:
+            raise OptionError(f"option {name}: cannot read {exc.path}{where}: {exc.reason}") from None
+        raise OptionError(f"option {name}: {exc.path} is not {exc.what}{where} ({exc.reason})") from None
 
 
 def _path(options: Mapping[str, str], name: str) -> str | None:
     """A file option: None when unset or blank."""
     path = (_get(options, name) or "").strip()
     return path or None
-
-
-def _readable(name: str, path: str, where: str) -> None:
-    try:
-        with open(path, "rb"):
-            pass
-    except OSError as exc:
-        raise OptionError(f"option {name}: cannot read {path}{where}: {exc.strerror or exc}") from None
-
-
-def _loads(name: str, path: str, what: str, load: Callable[[], object], where: str) -> None:
-    try:
-        load()
-    except (OSError, ssl.SSLError) as exc:
-        reason = getattr(exc, "reason", None) or exc.strerror or str(exc)
-        raise OptionError(f"option {name}: {path} is not {what}{where} ({reason})") from None
 
 
 def _after_read(options: Mapping[str, str]) -> tuple[bool, bool]:

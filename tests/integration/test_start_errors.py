@@ -139,3 +139,17 @@ def test_a_peer_name_that_does_not_resolve_yet_only_warns():
                                              {"node_id": 3, "host": "127.0.0.1", "port": free_port()}]}))
     [warning] = preflight.check(config)
     assert "cluster_node_list[1].host" in warning and "node 2 is unreachable until it does" in warning
+
+
+def test_a_port_that_cannot_be_bound_is_a_port_to_change_and_a_foreign_host_is_not():
+    port = free_port()
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", port))
+        squatter.listen()
+        config, _ = parse_config(json.dumps({"port": port, "in_memory": True}))
+        with pytest.raises(preflight.PortUnavailable, match="config key 'port'"):
+            preflight.check(config)
+    config, _ = parse_config(json.dumps({"host": "192.0.2.1", "port": free_port(), "in_memory": True}))
+    with pytest.raises(preflight.StartError, match="config key 'host'") as err:
+        preflight.check(config)
+    assert not isinstance(err.value, preflight.PortUnavailable)  # queue-cluster must not say "change ports"

@@ -855,6 +855,20 @@ def test_cli_a_tls_file_that_cannot_be_read_is_named(tmp_path: Any, capsys: pyte
     assert err == f"queue-cli: --tls-ca/--tls-cert/--tls-key: cannot load {missing}: No such file or directory\n"
 
 
+def test_cli_of_several_tls_files_names_the_one_that_is_bad(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.tls_certs import make_tls_files
+
+    certs = make_tls_files(str(tmp_path))
+    garbage = tmp_path / "garbage.pem"
+    garbage.write_text("not a certificate\n")
+    code, _, err = cli(capsys, "--tls-ca", certs.ca, "--tls-cert", str(garbage), "--tls-key", certs.client_key, "list")
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith(f"queue-cli: --tls-ca/--tls-cert/--tls-key: cannot load {garbage}: not a PEM certificate ")
+    with pytest.raises(client_tls.TlsFileError) as exc:
+        client_tls.TlsFiles(True, str(garbage)).context()
+    assert (exc.value.field, exc.value.path, exc.value.what) == ("ca_file", str(garbage), "a PEM file of CA certificates")
+
+
 @pytest.mark.parametrize("code, hint", [(62, "connect with a name the certificate was made for, or make it for this one"),
                                         (64, "connect with a name the certificate was made for, or make it for this one"),
                                         (18, "give the CA with tls_ca / --tls-ca")])
