@@ -184,6 +184,11 @@ class NodeProcess:
         assert self.proc is not None
         return children(self.proc.pid)
 
+    def pids(self) -> list[int]:
+        """Every process of the node: its children, then the supervisor."""
+        assert self.proc is not None
+        return self.child_pids() + [self.proc.pid]
+
     def child_pid(self, process: str) -> int:
         """The pid of the node's child that runs queue_server.server.<process> ("acceptor",
         "coordinator", "worker")."""
@@ -228,8 +233,7 @@ class NodeProcess:
 
     def signal_all(self, sig: int) -> None:
         """Send `sig` to every process of the node at once: its children, then the supervisor."""
-        assert self.proc is not None
-        signal_each(self.child_pids() + [self.proc.pid], sig)
+        signal_each(self.pids(), sig)
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """Stop the node (SIGTERM, then SIGKILL) and every child it left."""
