@@ -17,7 +17,7 @@ from typing import Callable
 
 import orjson
 
-from load.procs import signal_each, stop_tree
+from load.procs import process_name, signal_each, stop_tree
 from queue_server.server.node_memory import children
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -192,14 +192,9 @@ class NodeProcess:
     def child_pid(self, process: str) -> int:
         """The pid of the node's child that runs queue_server.server.<process> ("acceptor",
         "coordinator", "worker")."""
-        module = b"queue_server.server." + process.encode()
         for pid in self.child_pids():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if module in f.read().split(b"\0"):
-                        return pid
-            except OSError:
-                continue
+            if process_name(pid).split("-")[0] == process:  # a worker's name is worker-<index>
+                return pid
         raise AssertionError(f"no {process} among the children of {self.name}")
 
     @contextmanager
