@@ -17,7 +17,7 @@ from typing import Callable
 
 import orjson
 
-from load.procs import process_name, signal_each, stop_tree
+from load.procs import process_name, signal_each, stop_tree, wait_until
 from queue_server.server.node_memory import children
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,17 +61,12 @@ def free_port() -> int:
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> object:
-    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    delay = 0.005
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
+    """Poll `condition` until it returns something truthy, and return that; fail after `timeout`
+    seconds."""
+    result = wait_until(condition, timeout)
+    if not result:
+        raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+    return result
 
 
 def can_connect(host: str, port: int) -> bool:
