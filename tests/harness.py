@@ -18,6 +18,7 @@ from typing import Callable
 import orjson
 
 from load.procs import process_name, signal_each, stop_tree, wait_until
+from queue_server.server.auth import read_token_file
 from queue_server.server.node_memory import children
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -162,12 +163,10 @@ class NodeProcess:
         self._wait_up(self.serves, timeout, "to serve a request (a monitor answered with code 0)")
 
     def token(self) -> str | None:
-        """A client token of a node with `auth_token_file` (the file's first token), else None."""
+        """A client token of a node with `auth_token_file` (the file's first token, as the node
+        reads the file), else None."""
         path = self.config.get("auth_token_file")
-        if not path:
-            return None
-        with open(path) as f:
-            return next((line.strip() for line in f if line.strip()), None)
+        return read_token_file(path)[0].decode() if path else None
 
     def log(self) -> str:
         """Everything the node has logged so far."""
