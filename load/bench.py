@@ -194,10 +194,13 @@ class Server:
 
     def log_tail(self, lines: int = 5) -> str:
         """The end of the server's log, if it has one."""
-        if not self.log_path:
-            return ""
-        with open(self.log_path, "rb") as f:
-            return b"".join(f.readlines()[-lines:]).decode(errors="replace")
+        return tail_of(self.log_path, lines) if self.log_path else ""
+
+
+def tail_of(path: str, lines: int = 5) -> str:
+    """The last `lines` lines of the log file at `path`."""
+    with open(path, "rb") as f:
+        return b"".join(f.readlines()[-lines:]).decode(errors="replace")
 
 
 def start_peer(name: str, *extra: str) -> Server:

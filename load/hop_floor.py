@@ -331,8 +331,9 @@ class FloorNode:
         return out
 
     def log_tail(self, lines: int = 5) -> str:
-        with open(self.log_path, "rb") as f:
-            return b"".join(f.readlines()[-lines:]).decode(errors="replace")
+        from load.bench import tail_of
+
+        return tail_of(self.log_path, lines)
 
     def stop(self) -> None:
         from load.procs import stop
@@ -340,9 +341,6 @@ class FloorNode:
         for proc in self.procs.values():
             stop(proc)
         self.log.close()
-
-
-SETTINGS = ("unloaded", "per-request", "pipelined")
 
 
 def workload(args: argparse.Namespace, workdir: str, peers: list[str], start: Callable, measure: Callable) -> None:

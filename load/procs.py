@@ -125,16 +125,19 @@ def group_members(pgid: int) -> list[str]:
     return found
 
 
-def wait_until(condition: Callable[[], object], timeout: float) -> bool:
-    """Poll `condition` until it holds (True) or `timeout` seconds pass (False)."""
+def wait_until(condition: Callable[[], object], timeout: float) -> object:
+    """Poll `condition` until it returns something truthy, and return that; None once `timeout`
+    seconds pass without."""
     deadline = time.monotonic() + timeout
-    delay = 0.01
-    while not condition():
+    delay = 0.005
+    while True:
+        result = condition()
+        if result:
+            return result
         if time.monotonic() > deadline:
-            return False
+            return None
         time.sleep(delay)
-        delay = min(delay * 2, 0.2)
-    return True
+        delay = min(delay * 2, 0.1)
 
 
 def _leads_group(pid: int) -> bool:

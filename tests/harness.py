@@ -17,7 +17,8 @@ from typing import Callable
 
 import orjson
 
-from load.procs import signal_each, stop_tree
+from load.procs import process_name, signal_each, stop_tree, wait_until
+from queue_server.server.auth import read_token_file
 from queue_server.server.node_memory import children
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -61,17 +62,12 @@ def free_port() -> int:
 
 
 def wait_for(condition: Callable[[], object], timeout: float = 10.0, what: str = "condition") -> object:
-    """Poll `condition` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    delay = 0.005
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(delay)
-        delay = min(delay * 2, 0.1)
+    """Poll `condition` until it returns something truthy, and return that; fail after `timeout`
+    seconds."""
+    result = wait_until(condition, timeout)
+    if not result:
+        raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+    return result
 
 
 def can_connect(host: str, port: int) -> bool:
@@ -167,12 +163,10 @@ class NodeProcess:
         self._wait_up(self.serves, timeout, "to serve a request (a monitor answered with code 0)")
 
     def token(self) -> str | None:
-        """A client token of a node with `auth_token_file` (the file's first token), else None."""
+        """A client token of a node with `auth_token_file` (the file's first token, as the node
+        reads the file), else None."""
         path = self.config.get("auth_token_file")
-        if not path:
-            return None
-        with open(path) as f:
-            return next((line.strip() for line in f if line.strip()), None)
+        return read_token_file(path)[0].decode() if path else None
 
     def log(self) -> str:
         """Everything the node has logged so far."""
@@ -184,17 +178,17 @@ class NodeProcess:
         assert self.proc is not None
         return children(self.proc.pid)
 
+    def pids(self) -> list[int]:
+        """Every process of the node: its children, then the supervisor."""
+        assert self.proc is not None
+        return self.child_pids() + [self.proc.pid]
+
     def child_pid(self, process: str) -> int:
         """The pid of the node's child that runs queue_server.server.<process> ("acceptor",
         "coordinator", "worker")."""
-        module = b"queue_server.server." + process.encode()
         for pid in self.child_pids():
-            try:
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    if module in f.read().split(b"\0"):
-                        return pid
-            except OSError:
-                continue
+            if process_name(pid).split("-")[0] == process:  # a worker's name is worker-<index>
+                return pid
         raise AssertionError(f"no {process} among the children of {self.name}")
 
     @contextmanager
@@ -228,8 +222,7 @@ class NodeProcess:
 
     def signal_all(self, sig: int) -> None:
         """Send `sig` to every process of the node at once: its children, then the supervisor."""
-        assert self.proc is not None
-        signal_each(self.child_pids() + [self.proc.pid], sig)
+        signal_each(self.pids(), sig)
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """Stop the node (SIGTERM, then SIGKILL) and every child it left."""

@@ -35,10 +35,6 @@ def cluster(tmp_path):
         c.stop()
 
 
-def _all_pids(node) -> list[int]:
-    return node.child_pids() + [node.proc.pid]
-
-
 def _scrape(node) -> dict[str, float]:
     """The node's metrics (sample name with its labels -> value)."""
     url = f"http://{node.config['host']}:{node.config['metrics_port']}/metrics"
@@ -74,7 +70,7 @@ def test_kill_leader_under_load(cluster):
     work = Workload(c.hosts, history).start()
     try:
         _wait_acks(history, 200)
-        pids = _all_pids(c.nodes[leader])
+        pids = c.nodes[leader].pids()
         committed = wait_for(lambda: c.ask(leader, {"action": 104}), 5, "the leader's monitor")["commit_trans_id"]
         c.nodes[leader].signal_all(signal.SIGKILL)
         killed_at = time.monotonic()

@@ -2,7 +2,6 @@
 installed) produces figures for every row. A benchmark run, not a performance test."""
 from __future__ import annotations
 
-import contextlib
 import json
 import re
 import os
@@ -13,6 +12,7 @@ import sys
 
 import pytest
 
+from load.procs import signal_group
 from tests.harness import REPO
 
 pytestmark = pytest.mark.skipif(not (shutil.which("cc") or shutil.which("gcc")), reason="no C compiler for load/cbench.c")
@@ -28,8 +28,7 @@ def bench(tmp_path, *args: str, timeout: float, script: str = "load/bench.py") -
     try:
         stdout, stderr = proc.communicate(timeout=timeout)
     finally:
-        with contextlib.suppress(ProcessLookupError):  # nothing of the session is left
-            os.killpg(proc.pid, signal.SIGKILL)
+        signal_group(proc.pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.communicate()
     assert proc.returncode == 0, stdout + stderr

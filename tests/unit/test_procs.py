@@ -6,8 +6,11 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
-from load.procs import group_members, kill_tree, stop, stop_tree, wait_until
+import pytest
+
+from load.procs import group_members, kill_tree, signal_each, stop, stop_tree, wait_until
 from tests.harness import alive
 
 # A parent that starts a child that ignores SIGTERM (in a session of its own with argument 1, else
@@ -35,15 +38,21 @@ def _gone(pid: int) -> bool:
 
 def test_stop_terminates_and_returns_the_exit_status():
     proc = subprocess.Popen(["sleep", "60"])
-    assert stop(proc, 5.0) == -signal.SIGTERM
+    try:
+        assert stop(proc, 5.0) == -signal.SIGTERM
+    finally:
+        kill_tree(proc)
 
 
 def test_stop_kills_what_ignores_sigterm_once_the_grace_is_over():
     proc = subprocess.Popen([sys.executable, "-c", _STUBBORN], stdout=subprocess.PIPE)
-    proc.stdout.readline()  # the handler is in place
-    started = time.monotonic()
-    assert stop(proc, 0.5) == -signal.SIGKILL
-    assert time.monotonic() - started < 5
+    try:
+        proc.stdout.readline()  # the handler is in place
+        started = time.monotonic()
+        assert stop(proc, 0.5) == -signal.SIGKILL
+        assert time.monotonic() - started < 5
+    finally:
+        kill_tree(proc)
 
 
 def test_stop_of_a_group_stops_the_orphans_its_leader_leaves():
@@ -54,31 +63,25 @@ def test_stop_of_a_group_stops_the_orphans_its_leader_leaves():
         assert group_members(proc.pid) == []
     finally:
         kill_tree(proc)
-        subprocess.run(["kill", "-9", str(child)], stderr=subprocess.DEVNULL)
+        signal_each([child], signal.SIGKILL)
 
 
-def test_stop_tree_kills_children_in_sessions_of_their_own():
+@pytest.mark.parametrize("end, status", [(lambda proc: stop_tree(proc, 5.0), -signal.SIGTERM),
+                                         (kill_tree, -signal.SIGKILL)], ids=["stop_tree", "kill_tree"])
+def test_a_tree_ends_with_children_in_sessions_of_their_own(end: Callable[[subprocess.Popen], int], status: int):
     proc, child = _parent(own_session=True)
     try:
-        assert stop_tree(proc, 5.0) == -signal.SIGTERM
+        assert end(proc) == status
         assert wait_until(lambda: _gone(child), 5.0)
     finally:
-        subprocess.run(["kill", "-9", str(child)], stderr=subprocess.DEVNULL)
-
-
-def test_kill_tree_kills_the_process_and_its_descendants():
-    proc, child = _parent(own_session=True)
-    try:
-        assert kill_tree(proc) == -signal.SIGKILL
-        assert wait_until(lambda: _gone(child), 5.0)
-    finally:
-        subprocess.run(["kill", "-9", str(child)], stderr=subprocess.DEVNULL)
+        kill_tree(proc)
+        signal_each([child], signal.SIGKILL)
 
 
 def test_stop_of_a_group_stops_a_process_that_leads_no_group_of_its_own():
     proc = subprocess.Popen([sys.executable, "-c", _STUBBORN], stdout=subprocess.PIPE)  # in pytest's group
-    proc.stdout.readline()
     try:
+        proc.stdout.readline()
         started = time.monotonic()
         assert stop(proc, 0.5, group=True, kill_wait=2.0) == -signal.SIGKILL
         assert time.monotonic() - started < 5
