@@ -41,7 +41,7 @@ end
 
 def available() -> str | None:
     """Why the HTTP workload cannot run here, or None."""
-    return None if shutil.which("wrk") else "wrk not installed (apt-get install wrk): HTTP rows skipped"
+    return None if shutil.which("wrk") else "wrk not installed (.ci/install-tools installs it): HTTP rows skipped"
 
 
 def _ms(text: str) -> float:

@@ -16,7 +16,7 @@ def installed(notes: list[str], *names: str) -> list[str]:
         if shutil.which(binary):
             found.append(name)
         else:
-            notes.append(f"{binary} not installed (apt-get install {binary}): peer skipped")
+            notes.append(f"{binary} not installed (.ci/install-tools installs it): peer skipped")
     return found
 
 

@@ -89,7 +89,7 @@ def test_hop_floor_gives_figures_for_every_variant(tmp_path):
         assert f"\n| {v} | 2 connections, depth 4 | " in table, table
 
 
-@pytest.mark.skipif(shutil.which("wrk") is None, reason="no wrk (apt-get install wrk) for the HTTP workload")
+@pytest.mark.skipif(shutil.which("wrk") is None, reason="no wrk (.ci/install-tools installs it) for the HTTP workload")
 def test_short_http_benchmark_run(tmp_path):
     _, report = bench(tmp_path, "--seconds", "1", "--conns", "2", "--only", "http", "--no-peers", timeout=120)
     rows = [r for r in report["results"] if r["workload"] == "http"]

@@ -1,7 +1,7 @@
 """The status page in a real browser: Debian's chromium driven through chromedriver by selenium,
 on a follower of a 3-node cluster with a client token. The page asks for the token, then shows the
 roles and a queue's count, and the count changes after a produce. Skipped, saying why, when chromium, chromedriver or selenium is missing
-(.ci/install-browser installs the browser and its driver).
+(.ci/install-tools installs the browser and its driver).
 
 QUEUE_SERVER_SCREENSHOT=1 also writes the screenshot to docs/status-page.png (the README shows it).
 """
@@ -28,7 +28,7 @@ except ImportError:  # pragma: no cover - the test extra has it
 
 pytestmark = pytest.mark.skipif(
     CHROMIUM is None or CHROMEDRIVER is None or webdriver is None,
-    reason="needs chromium, chromedriver (apt-get install chromium chromium-driver; .ci/install-browser) "
+    reason="needs chromium, chromedriver (.ci/install-tools installs both) "
            "and selenium (the test extra)")
 
 
