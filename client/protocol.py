@@ -25,6 +25,9 @@ from queue_server.protocol.vocabulary import (  # noqa: F401  (re-exported: one 
     CONFIRM,
     LEADERSHIP_CHANGED,
     NO_LEADER,
+    NOT_APPLIED,
+    NOT_LEADER,
+    UNKNOWN_OUTCOME,
     number,
     CONSUME,
     EXTEND,
@@ -376,12 +379,16 @@ def try_elsewhere(reply: dict) -> bool:
 
 
 def retry_elsewhere(req: dict, reply: dict) -> bool:
-    """Whether a failed request is tried on the next host: the node knows no leader, or stopped
-    leading before it applied the request (nothing was applied either way), or the leader
-    changed while it waited and the request is an idempotent produce (applied or not, sending it
-    again stores it once)."""
-    if try_elsewhere(reply) or (reply.get("code") == CODE_ERROR and reply.get("reason") == LEADERSHIP_CHANGED):
+    """Whether a failed request is tried on the next host: the node knows no leader, or was not
+    leading or stopped leading before it applied the request (nothing was applied: NOT_APPLIED),
+    or the request is an idempotent produce whose outcome is unknown (UNKNOWN_OUTCOME: the
+    leader changed or did not answer; applied or not, sending it again stores it once)."""
+    if reply.get("code") != CODE_ERROR:
+        return False
+    reason = reply.get("reason")
+    if type(reason) is not str:
+        return False
+    if reason in NOT_APPLIED:
         return True
-    return (reply.get("code") == CODE_ERROR and str(reply.get("reason", "")).startswith("leader changed")
-            and req.get("action") in (PRODUCE, "produce") and req.get("producer") is not None
-            and req.get("sequence") is not None)
+    return (reason in UNKNOWN_OUTCOME and req.get("action") in (PRODUCE, "produce")
+            and req.get("producer") is not None and req.get("sequence") is not None)

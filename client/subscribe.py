@@ -34,7 +34,7 @@ def classify(reply: dict) -> str:
     if not ok and resolve_action(reply.get("action")) == p.AUTH:
         raise p.error_from_reply(reply)
     if not ok and resolve_action(reply.get("action")) == SUBSCRIBE:
-        if p.try_elsewhere(reply) or str(reply.get("reason", "")).startswith(("not leader", "subscribe:")):
+        if p.try_elsewhere(reply) or str(reply.get("reason", "")).startswith((p.NOT_LEADER, "subscribe:")):
             return AGAIN
         raise p.error_from_reply(reply)
     return OTHER

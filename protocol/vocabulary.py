@@ -65,11 +65,38 @@ LOCAL_ACTIONS: frozenset[int] = frozenset({LOCAL_MONITOR, LOCAL_LIST, LOCAL_PEEK
 CODE_OK = 0
 CODE_ERROR = -1
 CODE_REDIRECT = -2
-# The reason of an error reply to a request that was not applied because the node it reached
-# stopped leading first: sending it again (to the new leader) is safe.
-LEADERSHIP_CHANGED = "not leader: leadership changed; retry"
-# The reason of an error reply from a node that knows no leader (nothing was applied).
+# The reasons of the error replies that mean "not now" rather than "bad input" (code -1). A
+# client acts on them: each says whether the request was applied, and so whether sending it
+# again is safe. Every reason of a node that is not (or no longer) leading starts with this:
+NOT_LEADER = "not leader"
+# Not applied: the node knows no leader; another host may.
 NO_LEADER = "no leader"
+# Not applied: the node it reached stopped leading first; send it again (to the new leader).
+LEADERSHIP_CHANGED = NOT_LEADER + ": leadership changed; retry"
+# Not applied: a worker of a node that is not leading was asked to write.
+NOT_LEADING = NOT_LEADER + ": this node is not leading; retry on the leader"
+# Not applied: its records reached the coordinator after it stopped leading.
+NOT_LEADER_RETRY = NOT_LEADER + ": retry"
+# Not applied: decided under a mode of the node (leading, following) that has since ended.
+MODE_CHANGED = "not applied: the node changed mode; retry"
+# Unknown outcome: logged, but the node stopped leading before the write was committed.
+LEADERSHIP_LOST = NOT_LEADER + ": leadership lost before the write was committed; it may or may not take effect"
+# Unknown outcome: the request was forwarded to a leader that lost its leadership meanwhile.
+LEADER_CHANGED = "leader changed: the request may or may not have been applied"
+# Unknown outcome: the leader a request was forwarded to did not answer in time.
+FORWARD_TIMED_OUT = "forwarded request timed out: the leader did not answer"
+# Not applied: the leader cannot write its change log (disk full, I/O error).
+STORAGE_UNAVAILABLE = "storage unavailable"
+# Not applied: the queue holds max_queue_size messages.
+QUEUE_FULL = "queue full"
+# The reasons after which sending the request to another node is safe: nothing was applied.
+NOT_APPLIED = frozenset({NO_LEADER, LEADERSHIP_CHANGED, NOT_LEADING, NOT_LEADER_RETRY, MODE_CHANGED})
+# The reasons after which the request may or may not take effect: sending it again is safe only
+# where a repeat changes nothing (a produce with producer and sequence).
+UNKNOWN_OUTCOME = frozenset({LEADERSHIP_LOST, LEADER_CHANGED, FORWARD_TIMED_OUT})
+# The starts of every "not now" reason (a reply's reason may add detail after them).
+_TRY_AGAIN = (NOT_LEADER, NO_LEADER, MODE_CHANGED, LEADER_CHANGED, FORWARD_TIMED_OUT, STORAGE_UNAVAILABLE,
+              QUEUE_FULL)
 
 # delay/ttl values at or above this are unix timestamps; below it, seconds from now.
 ABSOLUTE_TIME_THRESHOLD = 1_000_000_000
@@ -129,6 +156,15 @@ def error_reply(request: Any, reason: str, node_id: int | None = None) -> dict:
     if node_id is not None:
         reply["node_id"] = node_id
     return reply
+
+
+def try_again(reply: Any) -> bool:
+    """Whether a reply is an error that means "not now" (no leader, leadership changed, the
+    leader did not answer, storage unavailable, queue full), not "bad input"."""
+    if type(reply) is not dict or reply.get("code") != CODE_ERROR:
+        return False
+    reason = reply.get("reason")
+    return type(reason) is str and reason.startswith(_TRY_AGAIN)
 
 
 def redirect_reply(request: Any, node_id: int, leader: dict) -> dict:

@@ -362,11 +362,11 @@ class ClusterNode:
             # may promise what they did.
             if header != ipc_frames.EMPTY_LIST:
                 self._refuse(header, blob, p.LEADERSHIP_CHANGED
-                             if self.leader is None else "not applied: the node changed mode; retry")
+                             if self.leader is None else p.MODE_CHANGED)
             header = ipc_frames.EMPTY_LIST
         elif records != ipc_frames.EMPTY_LIST:
             if self.leader is None or not self.storage_ok:
-                self._refuse(header, blob, "storage unavailable" if self.leader else "not leader: retry")
+                self._refuse(header, blob, p.STORAGE_UNAVAILABLE if self.leader else p.NOT_LEADER_RETRY)
                 if self.leader is not None:
                     self._reset_workers()  # undo the changes in the workers too
                 header = ipc_frames.EMPTY_LIST
@@ -468,7 +468,7 @@ class ClusterNode:
         self._set_mode(False)
         while self.pending:
             _, header, blob = self.pending.popleft()
-            self._refuse(header, blob, "not leader: leadership lost before the write was committed; it may or may not take effect")
+            self._refuse(header, blob, p.LEADERSHIP_LOST)
         self._reset_workers()
 
     def _commit(self, c: Commit) -> None:

@@ -22,8 +22,6 @@ from queue_server.server.router import Router
 FORWARD_GRACE = 10.0
 # How many given-up forwards are remembered, so that a reply still on its way is given back.
 ABANDONED_KEPT = 65536
-LEADER_CHANGED = "leader changed: the request may or may not have been applied"
-TIMED_OUT = "forwarded request timed out: the leader did not answer"
 _NOT_APPLIED = p.LEADERSHIP_CHANGED.encode()
 _NEVER = float("inf")
 _DUMPS = orjson.dumps
@@ -187,9 +185,9 @@ class Forwarding:
             expired = [fid for fid, f in self.forwards.items() if f[2] <= now]
             orphaned = [fid for fid in expired if fid in self.orphaned]
             if orphaned:
-                actions += self._fail(orphaned, LEADER_CHANGED)
+                actions += self._fail(orphaned, p.LEADER_CHANGED)
             if len(orphaned) < len(expired):
-                actions += self._fail(expired, TIMED_OUT)
+                actions += self._fail(expired, p.FORWARD_TIMED_OUT)
             self.due = min((f[2] for f in self.forwards.values()), default=_NEVER)
         return actions
 

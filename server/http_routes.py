@@ -15,9 +15,6 @@ import orjson
 from queue_server.protocol import vocabulary as p
 AUTH_MISSING = p.AUTH_REFUSED + "required: send the header Authorization: Bearer <token>"
 BEARER = "bearer "
-# Reasons (prefixes) of code -1 replies that say "not now, try again" rather than "bad input".
-UNAVAILABLE = (p.NO_LEADER, "not leader", "leader changed", "forwarded request timed out",
-               "storage unavailable", "queue full")
 TOO_LARGE = "request exceeds max_request_size"
 LEADER_HEADER = "X-Queue-Leader"  # the leader's client address, host:port
 LEADER_NODE_HEADER = "X-Queue-Leader-Node"
@@ -121,10 +118,10 @@ def status_of(reply: Mapping[str, Any], ok: int = 200) -> int:
         return ok
     if code == p.CODE_REDIRECT:
         return 409
+    if p.try_again(reply):
+        return 503
     reason = reply.get("reason")
     reason = reason if isinstance(reason, str) else ""
-    if reason.startswith(UNAVAILABLE):
-        return 503
     if reason.startswith(TOO_LARGE):
         return 413
     if reason.startswith("authentication"):

@@ -249,7 +249,7 @@ class PartitionService:
             if handler is None:
                 raise BadRequest("action: not a queue action")
             if not self.accepting and action != p.LOCAL_PEEK:
-                raise BadRequest("not leader: this node is not leading; retry on the leader")
+                raise BadRequest(p.NOT_LEADING)
             reply = handler(req, origin, req_no, now)
             settled = action == p.CONSUME and _found_nothing(reply)
         except BadRequest as exc:
@@ -365,7 +365,7 @@ class PartitionService:
             raise BadRequest(limits.memory_full(self.max_memory_mb))
         queues = [self._queue(t) for t in targets]
         if any(q.free() < n for q in queues):
-            raise Refused("queue full")
+            raise Refused(p.QUEUE_FULL)
         ids: dict[str, tuple[int, int]] = {}
         items = [(d, ready, ttl, retry, priority) for d in batch] if batch is not None else None
         for q in queues:

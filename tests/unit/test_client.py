@@ -20,6 +20,7 @@ from queue_server.client import AsyncQueueClient, Message, NoServerAvailable, Qu
 from queue_server.client import protocol as p
 from queue_server.client import tls as client_tls
 from queue_server.client.cli import main
+from queue_server.protocol import vocabulary as pp
 
 DEADLINE = 5.0  # seconds any condition in these tests may take
 CLOSE = object()  # handler result: close the connection without replying
@@ -953,3 +954,24 @@ def test_retry_elsewhere_only_where_sending_again_is_safe() -> None:
     assert not p.retry_elsewhere(idem, {"code": -1, "reason": "queue full"})
     # refused unapplied by a node that stopped leading: safe for any request
     assert p.retry_elsewhere(p.consume_request("q"), {"code": -1, "reason": p.LEADERSHIP_CHANGED})
+
+
+@pytest.mark.parametrize("reason", sorted(p.NOT_APPLIED))
+def test_every_reply_that_applied_nothing_is_tried_on_the_next_host(reason: str) -> None:
+    assert p.retry_elsewhere(p.consume_request("q"), {"code": -1, "reason": reason})
+    assert not p.retry_elsewhere(p.consume_request("q"), {"code": 0, "reason": reason})
+
+
+@pytest.mark.parametrize("reason", sorted(p.UNKNOWN_OUTCOME))
+def test_a_reply_of_unknown_outcome_is_tried_again_only_for_an_idempotent_produce(reason: str) -> None:
+    idem = p.produce_request("q", "x", producer="p1", sequence=7)
+    assert p.retry_elsewhere(idem, {"code": -1, "reason": reason})
+    assert not p.retry_elsewhere(p.produce_request("q", "x"), {"code": -1, "reason": reason})
+    assert not p.retry_elsewhere(p.consume_request("q"), {"code": -1, "reason": reason})
+
+
+@pytest.mark.parametrize("reason", [pp.STORAGE_UNAVAILABLE, pp.QUEUE_FULL, "queue: missing", ["no leader"], None])
+def test_a_reply_that_is_no_fail_over_is_not_tried_again(reason: object) -> None:
+    idem = p.produce_request("q", "x", producer="p1", sequence=7)
+    assert not p.retry_elsewhere(p.consume_request("q"), {"code": -1, "reason": reason})
+    assert not p.retry_elsewhere(idem, {"code": -1, "reason": reason})

@@ -5,6 +5,7 @@ import pytest
 
 from queue_server.client.errors import NoServerAvailable, QueueError, QueueTimeout
 from queue_server.client.protocol import LEADERSHIP_CHANGED, PRODUCE as PRODUCE_ACTION
+from queue_server.protocol.vocabulary import LEADER_CHANGED
 from queue_server.client.failover import AGAIN, DONE, NEXT, Attempt, Drop, Failover, Lost, Reconnect, Route
 
 A, B, C = ("a", 1), ("b", 2), ("c", 3)
@@ -91,17 +92,17 @@ def test_nothing_applied_errors_go_to_the_next_host(reason):
 
 def test_leader_changed_resends_only_an_idempotent_produce():
     f = failover(req=PRODUCE)
-    assert f.replied(attempt(f), {"code": -1, "reason": "leader changed while waiting"}) is NEXT
+    assert f.replied(attempt(f), {"code": -1, "reason": LEADER_CHANGED}) is NEXT
     assert attempt(f).addr == B  # the same request again: (producer, sequence) stores it once
     plain = dict(PRODUCE)
     del plain["sequence"]
     f = failover(req=plain)
-    err = f.replied(attempt(f), {"code": -1, "reason": "leader changed while waiting"})
+    err = f.replied(attempt(f), {"code": -1, "reason": LEADER_CHANGED})
     assert isinstance(err, QueueError) and not isinstance(err, NoServerAvailable)
     f = failover()  # a consume: it may have been applied
-    assert isinstance(f.replied(attempt(f), {"code": -1, "reason": "leader changed"}), QueueError)
+    assert isinstance(f.replied(attempt(f), {"code": -1, "reason": LEADER_CHANGED}), QueueError)
     f = failover(req={**PRODUCE, "action": "produce"})  # the action by name
-    assert f.replied(attempt(f), {"code": -1, "reason": "leader changed"}) is NEXT
+    assert f.replied(attempt(f), {"code": -1, "reason": LEADER_CHANGED}) is NEXT
 
 
 def test_other_errors_and_a_single_host_are_the_reply_error():

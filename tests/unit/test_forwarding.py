@@ -11,8 +11,7 @@ from queue_server.protocol import ipc_frames, replies
 from queue_server.protocol import vocabulary as p
 from queue_server.protocol.origin import Origin
 from queue_server.replication.messages import Forward, ForwardReply
-from queue_server.server.forwarding import (FORWARD_GRACE, LEADER_CHANGED, TIMED_OUT, Deliver, Forwarding,
-                                            Undeliver, Work)
+from queue_server.server.forwarding import FORWARD_GRACE, Deliver, Forwarding, Undeliver, Work
 from queue_server.server.router import SCATTER_ACTIONS, Router
 
 T0 = 1_000_000.0
@@ -123,7 +122,7 @@ def test_a_forward_times_out_its_grace_after_its_own_wait():
     [(origin, req_no, reply)] = _rows(fw.tick(due, LEADER, VOTE))
     assert (origin, req_no) == (CLIENT, 5)
     assert reply == {"action": p.CONSUME, "queue": "q", "wait": 5, "seq": 10, "code": p.CODE_ERROR,
-                     "reason": TIMED_OUT, "node_id": ME}
+                     "reason": p.FORWARD_TIMED_OUT, "node_id": ME}
     assert fw.forwards == {} and fw.wake_at() == float("inf")
     assert fw.tick(due + 1, LEADER, VOTE) == []  # failed once
 
@@ -160,7 +159,7 @@ def test_after_a_change_of_leader_unanswered_forwards_fail_an_election_timeout_l
     fw.on_replies(_reply(answered, {"code": 0}), changed + 0.1, VOTE)  # the old leader answers one
     assert fw.tick(changed + ELECTION - 0.001, 3, VOTE + 1) == []
     [(origin, req_no, reply)] = _rows(fw.tick(changed + ELECTION, 3, VOTE + 1))
-    assert (origin, req_no, reply["code"], reply["reason"]) == (Origin(8), 6, p.CODE_ERROR, LEADER_CHANGED)
+    assert (origin, req_no, reply["code"], reply["reason"]) == (Origin(8), 6, p.CODE_ERROR, p.LEADER_CHANGED)
     assert fw.forwards == {} and fw.orphaned == set()
 
 
@@ -171,7 +170,7 @@ def test_a_change_of_leader_never_extends_a_forwards_time():
     fw.orphan(near_end)
     assert fw.wake_at() == T0 + FORWARD_GRACE
     [(_, _, reply)] = _rows(fw.tick(T0 + FORWARD_GRACE, None, VOTE))
-    assert reply["reason"] == LEADER_CHANGED
+    assert reply["reason"] == p.LEADER_CHANGED
 
 
 def test_orphan_without_forwards_changes_nothing():
@@ -194,7 +193,7 @@ def test_a_forward_the_old_leader_refused_goes_to_the_new_leader_with_its_full_t
     # neither the old deadline nor the orphan's: a full grace from the refusal
     assert fw.tick(T0 + FORWARD_GRACE + 1, 3, VOTE + 1) == []
     [(_, _, reply)] = _rows(fw.tick(refused_at + FORWARD_GRACE, 3, VOTE + 1))
-    assert reply["reason"] == TIMED_OUT
+    assert reply["reason"] == p.FORWARD_TIMED_OUT
 
 
 def test_a_refused_forward_waits_for_a_leader_and_is_served_here_when_this_node_leads():
@@ -221,7 +220,7 @@ def test_a_forward_that_never_reached_the_old_leader_keeps_its_time_after_a_chan
     assert fw.tick(elected, 3, VOTE + 1) == [Send(3, Forward(VOTE + 1, ME, send.msg.requests))]
     assert fw.tick(elected + ELECTION, 3, VOTE + 1) == []  # the new leader holds it (its wait is 5)
     [(_, _, reply)] = _rows(fw.tick(T0 + FORWARD_GRACE + CONSUME["wait"], 3, VOTE + 1))
-    assert reply["reason"] == TIMED_OUT
+    assert reply["reason"] == p.FORWARD_TIMED_OUT
 
 
 # ----------------------------------------------------------------- forwards that could not be sent

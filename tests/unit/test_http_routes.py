@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from queue_server.protocol import vocabulary as p
 from queue_server.server.http_openapi import openapi
 from queue_server.server.http_routes import (AUTH_MISSING, LEADER_HEADER, LEADER_HTTP_HEADER, ROUTES, bearer,
                                              build, cluster_view, leader_headers, leader_http, scalar, status_of)
@@ -56,6 +57,15 @@ def test_a_route_without_body_refuses_one():
 ])
 def test_status_of_a_reply(reply, status):
     assert status_of(reply, ok=201) == status
+
+
+@pytest.mark.parametrize("reason", [p.NO_LEADER, p.LEADERSHIP_CHANGED, p.NOT_LEADING, p.NOT_LEADER_RETRY,
+                                    p.MODE_CHANGED, p.LEADERSHIP_LOST, p.LEADER_CHANGED, p.FORWARD_TIMED_OUT,
+                                    p.STORAGE_UNAVAILABLE, p.QUEUE_FULL])
+def test_every_not_now_reason_is_503(reason):
+    assert status_of({"code": -1, "reason": reason}) == 503
+    assert p.try_again({"code": -1, "reason": reason})
+    assert not p.try_again({"code": 0, "reason": reason})
 
 
 def test_a_redirect_names_the_leader_in_headers():
