@@ -34,6 +34,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from queue_server.protocol import vocabulary as p
+from queue_server.protocol.limits import LIMITS
 from queue_server.protocol.roles import METRIC_ROLES
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
@@ -146,8 +147,7 @@ def count_one(counts: dict, reply: Any) -> None:
 
 def _limit_counter(m: "_Metrics") -> Counter:
     return m._counter("limit_refusals", "Requests and connections refused or cut by a resource limit "
-                      "(max_connections, idle_timeout, max_queues, max_memory_mb, max_pending_requests, "
-                      "udp_amplification_limit), by limit.", ("limit",))
+                      f"({', '.join(LIMITS)}), by limit.", ("limit",))
 
 
 def _fold_labelled(counts: dict[str, int], counter: Counter) -> None:

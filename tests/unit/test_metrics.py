@@ -1,10 +1,17 @@
 """server/metrics.py without processes: local counts folded into a private registry."""
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
+from queue_server import server, workers
+from queue_server.protocol import limits
 from queue_server.server import metrics as m
+
+
 def test_local_histogram_drains_like_direct_observations():
     values = [0.00005, 0.0001, 0.0003, 0.002, 0.002, 0.7, 9.0]
     registry = CollectorRegistry()
@@ -134,3 +141,30 @@ def test_with_metrics_off_local_counts_do_not_pile_up(monkeypatch):
     assert len(wm.counts) == 1000
     wm.fold(lambda: pytest.fail("queue totals are not computed with metrics off"))
     assert wm.counts == {}
+
+
+def _limit_counted(call: ast.Call) -> str | None:
+    """The limit a call of count_limit(counts, limit) or _refused(limit) counts, if it is one."""
+    func = call.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    if name not in ("count_limit", "_refused"):
+        return None
+    arg = call.args[-1]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name) and arg.value.id == "limits":
+        return getattr(limits, arg.attr)
+    return f"<{ast.unparse(arg)}: not a name of protocol/limits.py>"
+
+
+def test_every_limit_counted_is_one_of_the_limits():
+    counted: dict[str, list[str]] = {}
+    for package in (server, workers):
+        for path in Path(package.__file__).parent.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                limit = _limit_counted(node) if isinstance(node, ast.Call) else None
+                if limit is not None:
+                    counted.setdefault(limit, []).append(f"{path.name}:{node.lineno}")
+    unknown = {limit: where for limit, where in counted.items() if limit not in limits.LIMITS}
+    assert not unknown, f"limits counted but missing from protocol/limits.py LIMITS: {unknown}"
+    assert set(counted) == set(limits.LIMITS), "a name in LIMITS that nothing counts"
