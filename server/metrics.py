@@ -21,8 +21,8 @@ Who owns what:
   latency sampled by following one request at a time through the node.
 * :class:`WorkerMetrics` -- server/worker.py: replies per action and code, the time a worker
   spends on one request batch and the batch sizes, and queue sizes (ready, delayed, in flight).
-* :class:`CoordinatorMetrics` -- server/coordinator.py (wired by the cluster work): trans_id,
-  role and term, elections, replication lag per follower, change-log fsync time.
+* :class:`CoordinatorMetrics` -- server/coordinator.py: trans_id, role and term, elections,
+  replication lag per follower, change-log fsync time, peer messages and connections refused.
 * :func:`registry_for` -- server/main.py: the node's identity and each child's CPU time and
   memory, served with the health endpoints by server/metrics_http.py.
 """
@@ -380,25 +380,13 @@ class WorkerMetrics(_Metrics):
 
 
 class CoordinatorMetrics(_Metrics):
-    """The coordinator's metrics. Ready to call; wiring them is part of the cluster work.
+    """The coordinator's metrics (server/coordinator.py, one per coordinator process): the
+    change log's last and committed trans_id, this node's role and term, the elections it
+    started, each follower's replication lag while it leads, change-log fsync times, and the
+    peer messages and connections it refused, by reason.
 
-    Belongs in server/coordinator.py, one instance per coordinator process
-    (``self.metrics = CoordinatorMetrics()``), and:
-
-    * after each appended batch: ``set_trans_id(changes.last_trans_id, changes.commit_id)``;
-    * on every role change (and once at start: a single node is ``"leader"``):
-      ``set_role(role, vote_id)`` with role one of ``ROLES``;
-    * when this node starts an election (becomes candidate): ``election_started()``;
-    * on the leader, whenever a follower's acknowledged trans_id moves (or on each heartbeat):
-      ``set_follower_lag(node_id, last_trans_id - follower_match)``; ``forget_follower(node_id)``
-      when this node stops leading;
-    * around each fsync of the change log (replication/wal.py's group commit):
-      ``observe_fsync(seconds)``;
-    * for every reply the coordinator makes itself (a forwarded request that failed, "leader
-      changed", ...): ``replied(reply)``, so that requests_total counts it;
-    * in the process loop's ``after`` callback: ``maybe_fold()`` (cheap when nothing is due).
-
-    Setters only store numbers; :meth:`fold` publishes them about once a second.
+    The setters only store numbers (the coordinator hands them over in its `observe`); :meth:`fold`
+    publishes them about once a second.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
