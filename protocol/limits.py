@@ -1,8 +1,19 @@
-"""The acceptor's connection limits (config max_connections, idle_timeout, max_pending_requests):
-the reasons a client reads and which connections are idle. Pure: the time comes in as an argument."""
+"""The node's resource limits: their names (config keys, and the `limit` label of
+queue_server_limit_refusals_total), the reasons a client reads when one refuses it, which
+connections are idle, and the workers' shares of max_queues and max_memory_mb. Pure: the time
+comes in as an argument."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+# Every limit a refusal can be counted under: count_limit takes one of these.
+MAX_CONNECTIONS = "max_connections"
+MAX_PENDING_REQUESTS = "max_pending_requests"
+IDLE_TIMEOUT = "idle_timeout"
+UDP_AMPLIFICATION_LIMIT = "udp_amplification_limit"
+MAX_QUEUES = "max_queues"
+MAX_MEMORY_MB = "max_memory_mb"
+LIMITS = (MAX_CONNECTIONS, MAX_PENDING_REQUESTS, IDLE_TIMEOUT, UDP_AMPLIFICATION_LIMIT, MAX_QUEUES, MAX_MEMORY_MB)
 
 
 def too_many_connections(limit: int) -> str:

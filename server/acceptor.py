@@ -72,7 +72,7 @@ class Connection(ReplyOrder, asyncio.Protocol):
         self.acceptor.tcp_connections += 1
         limit = self.acceptor.config.max_connections
         if limits.over_connection_limit(self.acceptor.open_connections(), limit):
-            count_limit(self.acceptor.metrics.limits, "max_connections")
+            count_limit(self.acceptor.metrics.limits, limits.MAX_CONNECTIONS)
             transport.write(_DUMPS(p.error_reply(None, limits.too_many_connections(limit),
                                                  self.acceptor.config.node_id), option=_NEWLINE))
             self.close_after = -1
@@ -88,7 +88,7 @@ class Connection(ReplyOrder, asyncio.Protocol):
             self._pause()
         elif self.next_no - self.next_out >= self.high_water:
             # Back-pressure: the client waits for replies before the node reads more of it.
-            count_limit(self.acceptor.metrics.limits, "max_pending_requests")
+            count_limit(self.acceptor.metrics.limits, limits.MAX_PENDING_REQUESTS)
             self._pause()
 
     def eof_received(self) -> bool:
@@ -355,7 +355,7 @@ class Acceptor(Dispatch):
                 self._give_back(reply)
                 data = _DUMPS(p.error_reply(replies.naming(reply), UDP_TOO_LARGE, self.config.node_id), option=_NEWLINE)
             if limit < self.config.udp_max_response and (len(data) > limit or _TOO_LARGE in bytes(data)):
-                count_limit(self.metrics.limits, "udp_amplification_limit")
+                count_limit(self.metrics.limits, limits.UDP_AMPLIFICATION_LIMIT)
                 if len(data) > limit:
                     return  # even the refusal is larger than the guard allows: no reply
             self.udp_transport.sendto(data, addr)
@@ -426,7 +426,7 @@ class Acceptor(Dispatch):
                                     for c in self.conns.values() if type(c) is Connection and c.close_after is None),
                                    now, timeout):
             conn = self.conns[conn_id]
-            count_limit(self.metrics.limits, "idle_timeout")
+            count_limit(self.metrics.limits, limits.IDLE_TIMEOUT)
             conn.finish()
         self.loop.call_later(min(timeout / 4, 5.0), self.close_idle)
 

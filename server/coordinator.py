@@ -23,7 +23,7 @@ from queue_server.server.child import HANDOFF_DONE, die_with_parent, start
 from queue_server.protocol.roles import SERVING, Role
 from queue_server.server.cluster import ClusterNode
 from queue_server.server.metrics import CoordinatorMetrics
-from queue_server.server.peer_check import peer_rejection
+from queue_server.server.peer_check import BAD_KEY, peer_rejection
 from queue_server.server.ready import Ready
 from queue_server.server.reachability import Reachability
 
@@ -334,7 +334,7 @@ class Coordinator:
             for peer in node.election.peers:
                 m.set_follower_lag(peer, log.last_trans_id - node.leader.match_of(peer))
         if self.zap is not None and self.zap.refused != self.zap_refused:
-            m.peer_rejected("bad_key", self.zap.refused - self.zap_refused)
+            m.peer_rejected(BAD_KEY, self.zap.refused - self.zap_refused)
             self.zap_refused = self.zap.refused
         if self.storage is not None and self.storage.last_fsync is not None:
             m.observe_fsync(self.storage.last_fsync)

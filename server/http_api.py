@@ -172,7 +172,7 @@ class HttpApi:
             acceptor.http_connections += 1
             limit = acceptor.config.max_connections
             if limits.over_connection_limit(acceptor.open_connections(), limit):
-                count_limit(acceptor.metrics.limits, "max_connections")
+                count_limit(acceptor.metrics.limits, limits.MAX_CONNECTIONS)
                 over_limit.add(handler)
                 acceptor.loop.call_later(OVER_LIMIT_GRACE, handler.force_close)
 

@@ -9,6 +9,11 @@ The hot paths never touch prometheus_client. Each process counts in plain Python
 second; with metrics off the folds only empty the local counts, and the counting costs a dict
 update per reply in the workers and an integer compare per reply in the acceptor.
 
+A labelled series appears once it is first counted, so the series of the label values known in
+advance (transports, auth outcomes, limits, each action's codes 0 and -1; peer rejections) are
+published at 0 when the acceptor (the coordinator) starts, once per node: a rate() then reads
+0, not "no data", before the first count.
+
 Who owns what:
 
 * :class:`AcceptorMetrics` -- server/acceptor.py: requests received per transport, TCP
@@ -16,13 +21,14 @@ Who owns what:
   latency sampled by following one request at a time through the node.
 * :class:`WorkerMetrics` -- server/worker.py: replies per action and code, the time a worker
   spends on one request batch and the batch sizes, and queue sizes (ready, delayed, in flight).
-* :class:`CoordinatorMetrics` -- server/coordinator.py (wired by the cluster work): trans_id,
-  role and term, elections, replication lag per follower, change-log fsync time.
+* :class:`CoordinatorMetrics` -- server/coordinator.py: trans_id, role and term, elections,
+  replication lag per follower, change-log fsync time, peer messages and connections refused.
 * :func:`registry_for` -- server/main.py: the node's identity and each child's CPU time and
   memory, served with the health endpoints by server/metrics_http.py.
 """
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from bisect import bisect_left
@@ -34,7 +40,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.multiprocess import MultiProcessCollector
 
 from queue_server.protocol import vocabulary as p
+from queue_server.protocol.limits import LIMITS
 from queue_server.protocol.roles import METRIC_ROLES
+from queue_server.server.peer_check import REJECTIONS
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 FOLD_INTERVAL = 1.0  # seconds between folds of local counts into the shared metrics
@@ -51,6 +59,9 @@ BATCH_SECONDS_BUCKETS = (
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 FSYNC_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0)
 ROLES = tuple(r.value for r in METRIC_ROLES)
+TRANSPORTS = ("tcp", "udp")  # received_requests; an HTTP API request counts as tcp
+AUTH_OUTCOMES = ("failed", "throttled")
+CODES_AT_ZERO = (str(p.CODE_OK), str(p.CODE_ERROR))  # requests' codes published at 0 for every action
 
 _ACTION_BY_NUMBER = {number: name for name, number in p.ACTION_NAMES.items()}
 
@@ -146,8 +157,7 @@ def count_one(counts: dict, reply: Any) -> None:
 
 def _limit_counter(m: "_Metrics") -> Counter:
     return m._counter("limit_refusals", "Requests and connections refused or cut by a resource limit "
-                      "(max_connections, idle_timeout, max_queues, max_memory_mb, max_pending_requests, "
-                      "udp_amplification_limit), by limit.", ("limit",))
+                      f"({', '.join(LIMITS)}), by limit.", ("limit",))
 
 
 def _fold_labelled(counts: dict[str, int], counter: Counter) -> None:
@@ -185,6 +195,13 @@ class _Metrics:
 
     def _histogram(self, name: str, doc: str, buckets: Sequence[float], labels: Sequence[str] = ()) -> Histogram:
         return Histogram(PREFIX + name, doc, labels, registry=self.registry, buckets=buckets)
+
+    def _at_zero(self, counter: Counter, *label_values: Iterable[str]) -> None:
+        """Publish `counter` at 0 for every combination of `label_values` (one iterable per
+        label, in the counter's label order), if metrics are on."""
+        if self.active:
+            for labels in itertools.product(*label_values):
+                counter.labels(*labels)
 
     def due(self, now: float) -> bool:
         """Whether a fold is due at monotonic time `now` (and schedule the next one)."""
@@ -227,6 +244,11 @@ class AcceptorMetrics(_Metrics):
         self._sent = {"tcp": 0, "udp": 0, "opened": 0, "failed": 0, "throttled": 0}
         self.limits: dict[str, int] = {}
         self.limit_counter = _limit_counter(self)
+        # One acceptor per node: its series at 0 stand for the node's (the scrape sums processes).
+        self._at_zero(self.requests, p.ACTION_NAMES, CODES_AT_ZERO)
+        self._at_zero(self.received, TRANSPORTS)
+        self._at_zero(self.auth_failures, AUTH_OUTCOMES)
+        self._at_zero(self.limit_counter, LIMITS)
         self.probe_conn = -1
         self.probe_no = -1
         self.probe_action = ""
@@ -358,25 +380,13 @@ class WorkerMetrics(_Metrics):
 
 
 class CoordinatorMetrics(_Metrics):
-    """The coordinator's metrics. Ready to call; wiring them is part of the cluster work.
+    """The coordinator's metrics (server/coordinator.py, one per coordinator process): the
+    change log's last and committed trans_id, this node's role and term, the elections it
+    started, each follower's replication lag while it leads, change-log fsync times, and the
+    peer messages and connections it refused, by reason.
 
-    Belongs in server/coordinator.py, one instance per coordinator process
-    (``self.metrics = CoordinatorMetrics()``), and:
-
-    * after each appended batch: ``set_trans_id(changes.last_trans_id, changes.commit_id)``;
-    * on every role change (and once at start: a single node is ``"leader"``):
-      ``set_role(role, vote_id)`` with role one of ``ROLES``;
-    * when this node starts an election (becomes candidate): ``election_started()``;
-    * on the leader, whenever a follower's acknowledged trans_id moves (or on each heartbeat):
-      ``set_follower_lag(node_id, last_trans_id - follower_match)``; ``forget_follower(node_id)``
-      when this node stops leading;
-    * around each fsync of the change log (replication/wal.py's group commit):
-      ``observe_fsync(seconds)``;
-    * for every reply the coordinator makes itself (a forwarded request that failed, "leader
-      changed", ...): ``replied(reply)``, so that requests_total counts it;
-    * in the process loop's ``after`` callback: ``maybe_fold()`` (cheap when nothing is due).
-
-    Setters only store numbers; :meth:`fold` publishes them about once a second.
+    The setters only store numbers (the coordinator hands them over in its `observe`); :meth:`fold`
+    publishes them about once a second.
     """
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
@@ -403,6 +413,7 @@ class CoordinatorMetrics(_Metrics):
         self.peer_rejected_counter = self._counter(
             "peer_rejected", "Peer messages dropped (unknown src, src not the authenticated node, other cluster) "
             "and peer connections refused (bad_key: not a cluster key), by reason.", ("reason",))
+        self._at_zero(self.peer_rejected_counter, REJECTIONS)
 
     def set_trans_id(self, last: int, committed: int | None = None) -> None:
         """The log's last trans_id (and the last committed one, if known)."""

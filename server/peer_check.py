@@ -1,6 +1,7 @@
 """Whether a peer message may be acted on: its `src` is another configured node, the node that
 authenticated the connection (CURVE, server/peer_keys.py) is that node, and it comes from this
-cluster (node_type). Pure: the caller drops what this refuses and counts it by reason."""
+cluster (node_type); and the names of every reason a peer is refused for. Pure: the caller drops
+what this refuses and counts it by reason."""
 from __future__ import annotations
 
 from collections.abc import Collection
@@ -9,6 +10,8 @@ UNKNOWN_SRC = "unknown_src"
 NOT_SENDER = "src_not_sender"
 OTHER_CLUSTER = "other_cluster"
 REASONS = (UNKNOWN_SRC, NOT_SENDER, OTHER_CLUSTER)
+BAD_KEY = "bad_key"  # a peer connection refused by CURVE: not a cluster key (server/peer_keys.py)
+REJECTIONS = (*REASONS, BAD_KEY)  # every reason counted in queue_server_peer_rejected_total
 
 
 def peer_rejection(src: int, sender: int | None, cluster_id: int, *, peers: Collection[int],

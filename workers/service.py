@@ -290,7 +290,7 @@ class PartitionService:
         max_queues; existing queues always pass."""
         new = sum(1 for name in names if name not in self.queues)
         if limits.over_queue_share(len(self.queues), new, self.queue_share):
-            self._refused("max_queues")
+            self._refused(limits.MAX_QUEUES)
             raise Refused(limits.too_many_queues(self.max_queues))
 
     def _refused(self, limit: str) -> None:
@@ -361,7 +361,7 @@ class PartitionService:
                 return self._produce_reply(req, members, targets, batch, seen, duplicate=True)
         self.admit_queues(targets)
         if self.memory_full:
-            self._refused("max_memory_mb")
+            self._refused(limits.MAX_MEMORY_MB)
             raise BadRequest(limits.memory_full(self.max_memory_mb))
         queues = [self._queue(t) for t in targets]
         if any(q.free() < n for q in queues):

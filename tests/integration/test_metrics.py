@@ -12,6 +12,8 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from queue_server.protocol import limits
+from queue_server.protocol import vocabulary as p
 from tests.harness import Cluster, NodeProcess, RawTcp, free_port, udp_call, wait_for
 
 Samples = dict[tuple[str, frozenset], float]
@@ -123,6 +125,21 @@ def test_queue_sizes(metered):
         return got == want and value(s, "queue_server_queues") == totals["queue_count"]
 
     wait_for(settled, 10, f"queue gauges to read {want}")
+
+
+def test_series_of_known_label_values_are_there_before_any_count(metered):
+    s = scrape(metered.config["metrics_port"])
+    for limit in limits.LIMITS:
+        assert s[("queue_server_limit_refusals_total", frozenset({("limit", limit)}))] == 0
+    for outcome in ("failed", "throttled"):
+        assert s[("queue_server_auth_failures_total", frozenset({("outcome", outcome)}))] == 0
+    for reason in ("unknown_src", "src_not_sender", "other_cluster", "bad_key"):
+        assert s[("queue_server_peer_rejected_total", frozenset({("reason", reason)}))] == 0
+    for transport in ("tcp", "udp"):
+        assert ("queue_server_received_requests_total", frozenset({("transport", transport)})) in s
+    for action in p.ACTION_NAMES:
+        for code in ("0", "-1"):
+            assert ("queue_server_requests_total", frozenset({("action", action), ("code", code)})) in s
 
 
 def test_prometheus_text_format_is_well_formed(metered):

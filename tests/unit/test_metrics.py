@@ -1,10 +1,18 @@
 """server/metrics.py without processes: local counts folded into a private registry."""
 from __future__ import annotations
 
+import ast
+from pathlib import Path
+
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
+from queue_server import server, workers
+from queue_server.protocol import limits
+from queue_server.protocol import vocabulary as p
 from queue_server.server import metrics as m
+
+
 def test_local_histogram_drains_like_direct_observations():
     values = [0.00005, 0.0001, 0.0003, 0.002, 0.002, 0.7, 9.0]
     registry = CollectorRegistry()
@@ -134,3 +142,64 @@ def test_with_metrics_off_local_counts_do_not_pile_up(monkeypatch):
     assert len(wm.counts) == 1000
     wm.fold(lambda: pytest.fail("queue totals are not computed with metrics off"))
     assert wm.counts == {}
+
+
+def samples(registry: CollectorRegistry, name: str) -> dict[tuple[str, ...], float]:
+    """The values of `name`'s samples in `registry`, by their label values."""
+    return {tuple(s.labels.values()): s.value
+            for family in registry.collect() for s in family.samples if s.name == name}
+
+
+def test_series_of_known_label_values_start_at_zero():
+    registry, coordinator = CollectorRegistry(), CollectorRegistry()
+    m.AcceptorMetrics(registry)
+    m.CoordinatorMetrics(coordinator)
+    assert samples(registry, "queue_server_requests_total") == {(action, code): 0 for action in p.ACTION_NAMES for code in ("0", "-1")}
+    assert samples(registry, "queue_server_received_requests_total") == {("tcp",): 0, ("udp",): 0}
+    assert samples(registry, "queue_server_auth_failures_total") == {("failed",): 0, ("throttled",): 0}
+    assert samples(registry, "queue_server_limit_refusals_total") == {(limit,): 0 for limit in limits.LIMITS}
+    assert samples(coordinator, "queue_server_peer_rejected_total") == {
+        (reason,): 0 for reason in ("unknown_src", "src_not_sender", "other_cluster", "bad_key")}
+
+
+def test_only_the_acceptor_starts_the_node_wide_series():
+    registry = CollectorRegistry()
+    m.WorkerMetrics(registry)
+    assert samples(registry, "queue_server_requests_total") == {}
+    assert samples(registry, "queue_server_limit_refusals_total") == {}
+
+
+def test_folds_count_no_label_value_beyond_those_at_zero():
+    registry = CollectorRegistry()
+    am = m.AcceptorMetrics(registry)
+    am.fold(open_connections=1, tcp_requests=5, udp_requests=2, connections_opened=1, auth_failed=3, auth_throttled=1)
+    assert samples(registry, "queue_server_received_requests_total") == {("tcp",): 5, ("udp",): 2}
+    assert samples(registry, "queue_server_auth_failures_total") == {("failed",): 3, ("throttled",): 1}
+
+
+def _limit_counted(call: ast.Call) -> str | None:
+    """The limit a call of count_limit(counts, limit) or _refused(limit) counts, if it is one."""
+    func = call.func
+    name = func.id if isinstance(func, ast.Name) else func.attr if isinstance(func, ast.Attribute) else None
+    if name not in ("count_limit", "_refused"):
+        return None
+    arg = call.args[-1]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.Attribute) and isinstance(arg.value, ast.Name) and arg.value.id == "limits":
+        return getattr(limits, arg.attr)
+    return f"<{ast.unparse(arg)}: not a name of protocol/limits.py>"
+
+
+def test_every_limit_counted_is_one_of_the_limits():
+    counted: dict[str, list[str]] = {}
+    for package in (server, workers):
+        for path in Path(package.__file__).parent.rglob("*.py"):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                limit = _limit_counted(node) if isinstance(node, ast.Call) else None
+                if limit is not None:
+                    counted.setdefault(limit, []).append(f"{path.name}:{node.lineno}")
+    unknown = {limit: where for limit, where in counted.items() if limit not in limits.LIMITS}
+    assert not unknown, f"limits counted but missing from protocol/limits.py LIMITS: {unknown}"
+    assert set(counted) == set(limits.LIMITS), "a name in LIMITS that nothing counts"
+
