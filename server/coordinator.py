@@ -108,6 +108,7 @@ class Coordinator:
         poller = zmq.Poller()
         poller.register(self.inbox, zmq.POLLIN)
         inbox_poller = ipc.poller_of(self.inbox)
+        router_poller = ipc.poller_of(self.router) if self.router is not None else None
         # SIGUSR1 (the supervisor got SIGTERM: hand over) and SIGTERM (stop) only set flags; they
         # wake the poll through this pipe.
         wake_r, wake_w = os.pipe()
@@ -143,11 +144,10 @@ class Coordinator:
             # message, and timers run between messages, so that a long backlog never makes a
             # leader's messages look late or hides a heartbeat that is due.
             if self.router is not None and self.router in events:
-                for _ in range(ipc.MAX_DRAIN):
-                    try:
-                        _, frame = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
-                    except (zmq.Again, ValueError):
-                        break
+                for frames in ipc.drain(self.router, router_poller, copy=False):
+                    if len(frames) != 2:  # the ROUTER's identity of the peer, then its one frame
+                        continue
+                    frame = frames[1]
                     try:
                         env = wire.decode(frame.bytes)
                     except ValueError as exc:

@@ -84,13 +84,15 @@ def poller_of(sock: zmq.Socket) -> zmq.Poller:
     return poller
 
 
-def drain(sock: zmq.Socket, poller: zmq.Poller, limit: int = MAX_DRAIN) -> Iterator[list[bytes]]:
+def drain(sock: zmq.Socket, poller: zmq.Poller, limit: int = MAX_DRAIN, *,
+          copy: bool = True) -> Iterator[list[Any]]:
     """The messages waiting on `sock`, at most `limit`, for a caller told that one is there (if
     none is, a zmq.Again ends it). `poller` polls `sock` alone (poller_of): asking it whether
-    another message waits costs less than a receive that raises zmq.Again."""
+    another message waits costs less than a receive that raises zmq.Again. Each message is a
+    list of bytes, or with copy=False of zmq.Frame (which carry the sender's ZAP User-Id)."""
     recv = sock.recv_multipart
     try:
-        frames = recv(zmq.NOBLOCK)
+        frames = recv(zmq.NOBLOCK, copy=copy)
     except zmq.Again:
         return
     yield frames
@@ -98,7 +100,7 @@ def drain(sock: zmq.Socket, poller: zmq.Poller, limit: int = MAX_DRAIN) -> Itera
     for _ in range(limit - 1):
         if not poll(0):
             return
-        yield recv(zmq.NOBLOCK)
+        yield recv(zmq.NOBLOCK, copy=copy)
 
 
 def serve(sock: zmq.Socket, dispatch: Callable[[list[bytes]], None], idle: Callable[[], float | None], after: Callable[[], None]) -> None:

@@ -50,3 +50,20 @@ def test_stops_at_the_limit_and_leaves_the_rest(pair):
 def test_nothing_waiting_gives_nothing(pair):
     _, pull = pair
     assert list(ipc.drain(pull, ipc.poller_of(pull))) == []
+
+
+def test_frames_without_a_copy():
+    """As the coordinator drains its peers' ROUTER: zmq.Frame, which carry the ZAP User-Id."""
+    ctx = zmq.Context()
+    try:
+        pull = ctx.socket(zmq.PULL)
+        pull.bind("inproc://frames")
+        push = ctx.socket(zmq.PUSH)
+        push.connect("inproc://frames")
+        send(push, 2)
+        poller = ready(pull)
+        drained = list(ipc.drain(pull, poller, copy=False))
+        assert all(isinstance(f, zmq.Frame) for frames in drained for f in frames)
+        assert [frames[1].bytes for frames in drained] == [b"0", b"1"]
+    finally:
+        ctx.destroy(linger=0)
