@@ -32,7 +32,7 @@ sys.path.insert(0, REPO)
 
 from queue_server.config.loader import strip_comments  # noqa: E402
 from load.bench import request  # noqa: E402
-from load.procs import kill_tree, stop_tree  # noqa: E402
+from load.procs import kill_tree, stop_tree, wait_until  # noqa: E402
 from tests.harness import free_port  # noqa: E402
 
 
@@ -65,17 +65,6 @@ def agreed_leader(addresses: list[str], need: int | None = None) -> int | None:
     if answered < (len(addresses) if need is None else need) or len(leaders) != 1:
         return None
     return leaders.pop()
-
-
-def wait_until(condition, timeout: float, step: float = 0.05):
-    """Poll `condition` until it returns something other than None/False; None on timeout."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        result = condition()
-        if result not in (None, False):
-            return result
-        time.sleep(step)
-    return None
 
 
 class LocalNode:
@@ -196,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
             addresses = [n.address for n in nodes]
         print(f"nodes: {', '.join(addresses)} (work dir {workdir})", flush=True)
         started = time.monotonic()
-        leader = wait_until(lambda: agreed_leader(addresses), 30, 0.1)
+        leader = wait_until(lambda: agreed_leader(addresses), 30)
         if leader is None:
             raise ScenarioError("the nodes did not agree on a leader within 30 s: is the cluster working?")
         print(f"leader: node {leader} (agreed after {time.monotonic() - started:.1f} s)", flush=True)
@@ -236,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"ran --kill-cmd at +{events['kill'] - events['start']:.1f} s", flush=True)
         new_leader = wait_until(
             lambda: (l := agreed_leader(addresses, majority)) is not None and (l != victim_id or victim_id != current) and l,
-            args.down_for, 0.02)
+            args.down_for, longest=0.02)
         if new_leader:
             events["new_leader"] = time.time()
             print(f"leader agreed by a majority: node {new_leader}, {events['new_leader'] - events['kill']:.2f} s after the kill", flush=True)
@@ -250,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             victim.start()
         else:
             subprocess.run(args.restart_cmd, shell=True, check=True)
-        back = wait_until(lambda: agreed_leader(addresses), 30, 0.05)
+        back = wait_until(lambda: agreed_leader(addresses), 30, longest=0.05)
         events["rejoined"] = time.time()
         print(f"restarted node {victim_id or '(--restart-cmd)'} at +{events['restart'] - events['start']:.1f} s; "
               + (f"all three agree on leader node {back} after {events['rejoined'] - events['restart']:.2f} s" if back

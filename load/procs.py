@@ -125,11 +125,12 @@ def group_members(pgid: int) -> list[str]:
     return found
 
 
-def wait_until(condition: Callable[[], object], timeout: float) -> object:
+def wait_until(condition: Callable[[], object], timeout: float, longest: float = 0.1) -> object:
     """Poll `condition` until it returns something truthy, and return that; None once `timeout`
-    seconds pass without."""
+    seconds pass without. The pauses between polls grow from 5 ms to `longest` seconds (a caller
+    that times when the condition turned true gives a shorter one)."""
     deadline = time.monotonic() + timeout
-    delay = 0.005
+    delay = min(0.005, longest)
     while True:
         result = condition()
         if result:
@@ -137,7 +138,7 @@ def wait_until(condition: Callable[[], object], timeout: float) -> object:
         if time.monotonic() > deadline:
             return None
         time.sleep(delay)
-        delay = min(delay * 2, 0.1)
+        delay = min(delay * 2, longest)
 
 
 def _leads_group(pid: int) -> bool:

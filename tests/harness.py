@@ -8,6 +8,7 @@ import os
 import random
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from typing import Callable
 import orjson
 
 from load.procs import process_name, signal_each, stop_tree, wait_until
+from queue_server.client.tls import wrap as wrap_tls
 from queue_server.server.auth import read_token_file
 from queue_server.server.node_memory import children
 
@@ -87,9 +89,13 @@ class NodeProcess:
     """A `queue-server` node started as a subprocess with a config written to `workdir`."""
 
     def __init__(self, workdir: str, config: dict | None = None, name: str = "node", *,
-                 cwd: str | None = None, command: list[str] | None = None) -> None:
+                 cwd: str | None = None, command: list[str] | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         """cwd: where the node starts (the repository by default); command: how (by default
-        `python -m queue_server.server.main`; ["queue-server"] runs the installed script)."""
+        `python -m queue_server.server.main`; ["queue-server"] runs the installed script).
+        tls: what the harness's own connections use on a node with tls_cert_file (see
+        client_tls); a node with tls_ca_file needs one, with a client certificate."""
+        self.tls = tls
         self.cwd = cwd or REPO
         self.command = command or [sys.executable, "-m", "queue_server.server.main"]
         self.workdir = workdir
@@ -107,6 +113,26 @@ class NodeProcess:
     @property
     def hosts(self) -> str:
         return f"{self.config['host']}:{self.config['port']}"
+
+    def client_tls(self) -> ssl.SSLContext | None:
+        """The TLS of the harness's own connections to the client port, from the config: None on
+        a node without tls_cert_file; else `tls`, or without it a context that checks nothing (the
+        harness asks whether the node serves, not who it is)."""
+        if not self.config.get("tls_cert_file"):
+            return None
+        if self.tls is not None:
+            return self.tls
+        if self.config.get("tls_ca_file"):
+            raise RuntimeError(f"{self.name} requires a client certificate (tls_ca_file): "
+                               f"give NodeProcess a tls= context with one")
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+
+    def connect(self, timeout: float = 10.0) -> RawTcp:
+        """A connection to the client port, over TLS when the config asks for it (client_tls)."""
+        return RawTcp(*self.address, timeout=timeout, tls=self.client_tls())
 
     def start(self, wait: bool = True, serving: bool = False) -> "NodeProcess":
         """Start the node; with `wait`, return once it accepts TCP connections; with `serving`,
@@ -143,9 +169,10 @@ class NodeProcess:
         """Whether the node answers a node-wide monitor (action 4) with code 0. That request is
         forwarded to the leader and gathered from every worker of the node that answers it, so
         the node knows a leader, reaches it, and the leader's workers have their mode (a node
-        accepts connections before all three). With `auth_token_file`, authenticates first."""
+        accepts connections before all three). Over TLS with `tls_cert_file` (connect); with
+        `auth_token_file`, authenticates first."""
         try:
-            conn = RawTcp(*self.address, timeout=1.0)
+            conn = self.connect(timeout=1.0)
         except OSError:
             return False
         try:
@@ -258,8 +285,10 @@ def alive(pid: int) -> bool:
 class RawTcp:
     """A bare TCP connection speaking newline-delimited JSON (or raw bytes) to a node."""
 
-    def __init__(self, host: str, port: int, timeout: float = 10.0) -> None:
-        self.sock = socket.create_connection((host, port), timeout=timeout)
+    def __init__(self, host: str, port: int, timeout: float = 10.0, tls: ssl.SSLContext | None = None) -> None:
+        """tls: run the TLS handshake first (a node with tls_cert_file)."""
+        sock = socket.create_connection((host, port), timeout=timeout)
+        self.sock = wrap_tls(sock, tls, host) if tls is not None else sock
         self.buf = b""
 
     def send(self, data: bytes | dict) -> None:
@@ -415,7 +444,9 @@ class Cluster:
     """An n-node cluster of real nodes on loopback ports chosen at run time; with `proxied`,
     every link between two nodes goes through a LinkProxy the test can cut."""
 
-    def __init__(self, workdir: str, n: int = 3, proxied: bool = False, http: bool = False, **config) -> None:
+    def __init__(self, workdir: str, n: int = 3, proxied: bool = False, http: bool = False,
+                 tls: ssl.SSLContext | None = None, **config) -> None:
+        """config: keys every node's config gets; tls: NodeProcess's, for every node."""
         from queue_server.server.devcluster import cluster_configs
 
         self.workdir = workdir
@@ -432,7 +463,7 @@ class Cluster:
         config.setdefault("workers", 2)
         https = [free_port() for _ in range(n)] if http else None  # http_port of each node
         configs = cluster_configs(n, workdir, clients, internals, peer_ports, https, **config)
-        self.nodes = {c["node_id"]: NodeProcess(workdir, c, name=f"node{c['node_id']}") for c in configs}
+        self.nodes = {c["node_id"]: NodeProcess(workdir, c, name=f"node{c['node_id']}", tls=tls) for c in configs}
         self.token: str | None = None  # the client token ask() presents (nodes with auth_token_file)
 
     @property
@@ -450,7 +481,7 @@ class Cluster:
     def ask(self, node_id: int, request: dict) -> dict | None:
         """One request to one node, or None if it does not answer within a second."""
         try:
-            conn = RawTcp(*self.nodes[node_id].address, timeout=1.0)
+            conn = self.nodes[node_id].connect(timeout=1.0)
             try:
                 if self.token is not None and conn.call({"action": "auth", "token": self.token}).get("code") != 0:
                     return None

@@ -22,7 +22,7 @@ def certs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def tls_node(tmp_path_factory, certs):
     node = NodeProcess(str(tmp_path_factory.mktemp("tls-node")), {
-        "in_memory": True, "tls_cert_file": certs.server_cert, "tls_key_file": certs.server_key}).start()
+        "in_memory": True, "tls_cert_file": certs.server_cert, "tls_key_file": certs.server_key}).start(serving=True)
     yield node
     node.stop()
 
@@ -31,7 +31,7 @@ def tls_node(tmp_path_factory, certs):
 def mtls_node(tmp_path_factory, certs):
     node = NodeProcess(str(tmp_path_factory.mktemp("mtls-node")), {
         "in_memory": True, "tls_cert_file": certs.server_cert, "tls_key_file": certs.server_key,
-        "tls_ca_file": certs.ca}).start()
+        "tls_ca_file": certs.ca}, tls=trusting(certs, client_cert=True)).start(serving=True)
     yield node
     node.stop()
 

@@ -14,6 +14,7 @@ import pytest
 from queue_server.client import AsyncQueueClient, Message, QueueClient
 from queue_server.client import protocol as p
 from queue_server.client.cli import main
+from tests.unit.service_replies import take_replies
 from tests.unit.test_client import FakeTcpServer
 from queue_server.protocol.origin import Origin
 from queue_server.workers.service import PartitionService
@@ -31,9 +32,7 @@ class ServiceHandler:
         with self.lock:
             n = next(self.numbers)
             self.service.handle(req, Origin(1), n, time.time())
-            replies = [r for _, req_no, r in self.service.replies + self.service.direct if req_no == n]
-            self.service.replies.clear()
-            self.service.direct.clear()
+            replies = [r for _, req_no, r in take_replies(self.service) if req_no == n]
             self.service.records.clear()
             return replies[0]
 

@@ -19,6 +19,7 @@ from queue_server.protocol import vocabulary as p
 from queue_server.protocol.framing import FrameDecoder, FramingError
 from queue_server.protocol.origin import Origin
 from queue_server.workers.service import UDP_TOO_LARGE, PartitionService
+from tests.unit.service_replies import take_replies
 
 # -- strategies -------------------------------------------------------------------------------
 
@@ -398,8 +399,9 @@ def _drive(s: PartitionService, requests: list, udp: list[bool], steps: list[flo
         for _, n, reply in s.direct:
             assert not s.records, f"{req!r} wrote {s.records!r} but its reply skips the coordinator"
             assert reply["code"] == p.CODE_ERROR or not (reply.get("messages") or "msg_id" in reply)
-        mine = [r for _, n, r in s.replies + s.direct if n == no]
-        for _, n, reply in s.replies + s.direct:
+        taken = take_replies(s)
+        mine = [r for _, n, r in taken if n == no]
+        for _, n, reply in taken:
             assert n not in answered, f"request {n} answered twice"
             answered[n] = reply
             parked.discard(n)
@@ -420,8 +422,6 @@ def _drive(s: PartitionService, requests: list, udp: list[bool], steps: list[flo
             assert not over_udp and isinstance(req.get("wait"), (int, float)) and req["wait"] > 0
             assert any(w.req_no == no for ws in s.waiters.values() for w in ws)
             parked.add(no)
-        s.replies.clear()
-        s.direct.clear()
         s.records.clear()
     s.tick(now + MAX_WAIT + 1)
     assert not s.errors

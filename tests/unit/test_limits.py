@@ -4,6 +4,7 @@ from queue_server.protocol.limits import (
     idle, memory_full, over_connection_limit, over_memory, over_queue_share, queue_share, too_many_connections,
     too_many_queues,
 )
+from tests.unit.service_replies import take_replies
 
 
 def test_connection_limit():
@@ -51,9 +52,7 @@ def _service(**kw):
 def _call(s, req: dict) -> dict:
     from queue_server.protocol.origin import Origin
     s.handle(req, Origin(1), 1, 1_700_000_000.0)
-    reply = (s.replies + s.direct).pop()[2]
-    s.replies.clear()
-    s.direct.clear()
+    reply = take_replies(s)[-1][2]
     s.records.clear()
     return reply
 

@@ -10,6 +10,7 @@ from queue_server.protocol.origin import Origin
 from queue_server.protocol.records import decode_many, encode_many
 from queue_server.server.router import Router
 from queue_server.workers.service import PartitionService
+from tests.unit.service_replies import take_replies
 
 T0 = 1_700_000_000.0
 
@@ -33,9 +34,7 @@ class Svc:
 
     def drain(self) -> list:
         """Every reply, whichever way it leaves (through the coordinator or straight)."""
-        replies = self.s.replies + self.s.direct
-        self.s.replies.clear()
-        self.s.direct.clear()
+        replies = take_replies(self.s)
         for rec in decode_many(encode_many(self.s.records)):  # as the log carries them
             self.replica.apply(rec)
         self.s.records.clear()
