@@ -232,7 +232,14 @@ class Forwarding:
                             for fid, raw, _ in msg.requests)
             return [Send(msg.src, ForwardReply(vote_id, self.node_id, refused))]
         self.served = True
-        return [a for fid, raw, udp in msg.requests for a in self.route(Origin(fid, udp, msg.src), 0, replies.decoded(raw))]
+        actions: list = []
+        for fid, raw, udp in msg.requests:
+            for a in self.route(Origin(fid, udp, msg.src), 0, replies.decoded(raw)):
+                if type(a) is Deliver:  # answered here (`leader`, a bad request): back to its follower
+                    actions += self.release(a.header, a.blob, vote_id)
+                else:
+                    actions.append(a)
+        return actions
 
     def route(self, origin: Origin, req_no: int, request: Any) -> list:
         """Serve a request on this (leading) node's workers; a bad one, or `leader`, is answered here."""

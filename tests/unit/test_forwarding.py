@@ -293,10 +293,11 @@ def test_a_leader_answers_leader_and_bad_requests_itself():
 def test_a_leader_serves_a_followers_requests_under_their_forward_ids():
     fw = _forwarding()
     msg = Forward(VOTE, 3, ((77, orjson.dumps(PRODUCE), True), (78, orjson.dumps({"action": p.LEADER}), False)))
-    work, deliver = fw.serve(msg, True, VOTE)
+    work, back = fw.serve(msg, True, VOTE)
     assert work == Work(fw.router.worker_for("q"), ipc_frames.req_item(Origin(77, True, 3), 0, PRODUCE))
-    [(origin, req_no, _)] = _rows([deliver])
-    assert (origin, req_no) == (Origin(78, False, 3), 0)
+    assert back.to == 3 and type(back.msg) is ForwardReply  # answered here: back to the follower
+    [(fid, _)] = back.msg.replies
+    assert fid == 78
     assert fw.served
 
 
@@ -345,3 +346,14 @@ def test_a_forwarded_request_round_trips_from_follower_to_leader_and_back():
     [back] = leader.release(*replies.encode([(Origin.from_wire(origin), req_no, answer)]), VOTE)
     assert back.to == ME
     assert _rows(follower.on_replies(back.msg, T0 + 0.01, VOTE)) == [(CLIENT, 5, answer)]
+
+
+def test_a_bad_request_the_leader_answers_itself_goes_back_to_the_follower_at_once():
+    follower, leader = _forwarding(ME), _forwarding(LEADER)
+    [send] = follower.on_requests([(CLIENT, 5, {"action": p.PRODUCE, "data": "x", "seq": 3})], T0, leading=False,
+                                  leader=LEADER, vote_id=VOTE, redirect=None)
+    [back] = leader.serve(send.msg, True, VOTE)
+    assert back.to == ME
+    [(origin, req_no, reply)] = _rows(follower.on_replies(back.msg, T0 + 0.01, VOTE))
+    assert (origin, req_no, reply["reason"], reply["node_id"]) == (CLIENT, 5, "queue: missing", LEADER)
+    assert follower.forwards == {}  # answered: it never times out
