@@ -43,6 +43,7 @@ from queue_server.protocol import vocabulary as p
 from queue_server.protocol.limits import LIMITS
 from queue_server.protocol.roles import METRIC_ROLES
 from queue_server.server.peer_check import REJECTIONS
+from queue_server.server.reply_counts import count_one
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 FOLD_INTERVAL = 1.0  # seconds between folds of local counts into the shared metrics
@@ -130,29 +131,6 @@ def _fold_counts(counts: dict, counter: Counter) -> None:
     counts.clear()
     for (action, code), n in folded.items():
         counter.labels(action=action, code=code).inc(n)
-
-
-def count_replies(counts: dict, replies: Iterable[tuple[Any, Any, Any]]) -> None:
-    """Count (conn, req_no, reply dict) triples by the reply's (action, code) into `counts`
-    (a subscription's pushes are not replies to requests: they are not counted)."""
-    for _, req_no, reply in replies:
-        if req_no == p.PUSH_REQ_NO:
-            continue
-        try:
-            key = (reply.get("action"), reply.get("code"))
-            counts[key] = counts.get(key, 0) + 1
-        except TypeError:  # an unhashable action echoed from a bad request
-            count_one(counts, reply)
-
-
-def count_one(counts: dict, reply: Any) -> None:
-    """Count one reply dict by its (action, code)."""
-    if type(reply) is not dict:
-        key: tuple[Any, Any] = ("unknown", "none")
-    else:
-        action, code = reply.get("action"), reply.get("code")
-        key = (action if type(action) in (int, str) or action is None else "unknown", code if type(code) is int else None)
-    counts[key] = counts.get(key, 0) + 1
 
 
 def _limit_counter(m: "_Metrics") -> Counter:

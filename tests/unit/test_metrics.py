@@ -11,6 +11,7 @@ from queue_server import server, workers
 from queue_server.protocol import limits
 from queue_server.protocol import vocabulary as p
 from queue_server.server import metrics as m
+from queue_server.server.reply_counts import count_replies
 
 
 def test_local_histogram_drains_like_direct_observations():
@@ -42,7 +43,7 @@ def test_reply_counts_fold_by_action_name_and_code():
         (1, 4, {"action": 77, "code": -1}),
         (1, 5, {"code": -1}),
     ]
-    m.count_replies(wm.counts, replies)
+    count_replies(wm.counts, replies)
     wm.fold(lambda: {"ready": 3, "delayed": 2, "in_flight": 1, "queue_count": 4, "waiters": 5})
     get = registry.get_sample_value
     assert get("queue_server_requests_total", {"action": "produce", "code": "0"}) == 2
@@ -138,7 +139,7 @@ def test_with_metrics_off_local_counts_do_not_pile_up(monkeypatch):
     monkeypatch.delenv(m.ENV, raising=False)
     wm = m.WorkerMetrics(CollectorRegistry())
     wm.active = False  # as in a node without metrics_port
-    m.count_replies(wm.counts, [(1, i, {"action": f"bogus-{i}", "code": -1}) for i in range(1000)])
+    count_replies(wm.counts, [(1, i, {"action": f"bogus-{i}", "code": -1}) for i in range(1000)])
     assert len(wm.counts) == 1000
     wm.fold(lambda: pytest.fail("queue totals are not computed with metrics off"))
     assert wm.counts == {}
