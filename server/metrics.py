@@ -21,8 +21,9 @@ Who owns what:
   latency sampled by following one request at a time through the node.
 * :class:`WorkerMetrics` -- server/worker.py: replies per action and code, the time a worker
   spends on one request batch and the batch sizes, and queue sizes (ready, delayed, in flight).
-* :class:`CoordinatorMetrics` -- server/coordinator.py: trans_id, role and term, elections,
-  replication lag per follower, change-log fsync time, peer messages and connections refused.
+* :class:`CoordinatorMetrics` -- server/coordinator.py: replies the coordinator makes itself
+  (server/forwarding.py counts them), trans_id, role and term, elections, replication lag per
+  follower, change-log fsync time, peer messages and connections refused.
 * :func:`registry_for` -- server/main.py: the node's identity and each child's CPU time and
   memory, served with the health endpoints by server/metrics_http.py.
 """
@@ -43,7 +44,6 @@ from queue_server.protocol import vocabulary as p
 from queue_server.protocol.limits import LIMITS
 from queue_server.protocol.roles import METRIC_ROLES
 from queue_server.server.peer_check import REJECTIONS
-from queue_server.server.reply_counts import count_one
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 FOLD_INTERVAL = 1.0  # seconds between folds of local counts into the shared metrics
@@ -359,9 +359,10 @@ class WorkerMetrics(_Metrics):
 
 class CoordinatorMetrics(_Metrics):
     """The coordinator's metrics (server/coordinator.py, one per coordinator process): the
-    change log's last and committed trans_id, this node's role and term, the elections it
-    started, each follower's replication lag while it leads, change-log fsync times, and the
-    peer messages and connections it refused, by reason.
+    replies it made itself (a forward that failed, "no leader", ...), the change log's last and
+    committed trans_id, this node's role and term, the elections it started, each follower's
+    replication lag while it leads, change-log fsync times, and the peer messages and
+    connections it refused, by reason.
 
     The setters only store numbers (the coordinator hands them over in its `observe`); :meth:`fold`
     publishes them about once a second.
@@ -430,9 +431,11 @@ class CoordinatorMetrics(_Metrics):
         """A peer message (or connection) was refused for `reason`."""
         self.peer_rejects[reason] = self.peer_rejects.get(reason, 0) + count
 
-    def replied(self, reply: dict) -> None:
-        """The coordinator answered a request itself with `reply` (a dict with action and code)."""
-        count_one(self.counts, reply)
+    def replied(self, counts: Mapping[tuple[Any, Any], int]) -> None:
+        """Replies the coordinator made itself (no worker did), by (action, code)."""
+        mine = self.counts
+        for key, n in counts.items():
+            mine[key] = mine.get(key, 0) + n
 
     def maybe_fold(self) -> None:
         """Fold if a fold is due; for the process loop."""

@@ -4,14 +4,21 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import random
+
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 from queue_server import server, workers
 from queue_server.protocol import limits
 from queue_server.protocol import vocabulary as p
+from queue_server.protocol.origin import Origin
+from queue_server.replication.messages import Recovered
 from queue_server.server import metrics as m
+from queue_server.server.cluster import ClusterNode
+from queue_server.server.coordinator import Coordinator
 from queue_server.server.reply_counts import count_replies
+from tests.unit.test_cluster_node import T0, _config, _drain
 
 
 def test_local_histogram_drains_like_direct_observations():
@@ -104,7 +111,7 @@ def test_coordinator_metrics_publish_on_fold():
     cm.set_follower_lag(2, 5)
     cm.set_follower_lag(3, 0)
     cm.observe_fsync(0.003)
-    cm.replied({"action": 1, "code": -1, "reason": "leader changed"})
+    cm.replied({(1, -1): 2, ("produce", -1): 1, ("bogus", -1): 1})
     cm.fold()
     get = registry.get_sample_value
     assert get("queue_server_trans_id") == 120
@@ -115,7 +122,8 @@ def test_coordinator_metrics_publish_on_fold():
     assert get("queue_server_elections_total") == 1
     assert get("queue_server_replication_lag_records", {"follower": "2"}) == 5
     assert get("queue_server_log_fsync_seconds_count") == 1
-    assert get("queue_server_requests_total", {"action": "produce", "code": "-1"}) == 1
+    assert get("queue_server_requests_total", {"action": "produce", "code": "-1"}) == 3
+    assert get("queue_server_requests_total", {"action": "unknown", "code": "-1"}) == 1
     cm.set_role("follower")
     cm.forget_follower(2)
     cm.fold()
@@ -124,6 +132,27 @@ def test_coordinator_metrics_publish_on_fold():
     assert get("queue_server_elections_total") == 1
     with pytest.raises(ValueError):
         cm.set_role("king")
+
+
+def _observed(node: ClusterNode) -> CollectorRegistry:
+    """What a coordinator around `node` publishes once it has handed the node's figures over."""
+    coordinator = Coordinator.__new__(Coordinator)  # its I/O is not used here
+    coordinator.node, coordinator.storage, coordinator.zap, coordinator.last_election_role = node, None, None, None
+    registry = CollectorRegistry()
+    coordinator.metrics = m.CoordinatorMetrics(registry)
+    coordinator.observe()
+    coordinator.metrics.fold()
+    return registry
+
+
+def test_the_coordinator_publishes_the_replies_it_made_itself():
+    node = ClusterNode(_config(3), T0, recovered=Recovered(), rng=random.Random(1))  # no leader known
+    node.on_forward_requests([(Origin(3), 0, {"action": p.PRODUCE, "queue": "q"}),
+                              (Origin(3), 1, {"action": "consume", "queue": "q"})], T0)
+    _drain(node)
+    registry = _observed(node)
+    assert samples(registry, "queue_server_requests_total") == {("produce", "-1"): 1, ("consume", "-1"): 1}
+    assert samples(_observed(node), "queue_server_requests_total") == {}  # handed over once
 
 
 def test_labels():
