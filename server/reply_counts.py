@@ -1,13 +1,25 @@
-"""Replies counted by their (action, code) in a plain dict, where they are made: the workers, the
-acceptor, and the coordinator's pure cores (server/forwarding.py, server/cluster.py).
-server/metrics.py folds such dicts into queue_server_requests_total. Pure: no prometheus_client,
-so that the cores may count too."""
+"""Replies counted in plain dicts where they are made: by (action, code) in the workers, the
+acceptor and the coordinator's server/forwarding.py; and the workers' replies the coordinator
+refused (server/cluster.py), by reason. server/metrics.py folds such dicts into
+queue_server_requests_total and queue_server_writes_refused_total. Pure: no prometheus_client,
+so that the coordinator's pure cores may count too."""
 from __future__ import annotations
 
 from collections.abc import Iterable
 from typing import Any
 
 from queue_server.protocol import vocabulary as p
+
+# Why the coordinator replaced a worker's replies with an error (ClusterNode._refuse), and the
+# `reason` label each is counted under in queue_server_writes_refused_total.
+REFUSALS = {
+    p.LEADERSHIP_LOST: "leadership_lost",
+    p.LEADERSHIP_CHANGED: "leadership_changed",
+    p.MODE_CHANGED: "mode_changed",
+    p.STORAGE_UNAVAILABLE: "storage_unavailable",
+    p.NOT_LEADER_RETRY: "not_leader",
+}
+REFUSAL_LABELS = tuple(REFUSALS.values())
 
 
 def count_replies(counts: dict, replies: Iterable[tuple[Any, Any, Any]]) -> None:
@@ -31,3 +43,9 @@ def count_one(counts: dict, reply: Any) -> None:
         action, code = reply.get("action"), reply.get("code")
         key = (action if type(action) in (int, str) or action is None else "unknown", code if type(code) is int else None)
     counts[key] = counts.get(key, 0) + 1
+
+
+def count_refused(counts: dict[str, int], reason: str, n: int) -> None:
+    """`n` replies of a worker were refused for `reason` (a key of REFUSALS): counted by its label."""
+    label = REFUSALS[reason]
+    counts[label] = counts.get(label, 0) + n

@@ -17,8 +17,8 @@ from queue_server.replication.messages import Recovered
 from queue_server.server import metrics as m
 from queue_server.server.cluster import ClusterNode
 from queue_server.server.coordinator import Coordinator
-from queue_server.server.reply_counts import count_replies
-from tests.unit.test_cluster_node import T0, _config, _drain
+from queue_server.server.reply_counts import REFUSAL_LABELS, REFUSALS, count_replies
+from tests.unit.test_cluster_node import PRODUCE, T0, _batch, _config, _drain
 
 
 def test_local_histogram_drains_like_direct_observations():
@@ -112,6 +112,8 @@ def test_coordinator_metrics_publish_on_fold():
     cm.set_follower_lag(3, 0)
     cm.observe_fsync(0.003)
     cm.replied({(1, -1): 2, ("produce", -1): 1, ("bogus", -1): 1})
+    cm.refused({"leadership_lost": 3})
+    cm.refused({"leadership_lost": 1, "mode_changed": 2})
     cm.fold()
     get = registry.get_sample_value
     assert get("queue_server_trans_id") == 120
@@ -124,6 +126,8 @@ def test_coordinator_metrics_publish_on_fold():
     assert get("queue_server_log_fsync_seconds_count") == 1
     assert get("queue_server_requests_total", {"action": "produce", "code": "-1"}) == 3
     assert get("queue_server_requests_total", {"action": "unknown", "code": "-1"}) == 1
+    assert get("queue_server_writes_refused_total", {"reason": "leadership_lost"}) == 4
+    assert get("queue_server_writes_refused_total", {"reason": "mode_changed"}) == 2
     cm.set_role("follower")
     cm.forget_follower(2)
     cm.fold()
@@ -153,6 +157,17 @@ def test_the_coordinator_publishes_the_replies_it_made_itself():
     registry = _observed(node)
     assert samples(registry, "queue_server_requests_total") == {("produce", "-1"): 1, ("consume", "-1"): 1}
     assert samples(_observed(node), "queue_server_requests_total") == {}  # handed over once
+
+
+def test_the_coordinator_publishes_the_workers_replies_it_refused_as_refusals_not_requests():
+    node = ClusterNode(_config(1), T0, recovered=Recovered(), rng=random.Random(1))
+    node.tick(T0 + 1)  # leads
+    _batch(node, node.epoch - 1, [PRODUCE])
+    _drain(node)
+    registry = _observed(node)
+    assert samples(registry, "queue_server_writes_refused_total") == {
+        (label,): 1 if label == "mode_changed" else 0 for label in REFUSAL_LABELS}
+    assert samples(registry, "queue_server_requests_total") == {}  # the worker counted it
 
 
 def test_labels():
@@ -190,6 +205,9 @@ def test_series_of_known_label_values_start_at_zero():
     assert samples(registry, "queue_server_limit_refusals_total") == {(limit,): 0 for limit in limits.LIMITS}
     assert samples(coordinator, "queue_server_peer_rejected_total") == {
         (reason,): 0 for reason in ("unknown_src", "src_not_sender", "other_cluster", "bad_key")}
+    assert samples(coordinator, "queue_server_writes_refused_total") == {
+        (reason,): 0 for reason in ("leadership_lost", "leadership_changed", "mode_changed", "storage_unavailable",
+                                    "not_leader")}
 
 
 def test_only_the_acceptor_starts_the_node_wide_series():
@@ -233,3 +251,15 @@ def test_every_limit_counted_is_one_of_the_limits():
     assert not unknown, f"limits counted but missing from protocol/limits.py LIMITS: {unknown}"
     assert set(counted) == set(limits.LIMITS), "a name in LIMITS that nothing counts"
 
+
+
+def test_every_reason_the_coordinator_refuses_for_has_a_label():
+    """ClusterNode._refuse counts by REFUSALS[reason]: a reason without a label would stop the
+    coordinator on the refusal."""
+    path = Path(server.__file__).parent / "cluster.py"
+    reasons = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "_refuse":
+            reasons |= {getattr(p, n.attr) for n in ast.walk(node.args[-1])
+                        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "p"}
+    assert reasons == set(REFUSALS)
