@@ -46,6 +46,7 @@ def count_one(counts: dict, reply: Any) -> None:
 
 
 def count_refused(counts: dict[str, int], reason: str, n: int) -> None:
-    """`n` replies of a worker were refused for `reason` (a key of REFUSALS): counted by its label."""
-    label = REFUSALS[reason]
+    """`n` replies of a worker were refused for `reason` (a key of REFUSALS): counted by its
+    label ("other" for a reason REFUSALS lacks: a metric's label never stops the coordinator)."""
+    label = REFUSALS.get(reason, "other")
     counts[label] = counts.get(label, 0) + n

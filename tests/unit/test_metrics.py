@@ -254,8 +254,8 @@ def test_every_limit_counted_is_one_of_the_limits():
 
 
 def test_every_reason_the_coordinator_refuses_for_has_a_label():
-    """ClusterNode._refuse counts by REFUSALS[reason]: a reason without a label would stop the
-    coordinator on the refusal."""
+    """ClusterNode._refuse counts by REFUSALS[reason]: a reason without a label would be counted
+    only as "other"."""
     path = Path(server.__file__).parent / "cluster.py"
     reasons = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
