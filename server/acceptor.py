@@ -23,7 +23,8 @@ from queue_server.server.child import start
 from queue_server.server.dispatch import TO_COORDINATOR, Dispatch, ReplyOrder
 from queue_server.protocol.framing import FrameDecoder, FramingError
 from queue_server.protocol.origin import Origin
-from queue_server.server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_limit, count_one
+from queue_server.server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_limit
+from queue_server.server.reply_counts import count_one
 from queue_server.server.preflight import is_loopback
 from queue_server.server.router import Router
 

@@ -40,6 +40,7 @@ from queue_server.protocol import ipc_frames, replies
 from queue_server.server.forwarding import Deliver, Forwarding, Undeliver, Work
 from queue_server.protocol.origin import Origin
 from queue_server.server.ready import Ready
+from queue_server.server.reply_counts import count_refused
 from queue_server.protocol.roles import Role
 from queue_server.protocol.records import Noop, Record, decode_many, each_encoded
 from queue_server.protocol import vocabulary as p
@@ -117,6 +118,8 @@ class ClusterNode:
         self.held: list = []  # client requests of this node's acceptor, as on_forward_requests takes them
         self.held_forwards: list[Forward] = []  # other followers' requests
         self.held_undelivered: list[tuple[str, list[list[int]]]] = []  # messages to give back
+        # The workers' replies _refuse replaced, by REFUSALS label, until take_refused().
+        self.refused: dict[str, int] = {}
         if found.state:
             self.state.load_snapshot(found.state)
             self._reset_workers()
@@ -542,9 +545,18 @@ class ClusterNode:
             self._release(*replies.encode(items))
 
     def _refuse(self, header: bytes, blob: bytes, reason: str) -> None:
-        """Answer every request of a batch with an error instead of its reply."""
-        self._reply_now([(origin, req_no, p.error_reply(replies.naming(replies.decoded(data)), reason, self.node_id))
-                         for origin, req_no, data in replies.decode(header, blob)])
+        """Answer every request of a batch with an error instead of its reply, and count them by
+        `reason` (a key of REFUSALS): the worker counted each request when it replied."""
+        rows = [(origin, req_no, p.error_reply(replies.naming(replies.decoded(data)), reason, self.node_id))
+                for origin, req_no, data in replies.decode(header, blob)]
+        count_refused(self.refused, reason, sum(1 for row in rows if row[1] != p.PUSH_REQ_NO))
+        self._reply_now(rows)
+
+    def take_refused(self) -> dict[str, int]:
+        """The workers' replies refused since the last call, by REFUSALS label: for
+        queue_server_writes_refused_total."""
+        taken, self.refused = self.refused, {}
+        return taken
 
     def _gather(self, partials: list) -> None:
         finished = []

@@ -1,8 +1,8 @@
 """Forwarding of client requests between a follower and the leader, free of I/O: which requests a
 follower sent the leader and still waits for, the leader's side (requests routed to its workers,
 replies that go back over the peer wire), requests sent again after a change of leader, and
-requests given up on. ClusterNode (server/cluster.py) owns one and carries out the actions its
-methods return."""
+requests given up on; and the replies it makes itself, counted for queue_server_requests_total.
+ClusterNode (server/cluster.py) owns one and carries out the actions its methods return."""
 from __future__ import annotations
 
 import random
@@ -16,6 +16,7 @@ from queue_server.replication.messages import Forward, ForwardReply
 from queue_server.protocol import vocabulary as p
 from queue_server.protocol import replies
 from queue_server.protocol.origin import Origin
+from queue_server.server.reply_counts import count_replies
 from queue_server.server.router import Router
 
 # A forwarded request not answered this long after its own wait is failed (the leader is gone).
@@ -52,10 +53,6 @@ class Undeliver(NamedTuple):
     given: list[list[int]]
 
 
-def _deliver(rows: list[tuple[Origin, int, dict]]) -> list:
-    return [Deliver(*replies.encode(rows))] if rows else []
-
-
 class Forwarding:
     """One node's forwarded requests: on a follower those it sent the leader, on a leader whether
     it serves others' (their replies then go back as ForwardReply)."""
@@ -87,6 +84,8 @@ class Forwarding:
         # Forwards given up on (timed out, or failed by a change of leader), whose replies may
         # still come: a consume's messages are then given back.
         self.abandoned: OrderedDict[int, bool] = OrderedDict()
+        # The replies made here rather than by a worker, by (action, code), until take_replied().
+        self.replied: dict[tuple[Any, Any], int] = {}
 
     def wake_at(self) -> float:
         """When tick() next has something to do."""
@@ -102,11 +101,11 @@ class Forwarding:
         if leading:
             return [a for origin, req_no, request in items for a in self.route(origin, req_no, request)]
         if leader is None:
-            return _deliver([(origin, req_no, p.error_reply(request, p.NO_LEADER, self.node_id))
-                             for origin, req_no, request in items])
+            return self._answer([(origin, req_no, p.error_reply(request, p.NO_LEADER, self.node_id))
+                                 for origin, req_no, request in items])
         if redirect is not None:
-            return _deliver([(origin, req_no, p.redirect_reply(request, self.node_id, redirect))
-                             for origin, req_no, request in items])
+            return self._answer([(origin, req_no, p.redirect_reply(request, self.node_id, redirect))
+                                 for origin, req_no, request in items])
         batch = []
         for origin, req_no, request in items:
             fid = self.next_forward
@@ -220,33 +219,53 @@ class Forwarding:
                 self.abandoned[fid] = True
                 if len(self.abandoned) > ABANDONED_KEPT:
                     self.abandoned.popitem(last=False)
-        return _deliver(failed)
+        return self._answer(failed)
 
     # ----------------------------------------------------------------- the leader's side
     def serve(self, msg: Forward, leading: bool, vote_id: int) -> list:
         """A follower's clients' requests: serve them here (each keeps its transport's rules), or
         say there is no leader here."""
-        if not leading:
+        if not leading:  # not counted: no client gets these, the follower sends the requests again
             refused = tuple((fid, _DUMPS(p.error_reply(replies.decoded(raw), p.LEADERSHIP_CHANGED,
                                                        self.node_id), option=_NEWLINE))
                             for fid, raw, _ in msg.requests)
             return [Send(msg.src, ForwardReply(vote_id, self.node_id, refused))]
         self.served = True
-        return [a for fid, raw, udp in msg.requests for a in self.route(Origin(fid, udp, msg.src), 0, replies.decoded(raw))]
+        actions: list = []
+        for fid, raw, udp in msg.requests:
+            for a in self.route(Origin(fid, udp, msg.src), 0, replies.decoded(raw)):
+                if type(a) is Deliver:  # answered here (`leader`, a bad request): back to its follower
+                    actions += self.release(a.header, a.blob, vote_id)
+                else:
+                    actions.append(a)
+        return actions
 
     def route(self, origin: Origin, req_no: int, request: Any) -> list:
         """Serve a request on this (leading) node's workers; a bad one, or `leader`, is answered here."""
         action = p.request_action(request)
         if type(action) is str:
-            return _deliver([(origin, req_no, p.error_reply(request, action, self.node_id))])
+            return self._answer([(origin, req_no, p.error_reply(request, action, self.node_id))])
         if action == p.LEADER:
             reply = p.echo(request)
             reply.update(code=p.CODE_OK, node_id=self.node_id, **self.leader_fields)
-            return _deliver([(origin, req_no, reply)])
+            return self._answer([(origin, req_no, reply)])
         plan = self.router.plan(action, request, origin, req_no)
         if type(plan) is str:
-            return _deliver([(origin, req_no, p.error_reply(request, plan, self.node_id))])
+            return self._answer([(origin, req_no, p.error_reply(request, plan, self.node_id))])
         return [Work(index, item) for index, item in plan]
+
+    def _answer(self, rows: list[tuple[Origin, int, dict]]) -> list:
+        """Replies made here, not by a worker: counted, and delivered."""
+        if not rows:
+            return []
+        count_replies(self.replied, rows)
+        return [Deliver(*replies.encode(rows))]
+
+    def take_replied(self) -> dict[tuple[Any, Any], int]:
+        """The replies made here since the last call, by (action, code) as the request gave
+        them: for queue_server_requests_total."""
+        taken, self.replied = self.replied, {}
+        return taken
 
     def release(self, header: bytes, blob: bytes, vote_id: int) -> list:
         """Replies that may leave: to this node's acceptor, or back to the follower that

@@ -10,9 +10,9 @@ second; with metrics off the folds only empty the local counts, and the counting
 update per reply in the workers and an integer compare per reply in the acceptor.
 
 A labelled series appears once it is first counted, so the series of the label values known in
-advance (transports, auth outcomes, limits, each action's codes 0 and -1; peer rejections) are
-published at 0 when the acceptor (the coordinator) starts, once per node: a rate() then reads
-0, not "no data", before the first count.
+advance (transports, auth outcomes, limits, each action's codes 0 and -1; peer rejections,
+refused writes' reasons) are published at 0 when the acceptor (the coordinator) starts, once per
+node: a rate() then reads 0, not "no data", before the first count.
 
 Who owns what:
 
@@ -21,8 +21,10 @@ Who owns what:
   latency sampled by following one request at a time through the node.
 * :class:`WorkerMetrics` -- server/worker.py: replies per action and code, the time a worker
   spends on one request batch and the batch sizes, and queue sizes (ready, delayed, in flight).
-* :class:`CoordinatorMetrics` -- server/coordinator.py: trans_id, role and term, elections,
-  replication lag per follower, change-log fsync time, peer messages and connections refused.
+* :class:`CoordinatorMetrics` -- server/coordinator.py: replies the coordinator makes itself
+  (server/forwarding.py counts them), workers' replies it refused (server/cluster.py), trans_id,
+  role and term, elections, replication lag per follower, change-log fsync time, peer messages
+  and connections refused.
 * :func:`registry_for` -- server/main.py: the node's identity and each child's CPU time and
   memory, served with the health endpoints by server/metrics_http.py.
 """
@@ -43,6 +45,7 @@ from queue_server.protocol import vocabulary as p
 from queue_server.protocol.limits import LIMITS
 from queue_server.protocol.roles import METRIC_ROLES
 from queue_server.server.peer_check import REJECTIONS
+from queue_server.server.reply_counts import REFUSAL_LABELS
 
 ENV = "PROMETHEUS_MULTIPROC_DIR"
 FOLD_INTERVAL = 1.0  # seconds between folds of local counts into the shared metrics
@@ -132,29 +135,6 @@ def _fold_counts(counts: dict, counter: Counter) -> None:
         counter.labels(action=action, code=code).inc(n)
 
 
-def count_replies(counts: dict, replies: Iterable[tuple[Any, Any, Any]]) -> None:
-    """Count (conn, req_no, reply dict) triples by the reply's (action, code) into `counts`
-    (a subscription's pushes are not replies to requests: they are not counted)."""
-    for _, req_no, reply in replies:
-        if req_no == p.PUSH_REQ_NO:
-            continue
-        try:
-            key = (reply.get("action"), reply.get("code"))
-            counts[key] = counts.get(key, 0) + 1
-        except TypeError:  # an unhashable action echoed from a bad request
-            count_one(counts, reply)
-
-
-def count_one(counts: dict, reply: Any) -> None:
-    """Count one reply dict by its (action, code)."""
-    if type(reply) is not dict:
-        key: tuple[Any, Any] = ("unknown", "none")
-    else:
-        action, code = reply.get("action"), reply.get("code")
-        key = (action if type(action) in (int, str) or action is None else "unknown", code if type(code) is int else None)
-    counts[key] = counts.get(key, 0) + 1
-
-
 def _limit_counter(m: "_Metrics") -> Counter:
     return m._counter("limit_refusals", "Requests and connections refused or cut by a resource limit "
                       f"({', '.join(LIMITS)}), by limit.", ("limit",))
@@ -165,6 +145,12 @@ def _fold_labelled(counts: dict[str, int], counter: Counter) -> None:
     for value, n in counts.items():
         counter.labels(value).inc(n)
     counts.clear()
+
+
+def _add(counts: dict, more: Mapping[Any, int]) -> None:
+    """Add the counts of `more` to `counts`, key by key."""
+    for key, n in more.items():
+        counts[key] = counts.get(key, 0) + n
 
 
 def count_limit(counts: dict[str, int], limit: str) -> None:
@@ -381,9 +367,10 @@ class WorkerMetrics(_Metrics):
 
 class CoordinatorMetrics(_Metrics):
     """The coordinator's metrics (server/coordinator.py, one per coordinator process): the
-    change log's last and committed trans_id, this node's role and term, the elections it
-    started, each follower's replication lag while it leads, change-log fsync times, and the
-    peer messages and connections it refused, by reason.
+    replies it made itself (a forward that failed, "no leader", ...) and the workers' replies it
+    refused, by reason; the change log's last and committed trans_id, this node's role and term,
+    the elections it started, each follower's replication lag while it leads, change-log fsync
+    times, and the peer messages and connections it refused, by reason.
 
     The setters only store numbers (the coordinator hands them over in its `observe`); :meth:`fold`
     publishes them about once a second.
@@ -414,6 +401,12 @@ class CoordinatorMetrics(_Metrics):
             "peer_rejected", "Peer messages dropped (unknown src, src not the authenticated node, other cluster) "
             "and peer connections refused (bad_key: not a cluster key), by reason.", ("reason",))
         self._at_zero(self.peer_rejected_counter, REJECTIONS)
+        self.refusals: dict[str, int] = {}
+        self.writes_refused_counter = self._counter(
+            "writes_refused", "Writes a worker had answered that the coordinator refused before they were committed "
+            "or logged (the node stopped leading, its mode changed, storage unavailable), by reason; "
+            "requests_total counts them under the worker's code.", ("reason",))
+        self._at_zero(self.writes_refused_counter, REFUSAL_LABELS)
 
     def set_trans_id(self, last: int, committed: int | None = None) -> None:
         """The log's last trans_id (and the last committed one, if known)."""
@@ -452,9 +445,13 @@ class CoordinatorMetrics(_Metrics):
         """A peer message (or connection) was refused for `reason`."""
         self.peer_rejects[reason] = self.peer_rejects.get(reason, 0) + count
 
-    def replied(self, reply: dict) -> None:
-        """The coordinator answered a request itself with `reply` (a dict with action and code)."""
-        count_one(self.counts, reply)
+    def replied(self, counts: Mapping[tuple[Any, Any], int]) -> None:
+        """Replies the coordinator made itself (no worker did), by (action, code)."""
+        _add(self.counts, counts)
+
+    def refused(self, counts: Mapping[str, int]) -> None:
+        """Workers' replies the coordinator replaced with an error, by reason (REFUSAL_LABELS)."""
+        _add(self.refusals, counts)
 
     def maybe_fold(self) -> None:
         """Fold if a fold is due; for the process loop."""
@@ -466,6 +463,7 @@ class CoordinatorMetrics(_Metrics):
         if not self.active:
             self.counts.clear()
             self.peer_rejects.clear()
+            self.refusals.clear()
             self.fsync = LocalHistogram(FSYNC_BUCKETS)
             return
         self.trans_id_gauge.set(self.trans_id)
@@ -485,6 +483,7 @@ class CoordinatorMetrics(_Metrics):
         self.fsync.drain_into(self.fsync_seconds)
         _fold_counts(self.counts, self.requests)
         _fold_labelled(self.peer_rejects, self.peer_rejected_counter)
+        _fold_labelled(self.refusals, self.writes_refused_counter)
 
 
 # ----------------------------------------------------------------------------- the supervisor

@@ -14,7 +14,8 @@ import zmq
 from queue_server.server import ipc
 from queue_server.protocol import ipc_frames, limits, replies
 from queue_server.server.child import start
-from queue_server.server.metrics import WorkerMetrics, count_replies
+from queue_server.server.metrics import WorkerMetrics
+from queue_server.server.reply_counts import count_replies
 from queue_server.server.node_memory import NodeMemory
 from queue_server.server.queue_metrics import QueueMetrics
 from queue_server.workers.service import PartitionService

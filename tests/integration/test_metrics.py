@@ -135,6 +135,8 @@ def test_series_of_known_label_values_are_there_before_any_count(metered):
         assert s[("queue_server_auth_failures_total", frozenset({("outcome", outcome)}))] == 0
     for reason in ("unknown_src", "src_not_sender", "other_cluster", "bad_key"):
         assert s[("queue_server_peer_rejected_total", frozenset({("reason", reason)}))] == 0
+    for reason in ("leadership_lost", "leadership_changed", "mode_changed", "storage_unavailable", "not_leader"):
+        assert s[("queue_server_writes_refused_total", frozenset({("reason", reason)}))] == 0
     for transport in ("tcp", "udp"):
         assert ("queue_server_received_requests_total", frozenset({("transport", transport)})) in s
     for action in p.ACTION_NAMES:

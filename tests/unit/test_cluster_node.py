@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 import orjson
+import pytest
 
 from queue_server.config.loader import parse_config
 from queue_server.election.messages import Heartbeat, HeartbeatAck, TimeoutNow, VoteReply, VoteRequest
@@ -481,3 +482,73 @@ def test_the_coordinators_scatter_requests_are_numbered_odd():
     node = _leader()
     plans = [node.router.plan(p.LIST, {"action": p.LIST}, Origin(1), n) for n in range(2)]
     assert [plan[0][1][3][0] for plan in plans] == [1, 3]
+
+
+# ------------------------------------------------------------------ refused replies, counted
+
+
+def _deposed(node: ClusterNode) -> None:
+    """A leader of three hears a newer term's leader, node 2."""
+    node.on_peer(Heartbeat(node.election.vote_id + 1, 2, 0, 0, 0, 0), NODE2, T0 + 3)
+    assert node.role == "follower"
+
+
+def _mode_changed() -> ClusterNode:
+    node = _leader()
+    _batch(node, node.epoch - 1, [PRODUCE])
+    return node
+
+
+def _leadership_changed() -> ClusterNode:
+    node = _leader_of_three()
+    epoch = node.epoch
+    _deposed(node)
+    _batch(node, epoch, [PRODUCE])
+    return node
+
+
+def _leadership_lost() -> ClusterNode:
+    node = _leader_of_three()
+    _batch(node, node.epoch, [PRODUCE])  # logged; node 2 has not acknowledged it
+    _deposed(node)
+    return node
+
+
+def _storage_unavailable() -> ClusterNode:
+    node = _leader()
+    _batch(node, node.epoch, [PRODUCE])
+    _disk_refuses(node)
+    _batch(node, node.epoch, [dict(PRODUCE, msg_id=2)], seq=2)
+    return node
+
+
+def _not_leader() -> ClusterNode:
+    node = _follower()
+    _batch(node, node.epoch, [PRODUCE])
+    return node
+
+
+@pytest.mark.parametrize("refused, reason, label", [
+    (_mode_changed, p.MODE_CHANGED, "mode_changed"),
+    (_leadership_changed, p.LEADERSHIP_CHANGED, "leadership_changed"),
+    (_leadership_lost, p.LEADERSHIP_LOST, "leadership_lost"),
+    (_storage_unavailable, p.STORAGE_UNAVAILABLE, "storage_unavailable"),
+    (_not_leader, p.NOT_LEADER_RETRY, "not_leader"),
+])
+def test_a_refused_reply_is_counted_by_reason_and_not_as_a_request_again(refused, reason, label):
+    """The worker counted the request when it replied: the error that replaces its reply is a
+    refusal, not a second request."""
+    node = refused()
+    assert [r["reason"] for _, _, r in _replies(_drain(node)[0]) if r["code"] == -1] == [reason]
+    assert node.take_refused() == {label: 1}
+    assert node.take_refused() == {}  # taken once
+    assert node.forwarding.take_replied() == {}
+
+
+def test_a_refused_batch_counts_its_replies_and_not_a_subscriptions_push():
+    node = _leader()
+    header, blob = replies.encode([(Origin(7), 1, {"action": 1, "seq": 1, "code": 0}),
+                                   (Origin(7), p.PUSH_REQ_NO, {"action": p.SUBSCRIBE, "code": 0}),
+                                   (Origin(8), 4, {"action": 3, "seq": 4, "code": 0})])
+    node.on_batch(orjson.dumps([PRODUCE]), header, blob, ipc_frames.EMPTY_LIST, node.epoch - 1, T0 + 2)
+    assert node.take_refused() == {"mode_changed": 2}

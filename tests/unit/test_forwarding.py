@@ -293,10 +293,11 @@ def test_a_leader_answers_leader_and_bad_requests_itself():
 def test_a_leader_serves_a_followers_requests_under_their_forward_ids():
     fw = _forwarding()
     msg = Forward(VOTE, 3, ((77, orjson.dumps(PRODUCE), True), (78, orjson.dumps({"action": p.LEADER}), False)))
-    work, deliver = fw.serve(msg, True, VOTE)
+    work, back = fw.serve(msg, True, VOTE)
     assert work == Work(fw.router.worker_for("q"), ipc_frames.req_item(Origin(77, True, 3), 0, PRODUCE))
-    [(origin, req_no, _)] = _rows([deliver])
-    assert (origin, req_no) == (Origin(78, False, 3), 0)
+    assert back.to == 3 and type(back.msg) is ForwardReply  # answered here: back to the follower
+    [(fid, _)] = back.msg.replies
+    assert fid == 78
     assert fw.served
 
 
@@ -345,3 +346,55 @@ def test_a_forwarded_request_round_trips_from_follower_to_leader_and_back():
     [back] = leader.release(*replies.encode([(Origin.from_wire(origin), req_no, answer)]), VOTE)
     assert back.to == ME
     assert _rows(follower.on_replies(back.msg, T0 + 0.01, VOTE)) == [(CLIENT, 5, answer)]
+
+
+def test_a_bad_request_the_leader_answers_itself_goes_back_to_the_follower_at_once():
+    follower, leader = _forwarding(ME), _forwarding(LEADER)
+    [send] = follower.on_requests([(CLIENT, 5, {"action": p.PRODUCE, "data": "x", "seq": 3})], T0, leading=False,
+                                  leader=LEADER, vote_id=VOTE, redirect=None)
+    [back] = leader.serve(send.msg, True, VOTE)
+    assert back.to == ME
+    [(origin, req_no, reply)] = _rows(follower.on_replies(back.msg, T0 + 0.01, VOTE))
+    assert (origin, req_no, reply["reason"], reply["node_id"]) == (CLIENT, 5, "queue: missing", LEADER)
+    assert follower.forwards == {}  # answered: it never times out
+
+
+# ----------------------------------------------------------------- the replies it makes, counted
+def test_no_leader_and_redirect_replies_are_counted_by_action_and_code():
+    fw = _forwarding()
+    fw.on_requests([(CLIENT, 5, PRODUCE), (CLIENT, 6, CONSUME)], T0, leading=False, leader=None, vote_id=VOTE,
+                   redirect=None)
+    fw.on_requests([(CLIENT, 7, PRODUCE)], T0, leading=False, leader=LEADER, vote_id=VOTE,
+                   redirect={"leader_node_id": LEADER, "leader_host": "h", "leader_port": 1})
+    assert fw.take_replied() == {(p.PRODUCE, p.CODE_ERROR): 1, (p.CONSUME, p.CODE_ERROR): 1,
+                                 (p.PRODUCE, p.CODE_REDIRECT): 1}
+    assert fw.take_replied() == {}  # taken once
+
+
+def test_failed_forwards_are_counted_and_answered_ones_are_not():
+    fw = _forwarding()
+    answered, orphaned = _forward(fw, (CLIENT, 5, PRODUCE), (CLIENT, 6, {**PRODUCE, "action": "produce"}))
+    fw.on_replies(_reply(answered, {"action": p.PRODUCE, "code": p.CODE_OK}), T0 + 0.1, VOTE)
+    assert fw.take_replied() == {}  # the leader's worker counts the replies it made
+    fw.orphan(T0 + 1)
+    [timed_out] = _forward(fw, (CLIENT, 7, CONSUME), now=T0 + 2)  # to the new leader
+    [(_, _, reply)] = _rows(fw.tick(T0 + 1 + ELECTION, 3, VOTE + 1))
+    assert reply["reason"] == p.LEADER_CHANGED
+    assert fw.take_replied() == {("produce", p.CODE_ERROR): 1}  # the action as the client gave it
+    [(_, _, reply)] = _rows(fw.tick(T0 + 2 + FORWARD_GRACE + CONSUME["wait"], 3, VOTE + 1))
+    assert reply["reason"] == p.FORWARD_TIMED_OUT
+    assert fw.take_replied() == {(p.CONSUME, p.CODE_ERROR): 1}
+    fw.on_replies(_consumed(timed_out), T0 + 30, VOTE + 1)  # too late: given back, not counted
+    assert fw.take_replied() == {}
+
+
+def test_a_leader_counts_the_replies_it_makes_itself_and_not_a_refusal_to_forward():
+    fw = _forwarding()
+    fw.route(CLIENT, 5, {"action": p.LEADER})
+    fw.route(CLIENT, 6, {"action": "nonsense"})
+    fw.serve(Forward(VOTE, 3, ((77, orjson.dumps({"action": p.PRODUCE}), False),
+                               (78, orjson.dumps(PRODUCE), False))), True, VOTE)
+    assert fw.take_replied() == {(p.LEADER, p.CODE_OK): 1, ("nonsense", p.CODE_ERROR): 1,
+                                 (p.PRODUCE, p.CODE_ERROR): 1}  # the forwarded produce without a queue
+    fw.serve(Forward(VOTE, 3, ((79, orjson.dumps(PRODUCE), False),)), False, VOTE + 1)
+    assert fw.take_replied() == {}  # not an answer: the follower sends it again

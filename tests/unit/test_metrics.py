@@ -4,13 +4,21 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import random
+
 import pytest
 from prometheus_client import CollectorRegistry, Histogram
 
 from queue_server import server, workers
 from queue_server.protocol import limits
 from queue_server.protocol import vocabulary as p
+from queue_server.protocol.origin import Origin
+from queue_server.replication.messages import Recovered
 from queue_server.server import metrics as m
+from queue_server.server.cluster import ClusterNode
+from queue_server.server.coordinator import Coordinator
+from queue_server.server.reply_counts import REFUSAL_LABELS, REFUSALS, count_replies
+from tests.unit.test_cluster_node import PRODUCE, T0, _batch, _config, _drain
 
 
 def test_local_histogram_drains_like_direct_observations():
@@ -42,7 +50,7 @@ def test_reply_counts_fold_by_action_name_and_code():
         (1, 4, {"action": 77, "code": -1}),
         (1, 5, {"code": -1}),
     ]
-    m.count_replies(wm.counts, replies)
+    count_replies(wm.counts, replies)
     wm.fold(lambda: {"ready": 3, "delayed": 2, "in_flight": 1, "queue_count": 4, "waiters": 5})
     get = registry.get_sample_value
     assert get("queue_server_requests_total", {"action": "produce", "code": "0"}) == 2
@@ -103,7 +111,9 @@ def test_coordinator_metrics_publish_on_fold():
     cm.set_follower_lag(2, 5)
     cm.set_follower_lag(3, 0)
     cm.observe_fsync(0.003)
-    cm.replied({"action": 1, "code": -1, "reason": "leader changed"})
+    cm.replied({(1, -1): 2, ("produce", -1): 1, ("bogus", -1): 1})
+    cm.refused({"leadership_lost": 3})
+    cm.refused({"leadership_lost": 1, "mode_changed": 2})
     cm.fold()
     get = registry.get_sample_value
     assert get("queue_server_trans_id") == 120
@@ -114,7 +124,10 @@ def test_coordinator_metrics_publish_on_fold():
     assert get("queue_server_elections_total") == 1
     assert get("queue_server_replication_lag_records", {"follower": "2"}) == 5
     assert get("queue_server_log_fsync_seconds_count") == 1
-    assert get("queue_server_requests_total", {"action": "produce", "code": "-1"}) == 1
+    assert get("queue_server_requests_total", {"action": "produce", "code": "-1"}) == 3
+    assert get("queue_server_requests_total", {"action": "unknown", "code": "-1"}) == 1
+    assert get("queue_server_writes_refused_total", {"reason": "leadership_lost"}) == 4
+    assert get("queue_server_writes_refused_total", {"reason": "mode_changed"}) == 2
     cm.set_role("follower")
     cm.forget_follower(2)
     cm.fold()
@@ -123,6 +136,38 @@ def test_coordinator_metrics_publish_on_fold():
     assert get("queue_server_elections_total") == 1
     with pytest.raises(ValueError):
         cm.set_role("king")
+
+
+def _observed(node: ClusterNode) -> CollectorRegistry:
+    """What a coordinator around `node` publishes once it has handed the node's figures over."""
+    coordinator = Coordinator.__new__(Coordinator)  # its I/O is not used here
+    coordinator.node, coordinator.storage, coordinator.zap, coordinator.last_election_role = node, None, None, None
+    registry = CollectorRegistry()
+    coordinator.metrics = m.CoordinatorMetrics(registry)
+    coordinator.observe()
+    coordinator.metrics.fold()
+    return registry
+
+
+def test_the_coordinator_publishes_the_replies_it_made_itself():
+    node = ClusterNode(_config(3), T0, recovered=Recovered(), rng=random.Random(1))  # no leader known
+    node.on_forward_requests([(Origin(3), 0, {"action": p.PRODUCE, "queue": "q"}),
+                              (Origin(3), 1, {"action": "consume", "queue": "q"})], T0)
+    _drain(node)
+    registry = _observed(node)
+    assert samples(registry, "queue_server_requests_total") == {("produce", "-1"): 1, ("consume", "-1"): 1}
+    assert samples(_observed(node), "queue_server_requests_total") == {}  # handed over once
+
+
+def test_the_coordinator_publishes_the_workers_replies_it_refused_as_refusals_not_requests():
+    node = ClusterNode(_config(1), T0, recovered=Recovered(), rng=random.Random(1))
+    node.tick(T0 + 1)  # leads
+    _batch(node, node.epoch - 1, [PRODUCE])
+    _drain(node)
+    registry = _observed(node)
+    assert samples(registry, "queue_server_writes_refused_total") == {
+        (label,): 1 if label == "mode_changed" else 0 for label in REFUSAL_LABELS}
+    assert samples(registry, "queue_server_requests_total") == {}  # the worker counted it
 
 
 def test_labels():
@@ -138,7 +183,7 @@ def test_with_metrics_off_local_counts_do_not_pile_up(monkeypatch):
     monkeypatch.delenv(m.ENV, raising=False)
     wm = m.WorkerMetrics(CollectorRegistry())
     wm.active = False  # as in a node without metrics_port
-    m.count_replies(wm.counts, [(1, i, {"action": f"bogus-{i}", "code": -1}) for i in range(1000)])
+    count_replies(wm.counts, [(1, i, {"action": f"bogus-{i}", "code": -1}) for i in range(1000)])
     assert len(wm.counts) == 1000
     wm.fold(lambda: pytest.fail("queue totals are not computed with metrics off"))
     assert wm.counts == {}
@@ -160,6 +205,9 @@ def test_series_of_known_label_values_start_at_zero():
     assert samples(registry, "queue_server_limit_refusals_total") == {(limit,): 0 for limit in limits.LIMITS}
     assert samples(coordinator, "queue_server_peer_rejected_total") == {
         (reason,): 0 for reason in ("unknown_src", "src_not_sender", "other_cluster", "bad_key")}
+    assert samples(coordinator, "queue_server_writes_refused_total") == {
+        (reason,): 0 for reason in ("leadership_lost", "leadership_changed", "mode_changed", "storage_unavailable",
+                                    "not_leader")}
 
 
 def test_only_the_acceptor_starts_the_node_wide_series():
@@ -203,3 +251,15 @@ def test_every_limit_counted_is_one_of_the_limits():
     assert not unknown, f"limits counted but missing from protocol/limits.py LIMITS: {unknown}"
     assert set(counted) == set(limits.LIMITS), "a name in LIMITS that nothing counts"
 
+
+
+def test_every_reason_the_coordinator_refuses_for_has_a_label():
+    """ClusterNode._refuse counts by REFUSALS[reason]: a reason without a label would be counted
+    only as "other"."""
+    path = Path(server.__file__).parent / "cluster.py"
+    reasons = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "_refuse":
+            reasons |= {getattr(p, n.attr) for n in ast.walk(node.args[-1])
+                        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "p"}
+    assert reasons == set(REFUSALS)

@@ -135,7 +135,7 @@ def test_bad_subscribe_requests_name_the_field():
 
 
 def test_pushes_are_not_counted_as_requests():
-    from queue_server.server.metrics import count_replies
+    from queue_server.server.reply_counts import count_replies
 
     t = Svc()
     t.call({"action": 1, "queue": "q", "data": ["a", "b"], "retry": 30})
