@@ -1,6 +1,7 @@
 """On a real 3-node cluster: a request keeps its transport's rules wherever it is served (a UDP
 consume forwarded by a follower is never held as a long poll and never takes more than fits in a
-datagram), and a forwarded consume whose answer cannot be delivered gives its messages back."""
+datagram), a forwarded consume whose answer cannot be delivered gives its messages back, and a
+request the leader refuses itself is answered through the follower at once."""
 from __future__ import annotations
 
 import itertools
@@ -103,3 +104,24 @@ def test_forwarded_consume_whose_client_left_gives_the_message_back(cluster, rol
     finally:
         conn.close()
     assert got["delivery_count"] == (1 if retry == 0 else 2)
+
+
+@pytest.mark.parametrize("transport", ["tcp", "udp"])
+def test_a_request_the_leader_refuses_is_answered_through_the_follower_at_once(cluster, roles, transport):
+    """A follower forwards a produce without a queue; the leader refuses it without a worker.
+    That reply once went to the leader's own acceptor and was lost: the client got "forwarded
+    request timed out" ten seconds later."""
+    leader, follower = roles
+    request = {"action": 1, "data": "x", "seq": 7}
+    started = time.monotonic()
+    if transport == "udp":
+        r = udp_call(*cluster.nodes[follower].address, request, timeout=5.0)
+    else:
+        conn = RawTcp(*cluster.nodes[follower].address, timeout=5.0)
+        try:
+            r = conn.call(request)
+        finally:
+            conn.close()
+    elapsed = time.monotonic() - started
+    assert (r["code"], r["reason"], r["seq"], r["node_id"]) == (-1, "queue: missing", 7, leader)
+    assert elapsed < 5.0
