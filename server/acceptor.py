@@ -21,7 +21,7 @@ from queue_server.protocol import vocabulary as p
 from queue_server.server.auth import AUTH_REQUIRED, Authenticator, read_token_file
 from queue_server.server.child import start
 from queue_server.server.dispatch import TO_COORDINATOR, Dispatch, ReplyOrder
-from queue_server.protocol.framing import FrameDecoder, FramingError
+from queue_server.protocol.framing import TOO_DEEP, FrameDecoder, FramingError, too_deep
 from queue_server.protocol.origin import Origin
 from queue_server.server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_limit
 from queue_server.server.reply_counts import count_one
@@ -229,6 +229,9 @@ class Datagrams(asyncio.DatagramProtocol):
             except orjson.JSONDecodeError as exc:
                 reason = "invalid UTF-8" if "UTF-8" in str(exc) else f"malformed JSON: {exc}"
                 value = FramingError(reason, False)
+            else:
+                if too_deep(value, data):
+                    value = FramingError(TOO_DEEP, False)
         if not acceptor.auth.datagram(value):
             acceptor.udp_addrs.pop(number, None)
             return  # no valid auth_token: no reply at all
