@@ -508,14 +508,40 @@ def test_requests_through_a_follower_with_auth_over_udp(secured):
 
 
 @pytest.mark.parametrize("side", ["leader", "follower"])
-def test_a_request_before_auth_is_refused_by_a_follower_as_by_the_leader(secured, side):
+def test_a_datagram_without_a_valid_auth_token_gets_no_reply_from_a_follower_either(secured, side):
+    """Section 9: no reply at all. The datagram after them, with the token, is the first answered."""
+    leader, follower = secured.roles()
+    address = secured.nodes[leader if side == "leader" else follower].address
+    unanswered = [{"action": 1, "queue": "nope", "data": "x", "seq": 1},
+                  {"action": 1, "queue": "nope", "data": "x", "seq": 2, "auth_token": "guess"},
+                  {"action": "bogus", "seq": 3}, {"action": 8, "seq": 4, "auth_token": 5}]
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.settimeout(PROMPT)
+        for request in unanswered:
+            s.sendto(orjson.dumps(request), address)
+        s.sendto(b"{bad json", address)
+        s.sendto(orjson.dumps({"action": 4, "queue": "nope", "seq": 5, "auth_token": TOKEN}), address)
+        reply = orjson.loads(s.recvfrom(1 << 16)[0])
+    assert (reply["seq"], reply["code"], reply["size"], reply["node_id"]) == (5, 0, 0, leader)
+
+
+@pytest.mark.parametrize("side", ["leader", "follower"])
+@pytest.mark.parametrize("first, refusal", [
+    ({"action": 4, "seq": 1}, "authentication required"),
+    ({"action": "auth", "token": "guess", "seq": 1}, "authentication failed"),
+], ids=["no-auth", "wrong-token"])
+def test_a_connection_without_auth_is_refused_by_a_follower_as_by_the_leader(secured, side, first, refusal):
+    """Section 9: answered by the node asked, which then closes the connection; nothing after it
+    is read, let alone forwarded."""
     leader, follower = secured.roles()
     node = secured.nodes[leader if side == "leader" else follower]
     conn = RawTcp(*node.address, timeout=PROMPT)
     try:
-        conn.send({"action": 4, "seq": 1})
+        conn.send(orjson.dumps(first) + b"\n" + orjson.dumps({"action": 1, "queue": "nope", "data": "x"}) + b"\n")
         reply = conn.recv()
-        assert (reply["code"], reply["seq"]) == (-1, 1) and reply["reason"].startswith("authentication required")
+        assert (reply["code"], reply["seq"], reply["node_id"]) == (-1, 1, node.config["node_id"])
+        assert reply["reason"].startswith(refusal) and "token" not in reply
         assert conn.closed_by_peer()
     finally:
         conn.close()
+    assert secured.ask(leader, {"action": 4, "queue": "nope"})["size"] == 0
