@@ -300,6 +300,8 @@ class Acceptor(Dispatch):
         conn.waiting.clear()
         self.closed_requests += conn.next_no
         self.metrics.drop_probe(conn.conn_id)
+        if self.polls or self.ended:
+            self.forget(conn.conn_id)
         if conn.long_polls:
             message = ipc_frames.close_frames(conn.conn_id)
             for sock in self.workers:
@@ -365,7 +367,7 @@ class Acceptor(Dispatch):
             self.udp_transport.sendto(data, addr)
             return
         conn = self.conns.get(origin.conn)
-        if conn is None:
+        if conn is None or ((self.polls or self.ended) and not self.owed(origin, req_no)):
             self.undeliver(data)
         elif req_no == p.PUSH_REQ_NO:  # a subscription's push: out at once, between replies
             conn.out.append(data)
@@ -465,6 +467,8 @@ class Acceptor(Dispatch):
             await http_api.stop_accepting(self.http)
         for sock in self.workers:
             sock.send_multipart(ipc_frames.DRAIN_FRAMES, zmq.NOBLOCK)
+        self.end_forwarded_polls()
+        self.schedule_output()
         for conn in list(self.conns.values()):
             conn.finish()
         if self.conns:

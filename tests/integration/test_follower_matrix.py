@@ -5,6 +5,7 @@ from its own state (`leader`, `auth`, the local_* actions, a `subscribe`), that 
 from __future__ import annotations
 
 import itertools
+import signal
 import socket
 import time
 from typing import Any, Callable
@@ -471,6 +472,32 @@ def test_a_long_poll_through_a_follower_ends_empty_with_its_wait(cluster, roles,
     assert [(r["seq"], r["code"], "msg_id" in r, r.get("messages"), r["node_id"]) for r in replies] == [
         (0, 0, False, None, leader), (1, 0, False, [], leader)]
     assert 1.4 <= elapsed < 1.5 + PROMPT
+
+
+def test_a_stopping_follower_answers_its_long_polls_at_once_as_a_leader_does(tmp_path):
+    """On SIGTERM a node answers its pending long polls at once, empty (README, "A cluster"). A
+    follower's polls wait on the leader, which is not told: they went unanswered, and the
+    connection was closed shutdown_grace (10 s) later."""
+    c = Cluster(str(tmp_path), workers=1)
+    try:
+        c.start()
+        leader = c.wait_serving()
+        follower = next(i for i in c.nodes if i != leader)
+        conn = RawTcp(*c.nodes[follower].address, timeout=PROMPT)
+        q = _queue("stop")
+        conn.send({"action": 2, "queue": q, "wait": 20, "seq": 0})
+        conn.send({"action": "consume", "queue": q, "count": 3, "wait": 20, "seq": 1})
+        wait_for(lambda: (c.ask(leader, {"action": 4, "queue": q}) or {}).get("waiters") == 2, 10,
+                 "the polls to park on the leader")
+        c.nodes[follower].signal(signal.SIGTERM)
+        replies = [conn.recv(), conn.recv()]
+        assert conn.closed_by_peer()
+        conn.close()
+        assert [(r["seq"], r["code"], "msg_id" in r, r.get("messages")) for r in replies] == [
+            (0, 0, False, None), (1, 0, False, [])]
+        assert c.nodes[follower].proc.wait(PROMPT) == 0
+    finally:
+        c.stop()
 
 
 # --------------------------------------------------------------------------- with authentication
