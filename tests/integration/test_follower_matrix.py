@@ -477,7 +477,8 @@ def test_a_long_poll_through_a_follower_ends_empty_with_its_wait(cluster, roles,
 def test_a_stopping_follower_answers_its_long_polls_at_once_as_a_leader_does(tmp_path):
     """On SIGTERM a node answers its pending long polls at once, empty (README, "A cluster"). A
     follower's polls wait on the leader, which is not told: they went unanswered, and the
-    connection was closed shutdown_grace (10 s) later."""
+    connection was closed shutdown_grace (10 s) later; and a message that served one of them
+    after the follower stopped was lost."""
     c = Cluster(str(tmp_path), workers=1)
     try:
         c.start()
@@ -496,6 +497,14 @@ def test_a_stopping_follower_answers_its_long_polls_at_once_as_a_leader_does(tmp
         assert [(r["seq"], r["code"], "msg_id" in r, r.get("messages")) for r in replies] == [
             (0, 0, False, None), (1, 0, False, [])]
         assert c.nodes[follower].proc.wait(PROMPT) == 0
+        # The leader still holds the polls until their wait ends; the message that serves one
+        # cannot reach the stopped follower and must not be lost with its reply.
+        assert c.ask(leader, {"action": 1, "queue": q, "data": "kept"})["code"] == 0
+
+        def back() -> dict | None:
+            r = c.ask(leader, {"action": 2, "queue": q})
+            return r if r and r.get("data") == "kept" else None
+        assert wait_for(back, 10, "the message to be given back")["delivery_count"] == 1
     finally:
         c.stop()
 
