@@ -23,9 +23,14 @@ from dataclasses import dataclass
 
 import orjson
 
-__all__ = ["FramingError", "FrameDecoder", "DEFAULT_MAX_REQUEST_SIZE"]
+__all__ = ["FramingError", "FrameDecoder", "DEFAULT_MAX_REQUEST_SIZE", "MAX_DEPTH", "TOO_DEEP", "too_deep"]
 
 DEFAULT_MAX_REQUEST_SIZE = 1 << 20
+# The deepest nesting a request may have. The node encodes every request again, inside a few
+# levels of its own (a worker's batch, a forward, a gather tag), and orjson writes at most 254
+# levels: a deeper request could not be passed on, and stopped the process that read it.
+MAX_DEPTH = 128
+TOO_DEEP = f"malformed JSON: nests deeper than {MAX_DEPTH} levels"
 
 _JSONDecodeError = orjson.JSONDecodeError
 _AFTER = "unexpected content after document"
@@ -77,8 +82,12 @@ class FrameDecoder:
 
         Each item is ``(value, raw)`` where value is the parsed JSON (any JSON type: the caller
         rejects non-objects) or a :class:`FramingError`, and raw is that request's bytes
-        (without the terminating newline; surrounding blanks or ``\\r`` may remain).
+        (without the terminating newline; surrounding blanks or ``\\r`` may remain). A value
+        nested deeper than MAX_DEPTH is a (non-fatal) FramingError.
         """
+        return _depth_checked(self._feed(data))
+
+    def _feed(self, data: bytes) -> list[tuple[object, bytes]]:
         if self.closed or not data:
             return []
         if type(data) is not bytes:
@@ -157,7 +166,7 @@ class FrameDecoder:
             self._segment(bytes(self._pending), True, out)
         self._set_pending(b"")
         self.closed = True
-        return out
+        return _depth_checked(out)
 
     # -- slow paths ------------------------------------------------------------------------
 
@@ -317,6 +326,30 @@ class FrameDecoder:
         if not terminated:
             self.closed = True
         return b""
+
+
+def too_deep(value: object, raw: bytes | bytearray | memoryview) -> bool:
+    """Whether a parsed request (`raw`, its bytes) nests containers deeper than MAX_DEPTH."""
+    raw = bytes(raw) if type(raw) is memoryview else raw
+    if raw.count(b"[") + raw.count(b"{") <= MAX_DEPTH:  # the usual case, without a walk
+        return False
+    level = [(value, 1)]
+    while level:
+        node, depth = level.pop()
+        if depth > MAX_DEPTH:
+            return True
+        if type(node) is dict:
+            level.extend((v, depth + 1) for v in node.values() if type(v) is dict or type(v) is list)
+        elif type(node) is list:
+            level.extend((v, depth + 1) for v in node if type(v) is dict or type(v) is list)
+    return False
+
+
+def _depth_checked(out: list[tuple[object, bytes]]) -> list[tuple[object, bytes]]:
+    for i, (value, raw) in enumerate(out):
+        if (type(value) is dict or type(value) is list) and too_deep(value, raw):
+            out[i] = (FramingError(TOO_DEEP, False), raw)
+    return out
 
 
 def _too_big(limit: int) -> str:

@@ -21,7 +21,7 @@ from queue_server.protocol import vocabulary as p
 from queue_server.server.auth import AUTH_REQUIRED, Authenticator, read_token_file
 from queue_server.server.child import start
 from queue_server.server.dispatch import TO_COORDINATOR, Dispatch, ReplyOrder
-from queue_server.protocol.framing import FrameDecoder, FramingError
+from queue_server.protocol.framing import TOO_DEEP, FrameDecoder, FramingError, too_deep
 from queue_server.protocol.origin import Origin
 from queue_server.server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_limit
 from queue_server.server.reply_counts import count_one
@@ -229,6 +229,9 @@ class Datagrams(asyncio.DatagramProtocol):
             except orjson.JSONDecodeError as exc:
                 reason = "invalid UTF-8" if "UTF-8" in str(exc) else f"malformed JSON: {exc}"
                 value = FramingError(reason, False)
+            else:
+                if too_deep(value, data):
+                    value = FramingError(TOO_DEEP, False)
         if not acceptor.auth.datagram(value):
             acceptor.udp_addrs.pop(number, None)
             return  # no valid auth_token: no reply at all
@@ -297,6 +300,8 @@ class Acceptor(Dispatch):
         conn.waiting.clear()
         self.closed_requests += conn.next_no
         self.metrics.drop_probe(conn.conn_id)
+        if self.polls or self.ended:
+            self.forget(conn.conn_id)
         if conn.long_polls:
             message = ipc_frames.close_frames(conn.conn_id)
             for sock in self.workers:
@@ -362,7 +367,7 @@ class Acceptor(Dispatch):
             self.udp_transport.sendto(data, addr)
             return
         conn = self.conns.get(origin.conn)
-        if conn is None:
+        if conn is None or ((self.polls or self.ended) and not self.owed(origin, req_no)):
             self.undeliver(data)
         elif req_no == p.PUSH_REQ_NO:  # a subscription's push: out at once, between replies
             conn.out.append(data)
@@ -462,6 +467,8 @@ class Acceptor(Dispatch):
             await http_api.stop_accepting(self.http)
         for sock in self.workers:
             sock.send_multipart(ipc_frames.DRAIN_FRAMES, zmq.NOBLOCK)
+        self.end_forwarded_polls()
+        self.schedule_output()
         for conn in list(self.conns.values()):
             conn.finish()
         if self.conns:

@@ -318,8 +318,9 @@ class ClusterNode:
     def on_unsent(self, msg: object, now: float) -> None:
         """A message to a peer could not be sent (its link is not up yet, or is too far behind).
         The election and replication resend what matters; forwarded client requests are sent
-        again every heartbeat until their leader answers or they time out."""
-        self.forwarding.on_unsent(msg, now)
+        again every heartbeat until their leader answers or they time out; the messages of a
+        consume reply that cannot go back to its follower are given back."""
+        self._carry(self.forwarding.on_unsent(msg, now))
 
     def on_peer(self, msg: object, client: tuple[str, int], now: float) -> None:
         """A message from another node."""

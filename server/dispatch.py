@@ -59,6 +59,11 @@ class Dispatch:
         self.epoch = 0  # of the workers' mode, as last reported (see ClusterNode.epoch)
         self.pending: list[list] = [[] for _ in range(router.workers)]
         self.forwarding: list = []
+        # Long polls of this node's TCP and HTTP clients parked on the leader, by connection and
+        # req_no: (origin, request). A stopping node answers them itself (end_forwarded_polls).
+        self.polls: dict[int, dict[int, tuple[Origin, dict]]] = {}
+        # Those it answered so: the leader's reply, when it comes, is not theirs to deliver.
+        self.ended: dict[int, set[int]] = {}
 
     # ----------------------------------------------------------------- hooks
     def reply(self, origin: Origin, req_no: int, reply: dict) -> None:
@@ -94,6 +99,8 @@ class Dispatch:
         elif self.role == FOLLOWER:
             if p.passes_to_coordinator(self.forward_request, self.leader["leader_node_id"], self.node_id):
                 self.forwarding.append(ipc_frames.req_item(origin, req_no, value))
+                if value.get("wait") and not origin.udp and action == p.CONSUME:
+                    self.polls.setdefault(origin.conn, {})[req_no] = (origin, value)
                 self.schedule_requests()
             else:
                 self.reply(origin, req_no, p.redirect_reply(value, self.node_id, self.leader))
@@ -110,6 +117,41 @@ class Dispatch:
         for index, item in plan:
             pending[index].append(item)
         self.schedule_requests()
+
+    def end_forwarded_polls(self) -> None:
+        """The node is stopping: answer its clients' long polls parked on the leader now, empty,
+        as its own workers answer theirs (a reply the leader sends them later is not delivered:
+        see owed)."""
+        polls, self.polls = self.polls, {}
+        for conn, parked in polls.items():
+            for req_no, (origin, request) in parked.items():
+                reply = p.echo(request)
+                reply.update(code=p.CODE_OK, node_id=self.node_id)
+                if "count" in request:
+                    reply["messages"] = []
+                self.reply(origin, req_no, reply)
+            self.ended.setdefault(conn, set()).update(parked)
+
+    def owed(self, origin: Origin, req_no: int) -> bool:
+        """Whether a reply that came for request `req_no` of `origin` is still owed to its client:
+        not when this node answered that long poll itself (end_forwarded_polls); the caller then
+        gives its messages back."""
+        conn = origin.conn
+        ended = self.ended.get(conn)
+        if ended is not None and req_no in ended:
+            ended.discard(req_no)
+            if not ended:
+                del self.ended[conn]
+            return False
+        parked = self.polls.get(conn)
+        if parked is not None and parked.pop(req_no, None) is not None and not parked:
+            del self.polls[conn]
+        return True
+
+    def forget(self, conn: int) -> None:
+        """Connection `conn` is gone: none of its replies are owed any more."""
+        self.polls.pop(conn, None)
+        self.ended.pop(conn, None)
 
     def answer_leader(self, origin: Origin, req_no: int, value: dict) -> None:
         """Action 8: the leader's client address."""

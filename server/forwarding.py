@@ -149,13 +149,20 @@ class Forwarding:
         self.forwards[fid] = (where, req_no, now + grace, echo, raw, grace)
         self.on_unsent(Forward(vote_id, self.node_id, ((fid, raw, where.udp),)), now)
 
-    def on_unsent(self, msg: object, now: float) -> None:
+    def on_unsent(self, msg: object, now: float) -> list:
         """A message to a peer could not be sent: forwarded client requests are sent again every
-        heartbeat until their leader answers or they time out (other messages are not ours)."""
-        if type(msg) is Forward:
+        heartbeat until their leader answers or they time out; the messages of a consume reply
+        that cannot go back to its follower (gone, or stopped) are given back here; other
+        messages are not ours."""
+        kind = type(msg)
+        if kind is Forward:
             if not self.unsent:
                 self.resend_at = now + self.heartbeat
             self.unsent.append(msg)
+        elif kind is ForwardReply:
+            given = (p.delivered(replies.decoded(reply)) for _, reply in msg.replies)
+            return [Undeliver(*g) for g in given if g is not None]
+        return []
 
     def orphan(self, now: float) -> None:
         """The leader changed: requests forwarded to the old one wait an election timeout for its

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import orjson
 
 from queue_server.protocol import vocabulary as p
+from queue_server.protocol.framing import TOO_DEEP, too_deep
 AUTH_MISSING = p.AUTH_REFUSED + "required: send the header Authorization: Bearer <token>"
 BEARER = "bearer "
 TOO_LARGE = "request exceeds max_request_size"
@@ -73,9 +74,10 @@ def scalar(text: str) -> Any:
         return text == "true"
     if text[:1] == "[":
         try:
-            return orjson.loads(text)
+            value = orjson.loads(text)
         except orjson.JSONDecodeError:
             return text
+        return text if too_deep(value, text.encode()) else value
     value = p.number(text)
     return text if value is None else value
 
@@ -90,6 +92,8 @@ def build(route: Route, path_params: Mapping[str, str], query: Mapping[str, str]
             value = orjson.loads(body)
         except orjson.JSONDecodeError as exc:
             return f"malformed JSON: {exc}"
+        if too_deep(value, body):
+            return TOO_DEEP
         if type(value) is not dict:
             return "request: must be a JSON object"
         request.update(value)

@@ -519,6 +519,11 @@ class Cluster:
         except TimeoutError as e:
             raise TimeoutError(f"{e}\n{self.describe(ids)}") from None
 
+    def roles(self) -> tuple[int, int]:
+        """(the leader the nodes agree on, a follower that knows it)."""
+        leader = self.wait_leader()
+        return leader, next(i for i in self.nodes if i != leader)
+
     def describe(self, ids: list[int] | None = None) -> str:
         """Each node's view of the cluster and the end of its log, for a failure message."""
         lines = []

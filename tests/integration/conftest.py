@@ -39,6 +39,12 @@ def authed_node(tmp_path_factory):
 
 
 @pytest.fixture
+def roles(cluster) -> tuple[int, int]:
+    """(leader, a follower that knows it) of the module's own `cluster` fixture."""
+    return cluster.roles()
+
+
+@pytest.fixture
 def qname(request) -> str:
     """A queue name no other test uses."""
     return f"{request.node.name[:40]}-{os.getpid()}-{next(_names)}-{time.monotonic_ns()}"

@@ -26,14 +26,6 @@ def cluster(tmp_path_factory):
         c.stop()
 
 
-@pytest.fixture
-def roles(cluster) -> tuple[int, int]:
-    """(leader, a follower that knows it)."""
-    leader = cluster.wait_leader()
-    follower = next(i for i in cluster.nodes if i != leader)
-    return leader, follower
-
-
 def _queue() -> str:
     return f"transport-{next(_names)}"
 

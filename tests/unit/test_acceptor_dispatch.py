@@ -177,3 +177,49 @@ def test_a_connection_whose_requests_went_to_two_workers_gets_its_replies_in_ord
     [(_, slow_no, _, _)] = by_worker[0]
     assert order.put(fast_no, b"fast") is False and order.out == []
     assert order.put(slow_no, b"slow") is True and order.out == [b"slow", b"fast"]
+
+
+@pytest.fixture
+def follower() -> FakeDispatch:
+    d = FakeDispatch()
+    d.status(FOLLOWER, 3, leader=2)
+    return d
+
+
+def test_a_stopping_follower_answers_its_clients_polls_parked_on_the_leader_empty(follower):
+    """Its own workers answer their long polls at once when the node stops; the ones it forwarded
+    wait on the leader, which does not hear of it: they once went unanswered until the node
+    closed the connection, shutdown_grace later."""
+    poll = {"action": p.CONSUME, "queue": "q", "wait": 20, "seq": 1}
+    follower.submit(Origin(7), 0, poll)
+    follower.submit(Origin(7), 1, {**poll, "count": 5, "seq": 2})
+    follower.submit(Origin(8, udp=True), 0, poll)  # never held over UDP: answered by the leader at once
+    follower.submit(Origin(7), 2, {"action": p.PRODUCE, "queue": "q", "data": "x", "wait": 3})
+    follower.submit(Origin(9), 0, poll)
+    assert follower.owed(Origin(9), 0) and 9 not in follower.polls  # the leader answered that one
+    follower.end_forwarded_polls()
+    assert [(o, n, r) for o, n, r in follower.answers] == [
+        (Origin(7), 0, {"action": p.CONSUME, "queue": "q", "wait": 20, "seq": 1, "code": 0, "node_id": NODE}),
+        (Origin(7), 1, {"action": p.CONSUME, "queue": "q", "wait": 20, "seq": 2, "count": 5, "code": 0,
+                        "node_id": NODE, "messages": []})]
+    # the leader's replies to them, when they come, are not delivered (their messages go back)
+    assert not follower.owed(Origin(7), 0) and not follower.owed(Origin(7), 1)
+    assert follower.owed(Origin(7), 2) and follower.owed(Origin(8, udp=True), 0)
+    assert follower.owed(Origin(7), 0)  # only once: a later request's reply of that number is owed
+    follower.end_forwarded_polls()
+    assert len(follower.answers) == 2 and follower.polls == follower.ended == {}
+
+
+def test_a_leader_ends_its_own_polls_in_its_workers(leader):
+    leader.submit(Origin(7), 0, {"action": p.CONSUME, "queue": "q", "wait": 20})
+    leader.end_forwarded_polls()
+    assert leader.answers == [] and leader.owed(Origin(7), 0)
+
+
+def test_a_closed_connection_owes_nothing(follower):
+    follower.submit(Origin(7), 0, {"action": p.CONSUME, "queue": "q", "wait": 20})
+    follower.submit(Origin(8), 0, {"action": p.CONSUME, "queue": "q", "wait": 20})
+    follower.end_forwarded_polls()
+    follower.submit(Origin(7), 1, {"action": p.CONSUME, "queue": "q", "wait": 20})
+    follower.forget(7)
+    assert follower.polls == {} and follower.ended == {8: {0}}

@@ -212,6 +212,15 @@ def test_the_leader_gives_back_what_a_follower_could_not_deliver():
     assert index == node.router.worker_for("q")
 
 
+def test_a_forwarded_consume_reply_that_cannot_be_sent_is_given_back_by_the_leader():
+    node = _leader()
+    reply = {"action": p.CONSUME, "queue": "q", "code": 0, "msg_id": 5, "data": "x", "delivery_count": 1}
+    node.on_unsent(ForwardReply(node.election.vote_id, 1, ((42, orjson.dumps(reply)),)), T0 + 2)
+    (index, frames), = _drain(node)[1]
+    assert frames == [ipc_frames.UNDELIVER, orjson.dumps(["q", [[5, 1]]])]
+    assert index == node.router.worker_for("q")
+
+
 def test_forwarded_replies_go_back_to_their_node():
     node = _leader()
     node.forwarding.served = True

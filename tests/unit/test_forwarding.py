@@ -249,8 +249,18 @@ def test_an_unsent_forward_answered_meanwhile_or_sent_twice_goes_once():
 
 def test_only_forwards_are_sent_again():
     fw = _forwarding()
-    fw.on_unsent(ForwardReply(VOTE, ME, ((1, b"{}\n"),)), T0)
+    assert fw.on_unsent(ForwardReply(VOTE, ME, ((1, b"{}\n"),)), T0) == []
     assert fw.unsent == [] and fw.wake_at() == float("inf")
+
+
+def test_a_consume_reply_that_cannot_go_back_to_its_follower_gives_its_messages_back():
+    """The follower stopped (or died) with a long poll parked here: the message that serves the
+    poll must not be lost with the reply, as it was when the reply was dropped."""
+    fw = _forwarding(node_id=LEADER)
+    reply = _consumed(7)
+    both = ForwardReply(VOTE, LEADER, (reply.replies[0], _reply(8, {"action": p.PRODUCE, "code": 0}).replies[0]))
+    assert fw.on_unsent(both, T0) == [Undeliver("q", [[5, 1]])]
+    assert fw.unsent == []
 
 
 # ----------------------------------------------------------------- the leader's side

@@ -407,3 +407,28 @@ def test_many_back_to_back_values_in_one_chunk_is_linear(monkeypatch: pytest.Mon
     items = FrameDecoder().feed(stream)
     assert [v["i"] for v, _ in items] == list(range(5000))
     assert counter.parsed < 12 * len(stream)
+
+
+def _nested(depth: int) -> bytes:
+    return b'{"action":1,"queue":"q","data":"x","extra":' + b"[" * (depth - 1) + b"]" * (depth - 1) + b"}"
+
+
+def test_a_request_nested_deeper_than_max_depth_is_malformed_and_not_fatal() -> None:
+    """The node re-encodes every request (orjson writes at most 254 levels, and the node wraps a
+    request in a few more): one nested deeper once wedged the acceptor that read it."""
+    d = FrameDecoder()
+    deep, ok = _nested(framing.MAX_DEPTH + 1), _nested(framing.MAX_DEPTH)
+    out = d.feed(deep + b"\n" + ok + b"\n" + _nested(300) + b"\n" + _nested(1000) + b"\n")
+    reasons = [v.reason if isinstance(v, FramingError) else None for v, _ in out]
+    too_deep = f"malformed JSON: nests deeper than {framing.MAX_DEPTH} levels"
+    assert reasons == [too_deep, None, too_deep, too_deep]
+    assert not d.closed and orjson.dumps(out[1][0])
+    assert [type(v) for v, _ in FrameDecoder().feed(deep)] == [FramingError]  # a bare object too
+
+
+def test_too_deep_counts_containers_not_brackets_in_strings() -> None:
+    flat = {"data": "[" * 1000}
+    assert not framing.too_deep(flat, orjson.dumps(flat))
+    nested = orjson.loads(_nested(framing.MAX_DEPTH + 1))
+    assert framing.too_deep(nested, _nested(framing.MAX_DEPTH + 1))
+    assert not framing.too_deep(orjson.loads(_nested(framing.MAX_DEPTH)), _nested(framing.MAX_DEPTH))

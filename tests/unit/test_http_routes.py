@@ -25,6 +25,8 @@ def test_query_values_become_json_values_and_bad_ones_stay_strings_for_the_proto
     assert req == {"action": "consume", "queue": "q", "count": 2, "wait": 1.5, "times": True, "token": "t/1"}
     assert build(CONSUME, {"queue": "q"}, {"count": "two"}, b"")["count"] == "two"
     assert scalar("[1, 2]") == [1, 2] and scalar("nan") == "nan" and scalar("[x") == "[x"
+    deep = "[" * 300 + "]" * 300  # deeper than a node passes on: left a string, for the protocol to refuse
+    assert scalar(deep) == deep
 
 
 def test_msg_id_comes_from_the_path():
@@ -34,6 +36,7 @@ def test_msg_id_comes_from_the_path():
 @pytest.mark.parametrize("body, reason", [
     (b"{", "malformed JSON"),
     (b"[1]", "request: must be a JSON object"),
+    (b'{"data": "x", "extra": ' + b"[" * 300 + b"]" * 300 + b"}", "malformed JSON: nests deeper than 128 levels"),
 ])
 def test_a_body_that_is_no_object_is_refused(body, reason):
     assert build(PRODUCE, {"queue": "q"}, {}, body).startswith(reason)
