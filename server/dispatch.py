@@ -5,9 +5,10 @@ means (fence the workers), and in which order a connection's replies leave (requ
 whatever order the workers answer in). server/acceptor.py moves the bytes."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from queue_server.protocol import ipc_frames
+from queue_server.protocol import ipc_frames, replies
 from queue_server.protocol.roles import Role
 from queue_server.protocol import vocabulary as p
 from queue_server.protocol.framing import FramingError
@@ -17,6 +18,9 @@ from queue_server.server.router import Router
 # This node's role, as the coordinator last reported it.
 LEADER, FOLLOWER, NONE = Role.LEADER, Role.FOLLOWER, Role.NONE
 TO_COORDINATOR = -1  # the destination of a message for the coordinator (workers are 0, 1, ...)
+# The reply to a request that cannot be passed to a worker or the leader (it cannot be encoded).
+UNPASSABLE = "request: cannot be passed on (nested too deep, or a number out of range)"
+_SCALARS = (str, int, float, bool, type(None))
 
 
 class ReplyOrder:
@@ -169,11 +173,34 @@ class Dispatch:
         epoch = self.epoch
         for index, items in enumerate(self.pending):
             if items:
-                send(index, ipc_frames.req_frames(items, epoch))
+                frames = self._encoded(lambda batch: ipc_frames.req_frames(batch, epoch), items)
                 items.clear()
+                if frames is not None:
+                    send(index, frames)
         if self.forwarding:
-            send(TO_COORDINATOR, ipc_frames.forward_frames(self.forwarding))
+            frames = self._encoded(ipc_frames.forward_frames, self.forwarding)
             self.forwarding.clear()
+            if frames is not None:
+                send(TO_COORDINATOR, frames)
+
+    def _encoded(self, encode: Callable[[list], list[bytes]], items: list) -> list[bytes] | None:
+        """encode(items); should a request not encode (the framing's checks refuse every one known
+        not to), it alone is answered with an error and the others go on: one request must never
+        stop the ones behind it. None when none is left to send."""
+        try:
+            return encode(items)
+        except TypeError:  # orjson.JSONEncodeError is one
+            pass
+        kept = []
+        for item in items:
+            try:
+                encode([item])
+            except TypeError:
+                named = {k: v for k, v in replies.naming(item[2]).items() if type(v) in _SCALARS}
+                self.reply(Origin.from_wire(item[0]), item[1], p.error_reply(named, UNPASSABLE, self.node_id))
+            else:
+                kept.append(item)
+        return encode(kept) if kept else None
 
     def fence(self) -> None:
         """This node stopped leading (or is handing leadership over): behind the requests routed

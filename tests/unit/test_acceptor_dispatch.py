@@ -10,6 +10,7 @@ import pytest
 
 from queue_server.protocol import ipc_frames
 from queue_server.protocol import vocabulary as p
+from queue_server.server import dispatch
 from queue_server.server.dispatch import FOLLOWER, LEADER, TO_COORDINATOR, Dispatch, ReplyOrder
 from queue_server.protocol.framing import FramingError
 from queue_server.protocol.origin import Origin
@@ -223,3 +224,32 @@ def test_a_closed_connection_owes_nothing(follower):
     follower.submit(Origin(7), 1, {"action": p.CONSUME, "queue": "q", "wait": 20})
     follower.forget(7)
     assert follower.polls == {} and follower.ended == {8: {0}}
+
+
+def _deep(levels: int) -> list:
+    value: list = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("role", [LEADER, FOLLOWER])
+def test_a_request_that_cannot_be_passed_on_is_answered_alone_and_stops_nothing(role):
+    """The framing refuses requests nested too deep to encode; should one get past it, it alone
+    gets an error, and the requests beside and behind it still leave."""
+    d = FakeDispatch()
+    d.status(role, 3, leader=NODE if role == LEADER else 2)
+    bad = {**produce("a"), "seq": 9, "extra": _deep(300)}
+    d.submit(Origin(7), 0, produce("a"))
+    d.submit(Origin(7), 1, bad)
+    d.submit(Origin(7), 2, produce("a"))
+    d.flush_requests()
+    [(origin, req_no, reply)] = d.answers
+    assert (origin, req_no, reply["code"], reply["reason"], reply["seq"]) == (Origin(7), 1, p.CODE_ERROR,
+                                                                           dispatch.UNPASSABLE, 9)
+    [(_, frames)] = d.sent
+    read = ipc_frames.read_req if role == LEADER else ipc_frames.read_forward
+    assert [item[1] for item in read(frames)] == [0, 2]
+    d.submit(Origin(7), 3, produce("a"))
+    d.flush_requests()
+    assert len(d.sent) == 2 and [item[1] for item in read(d.sent[1][1])] == [3]
