@@ -2,6 +2,11 @@
 compiled client (load/cbench.c), against beanstalkd and redis when they are installed. Prints
 the machine, a table, and writes a JSON file. A benchmark, not a test.
 
+One file, over 600 lines, because it is the one benchmark command: every workload is a short
+function over the same Server, client runner and report, and the summary compares their rows
+with each other and with the peers'. The workloads with machinery of their own are apart
+(load/durability_bench.py, memory_bench.py, http_bench.py, tls_bench.py, hop_floor.py, ...).
+
 Workloads (each on a freshly started server):
 
   unloaded      per-request cycles on one connection (the latency target: p50 <= 250 us)

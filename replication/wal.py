@@ -11,6 +11,10 @@ zlib's crc32: the standard library has no crc32c, and zlib's is fast enough (it 
 torn and rotted writes, not against tampering). ``scan`` is the one walker over a segment's
 records; recovery (read_wal) and the writer both use it.
 
+One file, over 600 lines, because it is the one place the record format is written and read:
+encode_record, scan, read_wal and WalWriter (its group commit, segment roll and reset) must agree
+byte for byte, and a change to the layout has to change them together.
+
 This file also holds SyncPolicy, when the log is fsync'd. The disk helpers it shares with the
 snapshots and the data dir are in disk.py.
 

@@ -3,6 +3,12 @@ peers, which replies may go out (a write is answered once committed), and what t
 replay; forwarding of client requests is server/forwarding.py's. The coordinator process
 (server/coordinator.py) feeds it events and the time, takes what it decided as one Ready
 (server/ready.py), persists and sends that, and calls advance.
+
+One file, over 600 lines, because ClusterNode is one state machine: a role change, a commit or a
+refused batch touches the election, the log, the replication progress, the workers' mode (epoch)
+and the replies waiting for a commit together, and each handler must leave all of them agreeing.
+What stands alone is apart already: election/, replication/, server/forwarding.py,
+server/gather.py, server/ready.py.
 """
 from __future__ import annotations
 
