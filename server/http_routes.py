@@ -77,7 +77,7 @@ def scalar(text: str) -> Any:
             value = orjson.loads(text)
         except orjson.JSONDecodeError:
             return text
-        return text if too_deep(value, text.encode()) else value
+        return text if too_deep(value, text) else value
     value = p.number(text)
     return text if value is None else value
 
