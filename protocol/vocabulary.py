@@ -158,6 +158,17 @@ def error_reply(request: Any, reason: str, node_id: int | None = None) -> dict:
     return reply
 
 
+def empty_consume_reply(request: Any, node_id: int, batch: bool) -> dict:
+    """A consume's code 0 reply that hands out nothing; with `batch` (the request gave a count)
+    its empty `messages` list."""
+    reply = echo(request)
+    reply["code"] = CODE_OK
+    reply["node_id"] = node_id
+    if batch:
+        reply["messages"] = []
+    return reply
+
+
 def try_again(reply: Any) -> bool:
     """Whether a reply is an error that means "not now" (no leader, leadership changed, the
     leader did not answer, storage unavailable, queue full), not "bad input"."""

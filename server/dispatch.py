@@ -129,11 +129,7 @@ class Dispatch:
         polls, self.polls = self.polls, {}
         for conn, parked in polls.items():
             for req_no, (origin, request) in parked.items():
-                reply = p.echo(request)
-                reply.update(code=p.CODE_OK, node_id=self.node_id)
-                if "count" in request:
-                    reply["messages"] = []
-                self.reply(origin, req_no, reply)
+                self.reply(origin, req_no, p.empty_consume_reply(request, self.node_id, "count" in request))
             self.ended.setdefault(conn, set()).update(parked)
 
     def owed(self, origin: Origin, req_no: int) -> bool:
@@ -173,7 +169,7 @@ class Dispatch:
         epoch = self.epoch
         for index, items in enumerate(self.pending):
             if items:
-                frames = self._encoded(lambda batch: ipc_frames.req_frames(batch, epoch), items)
+                frames = self._encoded(ipc_frames.req_frames, items, epoch)
                 items.clear()
                 if frames is not None:
                     send(index, frames)
@@ -183,24 +179,24 @@ class Dispatch:
             if frames is not None:
                 send(TO_COORDINATOR, frames)
 
-    def _encoded(self, encode: Callable[[list], list[bytes]], items: list) -> list[bytes] | None:
-        """encode(items); should a request not encode (the framing's checks refuse every one known
+    def _encoded(self, encode: Callable[..., list[bytes]], items: list, *args: Any) -> list[bytes] | None:
+        """encode(items, *args); should a request not encode (the framing's checks refuse every one known
         not to), it alone is answered with an error and the others go on: one request must never
         stop the ones behind it. None when none is left to send."""
         try:
-            return encode(items)
+            return encode(items, *args)
         except TypeError:  # orjson.JSONEncodeError is one
             pass
         kept = []
         for item in items:
             try:
-                encode([item])
+                encode([item], *args)
             except TypeError:
                 named = {k: v for k, v in replies.naming(item[2]).items() if type(v) in _SCALARS}
                 self.reply(Origin.from_wire(item[0]), item[1], p.error_reply(named, UNPASSABLE, self.node_id))
             else:
                 kept.append(item)
-        return encode(kept) if kept else None
+        return encode(kept, *args) if kept else None
 
     def fence(self) -> None:
         """This node stopped leading (or is handing leadership over): behind the requests routed

@@ -453,10 +453,7 @@ class PartitionService:
         return self._empty(req, count)
 
     def _empty(self, req: dict, count: int | None) -> dict:
-        reply = self._ok(req)
-        if count is not None:
-            reply["messages"] = []
-        return reply
+        return p.empty_consume_reply(req, self.node_id, count is not None)
 
     def _deliver(
         self,
