@@ -239,26 +239,38 @@ class Forwarding:
             return [Send(msg.src, ForwardReply(vote_id, self.node_id, refused))]
         self.served = True
         actions: list = []
+        answered = []  # `leader` and bad requests, answered here: back to the follower at once
         for fid, raw, udp in msg.requests:
-            for a in self.route(Origin(fid, udp, msg.src), 0, replies.decoded(raw)):
-                if type(a) is Deliver:  # answered here (`leader`, a bad request): back to its follower
-                    actions += self.release(a.header, a.blob, vote_id)
-                else:
-                    actions.append(a)
+            origin = Origin(fid, udp, msg.src)
+            plan = self._plan(origin, 0, replies.decoded(raw))
+            if type(plan) is dict:
+                answered.append((origin, 0, plan))
+            else:
+                actions += plan
+        if answered:
+            count_replies(self.replied, answered)
+            actions.append(Send(msg.src, ForwardReply(vote_id, self.node_id, tuple(
+                (origin.conn, _DUMPS(reply, option=_NEWLINE)) for origin, _, reply in answered))))
         return actions
 
     def route(self, origin: Origin, req_no: int, request: Any) -> list:
         """Serve a request on this (leading) node's workers; a bad one, or `leader`, is answered here."""
+        plan = self._plan(origin, req_no, request)
+        return self._answer([(origin, req_no, plan)]) if type(plan) is dict else plan
+
+    def _plan(self, origin: Origin, req_no: int, request: Any) -> dict | list:
+        """The reply to a request this node answers itself (`leader`, a bad request), or the Work
+        that serves it on the workers."""
         action = p.request_action(request)
         if type(action) is str:
-            return self._answer([(origin, req_no, p.error_reply(request, action, self.node_id))])
+            return p.error_reply(request, action, self.node_id)
         if action == p.LEADER:
             reply = p.echo(request)
             reply.update(code=p.CODE_OK, node_id=self.node_id, **self.leader_fields)
-            return self._answer([(origin, req_no, reply)])
+            return reply
         plan = self.router.plan(action, request, origin, req_no)
         if type(plan) is str:
-            return self._answer([(origin, req_no, p.error_reply(request, plan, self.node_id))])
+            return p.error_reply(request, plan, self.node_id)
         return [Work(index, item) for index, item in plan]
 
     def _answer(self, rows: list[tuple[Origin, int, dict]]) -> list:
