@@ -115,8 +115,9 @@ class Failover:
     followed up to `max_redirects` times, one free retry when a kept-open connection turns out
     closed. A reply saying nothing was applied (p.NOT_APPLIED: no leader, not leading) is tried
     on the next host, and so is one of unknown outcome (p.UNKNOWN_OUTCOME: the leader changed or
-    did not answer) for a produce with producer and sequence (sending it again stores it once). When every host failed: QueueTimeout if the last one timed out, else
-    NoServerAvailable, naming each host's failure.
+    did not answer) for a produce with producer and sequence (sending it again stores it once).
+    When every host failed: QueueTimeout if the last one timed out, else NoServerAvailable,
+    naming each host's failure.
     """
 
     def __init__(
