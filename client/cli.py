@@ -10,11 +10,12 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from importlib import metadata
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import orjson
+
+from queue_server.version import add_version_option
 
 from . import admin, top
 from .credentials import load_token
@@ -100,14 +101,6 @@ def _ids(values: list[int]) -> int | list[int] | None:
     return values[0] if len(values) == 1 else values
 
 
-def version() -> str:
-    """The installed queue-server's version."""
-    try:
-        return metadata.version("queue-server")
-    except metadata.PackageNotFoundError:
-        return "unknown (not installed)"
-
-
 def _batches(a: argparse.Namespace) -> list[list[str]]:
     """The produce's message bodies, in batches: `-` stands for standard input (one message, its
     last newline dropped; with --lines, one message per non-empty line)."""
@@ -129,7 +122,7 @@ def _batches(a: argparse.Namespace) -> list[list[str]]:
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of queue-cli."""
     parser = argparse.ArgumentParser(prog="queue-cli", description="Send one request to queue-server.")
-    parser.add_argument("--version", action="version", version=f"queue-cli {version()}")
+    add_version_option(parser)
     _common_options(parser, defaults=True)
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

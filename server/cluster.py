@@ -129,6 +129,11 @@ class ClusterNode:
         if found.state:
             self.state.load_snapshot(found.state)
             self._reset_workers()
+        # The log recovered from disk is replayed into the committed state as it commits, up to
+        # here (None: replayed, or no disk); what the node then holds waits in _replayed for
+        # take_replayed.
+        self._replay_through: int | None = None if recovered is None else self.log.last_trans_id
+        self._replayed: tuple[int, int, int] | None = None
 
     # ----------------------------------------------------------------- roles
     @property
@@ -486,10 +491,11 @@ class ClusterNode:
         the workers); release the replies that waited for them."""
         apply = self.state.apply
         fresh = [e for e in c.entries if e.trans_id > self.state_trans_id]
-        for e in fresh:
+        rest = fresh if self._replay_through is None else self._replay(fresh)
+        for e in rest:
             apply(e.record)
-        if fresh:
-            self.state_trans_id = fresh[-1].trans_id
+        if rest:
+            self.state_trans_id = rest[-1].trans_id
         if self.leader is None:
             self._apply_to_workers([e for e in fresh if e.trans_id > self.workers_trans_id])
         self._release_pending()
@@ -558,6 +564,35 @@ class ClusterNode:
                 for origin, req_no, data in replies.decode(header, blob)]
         count_refused(self.refused, reason, sum(1 for row in rows if row[1] != p.PUSH_REQ_NO))
         self._reply_now(rows)
+
+    def _replay(self, fresh: list[Entry]) -> list[Entry]:
+        """While the log recovered from disk is being replayed: apply the committed entries up to
+        its end, note what the node holds there (_note_replayed), and return those after it."""
+        through = self._replay_through
+        head = [e for e in fresh if e.trans_id <= through]  # type: ignore[operator]
+        apply = self.state.apply
+        for e in head:
+            apply(e.record)
+        if head:
+            self.state_trans_id = head[-1].trans_id
+        self._note_replayed()
+        return fresh[len(head):]
+
+    def _note_replayed(self) -> None:
+        through = self._replay_through
+        if through is not None and self.state_trans_id >= through:
+            self._replay_through = None
+            queues = self.state.queues
+            self._replayed = (len(queues), sum(len(q) for q in queues.values()), self.state_trans_id)
+
+    def take_replayed(self) -> tuple[int, int, int] | None:
+        """Once the committed state holds all a recovered node found on its disk (the snapshot
+        and the log after it, replayed as it commits): (queues, messages, trans_id) of the state at
+        the end of that log, for the recovery line. None before, after it was taken once, and on
+        a node without a disk."""
+        self._note_replayed()  # a snapshot alone, or one a leader installed, commits nothing
+        taken, self._replayed = self._replayed, None
+        return taken
 
     def take_refused(self) -> dict[str, int]:
         """The workers' replies refused since the last call, by REFUSALS label: for

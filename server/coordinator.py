@@ -51,13 +51,8 @@ class Coordinator:
         started = time.monotonic()
         recovered = storage.recover() if storage is not None else None
         self.node = ClusterNode(config, time.time(), recovered=recovered)
-        if recovered is not None:
-            queues = self.node.state.queues
-            count = sum(len(q) for q in queues.values())
-            # The log records after the snapshot are applied as they commit, after this line.
-            log.info("recovered in %.2f s: a snapshot at trans_id %d of %d queue%s holding %d message%s, and "
-                     "%d log records after it", time.monotonic() - started, recovered.trans_id, len(queues),
-                     "" if len(queues) == 1 else "s", count, "" if count == 1 else "s", len(recovered.entries))
+        # Until the recovery line is logged (_log_recovery): when recovery began, and what the disk held.
+        self.recovery = None if recovered is None else (started, recovered.trans_id, len(recovered.entries))
         self.inbox = ipc.inbox(ctx, run_dir, "coordinator")
         self.acceptor = ipc.outbox(ctx, run_dir, "acceptor")
         self.workers = [ipc.outbox(ctx, run_dir, ipc.worker_name(i)) for i in range(config.workers)]
@@ -303,6 +298,8 @@ class Coordinator:
                 except zmq.Again:  # not connected yet, or too far behind
                     unsent.append(msg)
         node.advance(ready, durable_trans_id=durable, log_stored=log_stored)
+        if self.recovery is not None:
+            self._log_recovery()
         for msg in unsent:
             node.on_unsent(msg, time.time())
         every = self.config.snapshot_every
@@ -315,6 +312,21 @@ class Coordinator:
             self.log.info("role: %s (vote_id %d, leader %s, trans_id %d)", ready.role, node.election.vote_id,
                           node.election.leader_id, ready.log_through)
         return log_stored
+
+    def _log_recovery(self) -> None:
+        """Once the committed state holds what the disk held (the log after the snapshot is
+        replayed as it commits: at once on a single node, when the leader says so on a follower),
+        log what the node holds, how long that took, and where it came from."""
+        replayed = self.node.take_replayed()
+        if replayed is None:
+            return
+        started, snapshot_trans_id, records = self.recovery  # type: ignore[misc]
+        self.recovery = None
+        queues, messages, trans_id = replayed
+        source = (f"a snapshot at trans_id {snapshot_trans_id} and {_count(records, 'log record')} after it"
+                  if snapshot_trans_id else f"{_count(records, 'log record')} (no snapshot)")
+        self.log.info("recovered in %.2f s: %s holding %s at trans_id %d, from %s", time.monotonic() - started,
+                      _count(queues, "queue"), _count(messages, "message"), trans_id, source)
 
     def observe(self) -> None:
         """Hand the node's figures to the metrics (published about once a second)."""
@@ -342,6 +354,10 @@ class Coordinator:
             m.observe_fsync(self.storage.last_fsync)
             self.storage.last_fsync = None
         m.maybe_fold()
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _snapshot_writer_setup() -> None:

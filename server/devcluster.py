@@ -23,6 +23,7 @@ import time
 from queue_server.config.loader import ConfigError, load_config
 from queue_server.replication import datadir
 from queue_server.server import preflight, secret_file
+from queue_server.version import add_version_option
 
 RESTART_AFTER = 1.0  # seconds between a node's death and its restart (--restart)
 
@@ -117,6 +118,7 @@ def startable(paths: dict[int, str]) -> str | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="queue-cluster", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_version_option(parser)
     parser.add_argument("nodes", type=int, nargs="?", default=3)
     parser.add_argument("--base-port", type=int, default=1111, help="client port of node 1 (others follow)")
     parser.add_argument("--internal-base-port", type=int, default=1101)

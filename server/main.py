@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from importlib import metadata
 import shutil
 import signal
 import subprocess
@@ -21,6 +20,7 @@ import orjson
 from queue_server.config.loader import ConfigError, NodeConfig, load_config
 from queue_server.server import logs, metrics, metrics_http, preflight, secret_file
 from queue_server.server.child import CONFIG_FILE, HANDOFF_DONE
+from queue_server.version import add_version_option
 
 STOP_GRACE = 5.0
 HANDOFF_POLL = 0.01
@@ -41,11 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         description="Run one queue-server node (with no arguments: a single node on 127.0.0.1:1111, TCP and UDP). "
                     "`queue-server keygen --out FILE` writes a new cluster secret.",
     )
-    try:
-        version = metadata.version("queue-server")
-    except metadata.PackageNotFoundError:
-        version = "unknown (not installed)"
-    parser.add_argument("--version", action="version", version=f"queue-server {version}")
+    add_version_option(parser)
     parser.add_argument("--config", help="JSON config file (the original's keys; // comments allowed)")
     parser.add_argument("--host", help="client host to listen on")
     parser.add_argument("--port", type=int, help="client TCP and UDP port")

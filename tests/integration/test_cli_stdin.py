@@ -53,7 +53,8 @@ def test_stdin_misuse_is_one_line(node, qname, monkeypatch, args, stdin, message
     assert drain(node, qname) == []
 
 
-@pytest.mark.parametrize("command", [["queue_server.client.cli"], ["queue_server.server.main"]])
+@pytest.mark.parametrize("command", [["queue_server.client.cli"], ["queue_server.server.main"],
+                                     ["queue_server.server.devcluster"]])
 def test_version(command):
     from importlib import metadata
     out = subprocess.run([sys.executable, "-P", "-m", *command, "--version"], capture_output=True,

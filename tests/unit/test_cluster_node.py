@@ -19,7 +19,7 @@ from queue_server.protocol import ipc_frames, replies
 from queue_server.server.cluster import ClusterNode
 from queue_server.server.forwarding import FORWARD_GRACE
 from queue_server.protocol.origin import Origin
-from queue_server.protocol.records import encode
+from queue_server.protocol.records import decode, encode
 from queue_server.server.ready import Ready
 
 T0 = 1_000_000.0
@@ -561,3 +561,48 @@ def test_a_refused_batch_counts_its_replies_and_not_a_subscriptions_push():
                                    (Origin(8), 4, {"action": 3, "seq": 4, "code": 0})])
     node.on_batch(orjson.dumps([PRODUCE]), header, blob, ipc_frames.EMPTY_LIST, node.epoch - 1, T0 + 2)
     assert node.take_refused() == {"mode_changed": 2}
+
+
+def _recovered_log(*queues: str) -> Recovered:
+    """What a disk holds after produces to `queues` (one each, in that order) and no snapshot."""
+    entries = [Entry(i, 1, decode(orjson.dumps(dict(PRODUCE, queue=name, msg_id=i))))
+               for i, name in enumerate(queues, 1)]
+    return Recovered(trans_id=0, vote_id=0, entries=entries, vote=(1, 1))
+
+
+def test_the_recovery_counts_what_the_log_after_the_snapshot_held_once_replayed():
+    node = ClusterNode(_config(1), T0, recovered=_recovered_log("a", "a", "b"), rng=random.Random(1))
+    assert node.take_replayed() is None  # the log is not replayed before it commits
+    node.tick(T0 + 1)
+    _drain(node)
+    assert node.log.commit_trans_id == 4  # with the new leader's first entry
+    assert node.take_replayed() == (2, 3, 3)  # counted where the recovered log ends
+    assert node.take_replayed() is None  # once
+
+
+def test_a_recovered_follower_counts_its_log_once_the_leader_commits_it():
+    node = ClusterNode(_config(3), T0, recovered=_recovered_log("a", "b"), rng=random.Random(1))
+    node.on_peer(Heartbeat(2, 2, 0, 0, 2, 1), NODE2, T0)
+    _drain(node)
+    assert node.take_replayed() is None
+    node.on_peer(AppendEntries(2, 2, 2, 1, (Entry(3, 2, decode(orjson.dumps(dict(PRODUCE, queue="c", msg_id=3)))),),
+                               3), NODE2, T0 + 0.05)
+    _drain(node)
+    assert node.state_trans_id == 3
+    assert node.take_replayed() == (2, 2, 2)  # what the disk held, not the entry the leader added
+
+
+def test_a_recovered_snapshot_alone_is_counted_at_once():
+    snapshot = ClusterNode(_config(1), T0, recovered=_recovered_log("a", "b", "b"), rng=random.Random(1))
+    snapshot.tick(T0 + 1)
+    _drain(snapshot)
+    state = snapshot.state.snapshot()
+    node = ClusterNode(_config(3), T0, recovered=Recovered(trans_id=4, vote_id=1, state=state), rng=random.Random(1))
+    assert node.take_replayed() == (2, 3, 4)
+
+
+def test_a_node_without_a_disk_reports_no_recovery():
+    node = ClusterNode(_config(1), T0, recovered=None, rng=random.Random(1))
+    node.tick(T0 + 1)
+    _drain(node)
+    assert node.role == "leader" and node.take_replayed() is None
