@@ -57,7 +57,8 @@ class VirtualQueue:
 @dataclass(frozen=True)
 class ClusterNode:
     """One member of the cluster, with its INTERNAL (replication) address, and its http_port when
-    the list names it (0: not known), so that any node can name the leader's HTTP address."""
+    the list names it (0: not named). The nodes also tell each other their http_port (the peer
+    messages carry it), so that any node can name the leader's HTTP address."""
 
     node_id: int
     host: str

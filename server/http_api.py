@@ -77,7 +77,6 @@ class HttpApi:
         self.acceptor = acceptor
         self.node_id = acceptor.config.node_id
         self.members = [n.node_id for n in acceptor.config.cluster_node_list]
-        self.http_ports = {n.node_id: n.http_port for n in acceptor.config.cluster_node_list if n.http_port}
         self.spec = orjson.dumps(openapi(ROUTES), option=orjson.OPT_INDENT_2)
         self.over_limit: set = set()  # connections past max_connections (aiohttp RequestHandlers)
         app = web.Application(client_max_size=acceptor.config.max_request_size,
@@ -111,7 +110,7 @@ class HttpApi:
         transport = request.transport
         if transport is None or transport.is_closing():
             self.acceptor.undeliver(data)  # a consume's messages go back
-        http = leader_http(reply, self.http_ports)
+        http = leader_http(reply, self.acceptor.http_ports)
         if http is not None:
             reply["leader_http"] = http
             data = orjson.dumps(reply, option=orjson.OPT_APPEND_NEWLINE)

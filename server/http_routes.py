@@ -135,7 +135,7 @@ def status_of(reply: Mapping[str, Any], ok: int = 200) -> int:
 
 def leader_http(reply: Mapping[str, Any], http_ports: Mapping[int, int]) -> str | None:
     """For a redirect (code -2): the leader's HTTP API, http://<its client host>:<its http_port>,
-    when cluster_node_list names its http_port (else None)."""
+    when `http_ports` (node_id -> http_port, as the coordinator knows them) has it (else None)."""
     if reply.get("code") != p.CODE_REDIRECT:
         return None
     port = http_ports.get(reply.get("leader_node_id"))  # type: ignore[arg-type]
