@@ -21,6 +21,7 @@ from queue_server.protocol import vocabulary as p
 from queue_server.server.auth import AUTH_REQUIRED, Authenticator, read_token_file
 from queue_server.server.child import start
 from queue_server.server.dispatch import TO_COORDINATOR, Dispatch, ReplyOrder
+from queue_server.server.http_routes import url
 from queue_server.protocol.framing import TOO_DEEP, FrameDecoder, FramingError, too_deep
 from queue_server.protocol.origin import Origin
 from queue_server.server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_limit
@@ -500,8 +501,8 @@ class Acceptor(Dispatch):
         if cfg.http_port:  # before the client port: a node that takes TCP connections serves HTTP
             from queue_server.server import http_api  # aiohttp is loaded only when HTTP is on
             self.http = await http_api.start(self, ssl_context)
-            self.log.info("http api and status page on %s://%s:%d/", "https" if ssl_context else "http",
-                          cfg.host, cfg.http_port)
+            scheme = "https" if ssl_context else "http"
+            self.log.info("status page and HTTP API: %s/", url(cfg.host, cfg.http_port, scheme))
         server = await loop.create_server(
             lambda: Connection(self), cfg.host, cfg.port, backlog=1024, reuse_address=True, ssl=ssl_context,
             ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT if ssl_context is not None else None,

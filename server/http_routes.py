@@ -142,7 +142,12 @@ def leader_http(reply: Mapping[str, Any], http_ports: Mapping[int, int]) -> str 
     host = reply.get("leader_host")
     if not port or not isinstance(host, str):
         return None
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    return url(host, port)
+
+
+def url(host: str, port: int, scheme: str = "http") -> str:
+    """scheme://host:port, an IPv6 address in brackets."""
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def leader_headers(reply: Mapping[str, Any], http: str | None = None) -> dict[str, str]:
