@@ -57,7 +57,8 @@ class VirtualQueue:
 @dataclass(frozen=True)
 class ClusterNode:
     """One member of the cluster, with its INTERNAL (replication) address, and its http_port when
-    the list names it (0: not known), so that any node can name the leader's HTTP address."""
+    the list names it (0: not named). The nodes also tell each other their http_port (the peer
+    messages carry it), so that any node can name the leader's HTTP address."""
 
     node_id: int
     host: str
@@ -287,7 +288,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("dead_letter_suffix", ".dlq", _suffix, "dead letters of queue q go to q + this; '' = no dead-letter queues"),
     _Key("queue_metrics_max", 100, _int(0, 100000), "queues that get their own series in the per-queue metrics"),
     _Key("shutdown_grace", 10, _positive_number, "on SIGTERM: seconds to finish the requests in flight before stopping"),
-    _Key("http_port", 0, _int(0, 65535), "HTTP API and status page port (docs/http.md); 0 = off"),
+    _Key("http_port", 8111, _int(0, 65535), "HTTP API and status page port, on host (docs/http.md); 0 = off"),
     _Key("auth_token_file", "", _string(False), "file holding the token clients must send (TCP: an auth request; UDP: auth_token), one per line, any passes; '' = no authentication"),
     _Key("cluster_secret_file", "", _string(False), "file holding the cluster's shared secret (queue-server keygen): peers use CURVE; a second line while rotating; '' = plain peers"),
     _Key("insecure_peers", False, _bool, "true: allow plain (unauthenticated) peers on a non-loopback peer address"),
@@ -557,7 +558,7 @@ DEFAULT_CONFIG_TEXT = """\
     "dead_letter_suffix" : ".dlq",  // dead letters of queue q go to q + this; "" = none
     "queue_metrics_max" : 100,      // queues that get their own series in per-queue metrics
     "shutdown_grace" : 10,          // on SIGTERM: seconds to finish the requests in flight
-    "http_port" : 0,                // HTTP API and status page port (docs/http.md); 0 = off
+    "http_port" : 8111,             // HTTP API and status page: http://127.0.0.1:8111/ (docs/http.md); 0 = off
     "auth_token_file" : "",         // file with the token clients must present; "" = no authentication
     "cluster_secret_file" : "",     // file with the cluster's secret (queue-server keygen); "" = plain peers
     "insecure_peers" : false,       // true: plain peers even on a non-loopback peer address

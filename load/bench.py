@@ -219,7 +219,7 @@ class QueueServer(Server):
 
     def __init__(self, repo: str, workdir: str, workers: int, metrics: bool, config: dict | None = None, name: str = "node") -> None:
         port = free_port()
-        cfg = {"host": "127.0.0.1", "port": port, "workers": workers, "log_level": 1,
+        cfg = {"host": "127.0.0.1", "port": port, "workers": workers, "log_level": 1, "http_port": 0,
                "queue_data_dir": tempfile.mkdtemp(prefix=f"{name}-data-", dir=workdir)}
         if metrics:
             cfg["metrics_port"] = free_port()
@@ -282,8 +282,8 @@ class Cluster:
             for i, example in enumerate(examples):
                 cfg = dict(example)
                 cfg.update(cluster_node_list=node_list, log_prefix="", log_level=1)
-                cfg.pop("queue_data_dir", None)
-                cfg.pop("port", None)
+                for key in ("queue_data_dir", "port", "http_port"):  # QueueServer's own: free ports, HTTP off
+                    cfg.pop(key, None)
                 self.nodes.append(QueueServer(repo, workdir, workers, metrics, cfg, name=f"node{i + 1}"))
         except Exception:
             self.stop()

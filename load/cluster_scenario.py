@@ -102,16 +102,19 @@ class LocalNode:
 
 
 def local_cluster(configs: list[str], keep_ports: bool, workdir: str) -> list[LocalNode]:
-    """Nodes from the example configs: ports made free (unless keep_ports), data dirs in workdir."""
+    """Nodes from the example configs: ports made free (client, internal and HTTP; unless
+    keep_ports), data dirs in workdir."""
     loaded = []
     for path in configs:
         with open(path) as f:
             loaded.append(json.loads(strip_comments(f.read())))
     if not keep_ports:
         internal = {c["node_id"]: free_port() for c in loaded}
+        web = {c["node_id"]: free_port() for c in loaded}  # http_port
         for c in loaded:
-            c["port"] = free_port()
-            c["cluster_node_list"] = [dict(n, port=internal[n["node_id"]]) for n in c["cluster_node_list"]]
+            c["port"], c["http_port"] = free_port(), web[c["node_id"]]
+            c["cluster_node_list"] = [dict(n, port=internal[n["node_id"]], http_port=web[n["node_id"]])
+                                      for n in c["cluster_node_list"]]
     nodes = []
     for c in loaded:
         c.update(log_prefix="", log_level=2, queue_data_dir=os.path.join(workdir, f"data{c['node_id']}"))

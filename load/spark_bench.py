@@ -39,7 +39,7 @@ class Node:
 
     def __init__(self, workdir: str, workers: int, queue_size: int) -> None:
         self.port = free_port()
-        config = {"host": "127.0.0.1", "port": self.port, "workers": workers,
+        config = {"host": "127.0.0.1", "port": self.port, "workers": workers, "http_port": 0,
                   "queue_size": queue_size, "log_level": 3,
                   "queue_data_dir": os.path.join(workdir, "data")}
         path = os.path.join(workdir, "node.json")

@@ -25,7 +25,7 @@ UNDELIVER = b"undeliver"  # acceptor -> coordinator -> leader's worker: [UNDELIV
 APPLY = b"apply"  # coordinator -> worker: [APPLY, json [record, ...]] (replicas replay the leader's log)
 BATCH = b"batch"  # worker -> coordinator: [BATCH, records json, reply header json, reply blob, partials json, epoch]
 REP = b"rep"  # coordinator, worker -> acceptor: [REP, reply header, reply blob] (protocol/replies.py)
-STATUS = b"status"  # coordinator -> acceptor: [STATUS, json {role, leader_node_id, leader_host, leader_port, epoch}]
+STATUS = b"status"  # coordinator -> acceptor: [STATUS, json {role, leader_node_id, leader_host, leader_port, epoch, http_ports}]
 FORWARD = b"forward"  # acceptor -> coordinator: [FORWARD, json [[origin, req_no, request], ...]] for the leader
 MODE = b"mode"  # coordinator -> worker: [MODE, json [accepting, epoch]] whether to accept queue requests
 RESET = b"reset"  # coordinator -> worker: [RESET, json {queue: snapshot}] replace all queues
@@ -169,14 +169,16 @@ def read_rep(frames: list[bytes]) -> tuple[bytes, bytes]:
 
 
 def status_frames(status: dict[str, Any]) -> list[bytes]:
-    """A STATUS: {role, leader_node_id, leader_host, leader_port, epoch} as the coordinator sees
-    them (ClusterNode.status_fields)."""
-    return [STATUS, _DUMPS(status)]
+    """A STATUS: {role, leader_node_id, leader_host, leader_port, epoch, http_ports} as the
+    coordinator sees them (ClusterNode.status_fields); http_ports: {node_id: http_port}."""
+    return [STATUS, _DUMPS(status, option=orjson.OPT_NON_STR_KEYS)]
 
 
 def read_status(frames: list[bytes]) -> dict[str, Any]:
-    """The fields of a STATUS."""
-    return _LOADS(frames[1])
+    """The fields of a STATUS (http_ports keyed by node_id again)."""
+    status = _LOADS(frames[1])
+    status["http_ports"] = {int(node_id): port for node_id, port in status["http_ports"].items()}
+    return status
 
 
 # ----------------------------------------------------------------- worker -> coordinator

@@ -19,12 +19,14 @@ from queue_server.replication.messages import (
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
-    """A decoded peer message with its sender's client address and cluster id (node_type)."""
+    """A decoded peer message with its sender's client address, cluster id (node_type) and
+    http_port (0: HTTP off, or not said)."""
 
     msg: object
     client_host: str
     client_port: int
     cluster_id: int = 0
+    http_port: int = 0
 
 
 # Each message class and its field in the protobuf pb.PeerMessage's `body` oneof.
@@ -47,13 +49,14 @@ _CLASSES = {name: cls for cls, name in _BODIES.items()}
 _FIELDS = {cls: [f.name for f in fields(cls)][len(fields(PeerMessage)):] for cls in _BODIES}
 
 
-def encode(msg: object, client_host: str = "", client_port: int = 0, cluster_id: int = 0) -> bytes:
-    """The protobuf bytes of a peer message from a node of cluster `cluster_id` (node_type)."""
+def encode(msg: object, client_host: str = "", client_port: int = 0, cluster_id: int = 0, http_port: int = 0) -> bytes:
+    """The protobuf bytes of a peer message from a node of cluster `cluster_id` (node_type)
+    whose clients reach it on client_host:client_port, and its HTTP API on http_port."""
     name = _BODIES.get(type(msg))
     if name is None:
         raise TypeError(f"not a peer message: {type(msg).__name__}")
     out = pb.PeerMessage(vote_id=msg.vote_id, src=msg.src, client_host=client_host, client_port=client_port,
-                         cluster_id=cluster_id)
+                         cluster_id=cluster_id, http_port=http_port)
     body = getattr(out, name)
     body.SetInParent()
     dumps = orjson.dumps
@@ -106,4 +109,4 @@ def decode(data: bytes) -> Envelope:
         msg = cls(m.vote_id, m.src, *values)
     except Exception as exc:  # protobuf's DecodeError, a missing body, bad JSON inside
         raise ValueError(f"bad peer message: {exc!r}") from None
-    return Envelope(msg, m.client_host, m.client_port, m.cluster_id)
+    return Envelope(msg, m.client_host, m.client_port, m.cluster_id, m.http_port)

@@ -21,6 +21,7 @@ from queue_server.protocol import vocabulary as p
 from queue_server.server.auth import AUTH_REQUIRED, Authenticator, read_token_file
 from queue_server.server.child import start
 from queue_server.server.dispatch import TO_COORDINATOR, Dispatch, ReplyOrder
+from queue_server.server.http_routes import url
 from queue_server.protocol.framing import TOO_DEEP, FrameDecoder, FramingError, too_deep
 from queue_server.protocol.origin import Origin
 from queue_server.server.metrics import AcceptorMetrics, FOLD_INTERVAL, count_limit
@@ -71,6 +72,7 @@ class Connection(ReplyOrder, asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = peer[0] if isinstance(peer, tuple) else peer
         self.acceptor.tcp_connections += 1
+        self.acceptor.tcp_opened += 1
         limit = self.acceptor.config.max_connections
         if limits.over_connection_limit(self.acceptor.open_connections(), limit):
             count_limit(self.acceptor.metrics.limits, limits.MAX_CONNECTIONS)
@@ -266,7 +268,10 @@ class Acceptor(Dispatch):
         self.conns: dict[int, Connection] = {}  # TCP connections, and HTTP requests in flight (http_api.Exchange)
         self.next_conn = 1
         self.tcp_connections = 0  # open client TCP connections
-        self.http_connections = 0  # open HTTP connections (server/http_api.py counts them)
+        self.tcp_opened = 0  # client TCP connections accepted
+        self.http_connections = 0  # open HTTP connections (server/http_api.py counts them, and the next two)
+        self.http_opened = 0  # HTTP connections accepted
+        self.http_requests = 0  # HTTP requests read
         self.udp_addrs: dict[int, tuple[Any, int]] = {}  # datagram -> (sender, largest reply)
         self.udp_guarded = config.udp_amplification_limit > 0 and not is_loopback(config.host)
         self.next_udp = 0
@@ -298,7 +303,8 @@ class Acceptor(Dispatch):
             self.undeliver(data)
         conn.out.clear()
         conn.waiting.clear()
-        self.closed_requests += conn.next_no
+        if type(conn) is Connection:  # an HTTP request (http_api.Exchange) counts as HTTP's
+            self.closed_requests += conn.next_no
         self.metrics.drop_probe(conn.conn_id)
         if self.polls or self.ended:
             self.forget(conn.conn_id)
@@ -438,10 +444,10 @@ class Acceptor(Dispatch):
 
     def fold_metrics(self) -> None:
         """Publish the metrics counted since the last call; repeats every FOLD_INTERVAL."""
-        conns = self.conns
-        tcp_requests = self.closed_requests + sum(c.next_no for c in conns.values())
-        self.metrics.fold(self.tcp_connections, tcp_requests, self.next_udp, self.next_conn - 1,
-                          self.auth.failed_total, self.auth.throttled_total, self.http_connections)
+        tcp_requests = self.closed_requests + sum(c.next_no for c in self.conns.values() if type(c) is Connection)
+        self.metrics.fold(self.tcp_connections, tcp_requests, self.next_udp, self.tcp_opened,
+                          self.auth.failed_total, self.auth.throttled_total, self.http_connections,
+                          self.http_requests, self.http_opened)
         self.loop.call_later(FOLD_INTERVAL, self.fold_metrics)
 
     # ----------------------------------------------------------------- stop
@@ -495,8 +501,8 @@ class Acceptor(Dispatch):
         if cfg.http_port:  # before the client port: a node that takes TCP connections serves HTTP
             from queue_server.server import http_api  # aiohttp is loaded only when HTTP is on
             self.http = await http_api.start(self, ssl_context)
-            self.log.info("http api and status page on %s://%s:%d/", "https" if ssl_context else "http",
-                          cfg.host, cfg.http_port)
+            scheme = "https" if ssl_context else "http"
+            self.log.info("status page and HTTP API: %s/", url(cfg.host, cfg.http_port, scheme))
         server = await loop.create_server(
             lambda: Connection(self), cfg.host, cfg.port, backlog=1024, reuse_address=True, ssl=ssl_context,
             ssl_handshake_timeout=tls.HANDSHAKE_TIMEOUT if ssl_context is not None else None,

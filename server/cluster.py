@@ -101,6 +101,12 @@ class ClusterNode:
         self.forwarding = Forwarding(self.node_id, (config.host, config.port), self.router, rng, heartbeat=heartbeat,
                                      election_timeout=config.election_timeout_ms / 1000, max_wait=config.max_wait)
         self.clients: dict[int, tuple[str, int]] = {self.node_id: (config.host, config.port)}
+        # Each member's http_port as this node knows it (0: no HTTP API known): its own, the
+        # cluster_node_list's, then what each peer says of itself (on_peer); the acceptor's HTTP
+        # API names the leader's in a 409 (status_fields). Replaced, not changed in place, so that
+        # _announce sees a change.
+        self.http_ports: dict[int, int] = {n.node_id: n.http_port for n in config.cluster_node_list}
+        self.http_ports[self.node_id] = config.http_port
         self.status: dict | None = None
         # Counts changes of the workers' mode (MODE messages). The acceptor stamps requests with
         # the epoch it last heard of, so a worker holds a request until it has the same mode.
@@ -154,7 +160,7 @@ class ClusterNode:
             role, leader = FOLLOWER, self.node_id
         host, port = self.clients.get(leader, ("", 0)) if leader is not None else ("", 0)
         return {"role": role, "leader_node_id": leader or 0, "leader_host": host, "leader_port": port,
-                "epoch": self.epoch}
+                "epoch": self.epoch, "http_ports": self.http_ports}
 
     # ----------------------------------------------------------------- hand-off
     def begin_handoff(self, now: float, timeout: float) -> bool:
@@ -333,13 +339,16 @@ class ClusterNode:
         consume reply that cannot go back to its follower are given back."""
         self._carry(self.forwarding.on_unsent(msg, now))
 
-    def on_peer(self, msg: object, client: tuple[str, int], now: float) -> None:
-        """A message from another node."""
+    def on_peer(self, msg: object, client: tuple[str, int], now: float, http_port: int = 0) -> None:
+        """A message from another node, with the client address (host, port) and the http_port it
+        gives for itself (0: none said; what this node knew stays)."""
         src = getattr(msg, "src", None)
         if src not in self.election.peers:
             return
         if client[1]:
             self.clients[src] = client
+        if http_port and self.http_ports.get(src) != http_port:
+            self.http_ports = {**self.http_ports, src: http_port}
         kind = type(msg)
         if kind is Forward:
             if self.handing_off(now):

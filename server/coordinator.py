@@ -88,7 +88,7 @@ class Coordinator:
                     sock.connect(f"tcp://{node.host}:{node.port}")
                     sockets.append(sock)
                 self.peers[node.node_id] = peer_keys.PeerLink(sockets)
-        self.client = (config.host, config.port, config.node_type)
+        self.client = (config.host, config.port, config.node_type, config.http_port)  # wire.encode's envelope
         self.rejections_logged: set[str] = set()
         self.zap_refused = 0
         self.metrics = CoordinatorMetrics()
@@ -153,7 +153,7 @@ class Coordinator:
                     now = time.time()
                     if self.reachability is not None:
                         self.reachability.heard(env.msg.src, type(env.msg).__name__, now)  # type: ignore[attr-defined]
-                    node.on_peer(env.msg, (env.client_host, env.client_port), now)
+                    node.on_peer(env.msg, (env.client_host, env.client_port), now, env.http_port)
                     if now >= node.wake_at():
                         node.tick(now)
                         self.flush()

@@ -33,7 +33,9 @@ def cluster_configs(n: int, data_root: str, client_ports: list[int], internal_po
                     http_ports: list[int] | None = None, **extra) -> list[dict]:
     """One config per node of an n-node loopback cluster. peer_ports[(i, j)], when given, is the
     port node i uses to reach node j's internal port (a proxy a test controls); http_ports, when
-    given, each node's http_port (the HTTP API and status page)."""
+    given, each node's http_port (the HTTP API and status page), else HTTP is off: the nodes share
+    one machine, so the default port would be every node's. cluster_node_list names no http_port:
+    the peers tell each other theirs."""
     configs = []
     for i in range(1, n + 1):
         nodes = []
@@ -41,17 +43,15 @@ def cluster_configs(n: int, data_root: str, client_ports: list[int], internal_po
             port = internal_ports[j - 1]
             if peer_ports and i != j:
                 port = peer_ports[(i, j)]
-            nodes.append({"node_id": j, "host": "127.0.0.1", "port": port,
-                          **({"http_port": http_ports[j - 1]} if http_ports else {})})
+            nodes.append({"node_id": j, "host": "127.0.0.1", "port": port})
         cfg = {
             "node_id": i,
             "host": "127.0.0.1",
             "port": client_ports[i - 1],
+            "http_port": http_ports[i - 1] if http_ports else 0,
             "cluster_node_list": nodes,
             "queue_data_dir": os.path.join(data_root, f"node{i}"),
         }
-        if http_ports:
-            cfg["http_port"] = http_ports[i - 1]
         cfg.update(extra)
         configs.append(cfg)
     return configs

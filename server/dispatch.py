@@ -61,6 +61,7 @@ class Dispatch:
         self.leader = leader
         self.role = NONE  # until the coordinator's first status
         self.epoch = 0  # of the workers' mode, as last reported (see ClusterNode.epoch)
+        self.http_ports: dict[int, int] = {}  # each node's http_port as the coordinator knows it (0: none)
         self.pending: list[list] = [[] for _ in range(router.workers)]
         self.forwarding: list = []
         # Long polls of this node's TCP and HTTP clients parked on the leader, by connection and
@@ -206,12 +207,14 @@ class Dispatch:
             self.send(index, ipc_frames.fence_frames(self.epoch, ipc_frames.FROM_ACCEPTOR))
 
     def on_status(self, status: dict[str, Any]) -> None:
-        """The coordinator's STATUS: this node's role, the leader and the workers' mode. A node
-        that stops leading fences the workers first, under the mode it led in."""
+        """The coordinator's STATUS: this node's role, the leader, the workers' mode and the
+        nodes' http_ports. A node that stops leading fences the workers first, under the mode it
+        led in."""
         status = dict(status)
         role = Role(status.pop("role"))
         if self.role == LEADER and role != LEADER:
             self.fence()
         self.role = role
         self.epoch = status.pop("epoch")
+        self.http_ports = status.pop("http_ports", self.http_ports)
         self.leader.update(status)

@@ -53,7 +53,6 @@ class Exchange:
         self.reply: asyncio.Future = acceptor.loop.create_future()
         self.out: list = []
         self.waiting: dict = {}
-        self.next_no = 1  # one request (counted like a TCP connection's)
         self.long_polls = long_poll  # the workers must hear if it goes away
         self.conn_id = acceptor.register(self)  # type: ignore[arg-type]
         self.origin = Origin(self.conn_id)
@@ -77,11 +76,10 @@ class HttpApi:
         self.acceptor = acceptor
         self.node_id = acceptor.config.node_id
         self.members = [n.node_id for n in acceptor.config.cluster_node_list]
-        self.http_ports = {n.node_id: n.http_port for n in acceptor.config.cluster_node_list if n.http_port}
         self.spec = orjson.dumps(openapi(ROUTES), option=orjson.OPT_INDENT_2)
         self.over_limit: set = set()  # connections past max_connections (aiohttp RequestHandlers)
         app = web.Application(client_max_size=acceptor.config.max_request_size,
-                              middlewares=[self.errors, self.connection_limit, self.authenticate])
+                              middlewares=[self.count, self.errors, self.connection_limit, self.authenticate])
         for route in ROUTES:
             app.router.add_route(route.method, route.path, self.handler(route))
         app.router.add_get("/v1/cluster", self.cluster)
@@ -111,7 +109,7 @@ class HttpApi:
         transport = request.transport
         if transport is None or transport.is_closing():
             self.acceptor.undeliver(data)  # a consume's messages go back
-        http = leader_http(reply, self.http_ports)
+        http = leader_http(reply, self.acceptor.http_ports)
         if http is not None:
             reply["leader_http"] = http
             data = orjson.dumps(reply, option=orjson.OPT_APPEND_NEWLINE)
@@ -132,6 +130,19 @@ class HttpApi:
         return handle
 
     # ----------------------------------------------------------------- middlewares
+    @web.middleware
+    async def count(self, request: web.Request, handler: Callable) -> web.StreamResponse:
+        """Count every HTTP request as HTTP's (received_requests_total{transport="http"}, never
+        TCP's) and its answer by status (http_requests_total)."""
+        self.acceptor.http_requests += 1
+        try:
+            response = await handler(request)
+        except web.HTTPException as exc:
+            self.acceptor.metrics.http_answered(exc.status)
+            raise
+        self.acceptor.metrics.http_answered(response.status)
+        return response
+
     @web.middleware
     async def errors(self, request: web.Request, handler: Callable) -> web.StreamResponse:
         """Unknown routes, wrong methods and oversized bodies answer in the protocol's form."""
@@ -170,6 +181,7 @@ class HttpApi:
         def connection_made(handler: Any, transport: asyncio.Transport) -> None:
             made(handler, transport)
             acceptor.http_connections += 1
+            acceptor.http_opened += 1
             limit = acceptor.config.max_connections
             if limits.over_connection_limit(acceptor.open_connections(), limit):
                 count_limit(acceptor.metrics.limits, limits.MAX_CONNECTIONS)

@@ -135,14 +135,19 @@ def status_of(reply: Mapping[str, Any], ok: int = 200) -> int:
 
 def leader_http(reply: Mapping[str, Any], http_ports: Mapping[int, int]) -> str | None:
     """For a redirect (code -2): the leader's HTTP API, http://<its client host>:<its http_port>,
-    when cluster_node_list names its http_port (else None)."""
+    when `http_ports` (node_id -> http_port, as the coordinator knows them) has it (else None)."""
     if reply.get("code") != p.CODE_REDIRECT:
         return None
     port = http_ports.get(reply.get("leader_node_id"))  # type: ignore[arg-type]
     host = reply.get("leader_host")
     if not port or not isinstance(host, str):
         return None
-    return f"http://{f'[{host}]' if ':' in host else host}:{port}"
+    return url(host, port)
+
+
+def url(host: str, port: int, scheme: str = "http") -> str:
+    """scheme://host:port, an IPv6 address in brackets."""
+    return f"{scheme}://{f'[{host}]' if ':' in host else host}:{port}"
 
 
 def leader_headers(reply: Mapping[str, Any], http: str | None = None) -> dict[str, str]:

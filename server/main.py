@@ -38,7 +38,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     """The command line."""
     parser = argparse.ArgumentParser(
         prog="queue-server",
-        description="Run one queue-server node (with no arguments: a single node on 127.0.0.1:1111, TCP and UDP). "
+        description="Run one queue-server node (with no arguments: a single node on 127.0.0.1:1111, TCP and UDP, "
+                    "its status page and HTTP API on http://127.0.0.1:8111/). "
                     "`queue-server keygen --out FILE` writes a new cluster secret.",
     )
     add_version_option(parser)
@@ -49,7 +50,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--workers", type=int, help="number of worker processes")
     parser.add_argument("--data-dir", help="queue_data_dir")
     parser.add_argument("--metrics-port", type=int, help="metrics_port: /metrics, /healthz, /readyz over HTTP")
-    parser.add_argument("--http-port", type=int, help="http_port: the HTTP API and status page")
+    parser.add_argument("--http-port", type=int, help="http_port: the HTTP API and status page (default 8111; 0 = off)")
     parser.add_argument("--in-memory", action="store_true", default=None, help="keep nothing on disk")
     parser.add_argument("--repair", action="store_true", default=None,
                         help="cut a change log that is corrupt in the middle at the damage, losing what follows")

@@ -16,9 +16,10 @@ node: a rate() then reads 0, not "no data", before the first count.
 
 Who owns what:
 
-* :class:`AcceptorMetrics` -- server/acceptor.py: requests received per transport, TCP
-  connections, replies the acceptor makes itself (errors it catches, ``leader``), and request
-  latency sampled by following one request at a time through the node.
+* :class:`AcceptorMetrics` -- server/acceptor.py: requests received per transport (TCP, UDP,
+  HTTP: each counted once, under its own), TCP and HTTP connections, HTTP responses by status
+  (server/http_api.py), replies the acceptor makes itself (errors it catches, ``leader``), and
+  request latency sampled by following one request at a time through the node.
 * :class:`WorkerMetrics` -- server/worker.py: replies per action and code, the time a worker
   spends on one request batch and the batch sizes, and queue sizes (ready, delayed, in flight).
 * :class:`CoordinatorMetrics` -- server/coordinator.py: replies the coordinator makes itself
@@ -62,7 +63,7 @@ BATCH_SECONDS_BUCKETS = (
 BATCH_SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 4096)
 FSYNC_BUCKETS = (0.0001, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 5.0)
 ROLES = tuple(r.value for r in METRIC_ROLES)
-TRANSPORTS = ("tcp", "udp")  # received_requests; an HTTP API request counts as tcp
+TRANSPORTS = ("tcp", "udp", "http")  # received_requests: client TCP and UDP port, http_port
 AUTH_OUTCOMES = ("failed", "throttled")
 CODES_AT_ZERO = (str(p.CODE_OK), str(p.CODE_ERROR))  # requests' codes published at 0 for every action
 
@@ -224,10 +225,14 @@ class AcceptorMetrics(_Metrics):
         self.connections = self._gauge("tcp_connections", "Open client TCP connections.")
         self.http_connections = self._gauge("http_connections", "Open HTTP connections (http_port).")
         self.connections_opened = self._counter("tcp_connections_opened", "Client TCP connections accepted.")
+        self.http_connections_opened = self._counter("http_connections_opened", "HTTP connections accepted (http_port).")
+        self.http_statuses: dict[str, int] = {}  # HTTP responses by status, until the next fold
+        self.http_requests = self._counter("http_requests", "HTTP requests answered (http_port), by response status.",
+                                           ("status",))
         self.auth_failures = self._counter(
             "auth_failures", "Client requests refused for missing or wrong credentials (auth_token_file), "
             "and attempts refused unchecked after too many failures from one address.", ("outcome",))
-        self._sent = {"tcp": 0, "udp": 0, "opened": 0, "failed": 0, "throttled": 0}
+        self._sent = {"tcp": 0, "udp": 0, "http": 0, "opened": 0, "http_opened": 0, "failed": 0, "throttled": 0}
         self.limits: dict[str, int] = {}
         self.limit_counter = _limit_counter(self)
         # One acceptor per node: its series at 0 stand for the node's (the scrape sums processes).
@@ -270,35 +275,45 @@ class AcceptorMetrics(_Metrics):
         if conn_id == self.probe_conn:
             self.probe_no = -1
 
+    def http_answered(self, status: int) -> None:
+        """One HTTP request was answered with `status`."""
+        key = str(status)
+        self.http_statuses[key] = self.http_statuses.get(key, 0) + 1
+
     def fold(self, open_connections: int, tcp_requests: int, udp_requests: int, connections_opened: int,
-             auth_failed: int = 0, auth_throttled: int = 0, http_connections: int = 0) -> None:
+             auth_failed: int = 0, auth_throttled: int = 0, http_connections: int = 0, http_requests: int = 0,
+             http_connections_opened: int = 0) -> None:
         """Add what was counted since the last fold to the shared metrics. The arguments are the
-        acceptor's running totals."""
+        acceptor's running totals: each transport's requests and connections are its own."""
         if self.probe_no >= 0 and time.perf_counter() - self.probe_started > PROBE_GIVE_UP:
             self.probe_no = -1
         if not self.active:
             self.counts.clear()
             self.latency.clear()
             self.limits.clear()
+            self.http_statuses.clear()
             return
         _fold_counts(self.counts, self.requests)
         for action, hist in self.latency.items():
             hist.drain_into(self.latency_seconds.labels(action=action))
-        sent = self._sent
-        for label, total in (("tcp", tcp_requests), ("udp", udp_requests)):
-            if total > sent[label]:
-                self.received.labels(transport=label).inc(total - sent[label])
-                sent[label] = total
-        if connections_opened > sent["opened"]:
-            self.connections_opened.inc(connections_opened - sent["opened"])
-            sent["opened"] = connections_opened
+        for label, total in (("tcp", tcp_requests), ("udp", udp_requests), ("http", http_requests)):
+            self._catch_up(self.received.labels(transport=label), label, total)
+        self._catch_up(self.connections_opened, "opened", connections_opened)
+        self._catch_up(self.http_connections_opened, "http_opened", http_connections_opened)
         for label, total in (("failed", auth_failed), ("throttled", auth_throttled)):
-            if total > sent[label]:
-                self.auth_failures.labels(outcome=label).inc(total - sent[label])
-                sent[label] = total
+            self._catch_up(self.auth_failures.labels(outcome=label), label, total)
         self.connections.set(open_connections)
         self.http_connections.set(http_connections)
         _fold_labelled(self.limits, self.limit_counter)
+        _fold_labelled(self.http_statuses, self.http_requests)
+
+    def _catch_up(self, counter: Any, key: str, total: int) -> None:
+        """Bring `counter` (a counter or a labelled child) up to running total `total`, what
+        `key` of _sent says it has been given so far."""
+        given = self._sent[key]
+        if total > given:
+            counter.inc(total - given)
+            self._sent[key] = total
 
 
 class WorkerMetrics(_Metrics):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import socket
 import ssl
@@ -81,6 +82,26 @@ def can_connect(host: str, port: int) -> bool:
         return False
 
 
+def start_without_config(cwd: str | os.PathLike, *args: str) -> subprocess.Popen:
+    """`queue-server *args` in `cwd` with no config file (the embedded defaults, but for what
+    `args` set); its output goes to cwd/node.log. Stop it with load.procs.stop_tree."""
+    with open(os.path.join(cwd, "node.log"), "wb") as log:
+        return subprocess.Popen(["queue-server", *args], cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def printed_page(proc: subprocess.Popen, cwd: str | os.PathLike) -> str:
+    """The status page's address a node of start_without_config printed once it serves it
+    (fails, with its output, if the node exits first)."""
+    def printed() -> str | None:
+        with open(os.path.join(cwd, "node.log"), errors="replace") as f:
+            output = f.read()
+        if proc.poll() is not None:
+            raise AssertionError(f"the node exited with {proc.returncode}:\n{output}")
+        found = re.search(r"status page and HTTP API: (\S+)", output)
+        return found.group(1) if found else None
+    return wait_for(printed, 30, "the node to print its status page's address")  # type: ignore[return-value]
+
+
 # Every node a test started, so that the session can stop whatever a failing test left running.
 STARTED: list["NodeProcess"] = []
 
@@ -99,7 +120,9 @@ class NodeProcess:
         self.cwd = cwd or REPO
         self.command = command or [sys.executable, "-m", "queue_server.server.main"]
         self.workdir = workdir
-        self.config = {"host": "127.0.0.1", "port": free_port(), "workers": 2, "log_level": 3,
+        # http_port 0: the HTTP API is off unless the test asks for it (its default port, 8111,
+        # would be every node's at once).
+        self.config = {"host": "127.0.0.1", "port": free_port(), "workers": 2, "log_level": 3, "http_port": 0,
                        "queue_data_dir": os.path.join(workdir, f"{name}-data")}
         self.config.update(config or {})
         self.name = name

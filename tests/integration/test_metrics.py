@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from queue_server.protocol import limits
 from queue_server.protocol import vocabulary as p
-from tests.harness import Cluster, NodeProcess, RawTcp, free_port, udp_call, wait_for
+from tests.harness import Cluster, NodeProcess, RawTcp, free_port, http, udp_call, wait_for
 
 Samples = dict[tuple[str, frozenset], float]
 
@@ -137,11 +137,38 @@ def test_series_of_known_label_values_are_there_before_any_count(metered):
         assert s[("queue_server_peer_rejected_total", frozenset({("reason", reason)}))] == 0
     for reason in ("leadership_lost", "leadership_changed", "mode_changed", "storage_unavailable", "not_leader"):
         assert s[("queue_server_writes_refused_total", frozenset({("reason", reason)}))] == 0
-    for transport in ("tcp", "udp"):
+    for transport in ("tcp", "udp", "http"):
         assert ("queue_server_received_requests_total", frozenset({("transport", transport)})) in s
     for action in p.ACTION_NAMES:
         for code in ("0", "-1"):
             assert ("queue_server_requests_total", frozenset({("action", action), ("code", code)})) in s
+
+
+def test_http_requests_are_counted_as_http_and_the_tcp_counts_stay_tcps(tmp_path):
+    """A node that no TCP client sends a request to: its HTTP requests, whatever they ask, are
+    HTTP's in every count (requests, connections, statuses), none TCP's."""
+    node = NodeProcess(str(tmp_path), {"metrics_port": free_port(), "http_port": free_port()}).start()
+    try:  # start() made one TCP connection (it waits until the node accepts one), and no request
+        port, web = node.config["metrics_port"], node.config["http_port"]
+        assert http(web, "POST", "/v1/queues/hm/messages", {"data": "x"})[0] == 201
+        assert http(web, "GET", "/v1/queues/hm/messages")[0] == 200
+        assert http(web, "GET", "/v1/nope")[0] == 404
+        assert http(web, "GET", "/healthz")[0] == 200
+        with urllib.request.urlopen(f"http://127.0.0.1:{web}/", timeout=5) as page:  # the status page
+            assert page.status == 200
+
+        def counted() -> Samples | None:
+            s = scrape(port)
+            return s if value(s, "queue_server_received_requests_total", transport="http") == 5 else None
+        s = wait_for(counted, 10, "the HTTP requests to be counted")
+        assert {status: value(s, "queue_server_http_requests_total", status=status) for status in ("200", "201", "404")} \
+            == {"200": 3, "201": 1, "404": 1}
+        assert value(s, "queue_server_http_connections_opened_total") == 5
+        assert value(s, "queue_server_received_requests_total", transport="tcp") == 0
+        assert value(s, "queue_server_tcp_connections_opened_total") == 1
+        assert value(s, "queue_server_requests_total", action="produce", code="0") == 1  # every transport's
+    finally:
+        node.stop()
 
 
 def test_prometheus_text_format_is_well_formed(metered):

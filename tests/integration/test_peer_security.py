@@ -179,7 +179,7 @@ def start_error(config: dict, tmp_path) -> subprocess.CompletedProcess:
 
 
 def exposed(tmp_path, **extra) -> dict:
-    return {"node_id": 1, "port": free_port(), "in_memory": True, **extra, "cluster_node_list": [
+    return {"node_id": 1, "port": free_port(), "http_port": 0, "in_memory": True, **extra, "cluster_node_list": [
         {"node_id": 1, "host": "0.0.0.0", "port": free_port()},
         {"node_id": 2, "host": "127.0.0.1", "port": free_port()},
         {"node_id": 3, "host": "127.0.0.1", "port": free_port()}]}

@@ -1,6 +1,9 @@
 """A node that cannot start says why in one line (exit status 1, no traceback), naming the
 config key: a busy port, a host name that does not resolve or is not this machine's, a data
-directory that cannot be made or that another node holds, a config file that cannot be read. A peer's name that does not resolve yet only warns."""
+directory that cannot be made or that another node holds, a config file that cannot be read. A peer's name that does not resolve yet only warns.
+
+The nodes here turn HTTP off (http_port 0) unless its port is what the test is about: another
+program on the default http_port (8111) must not change which error a test sees."""
 from __future__ import annotations
 
 import json
@@ -28,17 +31,19 @@ def assert_one_line(output: str, line: str) -> None:
     assert output.strip().splitlines() == [line]
 
 
-@pytest.mark.parametrize("kind", [socket.SOCK_STREAM, socket.SOCK_DGRAM], ids=["tcp", "udp"])
-def test_busy_port(kind):
+@pytest.mark.parametrize("key,kind", [("port", socket.SOCK_STREAM), ("port", socket.SOCK_DGRAM),
+                                      ("http_port", socket.SOCK_STREAM)], ids=["tcp", "udp", "http"])
+def test_busy_port(key, kind):
     port = free_port()
     with socket.socket(socket.AF_INET, kind) as s:
         s.bind(("127.0.0.1", port))
         if kind == socket.SOCK_STREAM:
             s.listen()
-        code, out = start("--port", str(port), "--in-memory")
+        ports = {"port": port, "http_port": 0} if key == "port" else {"port": free_port(), "http_port": port}
+        code, out = start("--port", str(ports["port"]), "--http-port", str(ports["http_port"]), "--in-memory")
     proto = "TCP" if kind == socket.SOCK_STREAM else "UDP"
     assert code == 1
-    assert_one_line(out, f"queue-server: config key 'port': {proto} 127.0.0.1:{port} is already in use "
+    assert_one_line(out, f"queue-server: config key '{key}': {proto} 127.0.0.1:{port} is already in use "
                          f"(another queue-server, or another program?)")
 
 
@@ -67,7 +72,7 @@ def test_own_cluster_address_that_does_not_resolve(tmp_path):
 def test_data_dir_that_cannot_be_made(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    code, out = start("--port", str(free_port()), "--data-dir", str(blocker / "data"))
+    code, out = start("--port", str(free_port()), "--http-port", "0", "--data-dir", str(blocker / "data"))
     assert code == 1
     assert_one_line(out, f"queue-server: config key 'queue_data_dir': cannot create '{blocker / 'data'}': "
                          f"Not a directory")
@@ -75,14 +80,14 @@ def test_data_dir_that_cannot_be_made(tmp_path):
 
 def test_data_dir_held_by_a_running_node(tmp_path):
     with DataDir(str(tmp_path)):  # as a node's coordinator holds it
-        code, out = start("--port", str(free_port()), "--data-dir", str(tmp_path))
+        code, out = start("--port", str(free_port()), "--http-port", "0", "--data-dir", str(tmp_path))
     assert code == 1
     assert_one_line(out, f"queue-server: config key 'queue_data_dir': queue data dir {tmp_path} is in use by "
                          f"another node (pid {os.getpid()}); give each node its own (--data-dir)")
 
 
 def test_host_that_is_not_an_address_of_this_machine():
-    code, out = start("--host", "192.0.2.1", "--port", str(free_port()), "--in-memory")  # TEST-NET-1
+    code, out = start("--host", "192.0.2.1", "--port", str(free_port()), "--http-port", "0", "--in-memory")  # TEST-NET-1
     assert code == 1
     assert_one_line(out, "queue-server: config key 'host': 192.0.2.1 is not an address of this machine")
 
@@ -101,7 +106,7 @@ def test_a_cluster_secret_file_that_is_no_secret_on_a_single_node(tmp_path, node
     secret = tmp_path / "cluster.secret"
     secret.write_text("short\n")
     cfg = tmp_path / "node.json"
-    cfg.write_text(json.dumps({"port": free_port(), "in_memory": True, "cluster_secret_file": str(secret),
+    cfg.write_text(json.dumps({"port": free_port(), "http_port": 0, "in_memory": True, "cluster_secret_file": str(secret),
                                "cluster_node_list": [{"node_id": 1, "host": "127.0.0.1", "port": free_port()}][:nodes]}))
     code, out = start("--config", str(cfg))
     assert code == 1
@@ -132,7 +137,7 @@ def test_config_path_is_a_directory(tmp_path):
 
 
 def test_a_peer_name_that_does_not_resolve_yet_only_warns():
-    config, _ = parse_config(json.dumps({"node_id": 1, "port": free_port(), "in_memory": True,
+    config, _ = parse_config(json.dumps({"node_id": 1, "port": free_port(), "http_port": 0, "in_memory": True,
                                          "cluster_node_list": [
                                              {"node_id": 1, "host": "127.0.0.1", "port": free_port()},
                                              {"node_id": 2, "host": "node2.invalid", "port": free_port()},

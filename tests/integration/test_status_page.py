@@ -1,6 +1,7 @@
 """The status page in a real browser: Debian's chromium driven through chromedriver by selenium,
 on a follower of a 3-node cluster with a client token. The page asks for the token, then shows the
-roles and a queue's count, and the count changes after a produce. Skipped, saying why, when chromium, chromedriver or selenium is missing
+roles and a queue's count, and the count changes after a produce. And the page of a node started
+with no config file, at the address it prints. Skipped, saying why, when chromium, chromedriver or selenium is missing
 (.ci/install-tools installs the browser and its driver).
 
 QUEUE_SERVER_SCREENSHOT=1 also writes the screenshot to docs/status-page.png (the README shows it).
@@ -13,8 +14,9 @@ import threading
 
 import pytest
 
+from load.procs import stop_tree
 from queue_server.client import QueueClient
-from tests.harness import REPO, Cluster, wait_for
+from tests.harness import REPO, Cluster, free_port, printed_page, start_without_config, wait_for
 
 TOKEN = "page-token"
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
@@ -128,3 +130,21 @@ def test_the_status_page_of_a_follower_shows_roles_and_a_queue_count_that_change
             shutil.copy(shot, os.path.join(REPO, "docs", "status-page.png"))
     finally:
         cluster.stop()
+
+
+def test_the_page_of_a_node_started_with_no_config_is_where_it_says(tmp_path, browser):
+    """`queue-server` as a newcomer runs it, but for its two ports (taken at run time through
+    --port and --http-port, as in tests/integration/test_default_node.py): the address it prints
+    opens its page, which shows it leading and a queue once there is one."""
+    port = free_port()
+    proc = start_without_config(tmp_path, "--port", str(port), "--http-port", str(free_port()))
+    try:
+        browser.get(printed_page(proc, tmp_path))
+        wait_for(lambda: text(browser, '#nodes tr[data-node-id="1"] td.role') == "leader", 20,
+                 "the page to show the node leading")
+        with QueueClient(f"127.0.0.1:{port}") as q:
+            q.produce("hello", "world")
+        wait_for(lambda: text(browser, '#queues tr[data-queue="hello"] td.ready') == "1", 20,
+                 "the page to show the queue")
+    finally:
+        stop_tree(proc, 15)

@@ -138,6 +138,17 @@ def test_a_follower_that_does_not_forward_redirects_to_the_leader():
     assert d.sent == []
 
 
+def test_the_nodes_http_ports_are_kept_for_the_http_api_and_stay_out_of_protocol_replies():
+    d = FakeDispatch(forward_request=False)
+    d.on_status({"role": "follower", "epoch": 5, "leader_node_id": 2, "leader_host": "127.0.0.2",
+                 "leader_port": 1002, "http_ports": {1: 8111, 2: 8112}})
+    assert d.http_ports == {1: 8111, 2: 8112}
+    d.submit(Origin(7), 0, produce("a"))
+    d.submit(Origin(7), 1, {"action": p.LEADER})
+    assert [sorted(k for k in reply if k.startswith(("leader", "http"))) for _, _, reply in d.answers] == [
+        ["leader_host", "leader_node_id", "leader_port"]] * 2
+
+
 def test_stopping_to_lead_sends_the_last_requests_then_a_fence_under_the_old_mode(leader):
     leader.submit(Origin(7), 0, produce("a"))
     leader.status(FOLLOWER, 4, leader=2)

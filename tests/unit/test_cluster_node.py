@@ -264,7 +264,29 @@ def _timeout_nows(to_peers: list) -> list:
 
 
 def _statuses(to_acceptor: list) -> list[dict]:
-    return [orjson.loads(f[1]) for f in to_acceptor if f[0] == ipc_frames.STATUS]
+    return [ipc_frames.read_status(f) for f in to_acceptor if f[0] == ipc_frames.STATUS]
+
+
+def test_a_follower_tells_its_acceptor_the_http_port_the_leader_gives():
+    """The peers carry their http_port (cluster_node_list need not name it): a follower's status
+    gives its acceptor the leader's, which the HTTP API names in a 409 (docs/http.md)."""
+    node = ClusterNode(_config(3, http_port=9001), T0, recovered=Recovered(), rng=random.Random(1))
+    node.on_peer(Heartbeat(1, 2, 0, 0, 0, 0), NODE2, T0, 9002)
+    status = _statuses(_drain(node)[0])[-1]
+    assert (status["role"], status["leader_node_id"]) == ("follower", 2)
+    assert status["http_ports"] == {1: 9001, 2: 9002, 3: 0}
+    node.on_peer(Heartbeat(1, 2, 0, 0, 0, 0), NODE2, T0 + 0.01, 0)  # says none: what was heard stays
+    assert _statuses(_drain(node)[0]) == []
+    node.on_peer(Heartbeat(1, 2, 0, 0, 0, 0), NODE2, T0 + 0.02, 9012)  # restarted on another port
+    assert _statuses(_drain(node)[0])[-1]["http_ports"][2] == 9012
+
+
+def test_the_http_ports_cluster_node_list_names_stand_until_a_peer_says_its_own():
+    nodes = [{"node_id": i, "host": "127.0.0.1", "port": 1100 + i, "http_port": 8110 + i} for i in (1, 2, 3)]
+    node = ClusterNode(_config(3, cluster_node_list=nodes, http_port=0), T0, recovered=Recovered(),
+                       rng=random.Random(1))
+    node.on_peer(Heartbeat(1, 2, 0, 0, 0, 0), NODE2, T0)  # a node that says no http_port
+    assert _statuses(_drain(node)[0])[-1]["http_ports"] == {1: 0, 2: 8112, 3: 8113}  # its own: off
 
 
 def test_a_hand_off_sends_timeout_now_only_once_every_worker_is_fenced():

@@ -23,7 +23,7 @@ DEFAULTS = {
     "queue_data_dir": "./queue_data", "workers": 2, "max_request_size": 1048576,
     "udp_max_response": 60000, "max_wait": 30.0, "replication": "quorum", "fsync": "everysec",
     "in_memory": False, "snapshot_every": 100000, "repair": False, "metrics_port": 0, "election_timeout_ms": 300, "heartbeat_ms": 50,
-    "max_deliveries": 0, "dead_letter_suffix": ".dlq", "queue_metrics_max": 100, "shutdown_grace": 10, "http_port": 0, "auth_token_file": "",
+    "max_deliveries": 0, "dead_letter_suffix": ".dlq", "queue_metrics_max": 100, "shutdown_grace": 10, "http_port": 8111, "auth_token_file": "",
     "cluster_secret_file": "", "insecure_peers": False, "udp_amplification_limit": 3,
     "max_connections": 1000, "idle_timeout": 600, "max_pending_requests": 4096,
     "max_queues": 10000, "max_memory_mb": 2048,
@@ -403,7 +403,7 @@ def test_single_example_shows_every_key_at_its_default() -> None:
     default, _ = load_config(None)
     for name, _, _ in key_docs():
         assert f'"{name}"' in text, name
-        if name not in ("log_prefix", "http_port"):  # the example logs to a file and serves HTTP
+        if name != "log_prefix":  # the example logs to a file
             assert getattr(config, name) == getattr(default, name), name
 
 

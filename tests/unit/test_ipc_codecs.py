@@ -171,9 +171,10 @@ def test_rep_round_trip(items):
 
 
 @given(st.sampled_from(["leader", "follower", "none"]), st.integers(0, 1000), st.text(max_size=15),
-       st.integers(0, 65535), epochs)
-def test_status_round_trip(role, node_id, host, port, epoch):
-    status = {"role": role, "leader_node_id": node_id, "leader_host": host, "leader_port": port, "epoch": epoch}
+       st.integers(0, 65535), epochs, st.dictionaries(st.integers(1, 1000), st.integers(0, 65535), max_size=5))
+def test_status_round_trip(role, node_id, host, port, epoch, http_ports):
+    status = {"role": role, "leader_node_id": node_id, "leader_host": host, "leader_port": port, "epoch": epoch,
+              "http_ports": http_ports}
     frames = ipc_frames.status_frames(status)
     assert frames[0] == ipc_frames.STATUS and ipc_frames.read_status(frames) == status
 

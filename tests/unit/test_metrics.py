@@ -200,7 +200,7 @@ def test_series_of_known_label_values_start_at_zero():
     m.AcceptorMetrics(registry)
     m.CoordinatorMetrics(coordinator)
     assert samples(registry, "queue_server_requests_total") == {(action, code): 0 for action in p.ACTION_NAMES for code in ("0", "-1")}
-    assert samples(registry, "queue_server_received_requests_total") == {("tcp",): 0, ("udp",): 0}
+    assert samples(registry, "queue_server_received_requests_total") == {("tcp",): 0, ("udp",): 0, ("http",): 0}
     assert samples(registry, "queue_server_auth_failures_total") == {("failed",): 0, ("throttled",): 0}
     assert samples(registry, "queue_server_limit_refusals_total") == {(limit,): 0 for limit in limits.LIMITS}
     assert samples(coordinator, "queue_server_peer_rejected_total") == {
@@ -221,8 +221,26 @@ def test_folds_count_no_label_value_beyond_those_at_zero():
     registry = CollectorRegistry()
     am = m.AcceptorMetrics(registry)
     am.fold(open_connections=1, tcp_requests=5, udp_requests=2, connections_opened=1, auth_failed=3, auth_throttled=1)
-    assert samples(registry, "queue_server_received_requests_total") == {("tcp",): 5, ("udp",): 2}
+    assert samples(registry, "queue_server_received_requests_total") == {("tcp",): 5, ("udp",): 2, ("http",): 0}
     assert samples(registry, "queue_server_auth_failures_total") == {("failed",): 3, ("throttled",): 1}
+
+
+def test_http_requests_are_counted_apart_from_tcp():
+    registry = CollectorRegistry()
+    am = m.AcceptorMetrics(registry)
+    for status in (200, 200, 404):
+        am.http_answered(status)
+    am.fold(open_connections=0, tcp_requests=5, udp_requests=0, connections_opened=1, http_connections=1,
+            http_requests=3, http_connections_opened=2)
+    assert samples(registry, "queue_server_received_requests_total") == {("tcp",): 5, ("udp",): 0, ("http",): 3}
+    assert samples(registry, "queue_server_http_requests_total") == {("200",): 2, ("404",): 1}
+    assert samples(registry, "queue_server_http_connections_opened_total") == {(): 2}
+    assert samples(registry, "queue_server_tcp_connections_opened_total") == {(): 1}
+    am.http_answered(503)
+    am.fold(open_connections=0, tcp_requests=5, udp_requests=0, connections_opened=1, http_requests=4,
+            http_connections_opened=2)  # running totals: only what is new is added
+    assert samples(registry, "queue_server_received_requests_total")[("http",)] == 4
+    assert samples(registry, "queue_server_http_requests_total") == {("200",): 2, ("404",): 1, ("503",): 1}
 
 
 def _limit_counted(call: ast.Call) -> str | None:

@@ -230,7 +230,7 @@ class SimNode:
     def on_peer(self, data: bytes) -> None:
         env = wire.decode(data)
         now = self.sim.now
-        self.cn.on_peer(env.msg, (env.client_host, env.client_port), now)
+        self.cn.on_peer(env.msg, (env.client_host, env.client_port), now, env.http_port)
         self.coord_timer()
 
     def coord_timer(self) -> None:
@@ -253,8 +253,8 @@ class SimNode:
             for message in batching.for_acceptor(ready.to_acceptor):
                 self.pipe(COORD, ACCEPTOR, message)
             for target, msg in ready.peer_messages(True, True):
-                self.sim.net(self.node_id, target, wire.encode(msg, "127.0.0.1", self.config.port),
-                             forward=type(msg) is Forward)
+                data = wire.encode(msg, "127.0.0.1", self.config.port, self.config.node_type, self.config.http_port)
+                self.sim.net(self.node_id, target, data, forward=type(msg) is Forward)
             cn.advance(ready, durable_trans_id=ready.log_through)
 
     def durable(self) -> Recovered:

@@ -34,6 +34,12 @@ def test_round_trip(msg):
     assert (env.client_host, env.client_port) == ("10.0.0.1", 1111)
 
 
+def test_the_envelope_carries_the_senders_http_port():
+    env = wire.decode(wire.encode(Heartbeat(3, 1, 5, 2, 9, 3), "10.0.0.1", 1111, 10, 8111))
+    assert (env.cluster_id, env.http_port) == (10, 8111)
+    assert wire.decode(wire.encode(Heartbeat(3, 1, 5, 2, 9, 3))).http_port == 0  # none said
+
+
 @pytest.mark.parametrize("data", [b"", b"\xff\xff\xff", b"not protobuf at all"])
 def test_garbage_is_a_value_error(data):
     with pytest.raises(ValueError):
