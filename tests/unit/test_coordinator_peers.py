@@ -33,8 +33,8 @@ def test_a_batch_for_two_followers_is_encoded_once(monkeypatch):
     _batch(node, node.epoch, [PRODUCE])
     coordinator = Coordinator.__new__(Coordinator)  # its I/O but the peer links is not used here
     coordinator.node, coordinator.storage, coordinator.config = node, None, node.config
-    coordinator.log = logging.getLogger(__name__)
-    coordinator.client = ("127.0.0.1", 1101, node.config.node_type)
+    coordinator.log, coordinator.recovery = logging.getLogger(__name__), None
+    coordinator.client = ("127.0.0.1", 1101, node.config.node_type, 0)
     coordinator.workers = [Outbox() for _ in range(node.config.workers)]
     coordinator.acceptor = Outbox()
     coordinator.peers = {2: Outbox(), 3: Outbox()}
