@@ -424,6 +424,47 @@ def test_sync_redirect_not_followed_or_looping(servers: Any) -> None:
     assert info.value.code == -2 and len(looping.requests) == 3
 
 
+def refusing_first(reason: str) -> Handler:
+    """A node that refuses each request's first sending with `reason` (as one whose mode
+    changed under it), then serves it."""
+    store = FakeQueues()
+    seen: set = set()
+
+    def handle(req: dict, state: dict) -> Any:
+        key = (req.get("action"), req.get("data"), req.get("queue"))
+        if key not in seen:
+            seen.add(key)
+            return echo(req, code=-1, reason=reason)
+        return store(req, state)
+    return handle
+
+
+@pytest.mark.parametrize("reason", [pp.MODE_CHANGED, pp.LEADERSHIP_CHANGED, pp.NOT_LEADING])
+def test_sync_sends_a_request_refused_unapplied_again_to_its_one_host(servers: Any, reason: str) -> None:
+    """A hand-off that failed refuses the late batches of the mode it ended with nothing
+    applied: the client sends the request again, on the same connection."""
+    server = servers(refusing_first(reason))
+    with QueueClient(server.addr) as c:
+        msg_id = c.produce("q", "x")
+        m = c.consume("q")
+        assert (m.msg_id, m.data) == (msg_id, "x")
+    assert [r["action"] for r in server.requests] == [1, 1, 2, 2]
+    assert server.connections == 1
+
+
+def test_async_sends_a_request_refused_unapplied_again_to_its_one_host(servers: Any, run: Any) -> None:
+    server = servers(refusing_first(pp.MODE_CHANGED))
+
+    async def go() -> None:
+        async with AsyncQueueClient(server.addr) as c:
+            ids = await asyncio.gather(*(c.produce("q", str(i)) for i in range(5)))
+            assert len(set(ids)) == 5
+            assert (await c.consume("q", wait=1)).data == "0"
+
+    run(go())
+    assert len(server.requests) == 12
+
+
 def test_sync_fails_over_when_connection_refused(servers: Any) -> None:
     good = servers()
     dead = refused_addr()
@@ -956,6 +997,20 @@ def test_retry_elsewhere_only_where_sending_again_is_safe() -> None:
     assert p.retry_elsewhere(p.consume_request("q"), {"code": -1, "reason": p.LEADERSHIP_CHANGED})
 
 
+def test_every_refusal_a_node_makes_for_a_change_of_leader_or_mode_is_classified() -> None:
+    """The coordinator's refusals of a worker's replies (REFUSALS), the worker's own and the
+    acceptor's: each is sent again by the clients (NOT_APPLIED, or UNKNOWN_OUTCOME for an
+    idempotent produce), or is one the caller waits out (storage), and HTTP answers 503."""
+    from queue_server.server.http_routes import status_of
+    from queue_server.server.reply_counts import REFUSALS
+
+    made = set(REFUSALS) | {pp.NOT_LEADING, pp.NO_LEADER, pp.LEADER_CHANGED, pp.FORWARD_TIMED_OUT}
+    assert made - (pp.NOT_APPLIED | pp.UNKNOWN_OUTCOME) == {pp.STORAGE_UNAVAILABLE}
+    assert pp.ASK_ANOTHER_NODE <= pp.NOT_APPLIED | pp.UNKNOWN_OUTCOME
+    for reason in made:
+        assert pp.try_again({"code": -1, "reason": reason}) and status_of({"code": -1, "reason": reason}) == 503
+
+
 @pytest.mark.parametrize("reason", sorted(p.NOT_APPLIED))
 def test_every_reply_that_applied_nothing_is_tried_on_the_next_host(reason: str) -> None:
     assert p.retry_elsewhere(p.consume_request("q"), {"code": -1, "reason": reason})
@@ -975,3 +1030,62 @@ def test_a_reply_that_is_no_fail_over_is_not_tried_again(reason: object) -> None
     idem = p.produce_request("q", "x", producer="p1", sequence=7)
     assert not p.retry_elsewhere(p.consume_request("q"), {"code": -1, "reason": reason})
     assert not p.retry_elsewhere(idem, {"code": -1, "reason": reason})
+
+
+# ------------------------------------------------------------------ subscriptions
+
+
+@pytest.mark.parametrize("reason", [pp.MODE_CHANGED, pp.NOT_LEADING, pp.LEADERSHIP_CHANGED, pp.NO_LEADER,
+                                    pp.SUBSCRIBE_ON_LEADER])
+def test_a_subscribe_refused_for_now_or_off_the_leader_is_made_again(reason: str) -> None:
+    from queue_server.client.subscribe import AGAIN, classify
+
+    assert classify({"action": "subscribe", "queue": "q", "code": -1, "reason": reason}) == AGAIN
+
+
+def test_a_subscription_sends_a_confirm_refused_unapplied_again_and_raises_on_bad_input() -> None:
+    from queue_server.client.subscribe import OTHER, PUSH, RESEND, classify
+
+    refused = {"action": p.CONFIRM, "queue": "q", "msg_id": 7, "code": -1, "reason": pp.MODE_CHANGED}
+    assert classify(refused) == RESEND
+    assert classify({**refused, "reason": "msg_id: must be an integer"}) == OTHER
+    assert classify({**refused, "code": 0, "confirmed": 1}) == OTHER
+    assert classify({"push": True, "code": 0, "queue": "q", "msg_id": 1}) == PUSH
+    with pytest.raises(QueueError):
+        classify({"action": "subscribe", "queue": "q", "code": -1, "reason": "credit: missing"})
+
+
+def test_a_subscription_resends_a_refused_confirm_on_its_connection(servers: Any) -> None:
+    """Its pushes' confirms go on the subscription's own connection; one refused unapplied (a
+    mode change under the leader) is sent again before the next read."""
+    refused: list[dict] = []
+
+    def handle(req: dict, state: dict) -> Any:
+        action = req.get("action")
+        if action == p.LEADER:
+            return echo(req, leader_node_id=1, leader_host="127.0.0.1", leader_port=server.port)
+        if action == pp.SUBSCRIBE:
+            return [echo(req, subscribed=req["credit"]), push(1)]
+        if action == p.CONFIRM:
+            if not refused:
+                refused.append(req)
+                return [echo(req, code=-1, reason=pp.MODE_CHANGED), push(2)]
+            return echo(req, confirmed=0)
+        return None
+
+    def push(msg_id: int) -> dict:
+        return {"action": pp.SUBSCRIBE, "queue": "q", "credit": 2, "code": 0, "node_id": 1, "push": True,
+                "msg_id": msg_id, "data": str(msg_id), "delivery_count": 1, "lease_until": None}
+
+    def confirms() -> list:
+        return [r.get("msg_id") for r in server.requests if r.get("action") == p.CONFIRM]
+
+    server = servers(handle)
+    with QueueClient(server.addr) as c, c.subscribe("q", credit=2) as sub:
+        got = iter(sub)
+        assert next(got).msg_id == 1
+        assert next(got).msg_id == 2  # read after the refusal of the first one's confirm, sent again
+        waiting = threading.Thread(target=lambda: next(got, None), daemon=True)
+        waiting.start()  # confirms the second, then waits for more
+        server.wait_for(lambda: confirms() == [1, 1, 2])
+    waiting.join(DEADLINE)
