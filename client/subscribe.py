@@ -72,6 +72,15 @@ class _SubscriptionState:
         # Confirms refused with nothing applied, to send again before the next read.
         self._resend: list[dict] = []
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled, a subscription is its request: the copy subscribes anew, on a connection of
+        its own, where it is first iterated (its client pickles as ClientSettings says)."""
+        return {"client": self.client, "queues": self.queues, "credit": self._credit, "closed": self.closed}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["client"], state["queues"], state["credit"])  # type: ignore[misc]
+        self.closed = state["closed"]
+
     def _requests(self) -> list[dict]:
         auth = [p.auth_request(self.client.token)] if self.client.token is not None else []
         return auth + [{"action": SUBSCRIBE, "queue": q, "credit": self._credit} for q in self.queues]

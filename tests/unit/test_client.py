@@ -578,6 +578,72 @@ def test_sync_client_pickles_with_its_token_tls_and_idempotence() -> None:
     assert pickle.loads(pickle.dumps(QueueClient("h:1")))._producer is not None
 
 
+def test_a_client_pickles_a_token_file_and_tls_files_as_their_paths(tmp_path: Any) -> None:
+    """Where that is how they were given, a pickled client carries file paths, not the token or
+    the keys; its copy reads them again."""
+    from queue_server.client.credentials import TokenFile
+    from tests.tls_certs import make_tls_files
+
+    certs = make_tls_files(str(tmp_path))
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    files = client_tls.TlsFiles(ca_file=certs.ca, cert_file=certs.client_cert, key_file=certs.client_key)
+    for make in (QueueClient, AsyncQueueClient):
+        c = make("h:1", token=TokenFile(str(token_file)), tls=files)
+        assert c.token == "s3cret-token" and c._ssl is not None
+        blob = pickle.dumps(c)
+        assert b"s3cret-token" not in blob and b"PRIVATE KEY" not in blob
+        copy = pickle.loads(blob)
+        assert (type(copy), copy.token, copy.tls, copy._token_option) == (make, "s3cret-token", files, TokenFile(str(token_file)))
+        assert copy._ssl is not None and copy._ssl.get_ca_certs()  # the CA file loaded again
+
+
+def test_a_client_made_with_an_ssl_context_says_how_to_make_one_that_pickles() -> None:
+    for make in (QueueClient, AsyncQueueClient):
+        with pytest.raises(TypeError, match=r"tls=TlsFiles\("):
+            pickle.dumps(make("h:1", tls=ssl.create_default_context()))
+
+
+def test_an_async_client_pickles_its_own_settings_too(servers: Any, run: Any) -> None:
+    server = servers()
+
+    async def go() -> AsyncQueueClient:
+        c = AsyncQueueClient(server.addr, timeout=2, linger_ms=0.5, max_idle_wait_connections=2,
+                             max_request_size=1 << 16, idempotent=False)
+        await c.produce("q", "x")  # connected: the connection does not travel
+        copy = pickle.loads(pickle.dumps(c))
+        await c.close()
+        assert (copy.timeout, copy.linger_ms, copy.max_idle_wait_connections, copy.max_request_size,
+                copy._producer) == (2.0, 0.5, 2, 1 << 16, None)
+        assert await copy.produce("q", "y") == 2
+        await copy.close()
+        return copy
+
+    run(go())
+    assert server.connections == 2
+
+
+def test_a_subscription_pickles_as_its_request_and_subscribes_anew(servers: Any) -> None:
+    def handle(req: dict, state: dict) -> Any:
+        if req.get("action") == p.LEADER:
+            return echo(req, leader_node_id=1, leader_host="127.0.0.1", leader_port=server.port)
+        if req.get("action") == pp.SUBSCRIBE:
+            return [echo(req, subscribed=req["credit"]), {
+                "action": pp.SUBSCRIBE, "queue": "q", "code": 0, "node_id": 1, "push": True, "msg_id": server.connections,
+                "data": "pushed", "delivery_count": 1, "lease_until": 1e10}]
+        return None
+
+    server = servers(handle)
+    with QueueClient(server.addr) as c, c.subscribe(["q"], credit=3) as sub:
+        assert next(iter(sub)).data == "pushed"  # its connection is open
+        copy = pickle.loads(pickle.dumps(sub))
+        assert (copy.queues, copy._credit, copy.closed, copy.sock) == (("q",), 3, False, None)
+        with copy:
+            assert next(iter(copy)).data == "pushed"
+    subscribes = [r for r in server.requests if r.get("action") == pp.SUBSCRIBE]
+    assert len(subscribes) == 2
+
+
 @pytest.mark.filterwarnings("ignore:.*fork:DeprecationWarning")  # 3.12+ warns on fork with threads
 def test_sync_forked_child_does_not_share_the_connection(servers: Any) -> None:
     server = servers()
