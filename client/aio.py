@@ -12,6 +12,7 @@ from . import linger as linger_
 from . import protocol as p
 from . import tls as tls_
 from .calls import AsyncActions
+from .credentials import TokenOption
 from .errors import ConnectTimeout, QueueError
 from .failover import DONE, NEXT, Drop, Failover, Lost
 from .protocol import Address
@@ -257,7 +258,7 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
 
     def __init__(self, hosts: str | Sequence[str | Address] = "127.0.0.1:1111", *, transport: str = "tcp",
                  timeout: float = 5.0, follow_redirects: bool = True, max_redirects: int = 3,
-                 max_idle_wait_connections: int = 8, idempotent: bool = True, token: str | None = None,
+                 max_idle_wait_connections: int = 8, idempotent: bool = True, token: TokenOption = None,
                  tls: tls_.TlsOption = None, linger_ms: float = 0.0,
                  max_request_size: int = p.DEFAULT_MAX_REQUEST_SIZE) -> None:
         """The settings of QueueClient; max_idle_wait_connections: how many idle connections
@@ -273,6 +274,7 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
         if type(max_request_size) is not int or max_request_size < 1:
             raise ValueError("max_request_size must be a positive number of bytes")
         self.linger_ms = linger_ms
+        self.max_request_size = max_request_size
         self._batcher: linger_.Batcher[asyncio.Future[dict[str, Any]]] | None = (
             linger_.Batcher(linger_ms / 1000, max_bytes=linger_.max_batch_bytes(max_request_size))
             if linger_ms else None)
@@ -285,6 +287,10 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
         self._wait_busy: set[_Conn] = set()
         self._udp_ep: _Udp | None = None
         self._connect_lock: asyncio.Lock | None = None
+
+    def _settings(self) -> dict[str, Any]:
+        return {**super()._settings(), "max_idle_wait_connections": self.max_idle_wait_connections,
+                "linger_ms": self.linger_ms, "max_request_size": self.max_request_size}
 
     # ------------------------------------------------------------------ raw requests
 

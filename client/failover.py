@@ -49,7 +49,7 @@ class Verdict(enum.Enum):
     """What to do after one attempt (a QueueError returned instead means: raise it)."""
 
     DONE = "done"  # the reply is the answer
-    AGAIN = "again"  # send again to the host next() names (a closed idle connection, or a redirect)
+    AGAIN = "again"  # send again to the host next() names (a closed idle connection, a redirect, a resend)
     NEXT = "next"  # this host failed: send to the host next() names, unless next() gives up
 
 
@@ -110,14 +110,20 @@ class Attempt:
     drop: Drop
 
 
+# How many times one call sends its request again to a host that refused it unapplied because
+# its mode changed (a hand-off, a new leader): it knows by then where the request goes.
+MAX_RESENDS = 3
+
+
 class Failover:
     """One request's way through the hosts: each host at most once per call, redirects (code -2)
     followed up to `max_redirects` times, one free retry when a kept-open connection turns out
-    closed. A reply saying nothing was applied (p.NOT_APPLIED: no leader, not leading) is tried
-    on the next host, and so is one of unknown outcome (p.UNKNOWN_OUTCOME: the leader changed or
-    did not answer) for a produce with producer and sequence (sending it again stores it once).
-    When every host failed: QueueTimeout if the last one timed out, else NoServerAvailable,
-    naming each host's failure.
+    closed. A reply saying nothing was applied (p.NOT_APPLIED: no leader, not leading, the
+    node's mode changed) is sent again, and so is one of unknown outcome (p.UNKNOWN_OUTCOME: the
+    leader changed or did not answer) for a produce with producer and sequence (sending it again
+    stores it once): to the same host, up to MAX_RESENDS times, when that host has learnt who
+    leads since (p.resend_here), else to the next host. When every host failed: QueueTimeout if
+    the last one timed out, else NoServerAvailable, naming each host's failure.
     """
 
     def __init__(
@@ -135,6 +141,7 @@ class Failover:
         self.follow_redirects = follow_redirects
         self.max_redirects = max_redirects
         self.redirects = 0
+        self.resends = 0
         self._may_reuse = True
         self._failed: set[Address] = set()
         self._errors: list[str] = []
@@ -153,7 +160,8 @@ class Failover:
         return Attempt(route.address, route.epoch, drop)
 
     def replied(self, attempt: Attempt, reply: dict[str, Any]) -> Verdict | QueueError:
-        """The verdict on a reply: DONE (code 0), AGAIN (a redirect), NEXT, or the reply's error."""
+        """The verdict on a reply: DONE (code 0), AGAIN (a redirect, or a refusal to send again to
+        the same host), NEXT, or the reply's error."""
         code = reply.get("code")
         if code == p.CODE_OK:
             return DONE
@@ -165,7 +173,12 @@ class Failover:
                     self._drop = max(self._drop, Drop.FINISH)
                 return AGAIN
         error = p.error_from_reply(reply)
-        if not p.retry_elsewhere(self.req, reply) or len(self.route.host_set) < 2:
+        if not p.retry_elsewhere(self.req, reply):
+            return error
+        if p.resend_here(reply) and self.resends < MAX_RESENDS:
+            self.resends += 1
+            return AGAIN
+        if len(self.route.host_set) < 2:
             return error
         return self._host_failed(attempt, error, timed_out=False)
 

@@ -16,6 +16,7 @@ from .errors import QueueError
 
 from queue_server.protocol.framing import DEFAULT_MAX_REQUEST_SIZE  # noqa: F401  (re-exported)
 from queue_server.protocol.vocabulary import (  # noqa: F401  (re-exported: one vocabulary for server and client)
+    ASK_ANOTHER_NODE,
     AUTH,
     AUTH_REFUSED,
     ACTION_NAMES,
@@ -27,7 +28,9 @@ from queue_server.protocol.vocabulary import (  # noqa: F401  (re-exported: one 
     NO_LEADER,
     NOT_APPLIED,
     NOT_LEADER,
+    SUBSCRIBE_ON_LEADER,
     UNKNOWN_OUTCOME,
+    try_again,
     number,
     CONSUME,
     EXTEND,
@@ -372,17 +375,12 @@ def udp_reply(reply: dict[str, Any], req: dict[str, Any]) -> dict[str, Any]:
     return reply
 
 
-def try_elsewhere(reply: dict) -> bool:
-    """Whether an error reply means "this node cannot serve anyone now" (it knows no leader), so
-    another host of the list should be tried. Nothing was applied."""
-    return reply.get("code") == CODE_ERROR and reply.get("reason") == NO_LEADER
-
-
 def retry_elsewhere(req: dict, reply: dict) -> bool:
-    """Whether a failed request is tried on the next host: the node knows no leader, or was not
-    leading or stopped leading before it applied the request (nothing was applied: NOT_APPLIED),
-    or the request is an idempotent produce whose outcome is unknown (UNKNOWN_OUTCOME: the
-    leader changed or did not answer; applied or not, sending it again stores it once)."""
+    """Whether a refused request may be sent again (to the same host or the next, resend_here
+    says which): the node knows no leader, or was not leading or stopped leading before it
+    applied the request (nothing was applied: NOT_APPLIED), or the request is an idempotent
+    produce whose outcome is unknown (UNKNOWN_OUTCOME: the leader changed or did not answer;
+    applied or not, sending it again stores it once)."""
     if reply.get("code") != CODE_ERROR:
         return False
     reason = reply.get("reason")
@@ -392,3 +390,10 @@ def retry_elsewhere(req: dict, reply: dict) -> bool:
         return True
     return (reason in UNKNOWN_OUTCOME and req.get("action") in (PRODUCE, "produce")
             and req.get("producer") is not None and req.get("sequence") is not None)
+
+
+def resend_here(reply: dict) -> bool:
+    """Whether a request retry_elsewhere allows goes to the host that refused it once more: it
+    refused because its mode changed, and has learnt who leads since (ASK_ANOTHER_NODE: not when
+    it knows no leader, or the leader it forwarded to did not answer)."""
+    return reply.get("reason") not in ASK_ANOTHER_NODE

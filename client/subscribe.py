@@ -21,23 +21,34 @@ RESUBSCRIBE_FOR = 30.0
 AGAIN_PAUSE = 0.1
 
 
-PUSH, AGAIN, OTHER = "push", "again", "other"
+PUSH, AGAIN, RESEND, OTHER = "push", "again", "resend", "other"
 
 
 def classify(reply: dict) -> str:
     """What a line read on a subscription's connection is: PUSH (a pushed message), AGAIN (the
-    subscription ended or was refused for want of a leader: subscribe again, on the leader) or
-    OTHER (the answer to our own subscribe or confirm). QueueError for any other refusal."""
+    subscription ended, or was refused for now (p.try_again: no leader, not leading, the node's
+    mode changed) or because it did not reach the leader: subscribe again, on the leader),
+    RESEND (a confirm refused with nothing applied, p.NOT_APPLIED: send it again) or OTHER (the
+    answer to our own subscribe or confirm). QueueError for any other refusal."""
     ok = reply.get("code") == p.CODE_OK
     if reply.get("push"):
         return PUSH if ok else AGAIN
-    if not ok and resolve_action(reply.get("action")) == p.AUTH:
+    if ok:
+        return OTHER
+    action = resolve_action(reply.get("action"))
+    if action == p.AUTH:
         raise p.error_from_reply(reply)
-    if not ok and resolve_action(reply.get("action")) == SUBSCRIBE:
-        if p.try_elsewhere(reply) or str(reply.get("reason", "")).startswith((p.NOT_LEADER, "subscribe:")):
+    if action == SUBSCRIBE:
+        if p.try_again(reply) or reply.get("reason") == p.SUBSCRIBE_ON_LEADER:
             return AGAIN
         raise p.error_from_reply(reply)
+    if action == p.CONFIRM and reply.get("reason") in p.NOT_APPLIED and _confirmable(reply):
+        return RESEND
     return OTHER
+
+
+def _confirmable(reply: dict) -> bool:
+    return isinstance(reply.get("queue"), str) and type(reply.get("msg_id")) is int
 
 
 def message(push: dict) -> Message:
@@ -58,6 +69,17 @@ class _SubscriptionState:
         self.queues = (queues,) if isinstance(queues, str) else tuple(queues)
         self._credit = credit
         self.closed = False
+        # Confirms refused with nothing applied, to send again before the next read.
+        self._resend: list[dict] = []
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled, a subscription is its request: the copy subscribes anew, on a connection of
+        its own, where it is first iterated (its client pickles as ClientSettings says)."""
+        return {"client": self.client, "queues": self.queues, "credit": self._credit, "closed": self.closed}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["client"], state["queues"], state["credit"])  # type: ignore[misc]
+        self.closed = state["closed"]
 
     def _requests(self) -> list[dict]:
         auth = [p.auth_request(self.client.token)] if self.client.token is not None else []
@@ -71,14 +93,22 @@ class _SubscriptionState:
 
     def _take(self, line: bytes) -> dict | float | None:
         """A line read on the subscription: the push it carries; or, when the subscription has to
-        be made again, the seconds to wait first (the connection is dropped); else None."""
+        be made again, the seconds to wait first (the connection is dropped); else None (a
+        confirm refused unapplied is kept to be sent again: _resend)."""
         kind = classify(reply := p.decode_reply(line))
         if kind == PUSH:
             return reply
         if kind == AGAIN:
             self._drop()
             return AGAIN_PAUSE
+        if kind == RESEND:
+            self._resend.append(_confirm(reply["queue"], reply["msg_id"]))
         return None
+
+    def _take_resends(self) -> list[dict]:
+        """The confirms to send again now (each once: a second refusal keeps it again)."""
+        taken, self._resend = self._resend, []
+        return taken
 
     def _drop(self) -> None:  # pragma: no cover - provided
         raise NotImplementedError
@@ -192,6 +222,8 @@ class Subscription(_SubscriptionState):
                 if self.closed:  # closed (from another thread) while it connected
                     self._drop()
                     break
+            for req in self._take_resends():
+                self._send(req)
             line = self._line()
             if line is None:
                 self._drop()  # lost: subscribe again, on whichever node leads
@@ -297,6 +329,8 @@ class AsyncSubscription(_SubscriptionState):
         while not self.closed:
             if self.reader is None:
                 await self._open()
+            for req in self._take_resends():
+                await self._send(req)
             try:
                 line = await self.reader.readline()
             except (OSError, ValueError, AttributeError):

@@ -11,6 +11,7 @@ from typing import Any
 from . import protocol as p
 from . import tls as tls_
 from .calls import BlockingActions
+from .credentials import TokenOption
 from .errors import ConnectTimeout, QueueError
 from .failover import DONE, Failover, Lost, describe
 from .protocol import Address
@@ -46,11 +47,13 @@ class QueueClient(ClientSettings, BlockingActions):
 
     def __init__(self, hosts: str | Sequence[str | Address] = "127.0.0.1:1111", *, transport: str = "tcp",
                  timeout: float = 5.0, follow_redirects: bool = True, max_redirects: int = 3,
-                 idempotent: bool = True, token: str | None = None, tls: tls_.TlsOption = None) -> None:
+                 idempotent: bool = True, token: TokenOption = None, tls: tls_.TlsOption = None) -> None:
         """token: the cluster's client token (auth_token_file), presented on every new
-        connection (TCP) or datagram (UDP). tls: True (verify the nodes' certificates against
-        the system's CAs) or an ssl.SSLContext (your CA, a client certificate) for nodes with
-        tls_cert_file; TCP only."""
+        connection (TCP) or datagram (UDP); or TokenFile(path), the file holding it. tls: True
+        (verify the nodes' certificates against the system's CAs), TlsFiles(ca_file, cert_file,
+        key_file) (your CA, a client certificate) or an ssl.SSLContext, for nodes with
+        tls_cert_file; TCP only. Pickled, the client keeps these (ClientSettings), an
+        SSLContext excepted: give TlsFiles to a client that travels."""
         self._settle(hosts, transport, timeout, follow_redirects, max_redirects, idempotent, token, tls)
         self._sock: socket.socket | None = None
         self._file: Any = None
@@ -182,24 +185,6 @@ class QueueClient(ClientSettings, BlockingActions):
     def close(self) -> None:
         """Close the connection (a later request opens a new one)."""
         self._close()
-
-    def __getstate__(self) -> dict[str, Any]:
-        """The settings only: a pickled client (e.g. shipped to Spark executors) reconnects, with
-        a producer id of its own (tls as an SSLContext does not pickle: pass tls=True there)."""
-        return {
-            "hosts": self.hosts,
-            "transport": self.transport,
-            "timeout": self.timeout,
-            "follow_redirects": self.follow_redirects,
-            "max_redirects": self.max_redirects,
-            "idempotent": self._producer is not None,
-            "token": self.token,
-            "tls": self.tls,
-        }
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        hosts = state.pop("hosts")
-        self.__init__(hosts, **state)  # type: ignore[misc]
 
     def __enter__(self) -> QueueClient:
         return self

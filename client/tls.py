@@ -7,7 +7,6 @@ import ssl
 from dataclasses import dataclass
 from typing import Union
 
-TlsOption = Union[bool, ssl.SSLContext, None]
 # OpenSSL's X509_V_ERR_HOSTNAME_MISMATCH and X509_V_ERR_IP_ADDRESS_MISMATCH: the certificate is
 # trusted, but made for another name than the one connected to.
 _NAME_MISMATCH = (62, 64)
@@ -80,13 +79,30 @@ def closed_before_reply(tls_on: bool) -> str:
     return "connection closed by the server before any reply (a node with TLS closes plain connections: connect with tls)"
 
 
+# What the clients' `tls=` takes: see context().
+TlsOption = Union[bool, TlsFiles, ssl.SSLContext, None]
+
+
 def context(tls: TlsOption) -> ssl.SSLContext | None:
     """The SSLContext for option `tls`: False/None plain TCP; True verifies the node's
-    certificate against the system's CAs (TlsFiles: against a CA file, with a client
-    certificate); an SSLContext is used as it is."""
+    certificate against the system's CAs; TlsFiles against a CA file, with a client certificate
+    (TlsFileError names a file that cannot be loaded); an SSLContext is used as it is. Only an
+    SSLContext does not pickle (a client made with one cannot travel to another process)."""
     if isinstance(tls, ssl.SSLContext):
         return tls
+    if isinstance(tls, TlsFiles):
+        return tls.context()
     return TlsFiles(bool(tls)).context()
+
+
+def pickling_refused(tls: TlsOption) -> TypeError | None:
+    """Why a client made with option `tls` cannot be pickled (an SSLContext holds what it loaded,
+    keys included, and cannot be rebuilt elsewhere), in one line saying what to give instead."""
+    if not isinstance(tls, ssl.SSLContext):
+        return None
+    return TypeError("a client made with tls=<ssl.SSLContext> cannot be pickled: make it with "
+                     "tls=TlsFiles(ca_file=..., cert_file=..., key_file=...) (from queue_server.client), "
+                     "whose file paths travel and are loaded where it is unpickled")
 
 
 def wrap(sock: socket.socket, ctx: ssl.SSLContext, host: str) -> ssl.SSLSocket:

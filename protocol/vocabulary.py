@@ -89,11 +89,24 @@ FORWARD_TIMED_OUT = "forwarded request timed out: the leader did not answer"
 STORAGE_UNAVAILABLE = "storage unavailable"
 # Not applied: the queue holds max_queue_size messages.
 QUEUE_FULL = "queue full"
-# The reasons after which sending the request to another node is safe: nothing was applied.
+# Not applied: a subscribe that reached the leader through a follower, or came over UDP. The
+# subscription client asks who leads and subscribes there (client/subscribe.py).
+SUBSCRIBE_ON_LEADER = "subscribe: only on a TCP connection to the leader (not forwarded, not UDP)"
+# The reasons after which sending the request again is safe: nothing was applied. Every refusal a
+# node makes because it was not, or stopped being, the leader in the mode the request was served
+# in is one of these (the worker's, the coordinator's for a batch of a mode that is over, the
+# forwarding's). The clients send the request again (client/failover.py), and so does a follower
+# that forwarded it (server/forwarding.py). STORAGE_UNAVAILABLE and QUEUE_FULL apply nothing
+# either, but the same request sent again at once meets the same refusal: they are the caller's.
 NOT_APPLIED = frozenset({NO_LEADER, LEADERSHIP_CHANGED, NOT_LEADING, NOT_LEADER_RETRY, MODE_CHANGED})
 # The reasons after which the request may or may not take effect: sending it again is safe only
 # where a repeat changes nothing (a produce with producer and sequence).
 UNKNOWN_OUTCOME = frozenset({LEADERSHIP_LOST, LEADER_CHANGED, FORWARD_TIMED_OUT})
+# Of the two classes above, the reasons of a node that cannot pass a request on now: it knows no
+# leader, or the leader it knows did not answer. A request is sent again to another node after
+# these; after any other, to the same node: it has learnt who leads since it refused (itself
+# again, once a hand-off that failed is over; or another node, which it forwards or redirects to).
+ASK_ANOTHER_NODE = frozenset({NO_LEADER, FORWARD_TIMED_OUT})
 # The starts of every "not now" reason (a reply's reason may add detail after them).
 _TRY_AGAIN = (NOT_LEADER, NO_LEADER, MODE_CHANGED, LEADER_CHANGED, FORWARD_TIMED_OUT, STORAGE_UNAVAILABLE,
               QUEUE_FULL)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Collection
 
 import orjson
 
@@ -55,6 +56,9 @@ from queue_server.workers.queue import StateQueue
 from queue_server.workers.service import PartitionService
 
 NOOP = Noop()
+# How many undeliverable consume replies a node holds, to give their messages back once a leader
+# is known (or its hand-off is over).
+HELD_GIVE_BACKS = 10_000
 LEADER, FOLLOWER, NONE = Role.LEADER, Role.FOLLOWER, Role.NONE
 
 
@@ -90,7 +94,7 @@ class ClusterNode:
         # The committed state, replayed from the log: what a follower's snapshot is made of and
         # what the workers are reset to when this node stops leading.
         self.state = PartitionService(self.node_id, config.queue_size, dict((n, tuple(m)) for n, m in virtual),
-                                      queue_class=StateQueue)
+                                      queue_class=StateQueue, restore_cache=0)
         self.state_trans_id = found.trans_id
         self.workers_trans_id = found.trans_id  # the workers reflect the log up to here
         # Replies wait until their records are on disk (process-crash safe) as well as committed.
@@ -223,15 +227,18 @@ class ClusterNode:
             self._run(self.election.on_progress(now, self._matches()), now)
 
     def _resume_leading(self) -> None:
-        """A hand-off that did not happen: the workers accept requests again, in a new mode. If
-        all of them were fenced, their state is the log's; otherwise some may still be deciding
-        under the old mode, so they start over from the log (their late batches are refused)."""
+        """A hand-off that did not happen: the workers accept requests again, in a new mode.
+        A fenced worker's state is the log's: it goes on with it, and with the long polls and
+        subscriptions it kept parked. One that never answered FENCED may still be deciding under
+        the old mode, so it starts over from the log (its late batches are refused)."""
         if self.leader is None:
             return
-        if self._workers_fenced():
-            self._set_mode(True)
+        fenced = self.fenced if self.fence_epoch == self.epoch else set()
+        unfenced = [i for i in range(self.config.workers) if i not in fenced]
+        if unfenced:
+            self._reset_workers(unfenced)
         else:
-            self._reset_workers()
+            self._set_mode(True)
 
     def _release_held(self, now: float) -> None:
         """After a hand-off: the held requests go to the new leader (or are served here if this
@@ -422,14 +429,15 @@ class ClusterNode:
         """The messages of a consume reply that could not be delivered ([msg_id, delivery_count]
         each; the client left, or the reply came too late): the leader's worker gives them back
         (leases released, at-most-once messages restored). A follower passes them to the leader.
-        While the workers are fenced (a hand-off) they are held until it is over."""
-        if self.leader is not None and self.fence_epoch == self.epoch:
-            self.held_undelivered.append((queue, given))
-        elif self.leader is not None:
+        While the workers are fenced (a hand-off), or no leader is known, they are held until
+        that is over (at most HELD_GIVE_BACKS: past that they stay taken, never handed out twice)."""
+        if self.leader is not None and self.fence_epoch != self.epoch:
             self._to_workers.append((self.router.worker_for(queue), ipc_frames.undeliver_frames(queue, given)))
-        elif self.election.leader_id is not None:
+        elif self.leader is None and self.election.leader_id is not None:
             self._to_peers.append((self.election.leader_id, GiveBack(
                 self.election.vote_id, self.node_id, queue, tuple(m[0] for m in given), tuple(m[1] for m in given))))
+        elif len(self.held_undelivered) < HELD_GIVE_BACKS:
+            self.held_undelivered.append((queue, given))
 
     # ----------------------------------------------------------------- election and replication
     def _run(self, actions: list, now: float) -> None:
@@ -522,7 +530,9 @@ class ClusterNode:
             _, header, blob = pending.popleft()
             self._release(header, blob)
 
-    def _apply_to_workers(self, entries: list[Entry]) -> None:
+    def _apply_to_workers(self, entries: list[Entry], only: Collection[int] | None = None) -> None:
+        """Have the workers (those of `only`: the others hold these entries already) replay
+        `entries`."""
         if not entries:
             return
         per_worker: dict[int, list[Record]] = {}
@@ -532,21 +542,24 @@ class ClusterNode:
             if type(record) is not Noop:
                 per_worker.setdefault(worker_for(record.queue), []).append(record)
         for index, records in per_worker.items():
-            self._to_workers.append((index, ipc_frames.apply_frames(records)))
+            if only is None or index in only:
+                self._to_workers.append((index, ipc_frames.apply_frames(records)))
         self.workers_trans_id = max(self.workers_trans_id, entries[-1].trans_id)
 
-    def _reset_workers(self) -> None:
-        """Replace every worker's queues with the committed state and, on a leader, the log after
-        it. A leader's workers then start a new mode (epoch), so that batches they made before
-        the reset, on the state it wiped, are refused (on_batch)."""
+    def _reset_workers(self, only: Collection[int] | None = None) -> None:
+        """Replace every worker's queues (those of `only`: the others' state is the log's
+        already) with the committed state and, on a leader, the log after it. A leader's
+        workers then start a new mode (epoch), so that batches they made before the reset, on
+        the state it wiped, are refused (on_batch)."""
         parts: list[dict] = [{} for _ in range(self.config.workers)]
         for name, snap in self.state.snapshot().items():
             parts[self.router.worker_for(name)][name] = snap
         for index, part in enumerate(parts):
-            self._to_workers.append((index, ipc_frames.reset_frames(part)))
+            if only is None or index in only:
+                self._to_workers.append((index, ipc_frames.reset_frames(part)))
         self.workers_trans_id = self.state_trans_id
         if self.leader is not None:
-            self._apply_to_workers(self.log.entries_after(self.state_trans_id, 1 << 62) or [])
+            self._apply_to_workers(self.log.entries_after(self.state_trans_id, 1 << 62) or [], only)
             self._set_mode(True)
 
     def _set_mode(self, accepting: bool) -> None:

@@ -23,7 +23,7 @@ from queue_server.server.router import Router
 FORWARD_GRACE = 10.0
 # How many given-up forwards are remembered, so that a reply still on its way is given back.
 ABANDONED_KEPT = 65536
-_NOT_APPLIED = p.LEADERSHIP_CHANGED.encode()
+_REFUSED = b'"code":-1'  # what every refusal's bytes hold: only those are decoded to read their reason
 _NEVER = float("inf")
 _DUMPS = orjson.dumps
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
@@ -121,8 +121,8 @@ class Forwarding:
     def on_replies(self, msg: ForwardReply, now: float, vote_id: int) -> list:
         """The leader's replies to requests this node forwarded: to their clients. A consume reply
         whose request was already given up on (timed out, or failed by a change of leader) is
-        given back, never dropped with its messages. A request the node refused because it no
-        longer leads was not applied: it goes to the current leader."""
+        given back, never dropped with its messages. A request the node refused with nothing applied
+        (p.NOT_APPLIED: it no longer leads, or its mode changed) goes to the current leader."""
         actions: list = []
         rows = []
         for fid, reply in msg.replies:
@@ -133,7 +133,7 @@ class Forwarding:
                     if given is not None:
                         actions.append(Undeliver(*given))
                 continue
-            if _NOT_APPLIED in reply and replies.decoded(reply).get("reason") == p.LEADERSHIP_CHANGED:
+            if _REFUSED in reply and replies.decoded(reply).get("reason") in p.NOT_APPLIED:
                 self._send_again(fid, target, now, vote_id)
                 continue
             self.orphaned.discard(fid)

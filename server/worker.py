@@ -113,7 +113,8 @@ class Worker:
             # What was decided under the old mode leaves stamped with it (the coordinator refuses
             # changes from a mode that is over: a reset has wiped them here).
             self.flush()
-            service.accepting, self.epoch = ipc_frames.read_mode(frames)
+            accepting, self.epoch = ipc_frames.read_mode(frames)
+            service.set_mode(accepting)
             self.fences.clear()
             held, self.held = self.held, []
             for message in held:
@@ -128,14 +129,15 @@ class Worker:
     def fence(self, epoch: int, sender: bytes) -> None:
         """A sender of requests sends none more in mode `epoch`. Once both have said so (the
         node is handing leadership over), every request of the mode has been served: send the
-        batch, decide nothing more (no long poll served, no lease swept) until the next mode, and
-        tell the coordinator (FENCED), after the batch on the same pipe."""
+        batch, decide nothing more (PartitionService.fence: no long poll served, no lease swept;
+        the parked ones kept for the next mode) until the next mode, and tell the coordinator
+        (FENCED), after the batch on the same pipe."""
         if epoch != self.epoch:
             return  # a mode that is over: its changes were wiped or refused already
         self.fences.add(sender)
         if self.fences >= ipc_frames.FENCE_SENDERS:
             self.flush()
-            self.service.accepting = False
+            self.service.fence()
             self.coordinator.send_multipart(ipc_frames.fenced_frames(epoch, self.index))
 
     def flush(self) -> None:

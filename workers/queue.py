@@ -176,6 +176,11 @@ class Queue:
         """Stored messages: delayed + ready + leased."""
         return len(self._index)
 
+    def stored(self, msg_id: int) -> Message | None:
+        """The stored message `msg_id` itself (not a copy: read it, do not keep it past the
+        next change unless it is being deleted), or None."""
+        return self._index.get(msg_id)
+
     def __contains__(self, msg_id: object) -> bool:
         return msg_id in self._index
 

@@ -18,11 +18,13 @@ from queue_server.protocol import vocabulary as p
 from queue_server.protocol.origin import Origin
 from queue_server.workers import admin, subscriptions
 from queue_server.workers.bad_request import BadRequest, Refused
-from queue_server.protocol.records import Confirm, Consume, DeleteQueue, Noop, Record, Release, count
+from queue_server.protocol.records import Confirm, Consume, DeleteQueue, Noop, Purge, Record, Release, Restore, count
 from queue_server.workers.queue import Message, Queue
 
-# How many just-deleted at-most-once messages are kept to be restored if their reply cannot be
-# delivered (the client's connection closed while the reply was on its way).
+# How many just-deleted at-most-once messages each worker keeps to be restored if their reply
+# cannot be delivered (the client's connection closed while the reply was on its way). Every
+# node's workers keep them, from the consume records they replay too: whichever node leads when
+# the message is given back restores it.
 RESTORE_CACHE_SIZE = 65536
 # How often leased messages whose ttl has passed are swept out (seconds).
 EXPIRE_SWEEP_INTERVAL = 1.0
@@ -183,8 +185,10 @@ class PartitionService:
         max_queues: int = 0,
         queue_share: int = 0,
         max_memory_mb: int = 0,
+        restore_cache: int = RESTORE_CACHE_SIZE,
     ) -> None:
-        """queue_class: StateQueue for a copy that only replays records and takes snapshots.
+        """queue_class: StateQueue for a copy that only replays records and takes snapshots
+        (restore_cache 0: it keeps no at-most-once deliveries to restore, see RESTORE_CACHE_SIZE).
         udp_max_response: the largest reply (bytes, newline included) a UDP request may get; a
         UDP consume whose reply would be larger is refused before anything is taken.
         max_deliveries, dead_letter_suffix: the dead-letter policy (config keys of those names;
@@ -194,6 +198,7 @@ class PartitionService:
         refused. max_memory_mb: named in the refusal of a produce while `memory_full` (the worker
         sets it from the node's resident memory)."""
         self.node_id = node_id
+        self.restore_cache = restore_cache
         self.max_queues = max_queues
         self.queue_share = queue_share
         self.max_memory_mb = max_memory_mb
@@ -207,6 +212,9 @@ class PartitionService:
         self.virtual_queues = dict(virtual_queues or {})
         self.max_wait = max_wait
         self.accepting = True  # False on a follower: its queues change only by replayed records
+        # Not accepting because the node is handing leadership over (fence): parked long polls
+        # and subscriptions are kept, not answered, until the next mode says whether it leads.
+        self.fenced = False
         self.draining = False  # the node is shutting down: long polls are answered at once, empty
         self.queues: dict[str, Queue] = {}
         self.waiters: dict[str, deque[Waiter]] = {}
@@ -535,9 +543,11 @@ class PartitionService:
         return reply
 
     def _remember(self, queue: str, message: Message) -> None:
+        """Keep an at-most-once message just delivered (deleted), to restore it should its reply
+        never reach the client (undeliver); the oldest of restore_cache are forgotten."""
         cache = self._restorable
         cache[(queue, message.msg_id)] = message
-        if len(cache) > RESTORE_CACHE_SIZE:
+        if len(cache) > self.restore_cache:
             cache.popitem(last=False)
 
     def _selected(self, req: dict) -> tuple[Queue | None, list[tuple[int, str | None, int | None]]]:
@@ -638,24 +648,41 @@ class PartitionService:
         total["queue_count"] = len(self.queues)
         return total
 
+    # ----------------------------------------------------------------------------- modes
+    def set_mode(self, accepting: bool) -> None:
+        """A new mode of the node (the coordinator's MODE): whether this worker serves queue
+        requests (its node leads). A fence ends with it."""
+        self.accepting = accepting
+        self.fenced = False
+
+    def fence(self) -> None:
+        """Decide nothing more in this mode: the node is handing leadership over. Requests are
+        refused, no long poll is served, nothing pushed, no lease swept; but parked long polls
+        and subscriptions are kept, not ended, since the hand-off may fail: the next mode
+        serves them again if the node goes on leading, or ends them if it does not."""
+        self.accepting = False
+        self.fenced = True
+
     # ----------------------------------------------------------------------------- time
     def tick(self, now: float) -> None:
         """Serve or time out parked long polls, and sweep leases that ran past their ttl. A
         worker that is not accepting (its node does not lead) decides nothing: its polls are
-        answered empty, and so are they while the node shuts down (draining)."""
-        if (not self.accepting or self.draining) and self.waiters:
+        answered empty and its subscriptions end, and so do they while the node shuts down
+        (draining); while it is fenced they wait (only a poll's own deadline answers it)."""
+        ending = self.draining or not (self.accepting or self.fenced)
+        if ending and self.waiters:
             for waiting in self.waiters.values():
                 for w in waiting:
                     self.replies.append((w.origin, w.req_no, self._empty(w.request, w.count)))
             self.waiters.clear()
         if self.subs:
-            if self.accepting and not self.draining:
-                self.subs.pump_all(now)
-            else:
+            if ending:
                 self.subs.end_all()
+            elif self.accepting:
+                self.subs.pump_all(now)
         for name in list(self.waiters):
             q = self.queues.get(name)
-            if q is not None:
+            if q is not None and self.accepting:
                 self._serve_waiters(q, now)
             waiting = self.waiters.get(name)
             if waiting and any(w.deadline <= now for w in waiting):
@@ -678,7 +705,7 @@ class PartitionService:
     def next_deadline(self, now: float) -> float:
         """When tick() next has something to do."""
         soonest = self._next_sweep
-        if self.subs:
+        if self.subs and self.accepting:
             event = self.subs.next_event(now)
             if event is not None:
                 soonest = min(soonest, event)
@@ -686,7 +713,7 @@ class PartitionService:
             for w in waiting:
                 soonest = min(soonest, w.deadline)
             q = self.queues.get(name)
-            if q is not None:
+            if q is not None and self.accepting:
                 event = q.next_event(now)
                 if event is not None:
                     soonest = min(soonest, event)
@@ -717,15 +744,18 @@ class PartitionService:
         """Take back messages whose consume reply could not be delivered ([msg_id,
         delivery_count] of that delivery each): leases are released and at-most-once messages
         restored, so they are not lost. A lease is released only if it is still that delivery's
-        (not one a later consumer holds)."""
+        (not one a later consumer holds); an at-most-once message is restored only as that
+        delivery left it (kept by _remember, here or, on a node that led then, from the consume
+        record replayed: apply), and only if it is not stored again already."""
         q = self.queues.get(queue)
         if q is None or not self.accepting:
             return  # giving a message back is a write: only the leader decides it
         for msg_id, delivery_count in given:
             rec = q.release(msg_id, now, delivery_count=delivery_count)
             if rec is None:
-                message = self._restorable.pop((queue, msg_id), None)
-                if message is not None:
+                message = self._restorable.get((queue, msg_id))
+                if message is not None and message.delivery_count == delivery_count and msg_id not in q:
+                    del self._restorable[(queue, msg_id)]
                     rec = q.restore(message)
             if rec is not None:
                 self.records.append(rec)
@@ -734,12 +764,25 @@ class PartitionService:
 
     # ----------------------------------------------------------------------------- replicas
     def apply(self, record: Record) -> None:
-        """Replay a change record decided by the leader."""
+        """Replay a change record decided by the leader. An at-most-once delivery is kept as the
+        leader keeps it (_remember), so that this node restores the message if it leads when
+        the message is given back; a restore, purge or deletion forgets it."""
         kind = type(record)
         if kind is DeleteQueue:
             self.queues.pop(record.queue, None)
+            self.forget_restorable(record.queue)
         elif kind is not Noop:
-            self._queue(record.queue).apply(record)
+            q = self._queue(record.queue)
+            taken = None
+            if kind is Consume and record.lease is None and self.restore_cache:
+                taken = q.stored(record.msg_id)  # deleted by the record, which gives it the delivery's state
+            q.apply(record)
+            if taken is not None:
+                self._remember(q.name, taken)
+            elif kind is Restore:
+                self._restorable.pop((q.name, record.msg_id), None)
+            elif kind is Purge:
+                self.forget_restorable(q.name)
 
     def snapshot(self) -> dict:
         """The state of every queue, JSON-able."""

@@ -47,7 +47,7 @@ class Subscriptions:
         if not 0 <= credit <= p.MAX_BATCH:
             raise BadRequest(f"credit: must be 0..{p.MAX_BATCH}")
         if origin.udp or origin.forwarded:
-            raise BadRequest("subscribe: only on a TCP connection to the leader (not forwarded, not UDP)")
+            raise BadRequest(p.SUBSCRIBE_ON_LEADER)
         subs = self.by_queue.setdefault(name, {})
         sub = subs.get(origin.conn)
         if sub is None:

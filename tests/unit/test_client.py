@@ -424,6 +424,47 @@ def test_sync_redirect_not_followed_or_looping(servers: Any) -> None:
     assert info.value.code == -2 and len(looping.requests) == 3
 
 
+def refusing_first(reason: str) -> Handler:
+    """A node that refuses each request's first sending with `reason` (as one whose mode
+    changed under it), then serves it."""
+    store = FakeQueues()
+    seen: set = set()
+
+    def handle(req: dict, state: dict) -> Any:
+        key = (req.get("action"), req.get("data"), req.get("queue"))
+        if key not in seen:
+            seen.add(key)
+            return echo(req, code=-1, reason=reason)
+        return store(req, state)
+    return handle
+
+
+@pytest.mark.parametrize("reason", [pp.MODE_CHANGED, pp.LEADERSHIP_CHANGED, pp.NOT_LEADING])
+def test_sync_sends_a_request_refused_unapplied_again_to_its_one_host(servers: Any, reason: str) -> None:
+    """A hand-off that failed refuses the late batches of the mode it ended with nothing
+    applied: the client sends the request again, on the same connection."""
+    server = servers(refusing_first(reason))
+    with QueueClient(server.addr) as c:
+        msg_id = c.produce("q", "x")
+        m = c.consume("q")
+        assert (m.msg_id, m.data) == (msg_id, "x")
+    assert [r["action"] for r in server.requests] == [1, 1, 2, 2]
+    assert server.connections == 1
+
+
+def test_async_sends_a_request_refused_unapplied_again_to_its_one_host(servers: Any, run: Any) -> None:
+    server = servers(refusing_first(pp.MODE_CHANGED))
+
+    async def go() -> None:
+        async with AsyncQueueClient(server.addr) as c:
+            ids = await asyncio.gather(*(c.produce("q", str(i)) for i in range(5)))
+            assert len(set(ids)) == 5
+            assert (await c.consume("q", wait=1)).data == "0"
+
+    run(go())
+    assert len(server.requests) == 12
+
+
 def test_sync_fails_over_when_connection_refused(servers: Any) -> None:
     good = servers()
     dead = refused_addr()
@@ -535,6 +576,73 @@ def test_sync_client_pickles_with_its_token_tls_and_idempotence() -> None:
     copy = pickle.loads(pickle.dumps(c))
     assert (copy.token, copy.tls, copy._ssl is not None, copy._producer) == ("secret", True, True, None)
     assert pickle.loads(pickle.dumps(QueueClient("h:1")))._producer is not None
+
+
+def test_a_client_pickles_a_token_file_and_tls_files_as_their_paths(tmp_path: Any) -> None:
+    """Where that is how they were given, a pickled client carries file paths, not the token or
+    the keys; its copy reads them again."""
+    from queue_server.client.credentials import TokenFile
+    from tests.tls_certs import make_tls_files
+
+    certs = make_tls_files(str(tmp_path))
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    files = client_tls.TlsFiles(ca_file=certs.ca, cert_file=certs.client_cert, key_file=certs.client_key)
+    for make in (QueueClient, AsyncQueueClient):
+        c = make("h:1", token=TokenFile(str(token_file)), tls=files)
+        assert c.token == "s3cret-token" and c._ssl is not None
+        blob = pickle.dumps(c)
+        assert b"s3cret-token" not in blob and b"PRIVATE KEY" not in blob
+        copy = pickle.loads(blob)
+        assert (type(copy), copy.token, copy.tls, copy._token_option) == (make, "s3cret-token", files, TokenFile(str(token_file)))
+        issuers = [dict(rdn[0] for rdn in cert["subject"]).get("commonName") for cert in copy._ssl.get_ca_certs()]
+        assert issuers == ["queue-server test CA"]  # the CA file loaded again (not the system's CAs)
+
+
+def test_a_client_made_with_an_ssl_context_says_how_to_make_one_that_pickles() -> None:
+    for make in (QueueClient, AsyncQueueClient):
+        with pytest.raises(TypeError, match=r"tls=TlsFiles\("):
+            pickle.dumps(make("h:1", tls=ssl.create_default_context()))
+
+
+def test_an_async_client_pickles_its_own_settings_too(servers: Any, run: Any) -> None:
+    server = servers()
+
+    async def go() -> AsyncQueueClient:
+        c = AsyncQueueClient(server.addr, timeout=2, linger_ms=0.5, max_idle_wait_connections=2,
+                             max_request_size=1 << 16, idempotent=False)
+        await c.produce("q", "x")  # connected: the connection does not travel
+        copy = pickle.loads(pickle.dumps(c))
+        await c.close()
+        assert (copy.timeout, copy.linger_ms, copy.max_idle_wait_connections, copy.max_request_size,
+                copy._producer) == (2.0, 0.5, 2, 1 << 16, None)
+        assert await copy.produce("q", "y") == 2
+        await copy.close()
+        return copy
+
+    run(go())
+    assert server.connections == 2
+
+
+def test_a_subscription_pickles_as_its_request_and_subscribes_anew(servers: Any) -> None:
+    def handle(req: dict, state: dict) -> Any:
+        if req.get("action") == p.LEADER:
+            return echo(req, leader_node_id=1, leader_host="127.0.0.1", leader_port=server.port)
+        if req.get("action") == pp.SUBSCRIBE:
+            return [echo(req, subscribed=req["credit"]), {
+                "action": pp.SUBSCRIBE, "queue": "q", "code": 0, "node_id": 1, "push": True, "msg_id": server.connections,
+                "data": "pushed", "delivery_count": 1, "lease_until": 1e10}]
+        return None
+
+    server = servers(handle)
+    with QueueClient(server.addr) as c, c.subscribe(["q"], credit=3) as sub:
+        assert next(iter(sub)).data == "pushed"  # its connection is open
+        copy = pickle.loads(pickle.dumps(sub))
+        assert (copy.queues, copy._credit, copy.closed, copy.sock) == (("q",), 3, False, None)
+        with copy:
+            assert next(iter(copy)).data == "pushed"
+    subscribes = [r for r in server.requests if r.get("action") == pp.SUBSCRIBE]
+    assert len(subscribes) == 2
 
 
 @pytest.mark.filterwarnings("ignore:.*fork:DeprecationWarning")  # 3.12+ warns on fork with threads
@@ -956,6 +1064,20 @@ def test_retry_elsewhere_only_where_sending_again_is_safe() -> None:
     assert p.retry_elsewhere(p.consume_request("q"), {"code": -1, "reason": p.LEADERSHIP_CHANGED})
 
 
+def test_every_refusal_a_node_makes_for_a_change_of_leader_or_mode_is_classified() -> None:
+    """The coordinator's refusals of a worker's replies (REFUSALS), the worker's own and the
+    acceptor's: each is sent again by the clients (NOT_APPLIED, or UNKNOWN_OUTCOME for an
+    idempotent produce), or is one the caller waits out (storage), and HTTP answers 503."""
+    from queue_server.server.http_routes import status_of
+    from queue_server.server.reply_counts import REFUSALS
+
+    made = set(REFUSALS) | {pp.NOT_LEADING, pp.NO_LEADER, pp.LEADER_CHANGED, pp.FORWARD_TIMED_OUT}
+    assert made - (pp.NOT_APPLIED | pp.UNKNOWN_OUTCOME) == {pp.STORAGE_UNAVAILABLE}
+    assert pp.ASK_ANOTHER_NODE <= pp.NOT_APPLIED | pp.UNKNOWN_OUTCOME
+    for reason in made:
+        assert pp.try_again({"code": -1, "reason": reason}) and status_of({"code": -1, "reason": reason}) == 503
+
+
 @pytest.mark.parametrize("reason", sorted(p.NOT_APPLIED))
 def test_every_reply_that_applied_nothing_is_tried_on_the_next_host(reason: str) -> None:
     assert p.retry_elsewhere(p.consume_request("q"), {"code": -1, "reason": reason})
@@ -975,3 +1097,62 @@ def test_a_reply_that_is_no_fail_over_is_not_tried_again(reason: object) -> None
     idem = p.produce_request("q", "x", producer="p1", sequence=7)
     assert not p.retry_elsewhere(p.consume_request("q"), {"code": -1, "reason": reason})
     assert not p.retry_elsewhere(idem, {"code": -1, "reason": reason})
+
+
+# ------------------------------------------------------------------ subscriptions
+
+
+@pytest.mark.parametrize("reason", [pp.MODE_CHANGED, pp.NOT_LEADING, pp.LEADERSHIP_CHANGED, pp.NO_LEADER,
+                                    pp.SUBSCRIBE_ON_LEADER])
+def test_a_subscribe_refused_for_now_or_off_the_leader_is_made_again(reason: str) -> None:
+    from queue_server.client.subscribe import AGAIN, classify
+
+    assert classify({"action": "subscribe", "queue": "q", "code": -1, "reason": reason}) == AGAIN
+
+
+def test_a_subscription_sends_a_confirm_refused_unapplied_again_and_raises_on_bad_input() -> None:
+    from queue_server.client.subscribe import OTHER, PUSH, RESEND, classify
+
+    refused = {"action": p.CONFIRM, "queue": "q", "msg_id": 7, "code": -1, "reason": pp.MODE_CHANGED}
+    assert classify(refused) == RESEND
+    assert classify({**refused, "reason": "msg_id: must be an integer"}) == OTHER
+    assert classify({**refused, "code": 0, "confirmed": 1}) == OTHER
+    assert classify({"push": True, "code": 0, "queue": "q", "msg_id": 1}) == PUSH
+    with pytest.raises(QueueError):
+        classify({"action": "subscribe", "queue": "q", "code": -1, "reason": "credit: missing"})
+
+
+def test_a_subscription_resends_a_refused_confirm_on_its_connection(servers: Any) -> None:
+    """Its pushes' confirms go on the subscription's own connection; one refused unapplied (a
+    mode change under the leader) is sent again before the next read."""
+    refused: list[dict] = []
+
+    def handle(req: dict, state: dict) -> Any:
+        action = req.get("action")
+        if action == p.LEADER:
+            return echo(req, leader_node_id=1, leader_host="127.0.0.1", leader_port=server.port)
+        if action == pp.SUBSCRIBE:
+            return [echo(req, subscribed=req["credit"]), push(1)]
+        if action == p.CONFIRM:
+            if not refused:
+                refused.append(req)
+                return [echo(req, code=-1, reason=pp.MODE_CHANGED), push(2)]
+            return echo(req, confirmed=0)
+        return None
+
+    def push(msg_id: int) -> dict:
+        return {"action": pp.SUBSCRIBE, "queue": "q", "credit": 2, "code": 0, "node_id": 1, "push": True,
+                "msg_id": msg_id, "data": str(msg_id), "delivery_count": 1, "lease_until": None}
+
+    def confirms() -> list:
+        return [r.get("msg_id") for r in server.requests if r.get("action") == p.CONFIRM]
+
+    server = servers(handle)
+    with QueueClient(server.addr) as c, c.subscribe("q", credit=2) as sub:
+        got = iter(sub)
+        assert next(got).msg_id == 1
+        assert next(got).msg_id == 2  # read after the refusal of the first one's confirm, sent again
+        waiting = threading.Thread(target=lambda: next(got, None), daemon=True)
+        waiting.start()  # confirms the second, then waits for more
+        server.wait_for(lambda: confirms() == [1, 1, 2])
+    waiting.join(DEADLINE)

@@ -212,6 +212,18 @@ def test_the_leader_gives_back_what_a_follower_could_not_deliver():
     assert index == node.router.worker_for("q")
 
 
+def test_a_give_back_while_no_leader_is_known_waits_for_one():
+    """The leader's worker restores what the give-back names from the consume record it
+    replayed, whichever node led when the message was consumed: so the give-back waits for a
+    leader rather than being dropped."""
+    node = ClusterNode(_config(3), T0, recovered=Recovered(), rng=random.Random(1))
+    node.on_undelivered("q", [[5, 1]])
+    assert _drain(node)[2] == []
+    node.on_peer(Heartbeat(1, 2, 0, 0, 0, 0), NODE2, T0 + 0.01)
+    gives = [(to, m) for to, m in _drain(node)[2] if type(m) is GiveBack]
+    assert gives == [(2, GiveBack(1, 1, "q", (5,), (1,)))]
+
+
 def test_a_forwarded_consume_reply_that_cannot_be_sent_is_given_back_by_the_leader():
     node = _leader()
     reply = {"action": p.CONSUME, "queue": "q", "code": 0, "msg_id": 5, "data": "x", "delivery_count": 1}
@@ -357,10 +369,13 @@ def test_a_hand_off_that_times_out_leads_on_and_serves_what_it_held():
     assert mine[1][2] == b"%d" % (epoch + 1)
 
 
-def test_a_hand_off_that_times_out_before_every_fence_resets_the_workers():
-    """A worker that never answered FENCED may still be deciding under the old mode: the
-    workers start over from the log, so that its late batch is refused with nothing applied."""
+def test_a_hand_off_that_times_out_before_every_fence_resets_the_workers_not_fenced():
+    """A worker that never answered FENCED may still be deciding under the old mode: it starts
+    over from the log, so that its late batch is refused with nothing applied. A fenced one's
+    state is the log's: it is not reset, so the long polls and subscriptions it kept parked
+    through the fence are served again."""
     node, now = _handing_over()
+    _drain(node)  # the fences
     node.on_fenced(node.epoch, 0, now)
     t = now
     while t < now + 1.1:
@@ -368,8 +383,14 @@ def test_a_hand_off_that_times_out_before_every_fence_resets_the_workers():
         node.on_peer(HeartbeatAck(node.election.vote_id, 2, node.log.last_trans_id, node.election.vote_id), NODE2, t)
         node.tick(t)
     assert node.role == "leader"
-    kinds = [f[0] for _, f in _drain(node)[1]]
+    to_workers = _drain(node)[1]
+    assert [f[0] for i, f in to_workers if i == 0] == [ipc_frames.MODE]
+    kinds = [f[0] for i, f in to_workers if i == 1]
     assert ipc_frames.RESET in kinds and kinds.index(ipc_frames.RESET) < kinds.index(ipc_frames.MODE)
+    epoch = node.epoch
+    _batch(node, epoch - 1, [PRODUCE], seq=3)  # worker 1's late batch of the mode that ended
+    [(_, _, reply)] = _replies(_drain(node)[0])
+    assert reply["reason"] == p.MODE_CHANGED and reply["reason"] in p.NOT_APPLIED
 
 
 def test_in_redirect_mode_requests_held_during_a_hand_off_are_redirected_to_the_new_leader():

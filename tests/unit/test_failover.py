@@ -4,9 +4,10 @@ from __future__ import annotations
 import pytest
 
 from queue_server.client.errors import NoServerAvailable, QueueError, QueueTimeout
-from queue_server.client.protocol import LEADERSHIP_CHANGED, PRODUCE as PRODUCE_ACTION
+from queue_server.client.protocol import PRODUCE as PRODUCE_ACTION
+from queue_server.protocol import vocabulary as v
 from queue_server.protocol.vocabulary import LEADER_CHANGED
-from queue_server.client.failover import AGAIN, DONE, NEXT, Attempt, Drop, Failover, Lost, Reconnect, Route
+from queue_server.client.failover import AGAIN, DONE, MAX_RESENDS, NEXT, Attempt, Drop, Failover, Lost, Reconnect, Route
 
 A, B, C = ("a", 1), ("b", 2), ("c", 3)
 PRODUCE = {"action": PRODUCE_ACTION, "queue": "q", "data": "x", "producer": "p", "sequence": 7}
@@ -81,19 +82,42 @@ def test_a_redirect_another_call_already_followed_keeps_the_connections():
     assert Failover(route, {}, 1.0).next().drop is Drop.KEEP
 
 
-@pytest.mark.parametrize("reason", ["no leader", LEADERSHIP_CHANGED])
-def test_nothing_applied_errors_go_to_the_next_host(reason):
-    f = failover()
+@pytest.mark.parametrize("reason", [v.NO_LEADER, v.FORWARD_TIMED_OUT])
+def test_a_node_that_cannot_pass_the_request_on_is_left_for_the_next_host(reason):
+    f = failover(req=PRODUCE)
     a = attempt(f)
     assert f.replied(a, {"code": -1, "reason": reason}) is NEXT
     b = attempt(f)
     assert (b.addr, b.drop) == (B, Drop.CLOSE)
 
 
+@pytest.mark.parametrize("reason", sorted(v.NOT_APPLIED - v.ASK_ANOTHER_NODE))
+def test_a_refusal_of_a_node_whose_mode_changed_is_sent_to_it_again(reason):
+    """A node that refused a request unapplied because it stopped leading, or its workers' mode
+    changed (a hand-off that failed), knows where the request goes by now: itself, or the
+    leader it forwards or redirects to. So a client with one host retries too."""
+    for hosts in ([A], [A, B, C]):
+        f = failover(hosts=hosts)
+        for _ in range(MAX_RESENDS):
+            a = attempt(f)
+            assert f.replied(a, {"code": -1, "reason": reason}) is AGAIN
+            assert f.route.address == A
+        a = attempt(f)
+        assert (a.addr, a.drop) == (A, Drop.KEEP)  # on the same connection
+        verdict = f.replied(a, {"code": -1, "reason": reason})
+        if len(hosts) == 1:
+            assert type(verdict) is QueueError and verdict.reason == reason
+        else:
+            assert verdict is NEXT and attempt(f).addr == B
+    f = failover(hosts=[A])
+    assert f.replied(attempt(f), {"code": -1, "reason": reason}) is AGAIN
+    assert f.replied(attempt(f), {"code": 0}) is DONE
+
+
 def test_leader_changed_resends_only_an_idempotent_produce():
     f = failover(req=PRODUCE)
-    assert f.replied(attempt(f), {"code": -1, "reason": LEADER_CHANGED}) is NEXT
-    assert attempt(f).addr == B  # the same request again: (producer, sequence) stores it once
+    assert f.replied(attempt(f), {"code": -1, "reason": LEADER_CHANGED}) is AGAIN
+    assert attempt(f).addr == A  # the same request again: (producer, sequence) stores it once
     plain = dict(PRODUCE)
     del plain["sequence"]
     f = failover(req=plain)
@@ -102,7 +126,7 @@ def test_leader_changed_resends_only_an_idempotent_produce():
     f = failover()  # a consume: it may have been applied
     assert isinstance(f.replied(attempt(f), {"code": -1, "reason": LEADER_CHANGED}), QueueError)
     f = failover(req={**PRODUCE, "action": "produce"})  # the action by name
-    assert f.replied(attempt(f), {"code": -1, "reason": LEADER_CHANGED}) is NEXT
+    assert f.replied(attempt(f), {"code": -1, "reason": LEADER_CHANGED}) is AGAIN
 
 
 def test_other_errors_and_a_single_host_are_the_reply_error():

@@ -196,6 +196,23 @@ def test_a_forward_the_old_leader_refused_goes_to_the_new_leader_with_its_full_t
     assert reply["reason"] == p.FORWARD_TIMED_OUT
 
 
+def test_a_forward_refused_unapplied_for_any_reason_is_sent_again_and_others_reach_the_client():
+    """The leader's worker (not leading), its coordinator (a batch of a mode that is over: a
+    hand-off that failed) and its forwarding all refuse with nothing applied: the follower sends
+    the request again rather than handing its client the refusal."""
+    for reason in sorted(p.NOT_APPLIED):
+        fw = _forwarding()
+        [fid] = _forward(fw, (CLIENT, 5, PRODUCE))
+        assert fw.on_replies(_reply(fid, p.error_reply(PRODUCE, reason, LEADER)), T0 + 1, VOTE) == [], reason
+        [send] = fw.tick(T0 + 1 + HEARTBEAT, LEADER, VOTE)
+        assert send.msg.requests[0][0] == fid
+    for reason in (p.STORAGE_UNAVAILABLE, p.LEADERSHIP_LOST, "queue: missing"):
+        fw = _forwarding()
+        [fid] = _forward(fw, (CLIENT, 5, PRODUCE))
+        [(_, _, reply)] = _rows(fw.on_replies(_reply(fid, p.error_reply(PRODUCE, reason, LEADER)), T0 + 1, VOTE))
+        assert reply["reason"] == reason
+
+
 def test_a_refused_forward_waits_for_a_leader_and_is_served_here_when_this_node_leads():
     fw = _forwarding()
     [fid] = _forward(fw, (CLIENT, 5, PRODUCE))

@@ -457,6 +457,54 @@ def test_a_follower_neither_gives_messages_back_nor_holds_polls():
     assert [(c, "msg_id" in r) for c, _, r in replies] == [(Origin(5), False)] and not t.s.waiters
 
 
+def test_a_node_that_replayed_an_at_most_once_delivery_restores_it_when_it_leads():
+    """The message's consume was decided on another leader: this node (the replica) keeps the
+    delivery from the record it replayed, and once it leads restores the message when it is
+    given back, as that delivery left it, once."""
+    t = Svc()
+    t.call({"action": 1, "queue": "q", "data": "once", "priority": 3, "ttl": 600})
+    m = t.call({"action": 2, "queue": "q"})
+    t.call({"action": 1, "queue": "q", "data": "later"})
+    assert len(t.replica.queues["q"]) == 1
+    given = [[m["msg_id"], m["delivery_count"]]]
+    t.replica.undeliver("q", [[m["msg_id"], m["delivery_count"] + 1]], t.now)  # not that delivery
+    assert t.replica.records == []
+    t.replica.undeliver("q", given, t.now)  # it leads now (accepting) and the message comes back
+    [restore] = t.replica.records
+    assert (restore.msg_id, restore.data, restore.priority, restore.delivery_count) == (m["msg_id"], "once", 3, 0)
+    t.s.apply(restore)  # replayed by the old leader in turn: it forgets the delivery too
+    t.replica.records.clear()
+    for node in (t.replica, t.s):
+        node.undeliver("q", given, t.now)  # a second give-back restores nothing
+        assert node.records == []
+    assert t.replica.snapshot() == t.s.snapshot()
+    assert [msg.data for msg in t.replica.queues["q"].consume(t.now, 2)[0]] == ["once", "later"]
+
+
+def test_a_replayed_purge_or_deletion_forgets_the_deliveries_kept_to_restore():
+    t = Svc()
+    for queue in ("p", "d"):
+        t.call({"action": 1, "queue": queue, "data": "once"})
+        t.call({"action": 2, "queue": queue})
+        t.call({"action": 1, "queue": queue, "data": "stays"})  # so that the purge has a record
+    assert len(t.replica._restorable) == 2
+    t.call({"action": "purge", "queue": "p"})
+    t.call({"action": "delete_queue", "queue": "d"})
+    assert len(t.replica._restorable) == 0
+
+
+def test_the_coordinators_committed_copy_keeps_no_deliveries_to_restore():
+    from queue_server.workers.queue import StateQueue
+
+    leader = PartitionService(7, 100)
+    state = PartitionService(7, 100, queue_class=StateQueue, restore_cache=0)
+    leader.handle({"action": 1, "queue": "q", "data": "once"}, Origin(1), 1, T0)
+    leader.handle({"action": 2, "queue": "q"}, Origin(1), 2, T0)
+    for rec in decode_many(encode_many(leader.records)):
+        state.apply(rec)
+    assert len(state.queues["q"]) == 0 and not state._restorable and len(leader._restorable) == 1
+
+
 # ----------------------------------------------------------------------------- UDP size limit
 
 TOO_LARGE = "response too large for UDP, use TCP"

@@ -142,8 +142,8 @@ def fence(epoch: int, sender: bytes) -> list[bytes]:
 
 def test_fenced_by_both_senders_the_worker_sends_its_batch_then_fenced_and_decides_no_more(worker):
     """The hand-off barrier: what was decided before the second fence leaves before FENCED on
-    the same pipe, and afterwards no timer decides anything (a parked long poll is answered
-    empty, not served by a message becoming ready)."""
+    the same pipe, and afterwards no timer decides anything (a parked long poll is not served
+    by a message becoming ready, nor answered: the hand-off may fail)."""
     worker.dispatch(mode(True, 1), NOW)
     worker.dispatch(req([(5, 1, produce("q", "later", delay=1)), (6, 1, {"action": 2, "queue": "q", "wait": 10})], 1), NOW)
     worker.dispatch(fence(1, ipc_frames.FROM_ACCEPTOR), NOW)
@@ -157,8 +157,58 @@ def test_fenced_by_both_senders_the_worker_sends_its_batch_then_fenced_and_decid
     assert epoch == 1 and [r["data"] for r in records if r["op"] == "produce"] == ["later", "a"]
     worker.service.tick(NOW + 2)  # "later" is ready now, but nothing may be decided
     worker.flush()
-    (records, got, _), = batches(worker)[1:]
-    assert records == [] and [(o.conn, "data" in r) for o, _, r in got] == [(6, False)]
+    assert batches(worker)[1:] == []
+    worker.dispatch(req([(8, 1, produce("q", "refused"))], 1), NOW + 2)  # none comes; if one did
+    worker.flush()
+    [(records, [(_, _, refused)], _)] = batches(worker)[1:]
+    assert records == [] and refused["code"] == -1
+
+
+def _parked_then_fenced(worker: Worker) -> None:
+    """A long poll (connection 6) and a subscription (connection 8) parked in mode 1, each on a
+    queue whose message becomes ready at NOW + 1; then the hand-off's fence."""
+    worker.dispatch(mode(True, 1), NOW)
+    worker.dispatch(req([(5, 1, produce("q", "later", delay=1)), (5, 2, produce("s", "pushed", delay=1)),
+                         (6, 1, {"action": 2, "queue": "q", "wait": 10}),
+                         (8, 1, {"action": "subscribe", "queue": "s", "credit": 5})], 1), NOW)
+    worker.dispatch(fence(1, ipc_frames.FROM_ACCEPTOR), NOW)
+    worker.dispatch(fence(1, ipc_frames.FROM_COORDINATOR), NOW)
+    worker.coordinator.sent.clear()
+    worker.service.tick(NOW + 2)
+    worker.flush()
+    assert worker.coordinator.sent == []  # kept: neither served nor ended
+
+
+def _answers(worker: Worker) -> list[tuple[int, int, bool, int]]:
+    """(connection, code, whether it carries a message, epoch) of each reply and push sent."""
+    return sorted((o.conn, r["code"], "data" in r, epoch) for _, got, epoch in batches(worker) for o, _, r in got)
+
+
+def test_a_hand_off_that_fails_serves_the_long_polls_and_subscriptions_the_fence_kept(worker):
+    """The node leads on (a new mode that accepts, ClusterNode._resume_leading): what waited
+    through the fence is served, in the new mode."""
+    _parked_then_fenced(worker)
+    worker.dispatch(mode(True, 2), NOW + 2)
+    worker.service.tick(NOW + 2)
+    worker.flush()
+    assert _answers(worker) == [(6, 0, True, 2), (8, 0, True, 2)]
+
+
+def test_a_hand_off_that_succeeds_ends_what_the_fence_kept(worker):
+    """The node follows now (a mode that does not accept): the long poll is answered empty and
+    the subscription ends with its message, for the client to go to the new leader."""
+    _parked_then_fenced(worker)
+    worker.dispatch(mode(False, 2), NOW + 2)
+    worker.service.tick(NOW + 2)
+    worker.flush()
+    assert _answers(worker) == [(6, 0, False, 2), (8, -1, False, 2)]
+
+
+def test_a_long_poll_kept_through_a_fence_is_answered_at_its_deadline(worker):
+    _parked_then_fenced(worker)
+    worker.service.tick(NOW + 10)
+    worker.flush()
+    assert _answers(worker) == [(6, 0, False, 1)]  # empty: nothing decided
 
 
 def test_a_fence_waits_behind_the_requests_it_fences_and_a_stale_fence_is_ignored(worker):
