@@ -71,12 +71,22 @@ def test_rolling_restart_loses_nothing_and_clients_see_no_error(tmp_path, monkey
               f"{sum(len(v) for v in history.delivered.values())}; hand-offs (from, to, ms): {handoffs}; "
               f"retried by the clients: {dict(retried)}; errors: {dict(history.errors)}")
         history.check()
-        assert not history.errors, f"clients saw errors: {dict(history.errors)}"
+        assert not history.errors, f"clients saw errors: {dict(history.errors)}\n{_roles(cluster)}"
         assert handoffs, "no node was leading when it got SIGTERM"
     finally:
         for w in workloads:
             w.stopping.set()
         cluster.stop()
+
+
+def _roles(cluster: Cluster) -> str:
+    """Each node's changes of role and its hand-off lines, from its log: where a client's error
+    came from when a leader stepped down."""
+    lines = []
+    for node_id, node in cluster.nodes.items():
+        lines += [f"node {node_id}: {line}" for line in node.log().splitlines()
+                  if re.search(r"role: |stopping: |recovered in ", line)]
+    return "\n".join(lines)
 
 
 def _wait_progress(history: History) -> None:
