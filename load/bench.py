@@ -284,6 +284,7 @@ class Cluster:
                 cfg.update(cluster_node_list=node_list, log_prefix="", log_level=1)
                 cfg.pop("queue_data_dir", None)
                 cfg.pop("port", None)
+                cfg.pop("http_port", None)  # the examples' fixed 8111-8113 may be taken
                 self.nodes.append(QueueServer(repo, workdir, workers, metrics, cfg, name=f"node{i + 1}"))
         except Exception:
             self.stop()
@@ -379,17 +380,17 @@ def main(argv: list[str] | None = None) -> None:
                             memory_messages=(1_000_000, "memory: messages of 100 bytes stored (load/memory_bench.py)"),
                             payload=(64, "message bytes"), workers=(2, "queue-server workers"),
                             repeat=(1, "measure each workload N times, report the median ops/s"))
-    parser.add_argument("--sweep", type=_ints, default=[8, 64, 256], help="per-request: connection counts (default 8,64,256)")
-    parser.add_argument("--depths", type=_ints, default=[1, 10, 16, 100, 1000],
+    parser.add_argument("--sweep", type=int_list, default=[8, 64, 256], help="per-request: connection counts (default 8,64,256)")
+    parser.add_argument("--depths", type=int_list, default=[1, 10, 16, 100, 1000],
                         help="pipelined: requests in flight per connection (default 1,10,16,100,1000; 16 is the target's)")
-    parser.add_argument("--batches", type=_ints, default=[1, 10, 100, 1000],
+    parser.add_argument("--batches", type=int_list, default=[1, 10, 100, 1000],
                         help="batched: messages per request (default 1,10,100,1000)")
     parser.add_argument("--hops", type=_hops, default=[0, 2, 3, 4],
                         help="floor: the skeleton's variants, ZeroMQ hops per request (default 0,2,3,4)")
-    parser.add_argument("--scale-workers", type=_ints, default=[1, 2, 4], help="scaling: worker counts (default 1,2,4)")
-    parser.add_argument("--scale-queues", type=_ints, default=[1, 10000],
+    parser.add_argument("--scale-workers", type=int_list, default=[1, 2, 4], help="scaling: worker counts (default 1,2,4)")
+    parser.add_argument("--scale-queues", type=int_list, default=[1, 10000],
                         help="scaling: queues the cycles are spread over, all created first (default 1,10000)")
-    parser.add_argument("--scale-stored", type=_ints, default=[1000, 1000000],
+    parser.add_argument("--scale-stored", type=int_list, default=[1000, 1000000],
                         help="scaling: messages stored in another queue during the cycles (default 1000,1000000)")
     parser.add_argument("--only", default=",".join(WORKLOADS), help=f"comma-separated subset of {','.join(WORKLOADS)}")
     comparison_options(parser)
@@ -436,10 +437,7 @@ def main(argv: list[str] | None = None) -> None:
                         cpu_before = srv.cpu_seconds()
                         run = runner(srv) if runner else run_client(client, PROTOCOLS[server], srv.addresses, args, **kw)
                         cpu_after = srv.cpu_seconds()
-                        run["cpu_us_per_op"] = {
-                            name: round((cpu_after[name] - cpu_before.get(name, 0.0)) / max(1, run["ops"]) * 1e6, 2)
-                            for name in sorted(cpu_after)
-                        }
+                        run["cpu_us_per_op"] = cpu_per_op(cpu_before, cpu_after, run["ops"])
                         runs.append(run)
                     except RuntimeError as exc:
                         raise RuntimeError(f"{exc}; server log: {srv.log_tail().strip() or '(empty)'}") from None
@@ -570,19 +568,13 @@ def main(argv: list[str] | None = None) -> None:
         if "subscribe" in only:
             from load import subscribe_bench
 
-            for mode, what in (("consume", "consume + confirm loop, Python client"),
-                               ("subscribe", f"subscribe credit {subscribe_bench.CREDIT} + confirm, Python client")):
-                srv = start("queue-server")
-                try:
-                    result = subscribe_bench.run(srv.addresses[0], args.conns, args.seconds, mode)
-                except (OSError, RuntimeError) as exc:
-                    notes.append(f"subscribe, {mode}: failed: {exc}")
-                    continue
-                finally:
-                    srv.stop()
-                result.update(workload="subscribe", server="queue-server", what=what, runs=[result["ops_per_s"]])
-                rows.append(result)
-                print(f"  {'subscribe':<12} {'queue-server':<14} {what:<42} {result['messages_per_s']:>9,.0f} msg/s consumed", flush=True)
+            for mode, what in (("consume", "consume + confirm loop, Python client (latency: per request)"),
+                               ("subscribe", f"subscribe credit {subscribe_bench.CREDIT} + confirm, Python client "
+                                             "(latency: the wait for each next message)")):
+                measure("subscribe", "queue-server", what, lambda: start("queue-server"), repeat=1,
+                        prepare=lambda srv, mode=mode: subscribe_bench.fill_queue(srv.addresses[0], mode),
+                        runner=lambda srv, mode=mode: subscribe_bench.run(srv.addresses[0], args.conns, args.seconds,
+                                                                          mode, fill=0))
 
     info["load_average_end"] = os.getloadavg()[0]
     print()
@@ -590,7 +582,7 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         delivery = f"{r['delivery_p50_ms']:.3f} / {r['delivery_p99_ms']:.3f}" if "delivery_p50_ms" in r else ""
-        cpu = _cpu_cell(r.get("cpu_us_per_op") or {})
+        cpu = cpu_cell(r.get("cpu_us_per_op") or {})
         print(f"| {r['workload']} | {r['server']} | {r['what']} | {r['ops_per_s']:,.0f} | {r['messages_per_s']:,.0f} | "
               f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {delivery} | {cpu} |")
     if memory_rows:
@@ -616,7 +608,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {args.json}")
 
 
-def _ints(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
     """A comma-separated list of positive integers (an argparse type)."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -666,12 +658,36 @@ def scaling(args: argparse.Namespace, what: str, start, measure) -> None:
                 prepare=lambda srv, n=stored: fill_queue_server(srv.port, ["stored"], n, b"x" * args.payload))
 
 
-def _cpu_cell(cpu: dict[str, float]) -> str:
-    """Server CPU µs per operation: the total, then by process (a single node's children)."""
+def cpu_cell(cpu: dict[str, float]) -> str:
+    """Server CPU µs per operation: the total, then by process (a node's children; a cluster's
+    by node, "node1: acceptor 12.0, ...; node2: ..."). A supervisor's, which only waits, and a
+    process's that used none measurable are in the total alone."""
     if not cpu:
         return ""
-    parts = [f"{name} {us:.1f}" for name, us in cpu.items() if "/" not in name and name != "supervisor"]
-    return f"{sum(cpu.values()):.1f}" + (f" ({', '.join(parts)})" if len(parts) > 1 else "")
+    nodes: dict[str, list[str]] = {}
+    for name, us in cpu.items():
+        node, _, process = name.rpartition("/")
+        if process != "supervisor" and round(us, 1):
+            nodes.setdefault(node, []).append(f"{process} {us:.1f}")
+    if list(nodes) in ([], [""]):
+        parts = nodes.get("", [])
+        return f"{sum(cpu.values()):.1f}" + (f" ({', '.join(parts)})" if len(parts) > 1 else "")
+    return f"{sum(cpu.values()):.1f} ({'; '.join(f'{n}: ' * bool(n) + ', '.join(p) for n, p in nodes.items())})"
+
+
+def cpu_per_op(before: dict[str, float], after: dict[str, float], ops: int) -> dict[str, float]:
+    """CPU µs per operation of each process, from its CPU seconds before and after `ops` operations."""
+    return {name: round((after[name] - before.get(name, 0.0)) / max(1, ops) * 1e6, 2) for name in sorted(after)}
+
+
+def latency_ms(seconds: list[float]) -> dict[str, float]:
+    """p50_ms and p99_ms of latencies given in seconds (0.0 for none)."""
+    ordered = sorted(seconds)
+
+    def pick(fraction: float) -> float:
+        return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000 if ordered else 0.0
+
+    return {"p50_ms": pick(0.5), "p99_ms": pick(0.99)}
 
 
 def _figures(row: dict) -> str:
@@ -800,20 +816,13 @@ def security(args: argparse.Namespace, tmp: str, start, measure, rows: list[dict
         pair = {}
         runs = (("plain", None, None), ("TLS", tls_config, ssl.create_default_context(cafile=files.ca)))
         for label, config, ctx in (runs if i % 2 == 0 else runs[::-1]):
-            srv = start("queue-server", config)
-            try:
-                result = tls_bench.run(srv.addresses[0], args.conns, args.seconds, args.payload, ctx)
-            except (OSError, RuntimeError) as exc:
-                notes.append(f"security, {label}: failed: {exc}")
+            before = len(rows)
+            measure("security", "queue-server", f"{what}, Python client, {label}",
+                    lambda config=config: start("queue-server", config), repeat=1,
+                    runner=lambda srv, ctx=ctx: tls_bench.run(srv.addresses[0], args.conns, args.seconds, args.payload, ctx))
+            if len(rows) == before:
                 break
-            finally:
-                srv.stop()
-            result.update(workload="security", server="queue-server", what=f"{what}, Python client, {label}",
-                          runs=[result["ops_per_s"]])
-            rows.append(result)
-            pair[label] = result["ops_per_s"]
-            print(f"  {'security':<12} {'queue-server':<14} {result['what']:<42} {result['ops_per_s']:>9,.0f} ops/s"
-                  f"  p50 {result['p50_ms']:.3f} p99 {result['p99_ms']:.3f} ms", flush=True)
+            pair[label] = rows[-1]["ops_per_s"]
         if len(pair) == 2:
             ratios.append(pair["TLS"] / pair["plain"])
     if ratios:

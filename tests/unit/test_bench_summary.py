@@ -2,7 +2,7 @@
 comparisons beside a base row."""
 from __future__ import annotations
 
-from load.bench import summary
+from load.bench import cpu_cell, summary
 
 
 def _row(key: str, ops: float, **figures: float) -> dict:
@@ -44,3 +44,11 @@ def test_comparisons_give_each_step_against_the_first():
     i = lines.index("scaling, 1 queues: 1,000 ops/s, p99 1.000 ms")
     assert lines[i + 1] == "  10,000 queues: 700 ops/s, p99 1.000 ms (0.70x the ops/s, p99 +0.000 ms)"
     assert "batched, messages/s (p99 ms): 10 per request 5 (1.000), 100 per request 5 (1.000)" in lines
+
+
+def test_cpu_cells_list_each_process_by_node():
+    assert cpu_cell({"acceptor": 1.0, "worker-0": 0.0, "supervisor": 0.3, "coordinator": 2.0}) == \
+        "3.3 (acceptor 1.0, coordinator 2.0)"
+    assert cpu_cell({"server": 5.0}) == "5.0"
+    assert cpu_cell({"node1/acceptor": 1.0, "node1/supervisor": 0.2, "node2/acceptor": 3.0, "epmd": 0.1}) == \
+        "4.3 (node1: acceptor 1.0; node2: acceptor 3.0; epmd 0.1)"
