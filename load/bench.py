@@ -18,7 +18,12 @@ Workloads (each on a freshly started server):
                 reports the delivery latency (produce sent -> message received) too
   quorum        per-request and pipelined cycles against a 3-node cluster (replication quorum):
                 clients on the leader, then spread over the three nodes (followers forward);
-                skipped, with the reason, while the nodes do not form a cluster
+                skipped, with the reason, while the nodes do not form a cluster; then `brokers`
+  brokers       the 3-node cluster beside NATS JetStream R3 and RabbitMQ quorum queues, 3 nodes
+                each, Python clients in --client-processes processes for all, per request at each
+                --broker-sweep count (8, 64) and in batches of --broker-batch (100), with server
+                and client CPU and when each acknowledgement is durable (load/broker_bench.py);
+                a broker whose program or client package is missing is skipped with a note
   durability    per-request cycles with each setting of load/durability_bench.py (fsync always,
                 everysec, no; no WAL; frequent snapshots), beside beanstalkd's binlog
   scaling       per-request cycles with 1, 2, 4 workers; spread over 1 and 10,000 queues; with
@@ -46,6 +51,7 @@ server's CPU per request beside every throughput.
     python load/bench.py --seconds 2 --only unloaded,per-request --sweep 8 --no-peers   # quick
     python load/bench.py --metrics              # node with metrics_port on, scraped every second
     python load/bench.py --repo /tmp/old-checkout --only pipelined --repeat 3   # another version
+    python load/bench.py --only brokers --seconds 5 --repeat 3   # against NATS and RabbitMQ, 3 rounds
 """
 from __future__ import annotations
 
@@ -73,12 +79,12 @@ from load.options import number_options  # noqa: E402
 from load.peers import argv as peer_argv, installed as installed_peers  # noqa: E402
 from load.procs import cpu_seconds, descendants, process_name, stop  # noqa: E402
 from tests.harness import free_port  # noqa: E402  (one definition for tests and benchmarks)
-WORKLOADS = ("unloaded", "per-request", "pipelined", "batched", "long-poll", "quorum", "durability", "scaling",
-             "memory", "subscribe", "http", "security", "floor")
+WORKLOADS = ("unloaded", "per-request", "pipelined", "batched", "long-poll", "quorum", "brokers", "durability",
+             "scaling", "memory", "subscribe", "http", "security", "floor")
 
 
 class Target(NamedTuple):
-    """One of issue 12's targets, printed in the summary as "target: ..., measured: ..., met / not
+    """One of the issues' targets (12, 29), printed in the summary as "target: ..., measured: ..., met / not
     met": `figure` of row `key` (with `peer`, as a ratio to that row's figure) must be at most
     `bound` when `at_most`, else at least. A row of fewer than `messages` stored messages gets no
     verdict: the target is about that size."""
@@ -106,6 +112,23 @@ TARGETS = (
     Target("batched, 100 messages per request", "batched/100", "messages_per_s", 90_000, "messages/s"),
     Target("3-node quorum, per request, vs single node", "quorum/leader/1", "ops_per_s", 0.5, "x", "quorum/single/1"),
     Target("3-node quorum, pipelined, vs single node", "quorum/leader/16", "ops_per_s", 0.5, "x", "quorum/single/16"),
+    # issue 29: against the replicated brokers (load/broker_bench.py), Python clients, 3 nodes each
+    Target("3 nodes, per request, 8 connections, vs NATS JetStream R3", "brokers/queue-server/8", "ops_per_s", 1.0,
+           "x", "brokers/nats/8"),
+    Target("3 nodes, per request, 64 connections, vs NATS JetStream R3", "brokers/queue-server/64", "ops_per_s", 1.0,
+           "x", "brokers/nats/64"),
+    Target("3 nodes, batches of 100, vs NATS JetStream R3", "brokers/queue-server/b100", "messages_per_s", 1.0,
+           "x", "brokers/nats/b100"),
+    Target("3 nodes, per request, 8 connections, vs RabbitMQ quorum", "brokers/queue-server/8", "ops_per_s", 2.0,
+           "x", "brokers/rabbitmq/8"),
+    Target("3 nodes, per request, 64 connections, vs RabbitMQ quorum", "brokers/queue-server/64", "ops_per_s", 2.0,
+           "x", "brokers/rabbitmq/64"),
+    Target("3 nodes, batches of 100, vs RabbitMQ quorum", "brokers/queue-server/b100", "messages_per_s", 2.0,
+           "x", "brokers/rabbitmq/b100"),
+    Target("3 nodes, per request, 64 connections, server CPU per message vs NATS JetStream R3",
+           "brokers/queue-server/64", "server_cpu_us_per_msg", 1.0, "x", "brokers/nats/64", at_most=True),
+    Target("3 nodes, batches of 100, server CPU per message vs NATS JetStream R3", "brokers/queue-server/b100",
+           "server_cpu_us_per_msg", 1.0, "x", "brokers/nats/b100", at_most=True),
     Target("memory per 100-byte message at 1M, summed over the node's processes", "memory/queue-server",
            "pss_per_msg", 300, "B", at_most=True, messages=1_000_000),
 )
@@ -394,6 +417,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="scaling: messages stored in another queue during the cycles (default 1000,1000000)")
     parser.add_argument("--only", default=",".join(WORKLOADS), help=f"comma-separated subset of {','.join(WORKLOADS)}")
     comparison_options(parser)
+    from load import broker_bench
+
+    broker_bench.options(parser)
     parser.add_argument("--metrics", action="store_true", help="run queue-server with metrics_port on, scraped every second")
     parser.add_argument("--json", default="bench-results.json", help="where to write the results")
     args = parser.parse_args(argv)
@@ -401,6 +427,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(only) - set(WORKLOADS)
     if unknown:
         parser.error(f"unknown workload(s): {', '.join(sorted(unknown))}")
+    if "quorum" in only and "brokers" not in only:
+        only.append("brokers")  # the quorum workload includes the comparison with the replicated brokers
     repo = os.path.abspath(args.repo)
     from load import durability_bench, memory_bench  # they import this module
 
@@ -520,6 +548,8 @@ def main(argv: list[str] | None = None) -> None:
                     measure("quorum", "queue-server x3", f"clients spread over 3 nodes, {label}",
                             lambda: started_cluster(False), depth=depth, key=f"quorum/spread/{depth}")
 
+        if "brokers" in only:
+            broker_bench.workload(args, tmp, repo, rows, notes)
         if "durability" in only:
             for label, config in durability_bench.SETTINGS:
                 measure("durability", "queue-server", f"{what['queue-server'][0]}, {label}",
@@ -592,6 +622,9 @@ def main(argv: list[str] | None = None) -> None:
         for r in memory_rows:
             by = ", ".join(f"{n} {b:,.0f}" for n, b in r["by_process"].items())
             print(f"| {r['server']} | {r['messages']:,} | {r['pss_per_msg']:,.0f} | {r['rss_per_msg']:,.0f} | {by} |")
+    if any(r["workload"] == "brokers" for r in rows):
+        print()
+        print("\n".join(broker_bench.table(rows)))
     if "floor" in only:
         from load import hop_floor
 
@@ -753,6 +786,10 @@ def summary(results: list[dict], only: list[str]) -> list[str]:
         lines += _against(rows, f"quorum, depth {depth}: single node", f"quorum/single/{depth}",
                           [(f"quorum/leader/{depth}", "3 nodes, clients on the leader"),
                            (f"quorum/spread/{depth}", "3 nodes, clients spread")])
+    if any(k.startswith("brokers/") for k in rows):
+        from load import broker_bench
+
+        lines += broker_bench.summary(rows)
     durability = [k for k in rows if k.startswith("durability/")]
     default = next((k for k in durability if "(default)" in k), None)
     if default:
