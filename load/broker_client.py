@@ -218,6 +218,8 @@ async def _cycles(conn: Connection, batch: int, until: float, latencies: list[fl
             more = await conn.consume(batch - len(got))
             if not more:
                 counts[2] += 1
+                if time.monotonic() > until:  # each connection's own messages are there to take
+                    raise RuntimeError(f"a consume still found nothing after the run ended ({len(got)} of {batch})")
             got += more
         await conn.ack(got)
         latencies.append(clock() - started)
