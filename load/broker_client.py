@@ -3,7 +3,8 @@ share of the connections, each a closed loop of cycles on one queue shared by al
 the broker's acknowledgement, consume, acknowledge, `batch` messages per cycle. One Python
 client per system, on asyncio (uvloop): queue-server's AsyncQueueClient, nats-py (JetStream
 publish, a pull consumer's fetch, ack), aio-pika (publisher confirms, a consumer with prefetch
-`batch`, ack). Connection k goes to node k mod 3, for every system.
+`batch`, ack). Connection k goes to node k mod 3, for every system. A connection that is done
+gives back what was delivered to it and not consumed (RabbitMQ pushes up to its prefetch).
 
 Run by broker_bench: it connects every connection, prints "ready", reads the monotonic time to
 stop at from stdin, cycles until then, prints one JSON line of figures (requests, messages, each
@@ -43,6 +44,8 @@ class Connection(Protocol):
     async def produce(self, n: int) -> None: ...
     async def consume(self, n: int) -> list[Any]: ...
     async def ack(self, messages: list[Any]) -> None: ...
+    async def finish(self) -> None:
+        """Give back what was delivered to this connection that it will not consume."""
     async def close(self) -> None: ...
 
 
@@ -76,6 +79,9 @@ class QueueServerConnection:
             await self.client.confirm(self.queue, messages[0].msg_id)
         else:
             await self.client.confirm_many(self.queue, [m.msg_id for m in messages])
+
+    async def finish(self) -> None:
+        pass  # a consume takes only what it returns
 
     async def close(self) -> None:
         await self.client.close()
@@ -113,6 +119,9 @@ class NatsConnection:
     async def ack(self, messages: list[Any]) -> None:
         for m in messages:
             await m.ack()
+
+    async def finish(self) -> None:
+        pass  # a fetch takes only what it returns
 
     async def close(self) -> None:
         await self.nc.close()
@@ -155,6 +164,11 @@ class RabbitConnection:
 
     async def ack(self, messages: list[Any]) -> None:
         await messages[-1].ack(multiple=len(messages) > 1)
+
+    async def finish(self) -> None:
+        """The consumer keeps taking deliveries up to its prefetch after the last cycle; closing
+        the channel puts them back in the queue for the connections still cycling."""
+        await self.channel.close()
 
     async def close(self) -> None:
         await self.conn.close()
@@ -225,6 +239,7 @@ async def _cycles(conn: Connection, batch: int, until: float, latencies: list[fl
         latencies.append(clock() - started)
         counts[0] += 3
         counts[1] += batch
+    await conn.finish()
 
 
 async def run(args: argparse.Namespace) -> dict:
