@@ -129,12 +129,21 @@ def _lines(children: list[subprocess.Popen], timeout: float) -> list[str]:
         return [f.result() for f in futures]
 
 
-def _failure(line: str) -> str:
-    """What a client process's line that is not the expected one says went wrong."""
-    try:
-        return "; ".join(json.loads(line)["errors"])
-    except (ValueError, KeyError, TypeError):
-        return line.strip() or "it exited without a word"
+def _expect(children: list[subprocess.Popen], files: list[str], word: str, timeout: float, failed: str) -> None:
+    """Wait until every child says `word`; RuntimeError with what the first that did not said
+    (its error, else the end of its log), and its exit status once stopped."""
+    for line, child, name in zip(_lines(children, timeout), children, files):
+        if line.strip() == word:
+            continue
+        try:
+            said = "; ".join(json.loads(line)["errors"])
+        except (ValueError, KeyError, TypeError):
+            said = line.strip()[:300] or "nothing"
+        status = stop(child, grace=5)
+        with open(name + ".log", "rb") as log:
+            tail = log.read()[-600:].decode(errors="replace").strip()
+        raise RuntimeError(f"a client process {failed}: {said} (exit status {status}"
+                           + (f"; its log ends: {tail}" if tail else "") + ")")
 
 
 def measure_once(system: str, cluster: Any, setting: Setting, args: argparse.Namespace, queue: str,
@@ -144,30 +153,30 @@ def measure_once(system: str, cluster: Any, setting: Setting, args: argparse.Nam
     asyncio.run(broker_client.prepare(system, cluster.addresses, queue))
     procs = max(1, min(args.client_processes, setting.conns))
     argv = [sys.executable, "-m", "load.broker_client", "--system", system, "--addresses", ",".join(cluster.addresses),
-            "--queue", queue, "--batch", str(setting.batch), "--payload", str(args.payload), "--conns"]
-    with open(os.path.join(workdir, "clients.log"), "ab") as log:
-        children = [subprocess.Popen(argv + [",".join(str(k) for k in range(p, setting.conns, procs))], cwd=REPO,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True)
-                    for p in range(procs)]
+            "--queue", queue, "--batch", str(setting.batch), "--payload", str(args.payload)]
+    files = [os.path.join(workdir, f"{queue}-client{p}") for p in range(procs)]
+    children = []
+    for p, name in enumerate(files):
+        with open(name + ".log", "ab") as log:
+            children.append(subprocess.Popen(
+                argv + ["--out", name + ".json", "--conns", ",".join(str(k) for k in range(p, setting.conns, procs))],
+                cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True))
     try:
-        for line in _lines(children, 120):
-            if line.strip() != "ready":
-                raise RuntimeError(f"a client process failed to connect: {_failure(line)}")
+        _expect(children, files, "ready", 120, "failed to connect")
         before = cluster.cpu_seconds()
         started = time.monotonic()
         for c in children:
             c.stdin.write(f"{started + args.seconds}\n")  # type: ignore[union-attr]
             c.stdin.flush()  # type: ignore[union-attr]
-        results = []
-        for line in _lines(children, args.seconds + 120):
-            try:
-                results.append(json.loads(line))
-            except ValueError:
-                raise RuntimeError(f"a client process failed: {_failure(line)}") from None
+        _expect(children, files, "done", args.seconds + 120, "failed")
         after = cluster.cpu_seconds()
     finally:
         for c in children:
             stop(c, grace=5)
+    results = []
+    for name in files:
+        with open(name + ".json") as f:
+            results.append(json.load(f))
     errors = sorted({e for r in results for e in r.get("errors", ())})
     if errors:
         raise RuntimeError(f"client errors: {'; '.join(errors)}")

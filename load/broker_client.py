@@ -7,11 +7,11 @@ publish, a pull consumer's fetch, ack), aio-pika (publisher confirms, a consumer
 gives back what was delivered to it and not consumed (RabbitMQ pushes up to its prefetch).
 
 Run by broker_bench: it connects every connection, prints "ready", reads the monotonic time to
-stop at from stdin, cycles until then, prints one JSON line of figures (requests, messages, each
-cycle's time, its own CPU seconds over the run) and exits; a failure is such a line with
-"errors" alone.
+stop at from stdin, cycles until then, writes its figures (requests, messages, each cycle's
+time, its own CPU seconds over the run) as JSON to --out, prints "done" and exits; a failure
+prints a JSON line {"errors": [...]} instead.
 
-    python -m load.broker_client --system nats --addresses nats://127.0.0.1:4222,... --conns 0,3 --queue q
+    python -m load.broker_client --system nats --addresses nats://127.0.0.1:4222,... --conns 0,3 --queue q --out f
 """
 from __future__ import annotations
 
@@ -272,6 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--queue", required=True)
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--payload", type=int, default=64)
+    parser.add_argument("--out", required=True, help="where the figures go (JSON)")
     args = parser.parse_args(argv)
     import uvloop  # queue-server's own dependency: every system's client runs on it
 
@@ -280,7 +281,9 @@ def main(argv: list[str] | None = None) -> None:
     except Exception as exc:  # one line for broker_bench to show, no traceback
         print(json.dumps({"errors": [f"{type(exc).__name__}: {exc}"]}), flush=True)
         sys.exit(1)
-    print(json.dumps(result), flush=True)
+    with open(args.out, "w") as f:
+        json.dump(result, f)
+    print("done", flush=True)
 
 
 if __name__ == "__main__":
