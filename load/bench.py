@@ -18,7 +18,12 @@ Workloads (each on a freshly started server):
                 reports the delivery latency (produce sent -> message received) too
   quorum        per-request and pipelined cycles against a 3-node cluster (replication quorum):
                 clients on the leader, then spread over the three nodes (followers forward);
-                skipped, with the reason, while the nodes do not form a cluster
+                skipped, with the reason, while the nodes do not form a cluster; then `brokers`
+  brokers       the 3-node cluster beside NATS JetStream R3 and RabbitMQ quorum queues, 3 nodes
+                each, Python clients in --client-processes processes for all, per request at each
+                --broker-sweep count (8, 64) and in batches of --broker-batch (100), with server
+                and client CPU and when each acknowledgement is durable (load/broker_bench.py);
+                a broker whose program or client package is missing is skipped with a note
   durability    per-request cycles with each setting of load/durability_bench.py (fsync always,
                 everysec, no; no WAL; frequent snapshots), beside beanstalkd's binlog
   scaling       per-request cycles with 1, 2, 4 workers; spread over 1 and 10,000 queues; with
@@ -46,6 +51,7 @@ server's CPU per request beside every throughput.
     python load/bench.py --seconds 2 --only unloaded,per-request --sweep 8 --no-peers   # quick
     python load/bench.py --metrics              # node with metrics_port on, scraped every second
     python load/bench.py --repo /tmp/old-checkout --only pipelined --repeat 3   # another version
+    python load/bench.py --only brokers --seconds 5 --repeat 3   # against NATS and RabbitMQ, 3 rounds
 """
 from __future__ import annotations
 
@@ -73,12 +79,12 @@ from load.options import number_options  # noqa: E402
 from load.peers import argv as peer_argv, installed as installed_peers  # noqa: E402
 from load.procs import cpu_seconds, descendants, process_name, stop  # noqa: E402
 from tests.harness import free_port  # noqa: E402  (one definition for tests and benchmarks)
-WORKLOADS = ("unloaded", "per-request", "pipelined", "batched", "long-poll", "quorum", "durability", "scaling",
-             "memory", "subscribe", "http", "security", "floor")
+WORKLOADS = ("unloaded", "per-request", "pipelined", "batched", "long-poll", "quorum", "brokers", "durability",
+             "scaling", "memory", "subscribe", "http", "security", "floor")
 
 
 class Target(NamedTuple):
-    """One of issue 12's targets, printed in the summary as "target: ..., measured: ..., met / not
+    """One of the issues' targets (12, 29), printed in the summary as "target: ..., measured: ..., met / not
     met": `figure` of row `key` (with `peer`, as a ratio to that row's figure) must be at most
     `bound` when `at_most`, else at least. A row of fewer than `messages` stored messages gets no
     verdict: the target is about that size."""
@@ -106,6 +112,23 @@ TARGETS = (
     Target("batched, 100 messages per request", "batched/100", "messages_per_s", 90_000, "messages/s"),
     Target("3-node quorum, per request, vs single node", "quorum/leader/1", "ops_per_s", 0.5, "x", "quorum/single/1"),
     Target("3-node quorum, pipelined, vs single node", "quorum/leader/16", "ops_per_s", 0.5, "x", "quorum/single/16"),
+    # issue 29: against the replicated brokers (load/broker_bench.py), Python clients, 3 nodes each
+    Target("3 nodes, per request, 8 connections, vs NATS JetStream R3", "brokers/queue-server/8", "ops_per_s", 1.0,
+           "x", "brokers/nats/8"),
+    Target("3 nodes, per request, 64 connections, vs NATS JetStream R3", "brokers/queue-server/64", "ops_per_s", 1.0,
+           "x", "brokers/nats/64"),
+    Target("3 nodes, batches of 100, vs NATS JetStream R3", "brokers/queue-server/b100", "messages_per_s", 1.0,
+           "x", "brokers/nats/b100"),
+    Target("3 nodes, per request, 8 connections, vs RabbitMQ quorum", "brokers/queue-server/8", "ops_per_s", 2.0,
+           "x", "brokers/rabbitmq/8"),
+    Target("3 nodes, per request, 64 connections, vs RabbitMQ quorum", "brokers/queue-server/64", "ops_per_s", 2.0,
+           "x", "brokers/rabbitmq/64"),
+    Target("3 nodes, batches of 100, vs RabbitMQ quorum", "brokers/queue-server/b100", "messages_per_s", 2.0,
+           "x", "brokers/rabbitmq/b100"),
+    Target("3 nodes, per request, 64 connections, server CPU per message vs NATS JetStream R3",
+           "brokers/queue-server/64", "server_cpu_us_per_msg", 1.0, "x", "brokers/nats/64", at_most=True),
+    Target("3 nodes, batches of 100, server CPU per message vs NATS JetStream R3", "brokers/queue-server/b100",
+           "server_cpu_us_per_msg", 1.0, "x", "brokers/nats/b100", at_most=True),
     Target("memory per 100-byte message at 1M, summed over the node's processes", "memory/queue-server",
            "pss_per_msg", 300, "B", at_most=True, messages=1_000_000),
 )
@@ -379,20 +402,23 @@ def main(argv: list[str] | None = None) -> None:
                             memory_messages=(1_000_000, "memory: messages of 100 bytes stored (load/memory_bench.py)"),
                             payload=(64, "message bytes"), workers=(2, "queue-server workers"),
                             repeat=(1, "measure each workload N times, report the median ops/s"))
-    parser.add_argument("--sweep", type=_ints, default=[8, 64, 256], help="per-request: connection counts (default 8,64,256)")
-    parser.add_argument("--depths", type=_ints, default=[1, 10, 16, 100, 1000],
+    parser.add_argument("--sweep", type=int_list, default=[8, 64, 256], help="per-request: connection counts (default 8,64,256)")
+    parser.add_argument("--depths", type=int_list, default=[1, 10, 16, 100, 1000],
                         help="pipelined: requests in flight per connection (default 1,10,16,100,1000; 16 is the target's)")
-    parser.add_argument("--batches", type=_ints, default=[1, 10, 100, 1000],
+    parser.add_argument("--batches", type=int_list, default=[1, 10, 100, 1000],
                         help="batched: messages per request (default 1,10,100,1000)")
     parser.add_argument("--hops", type=_hops, default=[0, 2, 3, 4],
                         help="floor: the skeleton's variants, ZeroMQ hops per request (default 0,2,3,4)")
-    parser.add_argument("--scale-workers", type=_ints, default=[1, 2, 4], help="scaling: worker counts (default 1,2,4)")
-    parser.add_argument("--scale-queues", type=_ints, default=[1, 10000],
+    parser.add_argument("--scale-workers", type=int_list, default=[1, 2, 4], help="scaling: worker counts (default 1,2,4)")
+    parser.add_argument("--scale-queues", type=int_list, default=[1, 10000],
                         help="scaling: queues the cycles are spread over, all created first (default 1,10000)")
-    parser.add_argument("--scale-stored", type=_ints, default=[1000, 1000000],
+    parser.add_argument("--scale-stored", type=int_list, default=[1000, 1000000],
                         help="scaling: messages stored in another queue during the cycles (default 1000,1000000)")
     parser.add_argument("--only", default=",".join(WORKLOADS), help=f"comma-separated subset of {','.join(WORKLOADS)}")
     comparison_options(parser)
+    from load import broker_bench
+
+    broker_bench.options(parser)
     parser.add_argument("--metrics", action="store_true", help="run queue-server with metrics_port on, scraped every second")
     parser.add_argument("--json", default="bench-results.json", help="where to write the results")
     args = parser.parse_args(argv)
@@ -400,6 +426,8 @@ def main(argv: list[str] | None = None) -> None:
     unknown = set(only) - set(WORKLOADS)
     if unknown:
         parser.error(f"unknown workload(s): {', '.join(sorted(unknown))}")
+    if "quorum" in only and "brokers" not in only:
+        only.append("brokers")  # the quorum workload includes the comparison with the replicated brokers
     repo = os.path.abspath(args.repo)
     from load import durability_bench, memory_bench  # they import this module
 
@@ -436,10 +464,7 @@ def main(argv: list[str] | None = None) -> None:
                         cpu_before = srv.cpu_seconds()
                         run = runner(srv) if runner else run_client(client, PROTOCOLS[server], srv.addresses, args, **kw)
                         cpu_after = srv.cpu_seconds()
-                        run["cpu_us_per_op"] = {
-                            name: round((cpu_after[name] - cpu_before.get(name, 0.0)) / max(1, run["ops"]) * 1e6, 2)
-                            for name in sorted(cpu_after)
-                        }
+                        run["cpu_us_per_op"] = cpu_per_op(cpu_before, cpu_after, run["ops"])
                         runs.append(run)
                     except RuntimeError as exc:
                         raise RuntimeError(f"{exc}; server log: {srv.log_tail().strip() or '(empty)'}") from None
@@ -522,6 +547,8 @@ def main(argv: list[str] | None = None) -> None:
                     measure("quorum", "queue-server x3", f"clients spread over 3 nodes, {label}",
                             lambda: started_cluster(False), depth=depth, key=f"quorum/spread/{depth}")
 
+        if "brokers" in only:
+            broker_bench.workload(args, tmp, repo, rows, notes)
         if "durability" in only:
             for label, config in durability_bench.SETTINGS:
                 measure("durability", "queue-server", f"{what['queue-server'][0]}, {label}",
@@ -570,19 +597,13 @@ def main(argv: list[str] | None = None) -> None:
         if "subscribe" in only:
             from load import subscribe_bench
 
-            for mode, what in (("consume", "consume + confirm loop, Python client"),
-                               ("subscribe", f"subscribe credit {subscribe_bench.CREDIT} + confirm, Python client")):
-                srv = start("queue-server")
-                try:
-                    result = subscribe_bench.run(srv.addresses[0], args.conns, args.seconds, mode)
-                except (OSError, RuntimeError) as exc:
-                    notes.append(f"subscribe, {mode}: failed: {exc}")
-                    continue
-                finally:
-                    srv.stop()
-                result.update(workload="subscribe", server="queue-server", what=what, runs=[result["ops_per_s"]])
-                rows.append(result)
-                print(f"  {'subscribe':<12} {'queue-server':<14} {what:<42} {result['messages_per_s']:>9,.0f} msg/s consumed", flush=True)
+            for mode, what in (("consume", "consume + confirm loop, Python client (latency: per request)"),
+                               ("subscribe", f"subscribe credit {subscribe_bench.CREDIT} + confirm, Python client "
+                                             "(latency: the wait for each next message)")):
+                measure("subscribe", "queue-server", what, lambda: start("queue-server"), repeat=1,
+                        prepare=lambda srv, mode=mode: subscribe_bench.fill_queue(srv.addresses[0], mode),
+                        runner=lambda srv, mode=mode: subscribe_bench.run(srv.addresses[0], args.conns, args.seconds,
+                                                                          mode, fill=0))
 
     info["load_average_end"] = os.getloadavg()[0]
     print()
@@ -590,7 +611,7 @@ def main(argv: list[str] | None = None) -> None:
     print("|---|---|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         delivery = f"{r['delivery_p50_ms']:.3f} / {r['delivery_p99_ms']:.3f}" if "delivery_p50_ms" in r else ""
-        cpu = _cpu_cell(r.get("cpu_us_per_op") or {})
+        cpu = cpu_cell(r.get("cpu_us_per_op") or {})
         print(f"| {r['workload']} | {r['server']} | {r['what']} | {r['ops_per_s']:,.0f} | {r['messages_per_s']:,.0f} | "
               f"{r['p50_ms']:.3f} | {r['p99_ms']:.3f} | {delivery} | {cpu} |")
     if memory_rows:
@@ -600,6 +621,9 @@ def main(argv: list[str] | None = None) -> None:
         for r in memory_rows:
             by = ", ".join(f"{n} {b:,.0f}" for n, b in r["by_process"].items())
             print(f"| {r['server']} | {r['messages']:,} | {r['pss_per_msg']:,.0f} | {r['rss_per_msg']:,.0f} | {by} |")
+    if any(r["workload"] == "brokers" for r in rows):
+        print()
+        print("\n".join(broker_bench.table(rows)))
     if "floor" in only:
         from load import hop_floor
 
@@ -616,7 +640,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {args.json}")
 
 
-def _ints(text: str) -> list[int]:
+def int_list(text: str) -> list[int]:
     """A comma-separated list of positive integers (an argparse type)."""
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -666,12 +690,36 @@ def scaling(args: argparse.Namespace, what: str, start, measure) -> None:
                 prepare=lambda srv, n=stored: fill_queue_server(srv.port, ["stored"], n, b"x" * args.payload))
 
 
-def _cpu_cell(cpu: dict[str, float]) -> str:
-    """Server CPU µs per operation: the total, then by process (a single node's children)."""
+def cpu_cell(cpu: dict[str, float]) -> str:
+    """Server CPU µs per operation: the total, then by process (a node's children; a cluster's
+    by node, "node1: acceptor 12.0, ...; node2: ..."). A supervisor's, which only waits, and a
+    process's that used none measurable are in the total alone."""
     if not cpu:
         return ""
-    parts = [f"{name} {us:.1f}" for name, us in cpu.items() if "/" not in name and name != "supervisor"]
-    return f"{sum(cpu.values()):.1f}" + (f" ({', '.join(parts)})" if len(parts) > 1 else "")
+    nodes: dict[str, list[str]] = {}
+    for name, us in cpu.items():
+        node, _, process = name.rpartition("/")
+        if process != "supervisor" and round(us, 1):
+            nodes.setdefault(node, []).append(f"{process} {us:.1f}")
+    if list(nodes) in ([], [""]):
+        parts = nodes.get("", [])
+        return f"{sum(cpu.values()):.1f}" + (f" ({', '.join(parts)})" if len(parts) > 1 else "")
+    return f"{sum(cpu.values()):.1f} ({'; '.join(f'{n}: ' * bool(n) + ', '.join(p) for n, p in nodes.items())})"
+
+
+def cpu_per_op(before: dict[str, float], after: dict[str, float], ops: int) -> dict[str, float]:
+    """CPU µs per operation of each process, from its CPU seconds before and after `ops` operations."""
+    return {name: round((after[name] - before.get(name, 0.0)) / max(1, ops) * 1e6, 2) for name in sorted(after)}
+
+
+def latency_ms(seconds: list[float]) -> dict[str, float]:
+    """p50_ms and p99_ms of latencies given in seconds (0.0 for none)."""
+    ordered = sorted(seconds)
+
+    def pick(fraction: float) -> float:
+        return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] * 1000 if ordered else 0.0
+
+    return {"p50_ms": pick(0.5), "p99_ms": pick(0.99)}
 
 
 def _figures(row: dict) -> str:
@@ -737,6 +785,10 @@ def summary(results: list[dict], only: list[str]) -> list[str]:
         lines += _against(rows, f"quorum, depth {depth}: single node", f"quorum/single/{depth}",
                           [(f"quorum/leader/{depth}", "3 nodes, clients on the leader"),
                            (f"quorum/spread/{depth}", "3 nodes, clients spread")])
+    if any(k.startswith("brokers/") for k in rows):
+        from load import broker_bench
+
+        lines += broker_bench.summary(rows)
     durability = [k for k in rows if k.startswith("durability/")]
     default = next((k for k in durability if "(default)" in k), None)
     if default:
@@ -800,20 +852,13 @@ def security(args: argparse.Namespace, tmp: str, start, measure, rows: list[dict
         pair = {}
         runs = (("plain", None, None), ("TLS", tls_config, ssl.create_default_context(cafile=files.ca)))
         for label, config, ctx in (runs if i % 2 == 0 else runs[::-1]):
-            srv = start("queue-server", config)
-            try:
-                result = tls_bench.run(srv.addresses[0], args.conns, args.seconds, args.payload, ctx)
-            except (OSError, RuntimeError) as exc:
-                notes.append(f"security, {label}: failed: {exc}")
+            before = len(rows)
+            measure("security", "queue-server", f"{what}, Python client, {label}",
+                    lambda config=config: start("queue-server", config), repeat=1,
+                    runner=lambda srv, ctx=ctx: tls_bench.run(srv.addresses[0], args.conns, args.seconds, args.payload, ctx))
+            if len(rows) == before:
                 break
-            finally:
-                srv.stop()
-            result.update(workload="security", server="queue-server", what=f"{what}, Python client, {label}",
-                          runs=[result["ops_per_s"]])
-            rows.append(result)
-            pair[label] = result["ops_per_s"]
-            print(f"  {'security':<12} {'queue-server':<14} {result['what']:<42} {result['ops_per_s']:>9,.0f} ops/s"
-                  f"  p50 {result['p50_ms']:.3f} p99 {result['p99_ms']:.3f} ms", flush=True)
+            pair[label] = rows[-1]["ops_per_s"]
         if len(pair) == 2:
             ratios.append(pair["TLS"] / pair["plain"])
     if ratios:

@@ -12,6 +12,7 @@ import ssl
 import threading
 import time
 
+from load.bench import latency_ms
 from queue_server.client import QueueClient
 
 
@@ -45,7 +46,5 @@ def run(hosts: str, conns: int, seconds: float, payload: int, tls: ssl.SSLContex
         t.join()
     elapsed = time.monotonic() - started
     ops = sum(counts)
-    latencies.sort()
-    pick = (lambda f: latencies[min(len(latencies) - 1, int(f * len(latencies)))] * 1000) if latencies else (lambda f: 0.0)
     return {"ops": ops, "messages": ops // 3, "seconds": elapsed, "ops_per_s": ops / elapsed,
-            "messages_per_s": ops / 3 / elapsed, "p50_ms": pick(0.5), "p99_ms": pick(0.99)}
+            "messages_per_s": ops / 3 / elapsed, **latency_ms(latencies)}

@@ -106,3 +106,34 @@ def test_the_coordinator_bench_runs(tmp_path):
                               timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "CPU us per batch: median" in proc.stdout, proc.stdout
+
+
+def test_the_replicated_brokers_give_figures_side_by_side(tmp_path):
+    """bench.py's comparison with the replicated brokers (load/broker_bench.py): queue-server's
+    3-node cluster and each broker installed here, with Python clients, per request and batched,
+    with server CPU by process, the clients' CPU and durability; targets with a verdict."""
+    from load import broker_bench
+
+    notes: list[str] = []
+    present = broker_bench.available(list(broker_bench.SYSTEMS), notes)
+    stdout, report = bench(tmp_path, "--only", "brokers", "--seconds", "0.5", "--conns", "2", "--broker-sweep", "8",
+                           "--broker-batch", "100", "--client-processes", "2", timeout=400)
+    rows = {r["key"]: r for r in report["results"] if r["workload"] == "brokers"}
+    assert set(rows) == {f"brokers/{s}/{k}" for s in present for k in ("8", "b100")}, (sorted(rows), report["notes"])
+    for row in rows.values():
+        assert row["ops"] > 0 and row["messages"] > 0 and row["p99_ms"] > 0, row
+        assert row["cpu_us_per_op"] and row["client_cpu_us_per_msg"] > 0 and row["durability"], row
+    assert rows["brokers/queue-server/b100"]["messages"] >= 100
+    table = stdout.split("| system | setting |", 1)[1]
+    for system in present:
+        assert f"\n| {broker_bench.LABELS[system]} | per request, 8 connections | " in table, table
+    summary = stdout.split("\nsummary\n", 1)[1]
+    for system in ("nats", "rabbitmq"):
+        name = broker_bench.LABELS[system]
+        line = f"target: 3 nodes, per request, 8 connections, vs {name} >= "
+        if system in present:
+            assert re.search(re.escape(line) + r"[\d.]+ x, measured: [\d.]+ x, (not )?met\n", summary), summary
+        else:
+            assert line in summary and f"{name}" in " ".join(report["notes"]), report["notes"]
+    if len(present) < len(broker_bench.SYSTEMS):
+        pytest.skip("only " + ", ".join(present) + " measured: " + "; ".join(notes))

@@ -2,7 +2,7 @@
 comparisons beside a base row."""
 from __future__ import annotations
 
-from load.bench import summary
+from load.bench import cpu_cell, summary
 
 
 def _row(key: str, ops: float, **figures: float) -> dict:
@@ -44,3 +44,36 @@ def test_comparisons_give_each_step_against_the_first():
     i = lines.index("scaling, 1 queues: 1,000 ops/s, p99 1.000 ms")
     assert lines[i + 1] == "  10,000 queues: 700 ops/s, p99 1.000 ms (0.70x the ops/s, p99 +0.000 ms)"
     assert "batched, messages/s (p99 ms): 10 per request 5 (1.000), 100 per request 5 (1.000)" in lines
+
+
+def _broker(system: str, key: str, messages_per_s: float, cpu_per_msg: float) -> dict:
+    return _row(f"brokers/{system}/{key}", messages_per_s * 3, messages_per_s=messages_per_s,
+                server_cpu_us_per_msg=cpu_per_msg, client_cpu_us_per_msg=50.0, what=f"setting {key}")
+
+
+def test_the_replicated_brokers_targets_compare_throughput_and_cpu_per_message():
+    lines = summary([_broker("queue-server", "64", 1000, 400), _broker("nats", "64", 1250, 500),
+                     _broker("rabbitmq", "64", 400, 900), _broker("queue-server", "b100", 9000, 90),
+                     _broker("nats", "b100", 6000, 80)], ["quorum", "brokers"])
+    assert _target(lines, "3 nodes, per request, 64 connections, vs NATS JetStream R3").endswith(
+        ">= 1 x, measured: 0.8 x, not met")
+    assert _target(lines, "3 nodes, per request, 64 connections, vs RabbitMQ quorum").endswith(
+        ">= 2 x, measured: 2.5 x, met")
+    assert _target(lines, "3 nodes, batches of 100, vs NATS JetStream R3").endswith(">= 1 x, measured: 1.5 x, met")
+    assert _target(lines, "3 nodes, per request, 64 connections, server CPU per message vs NATS").endswith(
+        "<= 1 x, measured: 0.8 x, met")
+    assert _target(lines, "3 nodes, batches of 100, server CPU per message vs NATS").endswith(
+        "<= 1 x, measured: 1.12 x, not met")
+    assert _target(lines, "3 nodes, batches of 100, vs RabbitMQ quorum").endswith("not measured (failed or skipped)")
+    i = lines.index("replicated, setting 64: queue-server x3 1,000 messages/s, p99 1.000 ms, server CPU 400.0 "
+                    "us/message, client CPU 50.0 us/message")
+    assert lines[i + 1].startswith("  NATS JetStream R3: 1,250 messages/s") and lines[i + 1].endswith(
+        "queue-server x3 has 0.80x its messages/s and 0.80x its server CPU per message")
+
+
+def test_cpu_cells_list_each_process_by_node():
+    assert cpu_cell({"acceptor": 1.0, "worker-0": 0.0, "supervisor": 0.3, "coordinator": 2.0}) == \
+        "3.3 (acceptor 1.0, coordinator 2.0)"
+    assert cpu_cell({"server": 5.0}) == "5.0"
+    assert cpu_cell({"node1/acceptor": 1.0, "node1/supervisor": 0.2, "node2/acceptor": 3.0, "epmd": 0.1}) == \
+        "4.3 (node1: acceptor 1.0; node2: acceptor 3.0; epmd 0.1)"
