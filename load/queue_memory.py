@@ -1,0 +1,129 @@
+"""Bytes per message and hot-path speed of the pure Queue, in-process (no server): what a worker
+(Queue) and the coordinator's replica (StateQueue) hold per stored message, by tracemalloc, and
+timeit of produce_many(1000), consume and confirm. A benchmark, not a test.
+
+    python load/queue_memory.py                               # 200k and 1M messages of 100 B
+    git show main:workers/queue.py > /tmp/queue_before.py
+    python load/queue_memory.py --baseline /tmp/queue_before.py   # the same, before and after
+
+Payload strings are made inside the measured window, one per message as orjson makes them in a
+worker, so a queue that keeps them is charged for them. `--baseline` loads another queue.py (it
+must import only modules this checkout has) and measures it alternately with this one.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import os
+import statistics
+import sys
+import time
+import tracemalloc
+from types import ModuleType
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+T0 = 1_700_000_000.0
+BATCH = 1000
+
+
+def load(path: str | None) -> ModuleType:
+    """workers/queue.py of this checkout, or the queue.py file at `path`."""
+    if path is None:
+        from queue_server.workers import queue
+        return queue
+    spec = importlib.util.spec_from_file_location("queue_baseline", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def payload(i: int, size: int) -> str:
+    return (("%08d" % i) + "x" * size)[:size]
+
+
+def fill(q, n: int, size: int) -> None:
+    for start in range(0, n, BATCH):
+        q.produce_many([(payload(i, size), T0, T0 + 3600, 0.0, 0)
+                        for i in range(start, min(n, start + BATCH))], T0)
+
+
+def bytes_per_message(cls, n: int, size: int) -> float:
+    """tracemalloc growth per message of a `cls` queue filled with n messages."""
+    gc.collect()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    q = cls("q", 10**9)
+    fill(q, n, size)
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    del q
+    gc.collect()
+    return grown / n
+
+
+def timings(module: ModuleType, size: int, rounds: int, out: dict[str, list[float]]) -> None:
+    """Microseconds per call of the hot paths, one list entry per round, into `out`."""
+    Queue = module.Queue
+    items = [(payload(i, size), T0, T0 + 3600, 0.0, 0) for i in range(BATCH)]
+    leased_items = [(d, r, t, 30.0, p) for d, r, t, _, p in items]
+
+    def timed(name: str, fn, calls: int) -> None:
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        out.setdefault(name, []).append((time.perf_counter() - start) / calls * 1e6)
+
+    for _ in range(rounds):
+        q = Queue("q", 10**9)
+        timed("produce_many(1000)", lambda: q.produce_many(items, T0), 100)
+        timed("consume(100) at most once", lambda: q.consume(T0, 100), 500)
+        q = Queue("q", 10**9)
+        for _ in range(60):
+            q.produce_many(leased_items, T0)
+
+        def consume_confirm() -> None:
+            msgs, _ = q.consume(T0, 1)
+            q.confirm(msgs[0].msg_id)
+        timed("consume(1) leased + confirm", consume_confirm, 20_000)
+
+        def consume_confirm_many() -> None:
+            msgs, _ = q.consume(T0, 100, lease=30.0)
+            q.confirm_many([(m.msg_id, None, None) for m in msgs])
+        timed("consume(100, lease) + confirm_many", consume_confirm_many, 300)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--messages", type=int, nargs="+", default=[200_000, 1_000_000])
+    ap.add_argument("--payload", type=int, default=100, help="bytes per message")
+    ap.add_argument("--baseline", help="another queue.py to measure beside this checkout's")
+    ap.add_argument("--rounds", type=int, default=5, help="timing rounds (the median is shown)")
+    args = ap.parse_args()
+    variants = {"this checkout": load(None)}
+    if args.baseline:
+        variants = {"baseline": load(args.baseline), **variants}
+    print(f"payload {args.payload} B, filled {BATCH} per produce_many")
+    for n in args.messages:
+        for label, module in variants.items():
+            for cls in (module.Queue, module.StateQueue):
+                print(f"{label:14} {cls.__name__:10} {n:>9,} messages: "
+                      f"{bytes_per_message(cls, n, args.payload):6.1f} B/msg")
+    runs: dict[str, dict[str, list[float]]] = {label: {} for label in variants}
+    for _ in range(args.rounds):  # rounds alternate between the variants: a busy moment hits both
+        for label, module in variants.items():
+            timings(module, args.payload, 1, runs[label])
+    results = {label: {name: statistics.median(v) for name, v in r.items()} for label, r in runs.items()}
+    names = list(next(iter(results.values())))
+    print(f"{'us per call (median of ' + str(args.rounds) + ')':40}" +
+          "".join(f"{label:>16}" for label in results) + ("       change" if args.baseline else ""))
+    for name in names:
+        row = [results[label][name] for label in results]
+        change = f"{(row[-1] / row[0] - 1) * 100:+10.1f}%" if args.baseline else ""
+        print(f"{name:40}" + "".join(f"{v:16.1f}" for v in row) + change)
+
+
+if __name__ == "__main__":
+    main()
