@@ -12,7 +12,7 @@ Split by feature (leases, dead letters, dedupe), each part would reach into the 
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 
 from sortedcontainers import SortedDict
@@ -21,6 +21,7 @@ from queue_server.protocol.records import (
     Confirm, Consume, DeadLetter, DlqReplay, Expire, Pause, Produce, Purge, Record, Release, Restore,
     count,
 )
+from queue_server.workers import undo
 from queue_server.workers.ordering import Ordering
 
 MAX_MSG_ID = 2**63 - 1
@@ -132,7 +133,7 @@ class Queue:
 
     __slots__ = ("name", "max_size", "next_id", "dedupe_window", "_index", "_delayed", "_ready",
                  "_leased", "_n_leased", "_tokens", "_dedupe", "paused", "max_deliveries",
-                 "dlq_name", "_dead_letters", "counts", "_last_state")
+                 "dlq_name", "_dead_letters", "counts", "_last_state", "journal")
 
     def __init__(
         self, name: str, max_size: int, next_id: int = 1, dedupe_window: int = DEDUPE_WINDOW
@@ -160,6 +161,8 @@ class Queue:
         self._dead_letters: Callable[[str], Queue] | None = None
         self.counts = dict.fromkeys(COUNTERS, 0)
         self._last_state: tuple | None = None  # the state of the message stored last (_stored)
+        # The worker's undo journal (workers/undo.py), shared by its queues; None: not kept.
+        self.journal: deque | None = None
 
     def dead_letters_to(
         self, dlq_name: str | None, lookup: Callable[[str], Queue], max_deliveries: int = 0
@@ -701,6 +704,12 @@ class Queue:
         index = self._index
         if msg_id in index:
             raise ValueError(f"msg_id {msg_id} already stored in queue {self.name!r}")
+        journal = self.journal
+        if journal is not None:
+            if msg_id == self.next_id and record.producer is None:
+                journal.append(record)  # the common case: undone from the record alone
+            else:
+                undo.produced(self, record)
         limit = record.max_deliveries
         m = self._stored(msg_id, record.data, (
             record.ready, record.ttl, record.retry, record.priority, record.delivery_count, None,
@@ -740,7 +749,12 @@ class Queue:
         ids = record.msg_ids
         if ids is None:
             msg_id = record.msg_id
-            if record.delivery_count > self._index[msg_id]._state[_DELIVERY_COUNT]:
+            m = self._index[msg_id]
+            state = m._state
+            journal = self.journal
+            if journal is not None:
+                journal.append((undo.undo_consume, self, record, m.data, state))
+            if record.delivery_count > state[_DELIVERY_COUNT]:
                 self.counts["consumed"] += 1
             self._lease(msg_id, record.lease, record.delivery_count, record.token)
             return
@@ -751,6 +765,10 @@ class Queue:
             raise ValueError("a consume record needs distinct msg_ids")
         index = self._index
         ms = [index[i] for i in ids]
+        journal = self.journal
+        if journal is not None:
+            journal.append((undo.undo_restate, self, record, ids, [m._state for m in ms],
+                            "consumed", self.counts["consumed"]))
         self.counts["consumed"] += sum(1 for m, n in zip(ms, counts) if n > m._state[_DELIVERY_COUNT])
         self._unlink_many(ms)
         token = record.token
@@ -818,23 +836,32 @@ class Queue:
                 self._unbind(m)
 
     def _apply_confirm(self, record: Confirm, now: float | None) -> None:
+        journal = self.journal
+        if journal is not None:  # the deleted messages are their own before-images
+            ids = record.msg_ids
+            journal.append((undo.undo_delete, self, "confirmed", self.counts["confirmed"],
+                            self._index[record.msg_id] if ids is None else self._finals(ids)))
         self._apply_delete(record, now)
         self.counts["confirmed"] += count(record)
 
     def _apply_expire(self, record: Expire, now: float | None) -> None:
+        journal = self.journal
+        if journal is not None:  # the deleted messages are their own before-images
+            ids = record.msg_ids
+            journal.append((undo.undo_delete, self, "expired", self.counts["expired"],
+                            self._index[record.msg_id] if ids is None else self._finals(ids)))
         self._apply_delete(record, now)
         self.counts["expired"] += count(record)
 
     def _apply_pause(self, record: Pause, now: float | None) -> None:
+        if self.journal is not None:
+            undo.paused(self, record)
         self.paused = bool(record.paused)
 
     def _apply_purge(self, record: Purge, now: float | None) -> None:
-        self._index.clear()
-        self._delayed.clear()
-        self._ready.clear()
-        self._leased.clear()
-        self._n_leased = 0
-        self._tokens.clear()
+        contents = self._swap_contents()
+        if self.journal is not None:
+            undo.purged(self, record, contents)
 
     def _take(self, msg_id: int) -> Message:
         """Remove a stored message from the queue (orderings and token included) and return it."""
@@ -848,6 +875,8 @@ class Queue:
         dlq = self._dead_letters(record.dlq)
         if record.dlq_msg_id in dlq._index:
             raise ValueError(f"msg_id {record.dlq_msg_id} already stored in {dlq.name!r}")
+        if self.journal is not None:
+            undo.dead_lettered(self, record, dlq)
         m = self._take(record.msg_id)
         reason = record.reason
         dead = {"queue": self.name, "reason": reason, "retry": m.retry, "ttl": m.ttl}
@@ -867,6 +896,8 @@ class Queue:
         moves = record.moves
         if any(new_id in index for _, new_id, _ in moves):
             raise ValueError(f"dlq_replay names msg_ids already stored in {self.name!r}")
+        if self.journal is not None:
+            undo.dlq_replayed(self, record, dlq)
         for dead_id, new_id, ttl in moves:
             m = dlq._take(dead_id)
             dead = (m.extra or {}).get("dead") or {}
@@ -889,6 +920,9 @@ class Queue:
 
     def _apply_release(self, record: Release, now: float | None) -> None:
         ids = record.msg_ids
+        if self.journal is not None:
+            ids_ = (record.msg_id,) if ids is None else ids
+            self.journal.append((undo.undo_restate, self, record, ids_, self._states(ids_), None, 0))
         if ids is None:
             self._release(record.msg_id, record.ready, record.delivery_count, now)
         else:
@@ -924,6 +958,60 @@ class Queue:
             return
         if not self._ready.discard(-state[_PRIORITY], state[_READY], m.msg_id):
             self._delayed.remove(0, state[_READY], m.msg_id)
+
+    # ------------------------------------------------------------------ undo (workers/undo.py)
+
+    def _finals(self, ids: Iterable[int]) -> list[Message]:
+        """Before-images of stored messages a record deletes: the messages themselves, which
+        nothing changes once they are deleted. KeyError if one is not stored."""
+        return list(map(self._index.__getitem__, ids))
+
+    def _put_back(self, m: Message) -> None:
+        """Store again a message _finals gave (undo of its deletion)."""
+        self._restate(m.msg_id, m.data, m._state)
+
+    @staticmethod
+    def _delivery_count(state: tuple) -> int:
+        """The delivery_count of a state _states (or a hook) gave."""
+        return state[_DELIVERY_COUNT]
+
+    def _states(self, ids: Iterable[int]) -> list[tuple]:
+        """Before-images of the states of stored messages a record changes in place (lease,
+        release); KeyError if one is not stored."""
+        index = self._index
+        return [index[i]._state for i in ids]
+
+    def _restate(self, msg_id: int, data: str | None, state: tuple | None) -> None:
+        """Make message `msg_id` have `state` again (data None: the stored data), or not be
+        stored (state None). An unleased message goes to the delayed ordering, as on a
+        replica."""
+        stored = self._index.get(msg_id)
+        if stored is not None:
+            if data is None:
+                data = stored.data
+            self._take(msg_id)
+        if state is None:
+            return
+        m = _message(msg_id, data, state)
+        lease = state[_LEASE]
+        if lease is None:
+            self._insert(m, None)
+            return
+        self._index[msg_id] = m
+        self._lease_add(lease, (msg_id,))
+        token = state[_TOKEN]
+        if token is not None:
+            self._bind(token, msg_id)
+
+    def _swap_contents(self, contents: tuple | None = None) -> tuple:
+        """Put `contents` (a tuple this returned; None: empty ones) in place of the messages,
+        their orderings, leases and tokens, and return those (so purge is undone in O(1))."""
+        old = (self._index, self._delayed, self._ready, self._leased, self._n_leased, self._tokens)
+        if contents is None:
+            contents = ({}, type(self._delayed)(), type(self._ready)(), SortedDict(), 0, SortedDict())
+        (self._index, self._delayed, self._ready, self._leased, self._n_leased,
+         self._tokens) = contents
+        return old
 
     # ------------------------------------------------------------------ moving due messages
 
