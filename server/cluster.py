@@ -235,12 +235,11 @@ class ClusterNode:
     def _resume_leading(self) -> None:
         """A hand-off that did not happen: the workers accept requests again, in a new mode.
         A fenced worker's state is the log's: it goes on with it, and with the long polls and
-        subscriptions it kept parked. One that never answered FENCED may still be deciding under
-        the old mode, so it starts over from the log (its late batches are refused)."""
+        subscriptions it kept parked (it undoes nothing). One that never answered FENCED may
+        still be deciding under the old mode: it rolls back to what it logged (its late batches
+        are refused)."""
         if self.leader is None:
             return
-        # Each worker keeps what it logged: a fenced one logged all it decided; one that never
-        # answered FENCED undoes the records of batches still on their way (refused: old mode).
         self._set_mode(True, list(self.seqs.counts))
 
     def _release_held(self, now: float) -> None:

@@ -265,7 +265,8 @@ class PartitionService:
                 raise BadRequest("action: not a queue action")
             if not self.accepting and action != p.LOCAL_PEEK:
                 raise BadRequest(p.NOT_LEADING)
-            if self.journal is not None and self._undo_full() and action not in _READS:
+            journal = self.journal
+            if journal is not None and len(journal.entries) >= self.undo_limit and action not in _READS:
                 self._refused(limits.UNCOMMITTED)
                 raise Refused(limits.too_many_uncommitted(self.undo_limit))
             reply = handler(req, origin, req_no, now)

@@ -20,6 +20,7 @@ record `seq`).
 from __future__ import annotations
 
 from collections import deque
+from itertools import repeat, starmap
 from typing import TYPE_CHECKING, Any
 
 from queue_server.protocol.records import Produce
@@ -80,10 +81,14 @@ class UndoJournal:
         """Forget the entries of records through `committed` (they will never be undone)."""
         if committed > self.seq:
             raise ValueError(f"commit point {committed} is past the newest record {self.seq}")
-        entries = self.entries
-        while self.base < committed:
-            entries.popleft()
-            self.base += 1
+        n = committed - self.base
+        if n > 0:
+            entries = self.entries
+            if n >= len(entries):
+                entries.clear()
+            else:  # popleft n times, the loop in C
+                deque(starmap(entries.popleft, repeat((), n)), maxlen=0)
+            self.base = committed
         side = self.side
         while side and side[0][0] <= 2 * committed:
             side.popleft()
