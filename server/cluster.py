@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Collection
 
 import orjson
 
@@ -538,10 +537,8 @@ class ClusterNode:
             _, header, blob = pending.popleft()
             self._release(header, blob)
 
-    def _apply_to_workers(self, entries: list[Entry], only: Collection[int] | None = None,
-                          committed: bool = False) -> None:
-        """Have the workers (those of `only`: the others hold these entries already) replay
-        `entries` (`committed`: they keep no undo for them)."""
+    def _apply_to_workers(self, entries: list[Entry], committed: bool = False) -> None:
+        """Have the workers replay `entries` (`committed`: they keep no undo for them)."""
         if not entries:
             return
         per_worker: dict[int, tuple[list[Record], list[int]]] = {}
@@ -553,26 +550,24 @@ class ClusterNode:
                 records.append(record)
                 trans_ids.append(e.trans_id)
         for index, (records, trans_ids) in per_worker.items():
-            if only is None or index in only:
-                self._to_workers.append((index, ipc_frames.apply_frames(records, committed)))
-                self.seqs.applied(index, trans_ids, committed)
+            self._to_workers.append((index, ipc_frames.apply_frames(records, committed)))
+            self.seqs.applied(index, trans_ids, committed)
         self.workers_trans_id = max(self.workers_trans_id, entries[-1].trans_id)
 
-    def _reset_workers(self, only: Collection[int] | None = None) -> None:
-        """Replace every worker's queues (those of `only`: the others' state is the log's
-        already) with the committed state and, on a leader, the log after it. A leader's
-        workers then start a new mode (epoch), so that batches they made before the reset, on
-        the state it wiped, are refused (on_batch)."""
+    def _reset_workers(self) -> None:
+        """Replace every worker's queues with the committed state (at start, and when a snapshot
+        is installed) and, on a leader, the log after it: their record counts start again. A
+        leader's workers then start a new mode (epoch), so that batches they made before the
+        reset, on the state it wiped, are refused (on_batch)."""
         parts: list[dict] = [{} for _ in range(self.config.workers)]
         for name, snap in self.state.snapshot().items():
             parts[self.router.worker_for(name)][name] = snap
         for index, part in enumerate(parts):
-            if only is None or index in only:
-                self._to_workers.append((index, ipc_frames.reset_frames(part)))
-        self.seqs.reset()  # a RESET starts each worker's count again
+            self._to_workers.append((index, ipc_frames.reset_frames(part)))
+        self.seqs.reset()
         self.workers_trans_id = self.state_trans_id
         if self.leader is not None:
-            self._apply_to_workers(self.log.entries_after(self.state_trans_id, 1 << 62) or [], only)
+            self._apply_to_workers(self.log.entries_after(self.state_trans_id, 1 << 62) or [])
             self._set_mode(True, list(self.seqs.counts))
 
     def _send_committed(self, now: float) -> None:

@@ -330,9 +330,10 @@ class SimNode:
         tid = cn.state_trans_id
         entries = cn.log.entries_after(tid, 1 << 62)
         assert entries is not None, "the log lost entries past the committed state"
+        entries = [e for e in entries if e.trans_id <= cn._stable_through]  # a refused write is not there
         state = orjson.loads(orjson.dumps(cn.state.snapshot()))
         term = cn.log.term_at(tid) or (cn.log.base_vote_id if tid == cn.log.base_trans_id else 0)
-        return Recovered(trans_id=tid, vote_id=term, state=state, entries=list(entries), vote=self.vote)
+        return Recovered(trans_id=tid, vote_id=term, state=state, entries=entries, vote=self.vote)
 
     def workers_state(self) -> dict:
         merged: dict = {}
