@@ -78,6 +78,10 @@ def timings(module: ModuleType, size: int, rounds: int, out: dict[str, list[floa
 
     for _ in range(rounds):
         q = Queue("q", 10**9)
+        data = items[0][0]
+        timed("produce(1)", lambda: q.produce(data, T0, T0 + 3600, 0.0, 0, T0), 20_000)
+        timed("consume(1) at most once", lambda: q.consume(T0, 1), 20_000)
+        q = Queue("q", 10**9)
         timed("produce_many(1000)", lambda: q.produce_many(items, T0), 100)
         timed("consume(100) at most once", lambda: q.consume(T0, 100), 500)
         q = Queue("q", 10**9)
@@ -93,6 +97,28 @@ def timings(module: ModuleType, size: int, rounds: int, out: dict[str, list[floa
             msgs, _ = q.consume(T0, 100, lease=30.0)
             q.confirm_many([(m.msg_id, None, None) for m in msgs])
         timed("consume(100, lease) + confirm_many", consume_confirm_many, 300)
+
+        def consume_release() -> None:
+            msgs, _ = q.consume(T0, 1, lease=30.0)
+            q.release(msgs[0].msg_id, T0)
+        timed("consume(1, lease) + release", consume_release, 5_000)
+
+        def consume_release_many() -> None:
+            msgs, _ = q.consume(T0, 100, lease=30.0)
+            q.release_many([(m.msg_id, None, None) for m in msgs], T0)
+        timed("consume(100, lease) + release_many", consume_release_many, 200)
+
+        # A replica (a follower's worker) applying a leader's records: produces, then leased
+        # batch consumes and their confirms.
+        leader = Queue("q", 10**9)
+        stream = [r for _ in range(10) for r in leader.produce_many(leased_items, T0)]
+        for _ in range(100):
+            msgs, recs = leader.consume(T0, 100, lease=30.0)
+            stream += recs
+            stream.append(leader.confirm_many([(m.msg_id, None, None) for m in msgs]))
+        replica = Queue("q", 10**9)
+        timed("apply(21,000 records) on a replica",
+              lambda: [replica.apply(r) for r in stream], 1)
 
 
 def main() -> None:
