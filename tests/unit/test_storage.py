@@ -10,10 +10,12 @@ import signal
 import pytest
 
 from queue_server.replication.log import ChangeLog, Entry
-from queue_server.replication.snapshot import read_snapshot, snapshot_name, snapshot_trans_ids, write_snapshot
+from queue_server.replication.snapshot import read_manifest, snapshot_name, snapshot_trans_ids, write_snapshot
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog, encode_record, list_segments, scan
 from queue_server.protocol.records import Produce, encode
+from queue_server.workers.queue import StateQueue
+from queue_server.workers.service import PartitionService
 from tests.unit.faulty_disk import Faults
 
 
@@ -67,6 +69,7 @@ def test_a_new_data_dir_recovers_nothing(tmp_path):
     s = open_storage(tmp_path)
     found = s.recover()
     assert (found.trans_id, found.vote_id, found.state, found.entries, found.vote) == (0, 0, {}, [], (0, None))
+    assert (found.manifest, found.frames) == (None, None)
     s.close()
 
 
@@ -271,7 +274,7 @@ def test_a_log_reset_to_an_installed_snapshot_starts_after_it(tmp_path):
     s, _, log = started(tmp_path, "always")
     log.append(1, [record(1), record(2)])
     s.write(log, None, 0.0)
-    write_snapshot(s.datadir.snapshot_dir, 10, 3, {"queues": {}})  # what the leader sent
+    write_snapshot(s.datadir.snapshot_dir, 10, 3, [])  # what the leader sent
     log.reset(10, 3)
     log.append(3, [record(11)])
     assert s.write(log, 2, 1.0) == 11
@@ -285,29 +288,75 @@ def test_a_log_reset_to_an_installed_snapshot_starts_after_it(tmp_path):
 # ---------------------------------------------------------------------- snapshots
 
 
+def queues(n: int) -> PartitionService:
+    """The committed state of a node: a queue of n messages."""
+    state = PartitionService(1, 100, queue_class=StateQueue, restore_cache=0)
+    for i in range(1, n + 1):
+        state.apply(record(i))
+    return state
+
+
+def loaded(found) -> dict:
+    state = PartitionService(1, 100, queue_class=StateQueue, restore_cache=0)
+    state.load_frames(found.frames)
+    return state.snapshot()
+
+
 def test_recovery_starts_from_the_newest_valid_snapshot(tmp_path):
     write_log(tmp_path, 8)
     snapshots = os.path.join(str(tmp_path), "snapshots")
-    write_snapshot(snapshots, 3, 1, {"at": 3})
-    assert read_snapshot(os.path.join(snapshots, snapshot_name(3))) == (3, 1, {"at": 3})
-    newest = write_snapshot(snapshots, 6, 1, {"at": 6})
+    write_snapshot(snapshots, 3, 1, queues(3).snapshot_frames())
+    newest = write_snapshot(snapshots, 6, 1, queues(6).snapshot_frames())
 
     s = open_storage(tmp_path)
     found = s.recover()
-    assert (found.trans_id, found.vote_id, found.state, found.entries) == (6, 1, {"at": 6}, entries(7, 8))
+    assert (found.trans_id, found.vote_id, found.state, found.entries) == (6, 1, {}, entries(7, 8))
+    assert found.manifest == read_manifest(newest).as_dict()
+    assert found.manifest["parts"][0]["messages"] == 6
+    assert loaded(found) == queues(6).snapshot()
     s.close()
 
-    data = bytearray(open(newest, "rb").read())
-    data[-1] ^= 0x01  # the crc
-    open(newest, "wb").write(data)
-    with pytest.raises(ValueError, match="checksum mismatch"):
-        read_snapshot(newest)
+    part = read_manifest(newest).parts[0]
+    data = bytearray(open(part, "rb").read())
+    data[-3] ^= 0x01  # in END
+    open(part, "wb").write(data)
 
     messages = Messages()
     s = open_storage(tmp_path, log=messages.log)
     found = s.recover()
-    assert (found.trans_id, found.state, found.entries) == (3, {"at": 3}, entries(4, 8))
-    assert messages.seen == [("WARNING", f"skipping snapshot {newest}: checksum mismatch")]
+    assert (found.trans_id, found.entries) == (3, entries(4, 8))
+    assert loaded(found) == queues(3).snapshot()
+    [(level, line)] = messages.seen
+    assert level == "WARNING" and line.startswith(f"skipping snapshot {newest}: {part}: checksum mismatch in the frame")
+    s.close()
+
+
+def test_recovery_reads_a_v1_snapshot(tmp_path):
+    from tests.unit.test_snapshot import write_v1
+
+    write_log(tmp_path, 8)
+    snapshots = os.path.join(str(tmp_path), "snapshots")
+    os.makedirs(snapshots, exist_ok=True)
+    write_v1(snapshots, 5, 1, queues(5).snapshot())
+    s = open_storage(tmp_path)
+    found = s.recover()
+    assert (found.trans_id, found.state, found.manifest, found.frames, found.entries) == (
+        5, queues(5).snapshot(), None, None, entries(6, 8))
+    s.close()
+
+
+def test_recovery_deletes_what_a_snapshot_cut_short_left(tmp_path):
+    write_log(tmp_path, 4)
+    snapshots = os.path.join(str(tmp_path), "snapshots")
+    write_snapshot(snapshots, 2, 1, queues(2).snapshot_frames())
+    kept = sorted(os.listdir(snapshots))
+    for name in ("tmp-00000000000000000004-1", "parts-00000000000000000004-1"):
+        os.makedirs(os.path.join(snapshots, name))
+        open(os.path.join(snapshots, name, "part-0.qsp"), "wb").write(b"QSPART\0\2")
+    open(os.path.join(snapshots, snapshot_name(4) + ".tmp"), "wb").write(b"{")
+    s = open_storage(tmp_path)
+    assert s.recover().trans_id == 2
+    assert sorted(os.listdir(snapshots)) == kept
     s.close()
 
 
@@ -323,7 +372,7 @@ def test_the_forked_snapshot_writer_dies_at_sigterm_under_the_coordinators_handl
         os.close(hold_w)
         os.write(started_w, b"!")
         os.read(hold_r, 1)  # until the test closes its end
-        return {}
+        return []
 
     previous = signal.signal(signal.SIGTERM, lambda *_: None)  # the coordinator's flag, in effect
     try:
