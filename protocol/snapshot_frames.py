@@ -20,7 +20,7 @@ import struct
 import sys
 from array import array
 from collections.abc import Iterable, Iterator
-from itertools import accumulate
+from itertools import accumulate, chain
 
 import orjson
 
@@ -111,7 +111,8 @@ def read_rows(body: bytes) -> list[tuple]:
         datas = [text[a:b] for a, b in zip([0, *ends], ends)]
     else:
         datas = [str(payload[a:b], "utf-8", "surrogatepass") for a, b in zip([0, *ends], ends)]
-    rows: list[tuple] = list(zip(ids, datas, ready, ttl, retry, priority, delivery_count))
+    rows: list[tuple] = list(zip(ids.tolist(), datas, ready.tolist(), ttl.tolist(), retry.tolist(), priority.tolist(),
+                                 delivery_count.tolist()))
     for i, *rest in orjson.loads(view[at + size:]):
         rows[i] = (*rows[i], *rest)
     return rows
@@ -119,7 +120,11 @@ def read_rows(body: bytes) -> list[tuple]:
 
 def rows_of(frames: Iterable[tuple[int, str, bytes]]) -> Iterator[tuple]:
     """The rows of a queue's ROWS frames, in order (ValueError at a frame of another kind)."""
-    for kind, name, body in frames:
-        if kind != ROWS:
-            raise ValueError(f"queue {name!r}: frame of kind {kind} where rows were expected")
-        yield from read_rows(body)
+    return chain.from_iterable(map(_frame_rows, frames))
+
+
+def _frame_rows(frame: tuple[int, str, bytes]) -> list[tuple]:
+    kind, name, body = frame
+    if kind != ROWS:
+        raise ValueError(f"queue {name!r}: frame of kind {kind} where rows were expected")
+    return read_rows(body)
