@@ -16,6 +16,7 @@ from queue_server.replication.wal import CorruptLog, encode_record, list_segment
 from queue_server.protocol.records import Produce, encode
 from queue_server.workers.queue import StateQueue
 from queue_server.workers.service import PartitionService
+from tests.harness import wait_for
 from tests.unit.faulty_disk import Faults
 
 
@@ -357,6 +358,48 @@ def test_recovery_deletes_what_a_snapshot_cut_short_left(tmp_path):
     s = open_storage(tmp_path)
     assert s.recover().trans_id == 2
     assert sorted(os.listdir(snapshots)) == kept
+    s.close()
+
+
+def test_the_log_behind_the_older_snapshot_stays_so_a_damaged_newest_one_falls_back_to_it(tmp_path):
+    """Forked writers, as the coordinator runs them: after two snapshots, log segments are removed
+    only up to the older one, so when the newest proves damaged at start the older one and the
+    whole log after it are still there."""
+    messages = Messages()
+    s = open_storage(tmp_path, "always", segment_bytes=200, log=messages.log)
+    s.recover()
+    log = ChangeLog(1000)
+    state = queues(0)
+
+    def commit(first: int, last: int) -> None:
+        records = [record(n) for n in range(first, last + 1)]
+        log.append(1, records)
+        s.write(log, None, 0.0)
+        for r in records:
+            state.apply(r)
+
+    def snapshot_at(trans_id: int) -> dict:
+        s.maybe_snapshot(trans_id, 1, state.snapshot_frames, every=1)
+        wait_for(lambda: s.reap() or s.snapshot_pid is None, 10, "the snapshot writer")
+        return state.snapshot()
+
+    commit(1, 10)
+    at_10 = snapshot_at(10)
+    commit(11, 20)
+    snapshot_at(20)
+    commit(21, 25)
+    s.close()
+    wal = os.path.join(str(tmp_path), "wal")
+    assert 1 < list_segments(wal)[0][0] <= 11  # segments went, but none after the older snapshot
+    assert [m for m in messages.seen if m[0] != "INFO"] == []
+
+    os.remove(read_manifest(os.path.join(str(tmp_path), "snapshots", snapshot_name(20))).parts[0])
+    messages = Messages()
+    s = open_storage(tmp_path, log=messages.log)
+    found = s.recover()
+    assert (found.trans_id, found.entries) == (10, entries(11, 25))
+    assert loaded(found) == at_10
+    assert len(messages.seen) == 1 and messages.seen[0][0] == "WARNING"
     s.close()
 
 
