@@ -25,6 +25,7 @@ from itertools import accumulate, chain
 import orjson
 
 QUEUE, ROWS, END = 1, 2, 3
+Frame = tuple[int, str, bytes]  # kind, queue name, body (any bytes-like object)
 ROWS_MAX = 16_384  # messages in one ROWS frame
 ROWS_BYTES = 4 << 20  # payload bytes after which a ROWS frame is closed early
 
@@ -118,12 +119,12 @@ def read_rows(body: bytes) -> list[tuple]:
     return rows
 
 
-def rows_of(frames: Iterable[tuple[int, str, bytes]]) -> Iterator[tuple]:
+def rows_of(frames: Iterable[Frame]) -> Iterator[tuple]:
     """The rows of a queue's ROWS frames, in order (ValueError at a frame of another kind)."""
     return chain.from_iterable(map(_frame_rows, frames))
 
 
-def _frame_rows(frame: tuple[int, str, bytes]) -> list[tuple]:
+def _frame_rows(frame: Frame) -> list[tuple]:
     kind, name, body = frame
     if kind != ROWS:
         raise ValueError(f"queue {name!r}: frame of kind {kind} where rows were expected")

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from queue_server.election.messages import PeerMessage, Send
+from queue_server.protocol.snapshot_frames import Frame
 from queue_server.replication.log import Entry
 
 __all__ = [
@@ -159,4 +160,4 @@ class Recovered:
     manifest: dict | None = None  # the v2 snapshot's manifest (replication/snapshot.py)
     # The v2 snapshot's queue frames (kind, queue name, body), read from its checked parts as
     # they are consumed: once (PartitionService.load_frames).
-    frames: Iterable[tuple[int, str, bytes]] | None = None
+    frames: Iterable[Frame] | None = None

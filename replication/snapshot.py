@@ -36,12 +36,10 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from queue_server.protocol.snapshot_frames import END, QUEUE, ROWS, rows_count
+from queue_server.protocol.snapshot_frames import END, QUEUE, ROWS, Frame, rows_count
 from queue_server.replication.disk import TMP_SUFFIX, StorageError, fsync_dir, numbered_files, read_file, replace_file
 
 _log = logging.getLogger(__name__)
-
-Frame = tuple[int, str, bytes]  # kind, queue name, body (a bytes-like object)
 
 _MAGIC = b"QSNAP\x00\x00\x01"
 _HEADER = struct.Struct("<8sQQQ")  # v1: magic, trans_id, vote_id, body length

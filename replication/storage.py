@@ -14,9 +14,10 @@ from collections.abc import Callable, Iterable
 from queue_server.replication.datadir import DataDir
 from queue_server.replication.log import ChangeLog, Entry
 from queue_server.replication.messages import Recovered
-from queue_server.replication.snapshot import Frame, clean, latest_manifest, read_parts, snapshot_trans_ids, write_snapshot
+from queue_server.replication.snapshot import clean, latest_manifest, read_parts, snapshot_trans_ids, write_snapshot
 from queue_server.replication.wal import Opener, StorageError, SyncPolicy, WalWriter, read_wal
 from queue_server.protocol.records import Record, decode
+from queue_server.protocol.snapshot_frames import Frame
 
 __all__ = ["Recovered", "Storage", "StorageError"]
 

@@ -21,7 +21,7 @@ from queue_server.protocol.records import (
     Confirm, Consume, DeadLetter, DlqReplay, Expire, Pause, Produce, Purge, Record, Release, Restore,
     count,
 )
-from queue_server.protocol.snapshot_frames import QUEUE, ROWS, queue_body, read_queue, rows_bodies, rows_of
+from queue_server.protocol.snapshot_frames import QUEUE, ROWS, Frame, queue_body, read_queue, rows_bodies, rows_of
 from queue_server.workers.ordering import Ordering
 
 MAX_MSG_ID = 2**63 - 1
@@ -1068,7 +1068,7 @@ class Queue:
         q._delayed.update(delayed)
         return q
 
-    def snapshot_frames(self) -> Iterator[tuple[int, str, bytes]]:
+    def snapshot_frames(self) -> Iterator[Frame]:
         """snapshot() as v2 snapshot frames (protocol/snapshot_frames.py): one QUEUE, then ROWS
         in msg_id order, built as they are taken."""
         index = self._index
@@ -1078,7 +1078,7 @@ class Queue:
             yield ROWS, self.name, body
 
     @classmethod
-    def load_frames(cls, name: str, frames: Iterable[tuple[int, str, bytes]]) -> Queue:
+    def load_frames(cls, name: str, frames: Iterable[Frame]) -> Queue:
         """A queue with exactly the state of snapshot_frames() (ValueError when they are not)."""
         frames = iter(frames)
         kind, _, body = next(frames, (None, name, b""))

@@ -21,6 +21,7 @@ from queue_server.protocol import vocabulary as p
 from queue_server.protocol.origin import Origin
 from queue_server.workers import admin, subscriptions
 from queue_server.workers.bad_request import BadRequest, Refused
+from queue_server.protocol.snapshot_frames import Frame
 from queue_server.protocol.records import Confirm, Consume, DeleteQueue, Noop, Purge, Record, Release, Restore, count
 from queue_server.workers.queue import Message, Queue
 
@@ -791,7 +792,7 @@ class PartitionService:
         """The state of every queue, JSON-able."""
         return {name: q.snapshot() for name, q in self.queues.items()}
 
-    def snapshot_frames(self) -> Iterator[tuple[int, str, bytes]]:
+    def snapshot_frames(self) -> Iterator[Frame]:
         """The state of every queue as v2 snapshot frames (Queue.snapshot_frames), built as
         they are taken."""
         for q in self.queues.values():
@@ -801,7 +802,7 @@ class PartitionService:
         """Replace all queues with a snapshot's. Parked long polls are answered empty."""
         self._replace({name: self.queue_class.from_snapshot(s) for name, s in state.items()})
 
-    def load_frames(self, frames: Iterable[tuple[int, str, bytes]], keep: Callable[[str], bool] | None = None) -> None:
+    def load_frames(self, frames: Iterable[Frame], keep: Callable[[str], bool] | None = None) -> None:
         """Replace all queues with those of v2 snapshot frames (snapshot_frames), only those
         whose name `keep` accepts (None: all), as load_snapshot does. ValueError when the frames
         are malformed (the queues are then unchanged)."""
