@@ -110,10 +110,13 @@ class PartWriter:
         self._file.close()
 
 
-def write_snapshot(directory: str, trans_id: int, vote_id: int, frames: Iterable[Frame]) -> str:
+def write_snapshot(directory: str, trans_id: int, vote_id: int, frames: Iterable[Frame],
+                   keep_from: int | None = None) -> str:
     """Write `frames` (protocol/snapshot_frames.py) as the snapshot at (trans_id, vote_id),
-    streaming, durably; keep the newest KEEP snapshots and delete older ones. Returns the
-    manifest's path. Raises StorageError when the disk fails (nothing is left behind then)."""
+    streaming, durably; keep the newest KEEP snapshots, and any from `keep_from` on (the newest
+    one known valid, so that newer damaged ones do not push it out), and delete older ones.
+    Returns the manifest's path. Raises StorageError when the disk fails (nothing is left
+    behind then)."""
     os.makedirs(directory, exist_ok=True)
     stamp = f"{trans_id:020d}-{time.time_ns():x}"
     tmp = os.path.join(directory, _TMP_PREFIX + stamp)
@@ -139,14 +142,20 @@ def write_snapshot(directory: str, trans_id: int, vote_id: int, frames: Iterable
         if isinstance(e, OSError):
             raise StorageError(f"cannot write snapshot {path}: {e}") from e
         raise
-    _prune(directory)
+    _prune(directory, keep_from)
     return path
 
 
-def _prune(directory: str) -> None:
-    """Delete snapshots older than the newest KEEP, then the leftovers (clean)."""
-    for _, path in _snapshots(directory)[:-KEEP]:
-        _remove(path)
+def _prune(directory: str, keep_from: int | None) -> None:
+    """Delete snapshots older than the newest KEEP and than `keep_from`, then the leftovers
+    (clean)."""
+    found = _snapshots(directory)
+    floor = found[-KEEP][0] if len(found) >= KEEP else 0
+    if keep_from is not None:
+        floor = min(floor, keep_from)
+    for trans_id, path in found:
+        if trans_id < floor:
+            _remove(path)
     clean(directory)
 
 

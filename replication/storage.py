@@ -49,6 +49,7 @@ class Storage:
         self.wal: WalWriter | None = None
         self.snapshot_pid: int | None = None
         self.snapshot_at = 0  # trans_id of the newest snapshot written or being written
+        self.valid_at = 0  # trans_id of the newest snapshot known valid (recovered from, or written)
         self.failed = False
         self.last_fsync: float | None = None  # seconds the last flush with an fsync took
 
@@ -76,7 +77,7 @@ class Storage:
                              opener=self._wal_opener, fsync=self._wal_fsync)
         if self.wal.last_trans_id < found.trans_id:
             self.wal.reset(found.trans_id)  # the snapshot is newer than what the log kept
-        self.snapshot_at = found.trans_id
+        self.snapshot_at = self.valid_at = found.trans_id
         return found
 
     # ----------------------------------------------------------------- the log
@@ -139,7 +140,7 @@ class Storage:
             try:
                 self.datadir.release_in_child()
                 self._in_snapshot_child()
-                write_snapshot(self.datadir.snapshot_dir, trans_id, vote_id, frames())
+                write_snapshot(self.datadir.snapshot_dir, trans_id, vote_id, frames(), keep_from=self.valid_at)
             except BaseException:
                 status = 1
             os._exit(status)
@@ -157,9 +158,10 @@ class Storage:
         if os.waitstatus_to_exitcode(status) != 0:
             self.log.error("snapshot at trans_id %d failed; the log keeps everything", self.snapshot_at)
             return
+        self.valid_at = self.snapshot_at
         kept = snapshot_trans_ids(self.datadir.snapshot_dir)
         if kept and self.wal is not None:
-            # Keep the log after the older of the two kept snapshots, in case the newer is bad.
+            # Keep the log after the oldest kept snapshot, in case the newer ones are bad.
             removed = self.wal.remove_segments_before(kept[0])
             self.log.info("snapshot at trans_id %d written; %d old log segments removed", self.snapshot_at, removed)
 

@@ -395,11 +395,25 @@ def test_the_log_behind_the_older_snapshot_stays_so_a_damaged_newest_one_falls_b
 
     os.remove(read_manifest(os.path.join(str(tmp_path), "snapshots", snapshot_name(20))).parts[0])
     messages = Messages()
-    s = open_storage(tmp_path, log=messages.log)
+    s = open_storage(tmp_path, "always", segment_bytes=200, log=messages.log)
     found = s.recover()
     assert (found.trans_id, found.entries) == (10, entries(11, 25))
     assert loaded(found) == at_10
     assert len(messages.seen) == 1 and messages.seen[0][0] == "WARNING"
+
+    # The node goes on from there. Its next snapshot does not push the one it came back from out
+    # for the damaged one: should the new one prove damaged too, the one at 10 still serves.
+    commit(26, 30)
+    snapshot_at(30)
+    assert snapshot_trans_ids(os.path.join(str(tmp_path), "snapshots")) == [10, 20, 30]
+    commit(31, 35)
+    s.close()
+    os.remove(read_manifest(os.path.join(str(tmp_path), "snapshots", snapshot_name(30))).parts[0])
+    messages = Messages()
+    s = open_storage(tmp_path, log=messages.log)
+    found = s.recover()
+    assert (found.trans_id, found.entries) == (10, entries(11, 35))
+    assert len(messages.seen) == 2
     s.close()
 
 
