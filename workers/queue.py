@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 from sortedcontainers import SortedDict
 
@@ -21,6 +21,7 @@ from queue_server.protocol.records import (
     Confirm, Consume, DeadLetter, DlqReplay, Expire, Pause, Produce, Purge, Record, Release, Restore,
     count,
 )
+from queue_server.protocol.snapshot_frames import QUEUE, ROWS, Frame, queue_body, read_queue, rows_bodies, rows_of
 from queue_server.workers.ordering import Ordering
 
 MAX_MSG_ID = 2**63 - 1
@@ -1066,6 +1067,24 @@ class Queue:
         # Without a clock every unleased message starts as delayed; the first consume sorts it out.
         q._delayed.update(delayed)
         return q
+
+    def snapshot_frames(self) -> Iterator[Frame]:
+        """snapshot() as v2 snapshot frames (protocol/snapshot_frames.py): one QUEUE, then ROWS
+        in msg_id order, built as they are taken."""
+        index = self._index
+        dedupe = [[p, s, first, n] for (p, s), (first, n) in self._dedupe.items()]
+        yield QUEUE, self.name, queue_body(self.max_size, self.next_id, self.paused, dedupe)
+        for body in rows_bodies(_snapshot_row(index[msg_id]) for msg_id in sorted(index)):
+            yield ROWS, self.name, body
+
+    @classmethod
+    def load_frames(cls, name: str, frames: Iterable[Frame]) -> Queue:
+        """A queue with exactly the state of snapshot_frames() (ValueError when they are not)."""
+        frames = iter(frames)
+        kind, _, body = next(frames, (None, name, b""))
+        if kind != QUEUE:
+            raise ValueError(f"queue {name!r}: its frames do not start with QUEUE")
+        return cls.from_snapshot({**read_queue(body), "name": name, "messages": rows_of(frames)})
 
 
 def _copy(m: Message) -> Message:
