@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import islice
 from operator import gt, itemgetter, ne
 
@@ -23,6 +23,7 @@ from queue_server.protocol.records import (
     Confirm, Consume, DeadLetter, DlqReplay, Expire, Pause, Produce, Purge, Record, Release, Restore,
     count,
 )
+from queue_server.protocol.snapshot_frames import QUEUE, ROWS, Frame, queue_body, read_queue, rows_bodies, rows_of
 from queue_server.workers.ordering import Ordering
 from queue_server.workers.store import Message, MessageStore, message
 
@@ -1155,6 +1156,23 @@ class Queue:
         # Without a clock every unleased message starts as delayed; the first consume sorts it out.
         q._delayed.update(delayed)
         return q
+
+    def snapshot_frames(self) -> Iterator[Frame]:
+        """snapshot() as v2 snapshot frames (protocol/snapshot_frames.py): one QUEUE, then ROWS
+        in msg_id order, built as they are taken."""
+        dedupe = [[p, s, first, n] for (p, s), (first, n) in self._dedupe.items()]
+        yield QUEUE, self.name, queue_body(self.max_size, self.next_id, self.paused, dedupe)
+        for body in rows_bodies(_snapshot_row(*entry) for entry in self._index.entries()):
+            yield ROWS, self.name, body
+
+    @classmethod
+    def load_frames(cls, name: str, frames: Iterable[Frame]) -> Queue:
+        """A queue with exactly the state of snapshot_frames() (ValueError when they are not)."""
+        frames = iter(frames)
+        kind, _, body = next(frames, (None, name, b""))
+        if kind != QUEUE:
+            raise ValueError(f"queue {name!r}: its frames do not start with QUEUE")
+        return cls.from_snapshot({**read_queue(body), "name": name, "messages": rows_of(frames)})
 
 
 # A snapshot row's items after data, from ready on, with the defaults of the trailing ones.

@@ -8,7 +8,10 @@ workers/admin.py (administration), workers/subscriptions.py (push), workers/bad_
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 from typing import Any, Callable
 
 import orjson
@@ -18,6 +21,7 @@ from queue_server.protocol import vocabulary as p
 from queue_server.protocol.origin import Origin
 from queue_server.workers import admin, subscriptions
 from queue_server.workers.bad_request import BadRequest, Refused
+from queue_server.protocol.snapshot_frames import Frame
 from queue_server.protocol.records import Confirm, Consume, DeleteQueue, Noop, Purge, Record, Release, Restore, count
 from queue_server.workers.queue import Message, Queue
 from queue_server.workers.store import delivered_once
@@ -789,9 +793,32 @@ class PartitionService:
         """The state of every queue, JSON-able."""
         return {name: q.snapshot() for name, q in self.queues.items()}
 
+    def snapshot_frames(self) -> Iterator[Frame]:
+        """The state of every queue as v2 snapshot frames (Queue.snapshot_frames), built as
+        they are taken."""
+        for q in self.queues.values():
+            yield from q.snapshot_frames()
+
     def load_snapshot(self, state: dict) -> None:
         """Replace all queues with a snapshot's. Parked long polls are answered empty."""
-        self.queues = {name: self.queue_class.from_snapshot(s) for name, s in state.items()}
+        self._replace({name: self.queue_class.from_snapshot(s) for name, s in state.items()})
+
+    def load_frames(self, frames: Iterable[Frame], keep: Callable[[str], bool] | None = None) -> None:
+        """Replace all queues with those of v2 snapshot frames (snapshot_frames), only those
+        whose name `keep` accepts (None: all), as load_snapshot does. ValueError when the frames
+        are malformed (the queues are then unchanged)."""
+        queues = {}
+        seen = set()
+        for name, group in groupby(frames, key=itemgetter(1)):
+            if name in seen:
+                raise ValueError(f"queue {name!r} twice in a snapshot")
+            seen.add(name)
+            if keep is None or keep(name):
+                queues[name] = self.queue_class.load_frames(name, group)
+        self._replace(queues)
+
+    def _replace(self, queues: dict[str, Queue]) -> None:
+        self.queues = queues
         for q in self.queues.values():
             self._configure(q)
         for waiting in self.waiters.values():
