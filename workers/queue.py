@@ -210,16 +210,21 @@ class Queue:
         if count == 1:  # the common request: no batch to build
             m = self._index.get(ready.head()[2])
             s = m._state
+            delivery_count = s[_DELIVERY_COUNT] + 1
             if lease is not None:
-                record = Consume(queue=self.name, msg_ids=[m.msg_id], lease=now + lease,
-                                 token=token, delivery_counts=[s[_DELIVERY_COUNT] + 1])
+                until = now + lease
+                record = Consume(queue=self.name, msg_ids=[m.msg_id], lease=until, token=token,
+                                 delivery_counts=[delivery_count])
             elif s[_RETRY] > 0:
-                record = Consume(queue=self.name, msg_id=m.msg_id, lease=now + s[_RETRY],
-                                 delivery_count=s[_DELIVERY_COUNT] + 1, token=token)
+                until = now + s[_RETRY]
+                record = Consume(queue=self.name, msg_id=m.msg_id, lease=until,
+                                 delivery_count=delivery_count, token=token)
             else:
+                until = token = None
                 record = Consume(queue=self.name, msg_id=m.msg_id, lease=None,
-                                 delivery_count=s[_DELIVERY_COUNT] + 1)
-            m._state = self._apply_consume(record, now, [s])[0]
+                                 delivery_count=delivery_count)
+            # What _apply_consume does with this record, the state read once.
+            m._state = self._lease(m.msg_id, until, delivery_count, token, s)
             records.append(record)
             return [m], records
         # The messages as they are now (copies): each gets the state its consume leaves it with.
@@ -271,7 +276,7 @@ class Queue:
         only if the message has not been delivered again since (None when a guard fails).
         """
         s = self._index.state(msg_id)
-        if s is None or not _passes(s, token, delivery_count):
+        if s is None or not (token is None and delivery_count is None or _passes(s, token, delivery_count)):
             return None
         record = Confirm(queue=self.name, msg_id=msg_id)
         self.apply(record)
@@ -643,8 +648,6 @@ class Queue:
 
     def _apply_produce(self, record: Produce, now: float | None) -> None:
         msg_id = record.msg_id
-        if msg_id in self._index:
-            raise ValueError(f"msg_id {msg_id} already stored in queue {self.name!r}")
         limit = record.max_deliveries
         state = self._stored((
             record.ready, record.ttl, record.retry, record.priority, record.delivery_count, None,
@@ -872,6 +875,10 @@ class Queue:
             raise KeyError(f"confirm record names msg_ids not stored (or twice) in {self.name!r}")
         index.delete_many(ids)
         self._unlink_many(ids, states)
+        self._unbind_many(ids, states)
+
+    def _unbind_many(self, ids: list[int], states: list[tuple]) -> None:
+        """_unbind each of the messages (msg_ids and states) that is leased under a token."""
         tokens = list(map(_get_token, states))
         if tokens.count(None) != len(tokens):
             for i, token in zip(ids, tokens):
@@ -938,7 +945,8 @@ class Queue:
                                         None, extra), now)
 
     def _insert(self, msg_id: int, data: str, state: tuple, now: float | None) -> None:
-        """Store an unleased message in its ordering; msg_ids continue after it."""
+        """Store an unleased message in its ordering; msg_ids continue after it. ValueError
+        (nothing changed) if msg_id is stored already."""
         self._index.add(msg_id, data, state)
         ready = state[_READY]
         if now is not None and ready <= now:
@@ -953,8 +961,7 @@ class Queue:
         if ids is None:
             self._release(record.msg_id, record.ready, record.delivery_count, now)
         else:
-            for msg_id in ids:
-                self._release(msg_id, record.ready, None, now)
+            self._release_many(ids, record.ready, now)
 
     def _release(self, msg_id: int, ready: float, delivery_count: int | None, now: float | None) -> None:
         s = self._index.state(msg_id)
@@ -973,14 +980,40 @@ class Queue:
         else:
             self._delayed.add(0, ready, msg_id)
 
+    def _release_many(self, ids: list[int], ready: float, now: float | None) -> None:
+        """_release of each of `ids` (distinct, leased), delivery counts unchanged."""
+        index = self._index
+        states = index.states(ids)
+        if None in states:
+            raise KeyError(f"release record names msg_ids not stored in {self.name!r}")
+        if None in map(_get_lease, states) or len(set(ids)) != len(ids):
+            raise ValueError(f"release record names msg_ids not leased (or twice) in {self.name!r}")
+        self._unlink_many(ids, states)
+        self._unbind_many(ids, states)
+        new = []
+        append = new.append
+        last = _NOTHING
+        for s in states:  # messages that shared a state share the new one
+            if s is not last:
+                last = s
+                released = (ready, s[1], s[2], s[3], s[4], None, None, s[7])
+            append(released)
+        index.set_states(ids, new)
+        if now is not None and ready <= now:
+            self._ready.update([(-s[_PRIORITY], ready, i) for i, s in zip(ids, states)])
+        else:
+            self._delayed.update([(0, ready, i) for i in ids])
+
     def _unlink_many(self, ids: list[int], states: list[tuple]) -> None:
         """Take messages (their msg_ids and states) out of whichever orderings hold them."""
         leases = list(map(_get_lease, states))
         n_unleased = leases.count(None)
-        if n_unleased == len(ids):  # a consume: most often the first ready messages
+        if n_unleased == len(ids):  # a consume: most often the first ready (or, on a replica,
+            readies = list(map(_get_ready, states))  # delayed) messages
             priorities = set(map(_get_priority, states))
-            if len(priorities) == 1 and self._ready.take_first(
-                    -priorities.pop(), list(map(_get_ready, states)), ids):
+            if len(priorities) == 1 and self._ready.take_first(-priorities.pop(), readies, ids):
+                return
+            if self._delayed.take_first(0, readies, ids):
                 return
         elif not n_unleased and len(set(leases)) == 1:  # a batch leased together
             self._lease_remove_many(leases[0], ids)

@@ -222,7 +222,13 @@ class MessageStore:
         if c is not None:
             p = msg_id & MASK
             s = c.states[p]
-            return None if s is None else message(msg_id, c.data[p], s)
+            if s is None:
+                return None
+            m = _new_message(Message)
+            m.msg_id = msg_id
+            m.data = c.data[p]
+            m._state = s
+            return m
         entry = self.side.get(msg_id)
         return None if entry is None else message(msg_id, *entry)
 
