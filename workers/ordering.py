@@ -266,6 +266,8 @@ class Ordering:
         order (what a consume delivers): True. False, and nothing changed, if they are not."""
         n = len(ids)
         groups = self._groups
+        if n and self._n_late >= n and self._late[0][0] == group:
+            return self._take_first_late(group, readies, ids)
         if not n or not groups or groups[0] != group:
             return False
         lane = self._lanes[group]
@@ -280,6 +282,23 @@ class Ordering:
         lane.drop_front(hi)
         if not lane.ids:
             self._drop_lane(group)
+        return True
+
+    def _take_first_late(self, group: int, readies: list[float], ids: list[int]) -> bool:
+        """take_first of keys that came out of order (a batch released together, consumed
+        again)."""
+        n = len(ids)
+        late = self._late
+        keys = [(group, r, i) for r, i in zip(readies, ids)]
+        if list(late.islice(0, n)) != keys:
+            return False
+        if self._groups:
+            g = self._groups[0]
+            lane = self._lanes[g]
+            if (g, lane.readies[lane.start], lane.ids[lane.start]) < keys[-1]:
+                return False
+        del late[:n]
+        self._n_late -= n
         return True
 
     def remove(self, group: int, ready: float, msg_id: int) -> None:

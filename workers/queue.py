@@ -25,7 +25,7 @@ from queue_server.protocol.records import (
 )
 from queue_server.protocol.snapshot_frames import QUEUE, ROWS, Frame, queue_body, read_queue, rows_bodies, rows_of
 from queue_server.workers.ordering import Ordering
-from queue_server.workers.store import Message, MessageStore, message
+from queue_server.workers.store import BITS as _BITS, MASK as _MASK, Message, MessageStore, message
 
 MAX_MSG_ID = 2**63 - 1
 # How many idempotent produces (producer, sequence) a queue remembers, oldest forgotten first.
@@ -46,6 +46,7 @@ _get_lease = itemgetter(_LEASE)
 _get_token = itemgetter(_TOKEN)
 _get_delivery_count = itemgetter(_DELIVERY_COUNT)
 _NOTHING = object()
+_new_message = object.__new__
 
 # Why a message became a dead letter (a dead_letter record's "reason").
 DEAD_MAX_DELIVERIES = "max_deliveries"
@@ -199,7 +200,8 @@ class Queue:
         that ended by `now` (release / expire, as in expire_due), then one consume per message.
         """
         records: list[Record] = []
-        self._settle(now, records)
+        if self._delayed or self._leased:
+            self._settle(now, records)
         if self.paused:
             return [], records
         if token is not None and token in self._tokens:
@@ -208,7 +210,15 @@ class Queue:
         if not ready or count <= 0:
             return [], records
         if count == 1:  # the common request: no batch to build
-            m = self._index.get(ready.head()[2])
+            i = ready.head()[2]
+            c = self._index.chunks.get(i >> _BITS)  # MessageStore.get inlined: the hottest read
+            if c is None:
+                m = self._index.get(i)
+            else:
+                m = _new_message(Message)
+                m.msg_id = i
+                m.data = c.data[i & _MASK]
+                m._state = c.states[i & _MASK]
             s = m._state
             delivery_count = s[_DELIVERY_COUNT] + 1
             if lease is not None:

@@ -361,14 +361,16 @@ class MessageStore:
             self.n -= 1
             return entry
         p = msg_id & MASK
-        s = c.states[p]
+        states = c.states
+        s = states[p]
         if s is None:
             raise KeyError(msg_id)
-        data = c.data[p]
-        c.data[p] = c.states[p] = None
+        datas = c.data
+        data = datas[p]
+        datas[p] = states[p] = None
         self.n -= 1
-        c.live -= 1
-        if c.live < SPARSE and n != self.top:
+        live = c.live = c.live - 1
+        if live < SPARSE and n != self.top:
             self.thin(n)
         return data, s
 

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from queue_server.protocol.records import decode, encode
+from queue_server.workers import queue as queue_module
 from queue_server.workers import store as store_module
 from queue_server.workers.queue import Queue, StateQueue
 from queue_server.workers.store import MessageStore, message
@@ -34,8 +35,9 @@ ops = st.lists(st.tuples(
 
 @contextmanager
 def tiny_chunks():
-    """Chunks of 8 msg_ids, sparse under 3 live."""
-    with mock.patch.multiple(store_module, BITS=3, CHUNK=8, MASK=7, SPARSE=3):
+    """Chunks of 8 msg_ids, sparse under 3 live (and so in Queue's one inlined read)."""
+    with mock.patch.multiple(store_module, BITS=3, CHUNK=8, MASK=7, SPARSE=3), \
+            mock.patch.multiple(queue_module, _BITS=3, _MASK=7):
         yield
 
 
