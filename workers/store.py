@@ -109,14 +109,24 @@ def delivered_once(m: Message, delivery_count: int) -> Message:
 
 class Chunk:
     """The messages of msg_ids n*CHUNK .. n*CHUNK + CHUNK - 1: payload and state at position
-    msg_id & MASK (None where no message is stored), and how many are stored."""
+    msg_id & MASK (None where no message is stored), and how many are stored. The two lists
+    grow to a position when a message is stored there (a small queue keeps small lists); past
+    their end nothing is stored."""
 
     __slots__ = ("data", "states", "live")
 
     def __init__(self) -> None:
-        self.data: list[str | None] = [None] * CHUNK
-        self.states: list[tuple | None] = [None] * CHUNK
+        self.data: list[str | None] = []
+        self.states: list[tuple | None] = []
         self.live = 0
+
+    def reach(self, end: int) -> None:
+        """Make positions up to end - 1 exist (doubling, at most CHUNK; exact-size lists)."""
+        have = len(self.states)
+        if end > have:
+            more = [None] * (min(CHUNK, max(end, 2 * have, 16)) - have)
+            self.data = self.data + more
+            self.states = self.states + more
 
 
 class MessageStore:
@@ -147,7 +157,10 @@ class MessageStore:
         """The state tuple of a stored message, or None."""
         c = self.chunks.get(msg_id >> BITS)
         if c is not None:
-            return c.states[msg_id & MASK]
+            try:
+                return c.states[msg_id & MASK]
+            except IndexError:
+                return None
         entry = self.side.get(msg_id)
         return None if entry is None else entry[1]
 
@@ -167,6 +180,8 @@ class MessageStore:
                 return None
             p = i & MASK
             k = min(CHUNK - p, last - i + 1)
+            if p + k > len(c.states):
+                return None
             out.append((c, p, k))
             i += k
         return out
@@ -196,9 +211,11 @@ class MessageStore:
             if n != last:
                 c = chunks.get(n)
                 last = n
-            if c is not None:
-                p = i & MASK
+            p = i & MASK
+            if c is not None and p < len(c.states):
                 d, s = c.data[p], c.states[p]
+            elif c is not None:
+                d = s = None
             else:
                 d, s = side.get(i, (None, None))
             if with_data:
@@ -211,7 +228,8 @@ class MessageStore:
         c = self.chunks.get(msg_id >> BITS)
         if c is None:
             return self.side[msg_id][0]
-        data = c.data[msg_id & MASK]
+        p = msg_id & MASK
+        data = c.data[p] if p < len(c.data) else None
         if data is None:
             raise KeyError(msg_id)
         return data
@@ -221,7 +239,7 @@ class MessageStore:
         c = self.chunks.get(msg_id >> BITS)
         if c is not None:
             p = msg_id & MASK
-            s = c.states[p]
+            s = c.states[p] if p < len(c.states) else None
             if s is None:
                 return None
             m = _new_message(Message)
@@ -265,9 +283,8 @@ class MessageStore:
         chunks = self.chunks
         for n in sorted(chunks):
             base = n << BITS
-            states = chunks[n].states
-            for p in range(CHUNK):
-                if states[p] is not None:
+            for p, s in enumerate(chunks[n].states):
+                if s is not None:
                     yield base + p
 
     keys = __iter__
@@ -301,14 +318,16 @@ class MessageStore:
         if c is None:
             if n <= self.top:  # its chunk was freed (or never made): keep it aside
                 if msg_id in self.side:
-                    raise ValueError(f"msg_id {msg_id} is already stored")
+                    raise ValueError(f"msg_id {msg_id} is stored already")
                 self.side[msg_id] = (data, state)
                 self.n += 1
                 return
             c = self._new_chunk(n)
         p = msg_id & MASK
-        if c.states[p] is not None:
-            raise ValueError(f"msg_id {msg_id} is already stored")
+        if p >= len(c.states):
+            c.reach(p + 1)
+        elif c.states[p] is not None:
+            raise ValueError(f"msg_id {msg_id} is stored already")
         c.data[p] = data
         c.states[p] = state
         c.live += 1
@@ -328,6 +347,7 @@ class MessageStore:
                 c = self._new_chunk(n)
             p = msg_id & MASK
             k = min(CHUNK - p, total - i)
+            c.reach(p + k)
             c.data[p:p + k] = datas[i:i + k]
             c.states[p:p + k] = states[i:i + k]
             c.live += k
@@ -362,7 +382,7 @@ class MessageStore:
             return entry
         p = msg_id & MASK
         states = c.states
-        s = states[p]
+        s = states[p] if p < len(states) else None
         if s is None:
             raise KeyError(msg_id)
         datas = c.data
@@ -429,7 +449,7 @@ class MessageStore:
                     touched.append(n)
             if c is not None:
                 p = i & MASK
-                if c.states[p] is None:
+                if p >= len(c.states) or c.states[p] is None:
                     raise KeyError(i)
                 c.data[p] = c.states[p] = None
                 c.live -= 1

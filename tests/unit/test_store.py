@@ -139,6 +139,20 @@ def test_a_sparse_chunk_gives_its_few_live_messages_to_the_side_dict():
     assert store.side[5] == ("back", STATE) and store.pop(5) == ("back", STATE)
 
 
+def test_a_small_queue_keeps_small_lists():
+    store = MessageStore()
+    store.add_run(1, ["a", "b", "c"], [STATE] * 3)
+    (c,) = store.chunks.values()
+    assert len(c.states) == len(c.data) == 16  # not CHUNK
+    store.add(40, "d", STATE)  # a position past the end: the lists grow to it
+    assert len(c.states) == 41 and store.state(40) == STATE and store.state(39) is None
+    assert store.states([2, 3, 4, 100, 200]) == [STATE, STATE, None, None, None]
+    assert store.state(200) is None and 200 not in store and store.get(200) is None
+    with pytest.raises(KeyError):
+        store.pop(200)
+    assert list(store) == [1, 2, 3, 40]
+
+
 def test_a_queue_emptied_as_fast_as_it_is_filled_keeps_one_chunk():
     q = Queue("q", 10)
     for _ in range(3 * store_module.CHUNK):
