@@ -286,7 +286,9 @@ class Queue:
         only if the message has not been delivered again since (None when a guard fails).
         """
         s = self._index.state(msg_id)
-        if s is None or not (token is None and delivery_count is None or _passes(s, token, delivery_count)):
+        if s is None:
+            return None
+        if (token is not None or delivery_count is not None) and not _passes(s, token, delivery_count):
             return None
         record = Confirm(queue=self.name, msg_id=msg_id)
         self.apply(record)
