@@ -93,6 +93,11 @@ def timings(module: ModuleType, size: int, rounds: int, out: dict[str, list[floa
             q.confirm(msgs[0].msg_id)
         timed("consume(1) leased + confirm", consume_confirm, 20_000)
 
+        def consume_confirm_one() -> None:  # as the worker confirms: confirm_many of one
+            msgs, _ = q.consume(T0, 1)
+            q.confirm_many([(msgs[0].msg_id, None, msgs[0].delivery_count)])
+        timed("consume(1) leased + confirm_many(1)", consume_confirm_one, 10_000)
+
         def consume_confirm_many() -> None:
             msgs, _ = q.consume(T0, 100, lease=30.0)
             q.confirm_many([(m.msg_id, None, None) for m in msgs])

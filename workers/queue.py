@@ -330,6 +330,8 @@ class Queue:
         """Confirm (msg_id, token guard, delivery_count guard) targets as in confirm(); one
         record for all that pass (single form when one does), or None if none does."""
         targets = list(targets)
+        if len(targets) == 1:  # what a client's confirm of one message asks for
+            return self.confirm(*targets[0])
         states = self._index.states([t[0] for t in targets])
         ids = [t[0] for t, s in zip(targets, states)
                if s is not None and ((t[1] is None and t[2] is None) or _passes(s, t[1], t[2]))]
@@ -347,6 +349,10 @@ class Queue:
         self, targets: Iterable[tuple[int, str | None, int | None]], now: float
     ) -> Release | None:
         """Release targets as in release(); one record for all leases given back, or None."""
+        targets = list(targets)
+        if len(targets) == 1:  # what a client's release of one message asks for
+            msg_id, token, delivery_count = targets[0]
+            return self.release(msg_id, now, token, delivery_count)
         state = self._index.state
         ids = []
         for msg_id, token, delivery_count in targets:
@@ -364,6 +370,11 @@ class Queue:
         self, targets: Iterable[tuple[int, str | None, int | None]], lease_until: float
     ) -> list[Consume]:
         """Extend targets as in extend(); one record per token among the leases moved."""
+        targets = list(targets)
+        if len(targets) == 1:  # what a client's extend of one message asks for
+            msg_id, token, delivery_count = targets[0]
+            record = self.extend(msg_id, lease_until, token, delivery_count)
+            return [record] if record is not None else []
         state = self._index.state
         by_token: dict[str | None, dict[int, None]] = {}
         for msg_id, token, delivery_count in targets:
