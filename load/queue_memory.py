@@ -1,6 +1,7 @@
 """Bytes per message and hot-path speed of the pure Queue, in-process (no server): what a worker
 (Queue) and the coordinator's replica (StateQueue) hold per stored message, by tracemalloc, and
-timeit of produce_many(1000), consume and confirm. A benchmark, not a test.
+the time of the hot paths (produce, consume, confirm, release, a replica's apply). A benchmark, not
+a test.
 
     python load/queue_memory.py                               # 200k and 1M messages of 100 B
     git show main:workers/queue.py > /tmp/queue_before.py
@@ -65,16 +66,17 @@ def bytes_per_message(cls, n: int, size: int) -> float:
 
 
 def timings(module: ModuleType, size: int, rounds: int, out: dict[str, list[float]]) -> None:
-    """Microseconds per call of the hot paths, one list entry per round, into `out`."""
+    """Microseconds per call of the hot paths, one list entry per round, into `out`: CPU time of
+    this process, so that other load on a shared machine counts less than in wall time."""
     Queue = module.Queue
     items = [(payload(i, size), T0, T0 + 3600, 0.0, 0) for i in range(BATCH)]
     leased_items = [(d, r, t, 30.0, p) for d, r, t, _, p in items]
 
     def timed(name: str, fn, calls: int) -> None:
-        start = time.perf_counter()
+        start = time.process_time()
         for _ in range(calls):
             fn()
-        out.setdefault(name, []).append((time.perf_counter() - start) / calls * 1e6)
+        out.setdefault(name, []).append((time.process_time() - start) / calls * 1e6)
 
     for _ in range(rounds):
         q = Queue("q", 10**9)
@@ -85,7 +87,7 @@ def timings(module: ModuleType, size: int, rounds: int, out: dict[str, list[floa
         timed("produce_many(1000)", lambda: q.produce_many(items, T0), 100)
         timed("consume(100) at most once", lambda: q.consume(T0, 100), 500)
         q = Queue("q", 10**9)
-        for _ in range(60):
+        for _ in range(90):
             q.produce_many(leased_items, T0)
 
         def consume_confirm() -> None:
