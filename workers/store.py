@@ -6,7 +6,9 @@ A queue holds millions of messages (docs/plans/one-copy.md §2). A dict of messa
 entry (~52). The store keeps each queue's messages in chunks of CHUNK consecutive msg_ids: per
 chunk a list of payloads (the `str` each produce brought, kept as it is) and a list of state
 tuples, 16 B a message. Messages stored together with the same settings share one state tuple
-(Queue._stored), so the common case costs no tuple per message either.
+(Queue._stored), so the common case costs no tuple per message either. A batch of
+consecutive msg_ids (what one consume delivers, most often) is read, set or deleted a chunk
+slice at a time.
 
 The newest chunk (the one new msg_ids go to) is kept even when empty, so a queue that is
 emptied as fast as it is filled does not make a chunk per message. Any other chunk with fewer
@@ -21,7 +23,7 @@ Pure logic: no I/O.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 
 BITS = 8
 CHUNK = 1 << BITS  # msg_ids per chunk
@@ -133,8 +135,8 @@ class MessageStore:
     """msg_id -> (payload, state tuple) of one queue's stored messages; reads as a mapping of
     msg_id -> Message (built on read), iterated in msg_id order.
 
-    `chunks` and `side` are read directly by Queue's hot paths (state_of in this module says
-    how); every change goes through the methods."""
+    Queue.consume reads `chunks` directly for one message (a call saved on the hottest read);
+    every change goes through the methods."""
 
     __slots__ = ("chunks", "side", "top", "n")
 
