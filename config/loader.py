@@ -3,7 +3,11 @@
 Pure: text in, validated :class:`NodeConfig` out (``load_config`` is the one function that
 reads a file). Every key of the original is kept with its meaning; ours are added after them.
 Each key is one row of ``_KEYS`` (name, default, validator, doc): a new key is one row there
-plus one field of :class:`NodeConfig`.
+plus one field of :class:`NodeConfig` and one line of ``DEFAULT_CONFIG_TEXT``.
+
+One file, over 600 lines, because those three must change together for every key, and the
+validators and cross-checks are the keys' own types and rules: split apart, a new key would be
+four edits in four files that no test ties together.
 
 log_level follows the original's levels: 0 off, 1 error, 2 warning, 3 info, 4 debug,
 5 trace (see ``LOG_LEVELS`` for the matching :mod:`logging` levels).
@@ -14,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+from queue_server.protocol.placement import GroupRule, Placement, RoutingKeys
 from queue_server.protocol.vocabulary import MAX_QUEUE_NAME_BYTES, queue_name_error
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
@@ -204,8 +209,6 @@ def _cluster_nodes(value: Any) -> tuple[ClusterNode, ...]:
         ids.add(node.node_id)
         addresses.add((node.host, node.port))
         nodes.append(node)
-    if len(nodes) % 2 == 0 and nodes:
-        raise _Invalid(f"a cluster needs an odd number of nodes (1, 3, 5...), got {len(nodes)}")
     return tuple(nodes)
 
 
@@ -243,6 +246,27 @@ def _virtual_queues(value: Any) -> tuple[VirtualQueue, ...]:
             raise _Invalid(f"virtual queue {q.name!r} is also a member of virtual queue "
                            f"{members_all[q.name]!r}")
     return tuple(queues)
+
+
+def _group_rules(value: Any) -> tuple[GroupRule, ...]:
+    if not isinstance(value, list):
+        raise _expected('a list of {"pattern", "group", "nodes"} objects', value)
+    rules: list[GroupRule] = []
+    for n, entry in enumerate(value, 1):
+        where = f"entry {n}"
+        _fields(entry, where, ("group",), ("pattern", "nodes"))
+        if "pattern" not in entry and "nodes" not in entry:
+            raise _Invalid(f"{where}: give a 'pattern' (the queues of the group), 'nodes' (its replicas) or both")
+        pattern = _field(_string(True), entry, "pattern", where) if "pattern" in entry else None
+        nodes = entry.get("nodes", [])
+        if not isinstance(nodes, list) or not all(_is_int(x) and x >= 1 for x in nodes):
+            raise _Invalid(f"{where}: field 'nodes': expected a list of node ids, got {_show(nodes)}")
+        if len(set(nodes)) != len(nodes):
+            raise _Invalid(f"{where}: field 'nodes': a node is named twice")
+        if "nodes" in entry and len(nodes) % 2 == 0:
+            raise _Invalid(f"{where}: field 'nodes': a group needs an odd number of replicas, got {len(nodes)}")
+        rules.append(GroupRule(_field(_int(0), entry, "group", where), pattern, tuple(nodes)))
+    return tuple(rules)
 
 
 # -- the keys --------------------------------------------------------------------------------
@@ -300,6 +324,9 @@ _KEYS: tuple[_Key, ...] = (
     _Key("tls_cert_file", "", _string(False), "PEM certificate (chain) of the client TCP port: with tls_key_file, clients must speak TLS; '' = plain TCP"),
     _Key("tls_key_file", "", _string(False), "PEM private key of tls_cert_file"),
     _Key("tls_ca_file", "", _string(False), "PEM CA certificates: clients must present a certificate they signed; '' = no client certificates"),
+    _Key("queue_groups", 1, _int(1, 1024), "queue groups, each with its own leader and replica set (docs/plans/queue-groups.md; only 1 is built yet)"),
+    _Key("group_replicas", 0, _int(0, 255), "nodes that replicate each queue group (odd); 0 = every node"),
+    _Key("queue_group_list", [], _group_rules, 'placement rules: [{"pattern": "orders.*", "group": 2, "nodes": [1, 4, 5]}], first match wins'),
     _Key("udp_amplification_limit", 3, _int(0, 1000), "on a non-loopback UDP address: a reply to an unauthenticated datagram is at most this many times its size; 0 = off"),
 )
 
@@ -351,6 +378,9 @@ class NodeConfig:
     tls_cert_file: str
     tls_key_file: str
     tls_ca_file: str
+    queue_groups: int
+    group_replicas: int
+    queue_group_list: tuple[GroupRule, ...]
     udp_amplification_limit: int
 
     @property
@@ -368,6 +398,12 @@ class NodeConfig:
         """The other cluster members."""
         return tuple(n for n in self.cluster_node_list if n.node_id != self.node_id)
 
+    def placement(self) -> Placement:
+        """The cluster's queue groups: which group each queue is in, and their replica sets."""
+        return Placement([n.node_id for n in self.cluster_node_list] or [self.node_id], self.queue_groups,
+                         self.group_replicas, self.queue_group_list,
+                         RoutingKeys([(v.name, v.queue_list) for v in self.virtual_queue_list], self.dead_letter_suffix))
+
     @property
     def python_log_level(self) -> int:
         """log_level as a :mod:`logging` level."""
@@ -384,6 +420,10 @@ class NodeConfig:
         ]
         out["virtual_queue_list"] = [
             {"name": q.name, "queue_list": list(q.queue_list)} for q in self.virtual_queue_list
+        ]
+        out["queue_group_list"] = [
+            {"group": r.group, **({"pattern": r.pattern} if r.pattern is not None else {}),
+             **({"nodes": list(r.nodes)} if r.nodes else {})} for r in self.queue_group_list
         ]
         return out
 
@@ -445,6 +485,36 @@ def _cross_check(c: NodeConfig) -> None:
     if c.heartbeat_ms >= c.election_timeout_ms:
         raise ConfigError("heartbeat_ms", f"must be below election_timeout_ms "
                           f"({c.heartbeat_ms} >= {c.election_timeout_ms})")
+    _check_groups(c)
+
+
+def _check_groups(c: NodeConfig) -> None:
+    """The queue groups' rules: odd replica sets of known nodes, no virtual queue split."""
+    nodes = len(c.cluster_node_list)
+    if nodes % 2 == 0 and nodes and not c.group_replicas:
+        raise ConfigError("cluster_node_list", f"a cluster needs an odd number of nodes (1, 3, 5...), got {nodes}")
+    if c.group_replicas and (c.group_replicas % 2 == 0 or c.group_replicas > max(nodes, 1)):
+        raise ConfigError("group_replicas", f"must be odd and at most the {max(nodes, 1)} node(s) of "
+                          f"cluster_node_list, got {c.group_replicas}")
+    ids = {n.node_id for n in c.cluster_node_list} or {c.node_id}
+    named: dict[int, tuple[int, ...]] = {}
+    for n, rule in enumerate(c.queue_group_list, 1):
+        if rule.group >= c.queue_groups:
+            raise ConfigError("queue_group_list", f"entry {n}: group {rule.group} is not below queue_groups ({c.queue_groups})")
+        unknown = [x for x in rule.nodes if x not in ids]
+        if unknown:
+            raise ConfigError("queue_group_list", f"entry {n}: node {unknown[0]} is not in cluster_node_list")
+        if rule.nodes and named.setdefault(rule.group, rule.nodes) != rule.nodes:
+            raise ConfigError("queue_group_list", f"entry {n}: group {rule.group} is given two different replica sets")
+    split = c.placement().split_virtual_queue()
+    if split is not None:
+        names, (a, b) = split
+        raise ConfigError("queue_group_list", f"the virtual queue of {', '.join(names)} would span groups {a} and {b}: "
+                          "place all of its queues in one group")
+    if c.queue_groups > 1 or c.group_replicas not in (0, max(nodes, 1)) or c.queue_group_list:
+        key = "queue_groups" if c.queue_groups > 1 else "group_replicas" if c.group_replicas else "queue_group_list"
+        raise ConfigError(key, "more than one queue group, or a group on fewer than every node, is not built yet "
+                          "(issue 28, docs/plans/queue-groups.md): leave it at its default")
 
 
 # -- text ------------------------------------------------------------------------------------
@@ -570,6 +640,9 @@ DEFAULT_CONFIG_TEXT = """\
     "tls_cert_file" : "",           // with tls_key_file: the client TCP port speaks TLS; "" = plain
     "tls_key_file" : "",
     "tls_ca_file" : "",             // CA of the client certificates required; "" = none required
+    "queue_groups" : 1,             // queue groups, each with its own leader (only 1 is built yet: issue 28)
+    "group_replicas" : 0,           // nodes that replicate each group (odd); 0 = every node
+    "queue_group_list" : [],        // [{"pattern": "orders.*", "group": 2, "nodes": [1, 4, 5]}], first match wins
     "udp_amplification_limit" : 3   // non-loopback UDP: a reply is at most 3x an unauthenticated request; 0 = off
 }
 """

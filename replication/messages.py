@@ -9,10 +9,12 @@ its own vote_id after the election has seen the message.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import ClassVar
 
 from queue_server.election.messages import PeerMessage, Send
+from queue_server.protocol.snapshot_frames import Frame
 from queue_server.replication.log import Entry
 
 __all__ = [
@@ -152,6 +154,10 @@ class Recovered:
 
     trans_id: int = 0  # the snapshot's point (0: none)
     vote_id: int = 0
-    state: dict = field(default_factory=dict)  # queue name -> queue snapshot
+    state: dict = field(default_factory=dict)  # queue name -> queue snapshot (a v1 snapshot, or a test's)
     entries: list[Entry] = field(default_factory=list)  # the log after the snapshot
     vote: tuple[int, int | None] = (0, None)
+    manifest: dict | None = None  # the v2 snapshot's manifest (replication/snapshot.py)
+    # The v2 snapshot's queue frames (kind, queue name, body), read from its checked parts as
+    # they are consumed: once (PartitionService.load_frames).
+    frames: Iterable[Frame] | None = None

@@ -1,16 +1,25 @@
 """Snapshots of the queue state on disk, each consistent with one trans_id.
 
-A snapshot is ``snapshot-<trans_id:020d>.snap``:
+Format 2 (written). A snapshot is a manifest ``snapshot-<trans_id:020d>.snap``, JSON
+``{"format": 2, "trans_id", "vote_id", "parts": [{"file", "bytes", "queues", "messages"}]}``,
+naming part files in a directory ``parts-<trans_id:020d>-<stamp>/`` beside it. A part is
 
-    magic 8 bytes | trans_id u64 | vote_id u64 | body length u64 | orjson body | crc32 u32
+    magic ``QSPART\\0\\2`` | trans_id u64 | frames
 
-little-endian; the crc (zlib's crc32) covers the header and the body. It is written under a
-temporary name, fsync'd, renamed and the directory fsync'd, so a snapshot file either is whole or
-does not exist under its final name; a leftover temporary file is ignored and later deleted.
+and a frame ``u32 length | u32 crc32 | u8 kind | u16 name length | name | body``, little-endian;
+length and crc (zlib's crc32) cover kind to body. The kinds and their bodies are
+protocol/snapshot_frames.py's; a part ends with an END frame, JSON {"queues", "messages",
+"bytes"} (bytes: the part's size before END). Parts are written into ``tmp-<...>/``, fsync'd,
+the directory is renamed and fsync'd, and only then is the manifest written (replace_file): that
+publishes the snapshot. A leftover tmp directory or file, or a parts directory that no manifest
+names, is deleted (clean: at start and after each snapshot).
 
-The body is whatever dict the caller gives. For large queues prefer columns (one list per field)
-over one dict per message: orjson writes and reads lists of numbers and strings much faster, and
-the reader builds far fewer Python objects.
+A snapshot is valid when its manifest reads and every part is whole: a torn frame, a bad crc,
+a missing END or part, or counts that differ from the manifest's make it invalid, and the
+reader takes the older one (latest_manifest).
+
+Format 1 (read only, read_v1): one file ``snapshot-<trans_id:020d>.snap``:
+magic 8 bytes | trans_id u64 | vote_id u64 | body length u64 | orjson body | crc32 u32.
 """
 
 from __future__ import annotations
@@ -18,25 +27,35 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shutil
 import struct
+import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
 
 import orjson
 
-from queue_server.replication.disk import TMP_SUFFIX, StorageError, numbered_files, read_file, replace_file
+from queue_server.protocol.snapshot_frames import END, QUEUE, ROWS, Frame, rows_count
+from queue_server.replication.disk import TMP_SUFFIX, StorageError, fsync_dir, numbered_files, read_file, replace_file
 
 _log = logging.getLogger(__name__)
 
 _MAGIC = b"QSNAP\x00\x00\x01"
-_HEADER = struct.Struct("<8sQQQ")  # magic, trans_id, vote_id, body length
+_HEADER = struct.Struct("<8sQQQ")  # v1: magic, trans_id, vote_id, body length
 _TRAILER = struct.Struct("<I")
+PART_MAGIC = b"QSPART\x00\x02"
+_PART_HEADER = struct.Struct("<8sQ")  # magic, trans_id
+_FRAME = struct.Struct("<II")  # length, crc32 of what follows
+_KIND = struct.Struct("<BH")  # kind, name length
 _NAME_RE = re.compile(r"snapshot-(\d{20})\.snap")
+_PARTS_PREFIX, _TMP_PREFIX = "parts-", "tmp-"
+_BUFFER = 1 << 20
 KEEP = 2
 
 
 def snapshot_name(trans_id: int) -> str:
-    """File name of the snapshot at trans_id."""
+    """File name of the snapshot (its manifest) at trans_id."""
     return f"snapshot-{trans_id:020d}.snap"
 
 
@@ -49,45 +68,268 @@ def snapshot_trans_ids(directory: str) -> list[int]:
     return [trans_id for trans_id, _ in _snapshots(directory)]
 
 
-def write_snapshot(directory: str, trans_id: int, vote_id: int, state: dict) -> str:
-    """Write `state` as the snapshot at (trans_id, vote_id), durably; keep the newest KEEP
-    snapshots and delete older ones. Returns the path. Raises StorageError when the disk fails
-    (nothing is left behind then)."""
+# --------------------------------------------------------------------- writing
+
+
+class PartWriter:
+    """Writes one part file as frames come: the header, the frames, then END at finish()."""
+
+    def __init__(self, path: str, trans_id: int) -> None:
+        self.path = path
+        self._file = open(path, "wb", buffering=_BUFFER)
+        self._file.write(_PART_HEADER.pack(PART_MAGIC, trans_id))
+        self.size = _PART_HEADER.size
+        self.queues = self.messages = 0
+
+    def write(self, kind: int, name: str, body: bytes) -> None:
+        """Append one frame."""
+        encoded = name.encode()
+        head = _KIND.pack(kind, len(encoded))
+        length = len(head) + len(encoded) + len(body)
+        crc = zlib.crc32(body, zlib.crc32(encoded, zlib.crc32(head)))
+        self._file.write(_FRAME.pack(length, crc))
+        self._file.write(head + encoded)
+        self._file.write(body)
+        self.size += _FRAME.size + length
+        if kind == QUEUE:
+            self.queues += 1
+        elif kind == ROWS:
+            self.messages += rows_count(body)
+
+    def finish(self) -> dict:
+        """Write END, fsync and close; the part's manifest entry (file: the base name)."""
+        counts = {"queues": self.queues, "messages": self.messages}
+        self.write(END, "", orjson.dumps({**counts, "bytes": self.size}))
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        return {"file": os.path.basename(self.path), "bytes": self.size, **counts}
+
+    def close(self) -> None:
+        """Close without finishing (after a failure)."""
+        self._file.close()
+
+
+def write_snapshot(directory: str, trans_id: int, vote_id: int, frames: Iterable[Frame],
+                   keep_from: int | None = None) -> str:
+    """Write `frames` (protocol/snapshot_frames.py) as the snapshot at (trans_id, vote_id),
+    streaming, durably; keep the newest KEEP snapshots, and any from `keep_from` on (the newest
+    one known valid, so that newer damaged ones do not push it out), and delete older ones.
+    Returns the manifest's path. Raises StorageError when the disk fails (nothing is left
+    behind then)."""
     os.makedirs(directory, exist_ok=True)
-    body = orjson.dumps(state)
-    header = _HEADER.pack(_MAGIC, trans_id, vote_id, len(body))
-    crc = zlib.crc32(body, zlib.crc32(header))
+    stamp = f"{trans_id:020d}-{time.time_ns():x}"
+    tmp = os.path.join(directory, _TMP_PREFIX + stamp)
+    parts = os.path.join(directory, _PARTS_PREFIX + stamp)
     path = os.path.join(directory, snapshot_name(trans_id))
     try:
-        replace_file(path, (header, body, _TRAILER.pack(crc)))
-    except OSError as e:
-        raise StorageError(f"cannot write snapshot {path}: {e}") from e
-    _prune(directory)
+        os.mkdir(tmp)
+        writer = PartWriter(os.path.join(tmp, "part-0.qsp"), trans_id)
+        try:
+            for kind, name, body in frames:
+                writer.write(kind, name, body)
+            part = writer.finish()
+        finally:
+            writer.close()
+        fsync_dir(tmp)
+        os.rename(tmp, parts)
+        fsync_dir(directory)
+        part["file"] = f"{os.path.basename(parts)}/{part['file']}"
+        manifest = {"format": 2, "trans_id": trans_id, "vote_id": vote_id, "parts": [part]}
+        replace_file(path, (orjson.dumps(manifest),))
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise StorageError(f"cannot write snapshot {path}: {e}") from e
+        raise
+    _prune(directory, keep_from)
     return path
 
 
-def _prune(directory: str) -> None:
-    """Delete snapshots older than the newest KEEP, and leftover temporary files."""
-    doomed = [p for _, p in _snapshots(directory)[:-KEEP]]
-    doomed += [os.path.join(directory, n) for n in os.listdir(directory) if n.endswith(TMP_SUFFIX)]
-    for path in doomed:
+def _prune(directory: str, keep_from: int | None) -> None:
+    """Delete snapshots older than the newest KEEP and than `keep_from`, then the leftovers
+    (clean)."""
+    found = _snapshots(directory)
+    floor = found[-KEEP][0] if len(found) >= KEEP else 0
+    if keep_from is not None:
+        floor = min(floor, keep_from)
+    for trans_id, path in found:
+        if trans_id < floor:
+            _remove(path)
+    clean(directory)
+
+
+def clean(directory: str) -> None:
+    """Delete what a crash or a failed snapshot left: tmp directories and files, and parts
+    directories that no manifest names."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return
+    named = set()
+    for _, path in _snapshots(directory):
         try:
+            named.update(p["file"].split("/")[0] for p in _parse_manifest(path)["parts"])
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass  # a v1 file or a damaged manifest names no parts
+    for name in names:
+        if name.startswith(_TMP_PREFIX) or name.endswith(TMP_SUFFIX) or (
+                name.startswith(_PARTS_PREFIX) and name not in named):
+            _remove(os.path.join(directory, name))
+
+
+def _remove(path: str) -> None:
+    try:
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        else:
             os.remove(path)
-        except OSError as e:  # not worth failing a snapshot that is already safe
-            _log.warning("cannot delete old snapshot file %s: %s", path, e)
+    except OSError as e:  # not worth failing a snapshot that is already safe
+        _log.warning("cannot delete old snapshot file %s: %s", path, e)
 
 
-def read_snapshot(path: str) -> tuple[int, int, dict]:
-    """(trans_id, vote_id, state) of the snapshot file at path; ValueError says what is wrong."""
+# --------------------------------------------------------------------- reading
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """A valid snapshot on disk: v2 (its part files, checked) or v1 (its whole state)."""
+
+    trans_id: int
+    vote_id: int
+    path: str
+    parts: tuple[str, ...] = ()  # v2: paths of the part files
+    entries: tuple[dict, ...] = ()  # v2: the manifest's part entries (file, bytes, queues, messages)
+    state: dict | None = field(default=None, compare=False)  # v1 only
+
+    def as_dict(self) -> dict:
+        """The manifest as written (v2), or {"format": 1, ...} for a v1 file."""
+        return {"format": 1 if self.state is not None else 2, "trans_id": self.trans_id,
+                "vote_id": self.vote_id, "parts": list(self.entries)}
+
+
+def _parse_manifest(path: str) -> dict:
+    data = read_file(path)
+    if data.startswith(_MAGIC):
+        raise ValueError("a v1 snapshot, not a manifest")
+    try:
+        manifest = orjson.loads(data)
+    except orjson.JSONDecodeError as e:
+        raise ValueError(f"manifest is not valid JSON: {e}") from None
+    if not isinstance(manifest, dict) or manifest.get("format") != 2:
+        raise ValueError("not a format 2 manifest")
+    return manifest
+
+
+def read_manifest(path: str) -> Manifest:
+    """The snapshot whose manifest (or v1 file) is at path, with every part checked
+    (iter_frames); ValueError or OSError says what is wrong."""
+    with open(path, "rb") as f:
+        v1 = f.read(len(_MAGIC)) == _MAGIC
+    if v1:
+        trans_id, vote_id, state = read_v1(path)
+        return Manifest(trans_id, vote_id, path, state=state)
+    manifest = _parse_manifest(path)
+    try:
+        trans_id, vote_id, entries = manifest["trans_id"], manifest["vote_id"], manifest["parts"]
+        files = [os.path.join(os.path.dirname(path), *e["file"].split("/")) for e in entries]
+    except (KeyError, TypeError, AttributeError):
+        raise ValueError("manifest lacks trans_id, vote_id or parts") from None
+    _check_name(path, trans_id)
+    snapshot = Manifest(trans_id, vote_id, path, tuple(files), tuple(entries))
+    for _ in read_parts(snapshot):
+        pass
+    return snapshot
+
+
+def read_parts(snapshot: Manifest) -> Iterator[Frame]:
+    """The QUEUE and ROWS frames of every part of `snapshot`, read as they are consumed
+    (ValueError at a damaged part: see iter_frames)."""
+    for path, entry in zip(snapshot.parts, snapshot.entries):
+        yield from iter_frames(path, snapshot.trans_id, entry)
+
+
+def iter_frames(path: str, trans_id: int | None = None, expect: dict | None = None) -> Iterator[Frame]:
+    """The QUEUE and ROWS frames of the part file at path, each checked (crc) as it is read;
+    ValueError names a bad header (or one of another trans_id), a torn frame, a bad crc, a
+    missing END, or an END (or the manifest's `expect` entry) whose counts differ from the part."""
+    with open(path, "rb", buffering=_BUFFER) as f:
+        size = os.fstat(f.fileno()).st_size
+        if expect is not None and expect.get("bytes") != size:
+            raise ValueError(f"{path}: {size} bytes where the manifest says {expect.get('bytes')}")
+        header = f.read(_PART_HEADER.size)
+        if len(header) < _PART_HEADER.size or _PART_HEADER.unpack(header)[0] != PART_MAGIC:
+            raise ValueError(f"{path}: not a snapshot part (bad header)")
+        if trans_id is not None and _PART_HEADER.unpack(header)[1] != trans_id:
+            raise ValueError(f"{path}: holds trans_id {_PART_HEADER.unpack(header)[1]}, not {trans_id}")
+        at = len(header)
+        queues = messages = 0
+        while True:
+            pre = f.read(_FRAME.size)
+            if not pre:
+                raise ValueError(f"{path}: no END frame (truncated?)")
+            length, crc = _FRAME.unpack(pre) if len(pre) == _FRAME.size else (size, 0)
+            if at + _FRAME.size + length > size or length < _KIND.size:
+                raise ValueError(f"{path}: torn frame at offset {at}")
+            data = f.read(length)
+            if zlib.crc32(data) != crc:
+                raise ValueError(f"{path}: checksum mismatch in the frame at offset {at}")
+            kind, name_length = _KIND.unpack_from(data)
+            view = memoryview(data)
+            body = view[_KIND.size + name_length:]
+            if kind == END:
+                _check_end(path, body, {"queues": queues, "messages": messages, "bytes": at}, expect)
+                if at + _FRAME.size + length != size:
+                    raise ValueError(f"{path}: bytes after the END frame")
+                return
+            if kind not in (QUEUE, ROWS):
+                raise ValueError(f"{path}: frame of unknown kind {kind} at offset {at}")
+            if kind == QUEUE:
+                queues += 1
+            else:
+                messages += rows_count(body)
+            yield kind, str(view[_KIND.size:_KIND.size + name_length], "utf-8"), body
+            at += _FRAME.size + length
+
+
+def _check_end(path: str, body: memoryview, counted: dict, expect: dict | None) -> None:
+    try:
+        end = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        end = None
+    if end != counted:
+        raise ValueError(f"{path}: END says {end}, the part holds {counted}")
+    if expect is not None and (expect.get("queues"), expect.get("messages")) != (end["queues"], end["messages"]):
+        raise ValueError(f"{path}: the manifest says {expect}, the part holds {counted}")
+
+
+def _check_name(path: str, trans_id: int) -> None:
+    m = _NAME_RE.fullmatch(os.path.basename(path))
+    if m and int(m.group(1)) != trans_id:
+        raise ValueError(f"holds trans_id {trans_id}, not the one in its name")
+
+
+def latest_manifest(directory: str, warn: Callable[[str], object] = _log.warning) -> Manifest | None:
+    """The newest valid snapshot (v2 or v1), or None when there is none. Invalid newer ones
+    are skipped with one warning line each."""
+    for _, path in reversed(_snapshots(directory)):
+        try:
+            return read_manifest(path)
+        except (OSError, ValueError) as e:
+            warn(f"skipping snapshot {path}: {e}")
+    return None
+
+
+def read_v1(path: str) -> tuple[int, int, dict]:
+    """(trans_id, vote_id, state) of the format 1 snapshot file at path; ValueError says what
+    is wrong."""
     data = read_file(path)
     if len(data) < _HEADER.size + _TRAILER.size:
         raise ValueError(f"only {len(data)} bytes")
     magic, trans_id, vote_id, length = _HEADER.unpack_from(data)
     if magic != _MAGIC:
         raise ValueError("not a snapshot file (bad magic)")
-    m = _NAME_RE.fullmatch(os.path.basename(path))
-    if m and int(m.group(1)) != trans_id:
-        raise ValueError(f"holds trans_id {trans_id}, not the one in its name")
+    _check_name(path, trans_id)
     end = _HEADER.size + length
     if len(data) != end + _TRAILER.size:
         raise ValueError(f"{len(data)} bytes where {end + _TRAILER.size} were expected (truncated?)")
@@ -102,16 +344,3 @@ def read_snapshot(path: str) -> tuple[int, int, dict]:
     if not isinstance(state, dict):
         raise ValueError("body is not an object")
     return trans_id, vote_id, state
-
-
-def read_latest_snapshot(
-    directory: str, warn: Callable[[str], object] = _log.warning
-) -> tuple[int, int, dict] | None:
-    """(trans_id, vote_id, state) of the newest valid snapshot, or None when there is none.
-    Invalid newer ones are skipped with a warning."""
-    for _, path in reversed(_snapshots(directory)):
-        try:
-            return read_snapshot(path)
-        except (OSError, ValueError) as e:
-            warn(f"skipping snapshot {path}: {e}")
-    return None

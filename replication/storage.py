@@ -8,15 +8,16 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import Callable
+from collections.abc import Callable, Iterable
 
 
 from queue_server.replication.datadir import DataDir
 from queue_server.replication.log import ChangeLog, Entry
 from queue_server.replication.messages import Recovered
-from queue_server.replication.snapshot import read_latest_snapshot, snapshot_trans_ids, write_snapshot
+from queue_server.replication.snapshot import clean, latest_manifest, read_parts, snapshot_trans_ids, write_snapshot
 from queue_server.replication.wal import Opener, StorageError, SyncPolicy, WalWriter, read_wal
 from queue_server.protocol.records import Record, decode
+from queue_server.protocol.snapshot_frames import Frame
 
 __all__ = ["Recovered", "Storage", "StorageError"]
 
@@ -48,16 +49,26 @@ class Storage:
         self.wal: WalWriter | None = None
         self.snapshot_pid: int | None = None
         self.snapshot_at = 0  # trans_id of the newest snapshot written or being written
+        self.valid_at = 0  # trans_id of the newest snapshot known valid (recovered from, or written)
         self.failed = False
         self.last_fsync: float | None = None  # seconds the last flush with an fsync took
 
     # ----------------------------------------------------------------- start
     def recover(self) -> Recovered:
-        """Read the newest valid snapshot and the log after it; open the log for writing."""
+        """Delete what a snapshot cut short left; find the newest valid snapshot (every part
+        checked; an invalid newer one is skipped with a warning) and read the log after it; open
+        the log for writing. A v2 snapshot's frames are read from its parts as they are consumed
+        (Recovered.frames), a v1 snapshot whole (Recovered.state)."""
         found = Recovered(vote=self.datadir.load_vote_state())
-        latest = read_latest_snapshot(self.datadir.snapshot_dir, warn=self.log.warning)
+        clean(self.datadir.snapshot_dir)
+        latest = latest_manifest(self.datadir.snapshot_dir, warn=self.log.warning)
         if latest is not None:
-            found.trans_id, found.vote_id, found.state = latest
+            found.trans_id, found.vote_id = latest.trans_id, latest.vote_id
+            if latest.state is not None:
+                found.state = latest.state
+            else:
+                found.manifest = latest.as_dict()
+                found.frames = read_parts(latest)
         for trans_id, vote_id, (record, data) in read_wal(self.datadir.wal_dir, after=found.trans_id,
                                                           repair=self.repair, warn=self.log.warning,
                                                           decode=_decoded_with_bytes):
@@ -66,7 +77,7 @@ class Storage:
                              opener=self._wal_opener, fsync=self._wal_fsync)
         if self.wal.last_trans_id < found.trans_id:
             self.wal.reset(found.trans_id)  # the snapshot is newer than what the log kept
-        self.snapshot_at = found.trans_id
+        self.snapshot_at = self.valid_at = found.trans_id
         return found
 
     # ----------------------------------------------------------------- the log
@@ -116,9 +127,10 @@ class Storage:
         self.datadir.save_vote_state(vote_id, voted_for)
 
     # ----------------------------------------------------------------- snapshots
-    def maybe_snapshot(self, trans_id: int, vote_id: int, state: Callable[[], dict], every: int) -> None:
+    def maybe_snapshot(self, trans_id: int, vote_id: int, frames: Callable[[], Iterable[Frame]], every: int) -> None:
         """Start a snapshot of the state at trans_id in a forked child when `every` records have
-        been committed since the last one, so the serving process does not stall."""
+        been committed since the last one, so the serving process does not stall. The child
+        streams `frames()` (PartitionService.snapshot_frames) into a part file."""
         self.reap()
         if self.snapshot_pid is not None or trans_id - self.snapshot_at < every:
             return
@@ -128,7 +140,7 @@ class Storage:
             try:
                 self.datadir.release_in_child()
                 self._in_snapshot_child()
-                write_snapshot(self.datadir.snapshot_dir, trans_id, vote_id, state())
+                write_snapshot(self.datadir.snapshot_dir, trans_id, vote_id, frames(), keep_from=self.valid_at)
             except BaseException:
                 status = 1
             os._exit(status)
@@ -146,9 +158,10 @@ class Storage:
         if os.waitstatus_to_exitcode(status) != 0:
             self.log.error("snapshot at trans_id %d failed; the log keeps everything", self.snapshot_at)
             return
+        self.valid_at = self.snapshot_at
         kept = snapshot_trans_ids(self.datadir.snapshot_dir)
         if kept and self.wal is not None:
-            # Keep the log after the older of the two kept snapshots, in case the newer is bad.
+            # Keep the log after the oldest kept snapshot, in case the newer ones are bad.
             removed = self.wal.remove_segments_before(kept[0])
             self.log.info("snapshot at trans_id %d written; %d old log segments removed", self.snapshot_at, removed)
 

@@ -141,8 +141,11 @@ class ClusterNode:
         self.held_undelivered: list[tuple[str, list[list[int]]]] = []  # messages to give back
         # The workers' replies _refuse replaced, by REFUSALS label, until take_refused().
         self.refused: dict[str, int] = {}
-        if found.state:
+        if found.frames is not None:
+            self.state.load_frames(found.frames)  # streamed from the snapshot's parts
+        elif found.state:
             self.state.load_snapshot(found.state)
+        if self.state.queues:
             self._reset_workers()
         # The log recovered from disk is replayed into the committed state as it commits, up to
         # here (None: replayed, or no disk); what the node then holds waits in _replayed for

@@ -307,7 +307,7 @@ class Coordinator:
             self.log.info("installed a snapshot from the leader at trans_id %d", ready.committed_trans_id)
             every = 0
         if storage is not None:
-            storage.maybe_snapshot(ready.committed_trans_id, ready.committed_vote_id, node.state.snapshot, every)
+            storage.maybe_snapshot(ready.committed_trans_id, ready.committed_vote_id, node.state.snapshot_frames, every)
         if ready.role is not None:
             self.log.info("role: %s (vote_id %d, leader %s, trans_id %d)", ready.role, node.election.vote_id,
                           node.election.leader_id, ready.log_through)

@@ -1,13 +1,13 @@
-"""Which worker owns a queue: a stable hash of the queue's routing key. Queues bound together by
-a virtual queue share one routing key, so a produce to the virtual queue is served by one worker
-and can be all-or-none. A dead-letter queue `<q><suffix>` has the routing key of `<q>`, so that
-moving a message into it or back is one worker's one replicated write."""
+"""Which worker owns a queue: a stable hash of the queue's routing key (protocol/placement.py).
+Queues bound together by a virtual queue share one routing key, so a produce to the virtual queue
+is served by one worker and can be all-or-none. A dead-letter queue `<q><suffix>` has the routing
+key of `<q>`, so that moving a message into it or back is one worker's one replicated write."""
 from __future__ import annotations
 
-import zlib
 from typing import Iterable
 
 from queue_server.protocol import ipc_frames
+from queue_server.protocol.placement import RoutingKeys
 from queue_server.protocol import vocabulary as p
 from queue_server.protocol.origin import Origin
 
@@ -27,23 +27,18 @@ class Router:
         if workers < 1:
             raise ValueError("workers must be >= 1")
         self.workers = workers
-        self.suffix = dead_letter_suffix
-        self._key: dict[str, str] = _group_keys(virtual_queues)
+        self.keys = RoutingKeys(virtual_queues, dead_letter_suffix)
         self._cache: dict[str, int] = {}
         self._next_gather = first_gather
 
     def worker_for(self, queue: str) -> int:
-        """The index of the worker owning `queue`."""
+        """The index of the worker owning `queue` (Placement.worker_of with one group)."""
         index = self._cache.get(queue)
         if index is None:
-            suffix = self.suffix
-            base = queue[:-len(suffix)] if suffix and queue.endswith(suffix) and queue != suffix else queue
-            key = self._key.get(base, base)
-            index = zlib.crc32(key.encode("utf-8", "surrogatepass")) % self.workers
+            index = self.keys.hash(queue) % self.workers
             if len(self._cache) < 1_000_000:
                 self._cache[queue] = index
         return index
-
 
     def plan(self, action: int, request: dict, origin: Origin, req_no: int) -> list[tuple[int, tuple]] | str:
         """Where a queue or scatter request goes: (worker index, item for that worker's batch)
@@ -67,26 +62,3 @@ class Router:
             self._next_gather += 2
         tag = [gather_id, origin.wire(), req_no, len(targets), request]
         return [(index, ipc_frames.req_item(origin, req_no, request, tag)) for index in targets]
-
-
-def _group_keys(virtual_queues: Iterable[tuple[str, Iterable[str]]]) -> dict[str, str]:
-    """Union the names of each virtual queue with its members; each name maps to its group's
-    smallest name."""
-    parent: dict[str, str] = {}
-
-    def find(x: str) -> str:
-        parent.setdefault(x, x)
-        while parent[x] != x:
-            parent[x] = parent[parent[x]]
-            x = parent[x]
-        return x
-
-    for name, members in virtual_queues:
-        root = find(name)
-        for member in members:
-            other = find(member)
-            if other != root:
-                low, high = sorted((root, other))
-                parent[high] = low
-                root = low
-    return {name: find(name) for name in list(parent)}

@@ -8,7 +8,10 @@ workers/admin.py (administration), workers/subscriptions.py (push), workers/bad_
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import groupby
+from operator import itemgetter
 from typing import Any, Callable
 
 import orjson
@@ -18,8 +21,10 @@ from queue_server.protocol import vocabulary as p
 from queue_server.protocol.origin import Origin
 from queue_server.workers import admin, subscriptions, undo
 from queue_server.workers.bad_request import BadRequest, Refused
+from queue_server.protocol.snapshot_frames import Frame
 from queue_server.protocol.records import Confirm, Consume, DeleteQueue, Noop, Purge, Record, Release, Restore, count
 from queue_server.workers.queue import Message, Queue
+from queue_server.workers.store import delivered_once
 
 # How many just-deleted at-most-once messages each worker keeps to be restored if their reply
 # cannot be delivered (the client's connection closed while the reply was on its way). Every
@@ -820,10 +825,10 @@ class PartitionService:
             q = self._queue(record.queue)
             taken = None
             if kind is Consume and record.lease is None and self.restore_cache:
-                taken = q.stored(record.msg_id)  # deleted by the record, which gives it the delivery's state
+                taken = q.stored(record.msg_id)  # deleted by the record
             q.apply(record)
             if taken is not None:
-                self._remember(q.name, taken)
+                self._remember(q.name, delivered_once(taken, record.delivery_count))
             elif kind is Restore:
                 self._unremember((q.name, record.msg_id), before_record=False)
             elif kind is Purge:
@@ -867,13 +872,37 @@ class PartitionService:
         """The state of every queue, JSON-able."""
         return {name: q.snapshot() for name, q in self.queues.items()}
 
+    def snapshot_frames(self) -> Iterator[Frame]:
+        """The state of every queue as v2 snapshot frames (Queue.snapshot_frames), built as
+        they are taken."""
+        for q in self.queues.values():
+            yield from q.snapshot_frames()
+
     def load_snapshot(self, state: dict) -> None:
-        """Replace all queues with a snapshot's. Parked long polls are answered empty. The
-        record count starts again at 0, with an empty journal."""
+        """Replace all queues with a snapshot's. Parked long polls are answered empty."""
+        self._replace({name: self.queue_class.from_snapshot(s) for name, s in state.items()})
+
+    def load_frames(self, frames: Iterable[Frame], keep: Callable[[str], bool] | None = None) -> None:
+        """Replace all queues with those of v2 snapshot frames (snapshot_frames), only those
+        whose name `keep` accepts (None: all), as load_snapshot does. ValueError when the frames
+        are malformed (the queues are then unchanged)."""
+        queues = {}
+        seen = set()
+        for name, group in groupby(frames, key=itemgetter(1)):
+            if name in seen:
+                raise ValueError(f"queue {name!r} twice in a snapshot")
+            seen.add(name)
+            if keep is None or keep(name):
+                queues[name] = self.queue_class.load_frames(name, group)
+        self._replace(queues)
+
+    def _replace(self, queues: dict[str, Queue]) -> None:
+        """Make `queues` this service's. The record count starts again at 0, with an empty
+        journal."""
         self.seq = 0
         if self.journal is not None:
             self.journal = undo.UndoJournal()
-        self.queues = {name: self.queue_class.from_snapshot(s) for name, s in state.items()}
+        self.queues = queues
         for q in self.queues.values():
             self._configure(q)
         self._end_waiting()

@@ -8,9 +8,9 @@ pushed by a hook in the Queue._apply_* method (or in PartitionService for delete
 record changes anything: a tuple whose first item is its undo function, called with the entry
 and the service; or, for a produce that took the queue's next id and names no producer (most
 records), the record itself. Besides a queue's counters, next_id, paused flag and dedupe window,
-the before-images go through a few Queue methods: `_finals` (the messages a record deletes, which
-nothing changes once deleted), `_states` (the states of messages it changes in place), and back
-through `_put_back`, `_restate` and `_swap_contents` (a purge swaps its containers: O(1)).
+the before-images go through a few Queue methods: `_finals` (images of the messages a record
+deletes), `_states` (the states of messages it changes in place), and back through `_put_back`,
+`_restate` and `_swap_contents` (a purge swaps its containers: O(1)).
 
 Changes that are not records ride beside them as *side* entries `(tag, function, args)`: a queue
 made for the next record (tag `2 * seq + 1`: undone after that record is, or at any rollback when
@@ -117,6 +117,13 @@ def produced(q: Queue, record: Produce) -> None:
     q.journal.append((_undo_produce, q, record, q.next_id, evicted))
 
 
+def deleted(q: Queue, record: Any, counter: str) -> None:
+    """Before a confirm or expire: the messages it deletes (their images), and its counter."""
+    ids = record.msg_ids
+    images = q._finals([record.msg_id] if ids is None else ids)
+    q.journal.append((undo_delete, q, counter, q.counts[counter], images[0] if ids is None else images))
+
+
 def paused(q: Queue, record: Pause) -> None:
     q.journal.append((_undo_pause, q, q.paused))
 
@@ -183,15 +190,15 @@ def _undo_produce(entry: tuple, service: Any) -> None:
             dedupe.move_to_end(evicted[0], last=False)
 
 
-def undo_consume(entry: tuple, service: Any) -> None:
-    """Undo of a single consume; its entry, pushed by Queue._apply_consume:
-    (undo_consume, queue, record, data, state before)."""
-    _, q, record, data, state = entry
-    msg_id = record.msg_id
+def undo_lease(entry: tuple, service: Any) -> None:
+    """Undo of a consume record of one message; its entry, pushed by Queue._lease (or
+    Queue._consume_ids for each record of a batch): (undo_lease, queue, msg_id, data when it was
+    deleted (else None), state before, delivery_count and lease of the record)."""
+    _, q, msg_id, data, state, delivery_count, lease = entry
     q._restate(msg_id, data, state)
-    if record.delivery_count > q._delivery_count(state):
+    if delivery_count > q._delivery_count(state):
         q.counts["consumed"] -= 1
-    if record.lease is None:  # delivered at most once: no longer a delivery to restore
+    if lease is None:  # delivered at most once: no longer a delivery to restore
         service._restorable.pop((q.name, msg_id), None)
 
 
@@ -208,8 +215,8 @@ def undo_restate(entry: tuple, service: Any) -> None:
 
 
 def undo_delete(entry: tuple, service: Any) -> None:
-    """Undo of a confirm or expire; its entry, pushed by Queue._apply_confirm / _apply_expire:
-    (undo_delete, queue, counter, its value before, the deleted message or a list of them)."""
+    """Undo of a confirm or expire; its entry, pushed by deleted: (undo_delete, queue, counter,
+    its value before, the image of the deleted message or a list of them)."""
     _, q, counter, value, finals = entry
     if type(finals) is list:
         for m in reversed(finals):

@@ -644,6 +644,21 @@ def test_a_recovered_snapshot_alone_is_counted_at_once():
     assert node.take_replayed() == (2, 3, 4)
 
 
+def test_a_recovered_v2_snapshot_is_streamed_into_the_state_and_the_workers():
+    snapshot = ClusterNode(_config(1), T0, recovered=_recovered_log("a", "b", "b"), rng=random.Random(1))
+    snapshot.tick(T0 + 1)
+    _drain(snapshot)
+    frames = snapshot.state.snapshot_frames()  # a generator, as Storage.recover gives from the parts
+    node = ClusterNode(_config(3), T0, recovered=Recovered(trans_id=4, vote_id=1, frames=frames), rng=random.Random(1))
+    assert node.state.snapshot() == snapshot.state.snapshot()
+    assert node.take_replayed() == (2, 3, 4)
+    reset = {}
+    for _, frames in node.ready().to_workers:
+        if frames[0] == ipc_frames.RESET:
+            reset.update(ipc_frames.read_reset(frames))
+    assert reset == snapshot.state.snapshot()
+
+
 def test_a_node_without_a_disk_reports_no_recovery():
     node = ClusterNode(_config(1), T0, recovered=None, rng=random.Random(1))
     node.tick(T0 + 1)

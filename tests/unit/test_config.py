@@ -28,6 +28,7 @@ DEFAULTS = {
     "max_connections": 1000, "idle_timeout": 600, "max_pending_requests": 4096,
     "max_queues": 10000, "max_memory_mb": 2048,
     "tls_cert_file": "", "tls_key_file": "", "tls_ca_file": "",
+    "queue_groups": 1, "group_replicas": 0, "queue_group_list": (),
 }
 
 THREE = [
@@ -177,6 +178,11 @@ INVALID: dict[str, list[object]] = {
     "tls_cert_file": [1, None, ["f"]],
     "tls_key_file": [1, None, ["f"]],
     "tls_ca_file": [1, None, ["f"]],
+    "queue_groups": [0, 1025, "3", 1.5, True, None],
+    "group_replicas": [-1, 256, "3", 1.5, None],
+    "queue_group_list": [{}, "x", [1], None, [{"pattern": "a*"}], [{"group": 0}], [{"group": -1, "pattern": "a"}],
+                         [{"group": 0, "pattern": ""}], [{"group": 0, "nodes": [1, 1, 2]}],
+                         [{"group": 0, "nodes": [1, 2]}], [{"group": 0, "nodes": "1"}], [{"group": 0, "node": [1]}]],
 }
 
 
@@ -444,3 +450,54 @@ def test_cluster_node_list_may_name_each_http_port() -> None:
     assert "http_port" not in parse(node_id=1, cluster_node_list=THREE).to_dict()["cluster_node_list"][0]
     bad = error(node_id=1, cluster_node_list=[dict(THREE[0], http_port="8111"), *THREE[1:]])
     assert bad.key == "cluster_node_list" and "http_port" in str(bad)
+
+
+# -- queue groups (issue 28; only the default placement is built yet) ---------------------------
+
+SIX = [{"node_id": i, "host": "127.0.0.1", "port": 1100 + i} for i in range(1, 7)]
+
+
+def test_queue_groups_default_is_one_group_on_every_node() -> None:
+    c = parse(node_id=2, cluster_node_list=THREE)
+    placement = c.placement()
+    assert placement.queue_groups == 1 and placement.replicas(0) == (1, 2, 3)
+    assert placement.group_of("anything") == 0 and placement.groups_of(2) == (0,)
+    assert parse(group_replicas=3, node_id=2, cluster_node_list=THREE).queue_group_list == ()  # N given as N
+
+
+def test_group_replicas_must_be_odd_and_at_most_the_nodes() -> None:
+    assert error(group_replicas=2, cluster_node_list=THREE).key == "group_replicas"
+    assert "at most the 3 node(s)" in str(error(group_replicas=5, cluster_node_list=THREE))
+    assert "at most the 1 node(s)" in str(error(group_replicas=3))
+
+
+def test_group_rules_are_checked_against_the_groups_and_nodes() -> None:
+    e = error(cluster_node_list=THREE, queue_groups=2, queue_group_list=[{"group": 2, "pattern": "a*"}])
+    assert e.key == "queue_group_list" and "not below queue_groups (2)" in str(e)
+    e = error(cluster_node_list=THREE, queue_group_list=[{"group": 0, "nodes": [1, 2, 9]}])
+    assert e.key == "queue_group_list" and "node 9 is not in cluster_node_list" in str(e)
+    e = error(cluster_node_list=THREE, queue_groups=2,
+              queue_group_list=[{"group": 1, "nodes": [1]}, {"group": 1, "nodes": [2]}])
+    assert "entry 2: group 1 is given two different replica sets" in str(e)
+
+
+def test_a_virtual_queue_split_over_groups_is_refused_by_name() -> None:
+    e = error(cluster_node_list=THREE, queue_groups=3,
+              virtual_queue_list=[{"name": "all", "queue_list": ["orders.eu", "audit"]}],
+              queue_group_list=[{"group": 2, "pattern": "orders.*"}])
+    assert e.key == "queue_group_list"
+    assert "the virtual queue of all, audit, orders.eu would span groups" in str(e)
+
+
+def test_more_than_one_group_is_refused_until_it_is_built() -> None:
+    for keys, key in [({"queue_groups": 3}, "queue_groups"), ({"group_replicas": 1}, "group_replicas"),
+                      ({"queue_group_list": [{"group": 0, "pattern": "a*"}]}, "queue_group_list")]:
+        e = error(cluster_node_list=THREE, **keys)
+        assert e.key == key and "not built yet (issue 28" in str(e), keys
+    assert error(cluster_node_list=SIX, group_replicas=3, queue_groups=6).key == "queue_groups"  # even N allowed past here
+
+
+def test_queue_group_list_round_trips_through_to_dict() -> None:
+    c = parse(cluster_node_list=THREE)
+    assert NodeConfig.from_dict(c.to_dict()) == c
+    assert c.to_dict()["queue_group_list"] == []

@@ -289,8 +289,8 @@ def test_the_differential_check_catches_a_lost_before_image(monkeypatch, broken)
             q.journal.append((*entry[:-1], None))
         monkeypatch.setattr(undo, "produced", produced)
     elif broken == "consume count":
-        real_undo = undo.undo_consume
-        monkeypatch.setattr(undo, "undo_consume", lambda entry, service: (
+        real_undo = undo.undo_lease
+        monkeypatch.setattr(undo, "undo_lease", lambda entry, service: (
             real_undo(entry, service), entry[1].counts.__setitem__("consumed", entry[1].counts["consumed"] + 1)))
     elif broken == "forgotten delivery":
         monkeypatch.setattr(undo, "undo_forget", lambda *args: None)

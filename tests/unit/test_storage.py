@@ -10,10 +10,13 @@ import signal
 import pytest
 
 from queue_server.replication.log import ChangeLog, Entry
-from queue_server.replication.snapshot import read_snapshot, snapshot_name, snapshot_trans_ids, write_snapshot
+from queue_server.replication.snapshot import read_manifest, snapshot_name, snapshot_trans_ids, write_snapshot
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog, encode_record, list_segments, scan
 from queue_server.protocol.records import Produce, encode
+from queue_server.workers.queue import StateQueue
+from queue_server.workers.service import PartitionService
+from tests.harness import wait_for
 from tests.unit.faulty_disk import Faults
 
 
@@ -67,6 +70,7 @@ def test_a_new_data_dir_recovers_nothing(tmp_path):
     s = open_storage(tmp_path)
     found = s.recover()
     assert (found.trans_id, found.vote_id, found.state, found.entries, found.vote) == (0, 0, {}, [], (0, None))
+    assert (found.manifest, found.frames) == (None, None)
     s.close()
 
 
@@ -271,7 +275,7 @@ def test_a_log_reset_to_an_installed_snapshot_starts_after_it(tmp_path):
     s, _, log = started(tmp_path, "always")
     log.append(1, [record(1), record(2)])
     s.write(log, None, 0.0)
-    write_snapshot(s.datadir.snapshot_dir, 10, 3, {"queues": {}})  # what the leader sent
+    write_snapshot(s.datadir.snapshot_dir, 10, 3, [])  # what the leader sent
     log.reset(10, 3)
     log.append(3, [record(11)])
     assert s.write(log, 2, 1.0) == 11
@@ -285,29 +289,131 @@ def test_a_log_reset_to_an_installed_snapshot_starts_after_it(tmp_path):
 # ---------------------------------------------------------------------- snapshots
 
 
+def queues(n: int) -> PartitionService:
+    """The committed state of a node: a queue of n messages."""
+    state = PartitionService(1, 100, queue_class=StateQueue, restore_cache=0)
+    for i in range(1, n + 1):
+        state.apply(record(i))
+    return state
+
+
+def loaded(found) -> dict:
+    state = PartitionService(1, 100, queue_class=StateQueue, restore_cache=0)
+    state.load_frames(found.frames)
+    return state.snapshot()
+
+
 def test_recovery_starts_from_the_newest_valid_snapshot(tmp_path):
     write_log(tmp_path, 8)
     snapshots = os.path.join(str(tmp_path), "snapshots")
-    write_snapshot(snapshots, 3, 1, {"at": 3})
-    assert read_snapshot(os.path.join(snapshots, snapshot_name(3))) == (3, 1, {"at": 3})
-    newest = write_snapshot(snapshots, 6, 1, {"at": 6})
+    write_snapshot(snapshots, 3, 1, queues(3).snapshot_frames())
+    newest = write_snapshot(snapshots, 6, 1, queues(6).snapshot_frames())
 
     s = open_storage(tmp_path)
     found = s.recover()
-    assert (found.trans_id, found.vote_id, found.state, found.entries) == (6, 1, {"at": 6}, entries(7, 8))
+    assert (found.trans_id, found.vote_id, found.state, found.entries) == (6, 1, {}, entries(7, 8))
+    assert found.manifest == read_manifest(newest).as_dict()
+    assert found.manifest["parts"][0]["messages"] == 6
+    assert loaded(found) == queues(6).snapshot()
     s.close()
 
-    data = bytearray(open(newest, "rb").read())
-    data[-1] ^= 0x01  # the crc
-    open(newest, "wb").write(data)
-    with pytest.raises(ValueError, match="checksum mismatch"):
-        read_snapshot(newest)
+    part = read_manifest(newest).parts[0]
+    data = bytearray(open(part, "rb").read())
+    data[-3] ^= 0x01  # in END
+    open(part, "wb").write(data)
 
     messages = Messages()
     s = open_storage(tmp_path, log=messages.log)
     found = s.recover()
-    assert (found.trans_id, found.state, found.entries) == (3, {"at": 3}, entries(4, 8))
-    assert messages.seen == [("WARNING", f"skipping snapshot {newest}: checksum mismatch")]
+    assert (found.trans_id, found.entries) == (3, entries(4, 8))
+    assert loaded(found) == queues(3).snapshot()
+    [(level, line)] = messages.seen
+    assert level == "WARNING" and line.startswith(f"skipping snapshot {newest}: {part}: checksum mismatch in the frame")
+    s.close()
+
+
+def test_recovery_reads_a_v1_snapshot(tmp_path):
+    from tests.unit.test_snapshot import write_v1
+
+    write_log(tmp_path, 8)
+    snapshots = os.path.join(str(tmp_path), "snapshots")
+    os.makedirs(snapshots, exist_ok=True)
+    write_v1(snapshots, 5, 1, queues(5).snapshot())
+    s = open_storage(tmp_path)
+    found = s.recover()
+    assert (found.trans_id, found.state, found.manifest, found.frames, found.entries) == (
+        5, queues(5).snapshot(), None, None, entries(6, 8))
+    s.close()
+
+
+def test_recovery_deletes_what_a_snapshot_cut_short_left(tmp_path):
+    write_log(tmp_path, 4)
+    snapshots = os.path.join(str(tmp_path), "snapshots")
+    write_snapshot(snapshots, 2, 1, queues(2).snapshot_frames())
+    kept = sorted(os.listdir(snapshots))
+    for name in ("tmp-00000000000000000004-1", "parts-00000000000000000004-1"):
+        os.makedirs(os.path.join(snapshots, name))
+        open(os.path.join(snapshots, name, "part-0.qsp"), "wb").write(b"QSPART\0\2")
+    open(os.path.join(snapshots, snapshot_name(4) + ".tmp"), "wb").write(b"{")
+    s = open_storage(tmp_path)
+    assert s.recover().trans_id == 2
+    assert sorted(os.listdir(snapshots)) == kept
+    s.close()
+
+
+def test_the_log_behind_the_older_snapshot_stays_so_a_damaged_newest_one_falls_back_to_it(tmp_path):
+    """Forked writers, as the coordinator runs them: after two snapshots, log segments are removed
+    only up to the older one, so when the newest proves damaged at start the older one and the
+    whole log after it are still there."""
+    messages = Messages()
+    s = open_storage(tmp_path, "always", segment_bytes=200, log=messages.log)
+    s.recover()
+    log = ChangeLog(1000)
+    state = queues(0)
+
+    def commit(first: int, last: int) -> None:
+        records = [record(n) for n in range(first, last + 1)]
+        log.append(1, records)
+        s.write(log, None, 0.0)
+        for r in records:
+            state.apply(r)
+
+    def snapshot_at(trans_id: int) -> dict:
+        s.maybe_snapshot(trans_id, 1, state.snapshot_frames, every=1)
+        wait_for(lambda: s.reap() or s.snapshot_pid is None, 10, "the snapshot writer")
+        return state.snapshot()
+
+    commit(1, 10)
+    at_10 = snapshot_at(10)
+    commit(11, 20)
+    snapshot_at(20)
+    commit(21, 25)
+    s.close()
+    wal = os.path.join(str(tmp_path), "wal")
+    assert 1 < list_segments(wal)[0][0] <= 11  # segments went, but none after the older snapshot
+    assert [m for m in messages.seen if m[0] != "INFO"] == []
+
+    os.remove(read_manifest(os.path.join(str(tmp_path), "snapshots", snapshot_name(20))).parts[0])
+    messages = Messages()
+    s = open_storage(tmp_path, "always", segment_bytes=200, log=messages.log)
+    found = s.recover()
+    assert (found.trans_id, found.entries) == (10, entries(11, 25))
+    assert loaded(found) == at_10
+    assert len(messages.seen) == 1 and messages.seen[0][0] == "WARNING"
+
+    # The node goes on from there. Its next snapshot does not push the one it came back from out
+    # for the damaged one: should the new one prove damaged too, the one at 10 still serves.
+    commit(26, 30)
+    snapshot_at(30)
+    assert snapshot_trans_ids(os.path.join(str(tmp_path), "snapshots")) == [10, 20, 30]
+    commit(31, 35)
+    s.close()
+    os.remove(read_manifest(os.path.join(str(tmp_path), "snapshots", snapshot_name(30))).parts[0])
+    messages = Messages()
+    s = open_storage(tmp_path, log=messages.log)
+    found = s.recover()
+    assert (found.trans_id, found.entries) == (10, entries(11, 35))
+    assert len(messages.seen) == 2
     s.close()
 
 
@@ -323,7 +429,7 @@ def test_the_forked_snapshot_writer_dies_at_sigterm_under_the_coordinators_handl
         os.close(hold_w)
         os.write(started_w, b"!")
         os.read(hold_r, 1)  # until the test closes its end
-        return {}
+        return []
 
     previous = signal.signal(signal.SIGTERM, lambda *_: None)  # the coordinator's flag, in effect
     try:

@@ -1,0 +1,131 @@
+"""The bodies of a v2 snapshot's frames (replication/snapshot.py writes and checks the frames
+around them): one codec shared by the queue that makes them (Queue.snapshot_frames) and the one
+that loads them (Queue.load_frames).
+
+A queue is a QUEUE frame, then ROWS frames, all named after the queue:
+- QUEUE: JSON {max_size, next_id, paused, dedupe}, as in Queue.snapshot.
+- ROWS: up to ROWS_MAX messages in msg_id order as binary columns, little-endian:
+  ``u32 n | u32 tail length | ids q | ready d | ttl d | retry d | priority i | delivery_count I |
+  payload lengths I | payload bytes (UTF-8, surrogatepass) | JSON tail``;
+  the tail lists the rows with a lease, token or extra settings: [[row, lease, token, extra], ...].
+- END closes a part (counts of queues and messages, and the bytes before it).
+
+Rows are those of Queue.snapshot: [msg_id, data, ready, ttl, retry, priority, delivery_count,
+lease, token, extra] (the last three optional). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+import struct
+import sys
+from array import array
+from collections.abc import Iterable, Iterator
+from itertools import accumulate, chain
+
+import orjson
+
+QUEUE, ROWS, END = 1, 2, 3
+Frame = tuple[int, str, bytes]  # kind, queue name, body (any bytes-like object)
+ROWS_MAX = 16_384  # messages in one ROWS frame
+ROWS_BYTES = 4 << 20  # payload bytes after which a ROWS frame is closed early
+
+_HEAD = struct.Struct("<II")  # rows, tail length
+_COLUMNS = ("q", "d", "d", "d", "i", "I")  # msg_id, ready, ttl, retry, priority, delivery_count
+_SWAP = sys.byteorder != "little"
+
+
+def queue_body(max_size: int, next_id: int, paused: bool, dedupe: list) -> bytes:
+    """A QUEUE frame's body."""
+    return orjson.dumps({"max_size": max_size, "next_id": next_id, "paused": paused, "dedupe": dedupe})
+
+
+def read_queue(body: bytes) -> dict:
+    """A QUEUE frame's settings (Queue.snapshot's keys but name and messages)."""
+    meta = orjson.loads(body)
+    if not isinstance(meta, dict):
+        raise ValueError("a QUEUE frame is not an object")
+    return meta
+
+
+def rows_bodies(rows: Iterable[list]) -> Iterator[bytes]:
+    """ROWS bodies of `rows`, each at most ROWS_MAX rows and about ROWS_BYTES of payload."""
+    chunk: list[list] = []
+    size = 0
+    for row in rows:
+        chunk.append(row)
+        size += len(row[1])
+        if len(chunk) == ROWS_MAX or size >= ROWS_BYTES:
+            yield _encode(chunk)
+            chunk, size = [], 0
+    if chunk:
+        yield _encode(chunk)
+
+
+def _encode(rows: list[list]) -> bytes:
+    columns = [array(code, [row[i] for row in rows]) for i, code in zip((0, 2, 3, 4, 5, 6), _COLUMNS)]
+    datas = [row[1] for row in rows]
+    joined = "".join(datas)
+    payload = joined.encode("utf-8", "surrogatepass")
+    if len(payload) == len(joined):  # ASCII: a character is a byte
+        lengths = array("I", map(len, datas))
+    else:
+        encoded = [d.encode("utf-8", "surrogatepass") for d in datas]
+        lengths = array("I", map(len, encoded))
+    columns.append(lengths)
+    tail = orjson.dumps([[i, *row[7:]] for i, row in enumerate(rows)
+                         if len(row) > 8 or (len(row) == 8 and row[7] is not None)])
+    if _SWAP:
+        for column in columns:
+            column.byteswap()
+    return b"".join([_HEAD.pack(len(rows), len(tail)), *(c.tobytes() for c in columns), payload, tail])
+
+
+def rows_count(body: bytes) -> int:
+    """How many messages a ROWS body holds."""
+    return _HEAD.unpack_from(body)[0]
+
+
+def read_rows(body: bytes) -> list[tuple]:
+    """The rows of a ROWS body (tuples; ValueError when it is malformed)."""
+    view = memoryview(body)
+    n, tail_length = _HEAD.unpack_from(view)
+    at = _HEAD.size
+    columns = []
+    for code in (*_COLUMNS, "I"):
+        column = array(code)
+        end = at + n * column.itemsize
+        if end > len(view):
+            raise ValueError("a ROWS frame is shorter than its columns")
+        column.frombytes(view[at:end])
+        if _SWAP:
+            column.byteswap()
+        columns.append(column)
+        at = end
+    ids, ready, ttl, retry, priority, delivery_count, lengths = columns
+    ends = list(accumulate(lengths))
+    size = ends[-1] if ends else 0
+    if at + size + tail_length != len(view):
+        raise ValueError("a ROWS frame's payloads and tail do not fill it")
+    payload = view[at:at + size]
+    text = str(payload, "utf-8", "surrogatepass")
+    if len(text) == size:  # ASCII: slice the text by byte offsets
+        datas = [text[a:b] for a, b in zip([0, *ends], ends)]
+    else:
+        datas = [str(payload[a:b], "utf-8", "surrogatepass") for a, b in zip([0, *ends], ends)]
+    rows: list[tuple] = list(zip(ids.tolist(), datas, ready.tolist(), ttl.tolist(), retry.tolist(), priority.tolist(),
+                                 delivery_count.tolist()))
+    for i, *rest in orjson.loads(view[at + size:]):
+        rows[i] = (*rows[i], *rest)
+    return rows
+
+
+def rows_of(frames: Iterable[Frame]) -> Iterator[tuple]:
+    """The rows of a queue's ROWS frames, in order (ValueError at a frame of another kind)."""
+    return chain.from_iterable(map(_frame_rows, frames))
+
+
+def _frame_rows(frame: Frame) -> list[tuple]:
+    kind, name, body = frame
+    if kind != ROWS:
+        raise ValueError(f"queue {name!r}: frame of kind {kind} where rows were expected")
+    return read_rows(body)
