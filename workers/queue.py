@@ -14,7 +14,7 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice
+from itertools import islice, repeat
 from operator import gt, itemgetter, ne
 
 from sortedcontainers import SortedDict
@@ -237,7 +237,7 @@ class Queue:
                 record = Consume(queue=self.name, msg_id=m.msg_id, lease=None,
                                  delivery_count=delivery_count)
             # What _apply_consume does with this record, the state read once.
-            m._state = self._lease(m.msg_id, until, delivery_count, token, s)
+            m._state = self._lease(m.msg_id, until, delivery_count, token, s, data=m.data)
             records.append(record)
             return [m], records
         # The messages as they are now (copies): each gets the state its consume leaves it with.
@@ -701,7 +701,7 @@ class Queue:
         first = records[0].msg_id
         journal = self.journal
         if (first != self.next_id or records[-1].msg_id != first + len(records) - 1
-                or journal is not None and any(r.producer is not None for r in records)):
+                or journal is not None and records[0].producer is not None):  # one producer: produce_many's
             for record in records:
                 self._apply_produce(record, now)
             return
@@ -812,9 +812,9 @@ class Queue:
                 raise KeyError(f"consume record names msg_ids not stored in {self.name!r}")
         journal = self.journal
         if journal is not None and journal_each:
-            data = index.data
-            journal.extend((undo.undo_lease, self, i, None if lease is not None else data(i), s, dc, lease)
-                           for i, s, dc, lease in zip(ids, states, counts, leases))
+            datas = index._columns(ids, True)[0] if None in leases else repeat(None)
+            journal.extend([(undo.undo_lease, self, i, None if lease is not None else d, s, dc, lease)
+                            for i, d, s, dc, lease in zip(ids, datas, states, counts, leases)])
         if None in leases:
             for i, lease, token in zip(ids, leases, tokens):
                 if lease is None and token is not None:
@@ -865,11 +865,12 @@ class Queue:
 
     def _lease(
         self, msg_id: int, lease: float | None, delivery_count: int, token: str | None,
-        s: tuple | None = None, journal: bool = True,
+        s: tuple | None = None, journal: bool = True, data: str | None = None,
     ) -> tuple:
         """Lease a message until `lease` under `token` (None: delete it, an at-most-once
         delivery), as one consume record says; the state it is left with. `s`: its state now,
-        when the caller has read it. `journal`: push the record's undo entry."""
+        when the caller has read it. `journal`: push the record's undo entry; `data`: the
+        message's, when the caller has read it."""
         if lease is None and token is not None:
             raise ValueError(f"msg_id {msg_id}: a token needs a lease")
         index = self._index
@@ -878,7 +879,9 @@ class Queue:
             if s is None:
                 raise KeyError(msg_id)
         if journal and self.journal is not None:
-            self.journal.append((undo.undo_lease, self, msg_id, None if lease is not None else index.data(msg_id),
+            if lease is None and data is None:
+                data = index.data(msg_id)  # deleted: its image needs it
+            self.journal.append((undo.undo_lease, self, msg_id, data if lease is None else None,
                                  s, delivery_count, lease))
         if delivery_count > s[_DELIVERY_COUNT]:
             self.counts["consumed"] += 1
@@ -912,19 +915,25 @@ class Queue:
         if not held:
             del self._tokens[token]
 
-    def _apply_delete(self, record: Confirm | Expire, now: float | None) -> None:
+    def _apply_delete(self, record: Confirm | Expire, now: float | None, counter: str) -> None:
         ids = record.msg_ids
         index = self._index
+        journal = self.journal
         if ids is None:
             msg_id = record.msg_id
-            _, s = index.pop(msg_id)
+            data, s = index.pop(msg_id)
+            if journal is not None:  # the deleted message's image
+                journal.append((undo.undo_delete, self, counter, self.counts[counter], (msg_id, data, s)))
             self._unlink(msg_id, s)
             if s[_TOKEN] is not None:
                 self._unbind(msg_id, s[_TOKEN])
             return
-        states = index.states(ids)
+        datas, states = index._columns(ids, journal is not None)
         if len(set(ids)) != len(ids) or None in states:
             raise KeyError(f"confirm record names msg_ids not stored (or twice) in {self.name!r}")
+        if journal is not None:
+            journal.append((undo.undo_delete, self, counter, self.counts[counter],
+                            list(zip(ids, datas, states))))
         index.delete_many(ids)
         self._unlink_many(ids, states)
         self._unbind_many(ids, states)
@@ -938,15 +947,11 @@ class Queue:
                     self._unbind(i, token)
 
     def _apply_confirm(self, record: Confirm, now: float | None) -> None:
-        if self.journal is not None:
-            undo.deleted(self, record, "confirmed")
-        self._apply_delete(record, now)
+        self._apply_delete(record, now, "confirmed")
         self.counts["confirmed"] += count(record)
 
     def _apply_expire(self, record: Expire, now: float | None) -> None:
-        if self.journal is not None:
-            undo.deleted(self, record, "expired")
-        self._apply_delete(record, now)
+        self._apply_delete(record, now, "expired")
         self.counts["expired"] += count(record)
 
     def _apply_pause(self, record: Pause, now: float | None) -> None:
@@ -1017,9 +1022,15 @@ class Queue:
 
     def _apply_release(self, record: Release, now: float | None) -> None:
         ids = record.msg_ids
-        if self.journal is not None:
-            ids_ = [record.msg_id] if ids is None else ids
-            self.journal.append((undo.undo_restate, self, record, ids_, self._states(ids_), None, 0))
+        journal = self.journal
+        if journal is not None:
+            if ids is None:
+                s = self._index.state(record.msg_id)
+                if s is None:
+                    raise KeyError(record.msg_id)
+                journal.append((undo.undo_restate, self, record, (record.msg_id,), (s,), None, 0))
+            else:
+                journal.append((undo.undo_restate, self, record, ids, self._states(ids), None, 0))
         if ids is None:
             self._release(record.msg_id, record.ready, record.delivery_count, now)
         else:

@@ -117,13 +117,6 @@ def produced(q: Queue, record: Produce) -> None:
     q.journal.append((_undo_produce, q, record, q.next_id, evicted))
 
 
-def deleted(q: Queue, record: Any, counter: str) -> None:
-    """Before a confirm or expire: the messages it deletes (their images), and its counter."""
-    ids = record.msg_ids
-    images = q._finals([record.msg_id] if ids is None else ids)
-    q.journal.append((undo_delete, q, counter, q.counts[counter], images[0] if ids is None else images))
-
-
 def paused(q: Queue, record: Pause) -> None:
     q.journal.append((_undo_pause, q, q.paused))
 
@@ -215,8 +208,9 @@ def undo_restate(entry: tuple, service: Any) -> None:
 
 
 def undo_delete(entry: tuple, service: Any) -> None:
-    """Undo of a confirm or expire; its entry, pushed by deleted: (undo_delete, queue, counter,
-    its value before, the image of the deleted message or a list of them)."""
+    """Undo of a confirm or expire; its entry, pushed by Queue._apply_delete: (undo_delete,
+    queue, counter, its value before, the image (msg_id, data, state) of the deleted message or a
+    list of them)."""
     _, q, counter, value, finals = entry
     if type(finals) is list:
         for m in reversed(finals):
