@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
                     node.tick(now)
                     c.flush()
                 epoch = node.epoch
-                msgs = [m[:-1] + [b"%d" % epoch] for m in work]
+                msgs = [[*m[:5], b"%d" % epoch, *m[6:]] for m in work]  # frame 5: the epoch
                 if profiler:
                     profiler.enable()
                 started = time.process_time()

@@ -6,6 +6,7 @@ a test.
     python load/queue_memory.py                               # 200k and 1M messages of 100 B
     git show main:workers/queue.py > /tmp/queue_before.py
     python load/queue_memory.py --baseline /tmp/queue_before.py   # the same, before and after
+    python load/queue_memory.py --messages --undo             # speed with and without an undo journal
 
 Payload strings are made inside the measured window, one per message as orjson makes them in a
 worker, so a queue that keeps them is charged for them. `--baseline` loads another queue.py (it
@@ -21,6 +22,7 @@ import statistics
 import sys
 import time
 import tracemalloc
+from collections import deque
 from types import ModuleType
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -65,10 +67,19 @@ def bytes_per_message(cls, n: int, size: int) -> float:
     return grown / n
 
 
-def timings(module: ModuleType, size: int, rounds: int, out: dict[str, list[float]]) -> None:
+def timings(module: ModuleType, size: int, rounds: int, out: dict[str, list[float]],
+            undo: bool = False) -> None:
     """Microseconds per call of the hot paths, one list entry per round, into `out`: CPU time of
-    this process, so that other load on a shared machine counts less than in wall time."""
-    Queue = module.Queue
+    this process, so that other load on a shared machine counts less than in wall time. `undo`:
+    each queue keeps an undo journal (workers/undo.py), emptied after every call as a commit
+    watermark would."""
+    journal: deque = deque()
+
+    def Queue(name: str, max_size: int):  # noqa: N802
+        q = module.Queue(name, max_size)
+        if undo:
+            q.journal = journal
+        return q
     items = [(payload(i, size), T0, T0 + 3600, 0.0, 0) for i in range(BATCH)]
     leased_items = [(d, r, t, 30.0, p) for d, r, t, _, p in items]
 
@@ -76,6 +87,7 @@ def timings(module: ModuleType, size: int, rounds: int, out: dict[str, list[floa
         start = time.process_time()
         for _ in range(calls):
             fn()
+            journal.clear()
         out.setdefault(name, []).append((time.process_time() - start) / calls * 1e6)
 
     for _ in range(rounds):
@@ -130,32 +142,45 @@ def timings(module: ModuleType, size: int, rounds: int, out: dict[str, list[floa
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--messages", type=int, nargs="+", default=[200_000, 1_000_000])
+    ap.add_argument("--messages", type=int, nargs="*", default=[200_000, 1_000_000],
+                    help="queue sizes to measure the memory of (none: only the speed)")
     ap.add_argument("--payload", type=int, default=100, help="bytes per message")
     ap.add_argument("--baseline", help="another queue.py to measure beside this checkout's")
     ap.add_argument("--rounds", type=int, default=5, help="timing rounds (the median is shown)")
+    ap.add_argument("--best", action="store_true",
+                    help="show the fastest round, not the median (steadier on a loaded machine)")
+    ap.add_argument("--undo", action="store_true",
+                    help="time this checkout with an undo journal too (the baseline: without)")
     args = ap.parse_args()
-    variants = {"this checkout": load(None)}
-    if args.baseline:
-        variants = {"baseline": load(args.baseline), **variants}
+    this = load(None)
+    variants = {"baseline": load(args.baseline)} if args.baseline else {}
+    if args.undo:
+        variants.update({"no journal": this, "undo journal": this})
+    else:
+        variants["this checkout"] = this
     print(f"payload {args.payload} B, filled {BATCH} per produce_many")
     for n in args.messages:
         for label, module in variants.items():
+            if label == "undo journal":
+                continue  # the same memory as without
             for cls in (module.Queue, module.StateQueue):
                 print(f"{label:14} {cls.__name__:10} {n:>9,} messages: "
                       f"{bytes_per_message(cls, n, args.payload):6.1f} B/msg")
     runs: dict[str, dict[str, list[float]]] = {label: {} for label in variants}
     for _ in range(args.rounds):  # rounds alternate between the variants: a busy moment hits both
         for label, module in variants.items():
-            timings(module, args.payload, 1, runs[label])
-    results = {label: {name: statistics.median(v) for name, v in r.items()} for label, r in runs.items()}
+            timings(module, args.payload, 1, runs[label], undo=label == "undo journal")
+    pick, how = (min, "fastest") if args.best else (statistics.median, "median")
+    results = {label: {name: pick(v) for name, v in r.items()} for label, r in runs.items()}
     names = list(next(iter(results.values())))
-    print(f"{'us per call (median of ' + str(args.rounds) + ')':40}" +
-          "".join(f"{label:>16}" for label in results) + ("       change" if args.baseline else ""))
+    labels = list(results)
+    print(f"{'us per call (' + how + ' of ' + str(args.rounds) + ')':40}" +
+          "".join(f"{label:>16}" for label in labels) +
+          "".join(f"{label + ' vs ' + labels[0]:>28}" for label in labels[1:]))
     for name in names:
-        row = [results[label][name] for label in results]
-        change = f"{(row[-1] / row[0] - 1) * 100:+10.1f}%" if args.baseline else ""
-        print(f"{name:40}" + "".join(f"{v:16.1f}" for v in row) + change)
+        row = [results[label][name] for label in labels]
+        print(f"{name:40}" + "".join(f"{v:16.1f}" for v in row) +
+              "".join(f"{(v / row[0] - 1) * 100:+27.1f}%" for v in row[1:]))
 
 
 if __name__ == "__main__":

@@ -22,12 +22,13 @@ _ORIGIN = Origin._make
 REQ = b"req"  # acceptor | coordinator -> worker: [REQ, json [item, ...], epoch]; item: see req_item
 CLOSE = b"close"  # acceptor -> worker: [CLOSE, json conn] (a TCP connection id)
 UNDELIVER = b"undeliver"  # acceptor -> coordinator -> leader's worker: [UNDELIVER, json [queue, [[msg_id, delivery_count], ...]]]
-APPLY = b"apply"  # coordinator -> worker: [APPLY, json [record, ...]] (replicas replay the leader's log)
-BATCH = b"batch"  # worker -> coordinator: [BATCH, records json, reply header json, reply blob, partials json, epoch]
+APPLY = b"apply"  # coordinator -> worker: [APPLY, json [record, ...], committed] (replay of the log)
+BATCH = b"batch"  # worker -> coordinator: [BATCH, records json, reply header json, reply blob, partials json, epoch, worker index]
 REP = b"rep"  # coordinator, worker -> acceptor: [REP, reply header, reply blob] (protocol/replies.py)
 STATUS = b"status"  # coordinator -> acceptor: [STATUS, json {role, leader_node_id, leader_host, leader_port, epoch, http_ports}]
 FORWARD = b"forward"  # acceptor -> coordinator: [FORWARD, json [[origin, req_no, request], ...]] for the leader
-MODE = b"mode"  # coordinator -> worker: [MODE, json [accepting, epoch]] whether to accept queue requests
+MODE = b"mode"  # coordinator -> worker: [MODE, json [accepting, epoch, keep_through, trans_id]] whether to accept queue requests
+COMMITTED = b"committed"  # coordinator -> leading worker: [COMMITTED, epoch, seq] its records through seq are committed
 RESET = b"reset"  # coordinator -> worker: [RESET, json {queue: snapshot}] replace all queues
 DRAIN = b"drain"  # acceptor -> worker: [DRAIN] the node is shutting down: answer long polls now, park no more
 # The hand-off barrier (ClusterNode.begin_handoff): each sender of requests to a worker (the
@@ -121,9 +122,10 @@ def read_undeliver(frames: list[bytes]) -> tuple[str, list[list[int]]]:
     return queue, given
 
 
-def apply_frames(changes: list[records.Record]) -> list[bytes]:
-    """An APPLY: committed change records for a worker to replay."""
-    return [APPLY, records.encode_many(changes)]
+def apply_frames(changes: list[records.Record], committed: bool = True) -> list[bytes]:
+    """An APPLY: change records of the log for a worker to replay; `committed`: they are (a
+    follower's), so the worker keeps no undo for them (a new leader's, of earlier terms, are not)."""
+    return [APPLY, records.encode_many(changes), b"1" if committed else b"0"]
 
 
 def read_apply(frames: list[bytes]) -> list[records.Record]:
@@ -131,15 +133,35 @@ def read_apply(frames: list[bytes]) -> list[records.Record]:
     return records.decode_many(frames[1])
 
 
-def mode_frames(accepting: bool, epoch: int) -> list[bytes]:
-    """A MODE: the workers' mode `epoch` begins; whether they accept queue requests in it."""
-    return [MODE, _DUMPS([accepting, epoch])]
+def apply_committed(frames: list[bytes]) -> bool:
+    """Whether the records of an APPLY are committed."""
+    return frames[2] == b"1"
 
 
-def read_mode(frames: list[bytes]) -> tuple[bool, int]:
-    """The (accepting, epoch) of a MODE."""
-    accepting, epoch = _LOADS(frames[1])
-    return accepting, epoch
+def mode_frames(accepting: bool, epoch: int, keep_through: int | None = None,
+                trans_id: int | None = None) -> list[bytes]:
+    """A MODE: the workers' mode `epoch` begins; whether they accept queue requests in it.
+    keep_through: the worker first undoes every record it applied after its record number
+    keep_through (None: none); trans_id: the log position its queues then reflect (a check)."""
+    return [MODE, _DUMPS([accepting, epoch, keep_through, trans_id])]
+
+
+def read_mode(frames: list[bytes]) -> tuple[bool, int, int | None, int | None]:
+    """The (accepting, epoch, keep_through, trans_id) of a MODE."""
+    accepting, epoch, keep_through, trans_id = _LOADS(frames[1])
+    return accepting, epoch, keep_through, trans_id
+
+
+def committed_frames(epoch: int, seq: int) -> list[bytes]:
+    """A COMMITTED: in mode `epoch`, the worker's records through number `seq` are committed
+    (its undo journal forgets them)."""
+    return [COMMITTED, b"%d" % epoch, b"%d" % seq]
+
+
+def read_committed(frames: list[bytes]) -> tuple[int, int]:
+    """The (epoch, seq) of a COMMITTED."""
+    _, epoch, seq = frames
+    return int(epoch), int(seq)
 
 
 def reset_frames(snapshots: dict[str, Any]) -> list[bytes]:
@@ -182,17 +204,22 @@ def read_status(frames: list[bytes]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------- worker -> coordinator
-def batch_frames(records: bytes, header: bytes, blob: bytes, partials: bytes, epoch: int) -> list[bytes]:
-    """A worker's BATCH message: what it decided under mode `epoch` (see ClusterNode.epoch).
-    records and partials are json lists (EMPTY_LIST for none, see json_list); header and blob a
-    reply batch."""
-    return [BATCH, records, header, blob, partials, b"%d" % epoch]
+def batch_frames(records: bytes, header: bytes, blob: bytes, partials: bytes, epoch: int,
+                 index: int = 0) -> list[bytes]:
+    """Worker `index`'s BATCH message: what it decided under mode `epoch` (see
+    ClusterNode.epoch). records and partials are json lists (EMPTY_LIST for none, see
+    json_list); header and blob a reply batch."""
+    return [BATCH, records, header, blob, partials, b"%d" % epoch, b"%d" % index]
 
 
 def read_batch(frames: list[bytes]) -> tuple[bytes, bytes, bytes, bytes, int]:
-    """The (records, header, blob, partials, epoch) of a BATCH message."""
-    _, records, header, blob, partials, epoch = frames
-    return records, header, blob, partials, int(epoch)
+    """The (records, header, blob, partials, epoch) of a BATCH message (batch_index: whose)."""
+    return frames[1], frames[2], frames[3], frames[4], int(frames[5])
+
+
+def batch_index(frames: list[bytes]) -> int:
+    """The index of the worker that sent a BATCH."""
+    return int(frames[6])
 
 
 def json_list(values: list) -> bytes:

@@ -13,7 +13,9 @@ IDLE_TIMEOUT = "idle_timeout"
 UDP_AMPLIFICATION_LIMIT = "udp_amplification_limit"
 MAX_QUEUES = "max_queues"
 MAX_MEMORY_MB = "max_memory_mb"
-LIMITS = (MAX_CONNECTIONS, MAX_PENDING_REQUESTS, IDLE_TIMEOUT, UDP_AMPLIFICATION_LIMIT, MAX_QUEUES, MAX_MEMORY_MB)
+UNCOMMITTED = "uncommitted"
+LIMITS = (MAX_CONNECTIONS, MAX_PENDING_REQUESTS, IDLE_TIMEOUT, UDP_AMPLIFICATION_LIMIT, MAX_QUEUES, MAX_MEMORY_MB,
+          UNCOMMITTED)
 
 
 def too_many_connections(limit: int) -> str:
@@ -68,3 +70,10 @@ def memory_full(limit_mb: int) -> str:
     """The reason a produce gets while the node is over max_memory_mb."""
     return (f"node memory limit reached: this node's processes use more than max_memory_mb ({limit_mb}); "
             "consume, confirm or purge messages, or raise max_memory_mb")
+
+
+def too_many_uncommitted(limit: int) -> str:
+    """The reason a write gets while a worker holds `limit` records not yet committed (its undo
+    journal is full: the cluster is not committing, e.g. the disk or the peers are slow)."""
+    return (f"too many uncommitted changes: this worker holds {limit} changes the cluster has "
+            "not committed yet; retry later")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Collection
 
 import orjson
 
@@ -52,6 +51,7 @@ from queue_server.protocol.roles import Role
 from queue_server.protocol.records import Noop, Record, decode_many, each_encoded
 from queue_server.protocol import vocabulary as p
 from queue_server.server.router import Router
+from queue_server.server.worker_seqs import WorkerSeqs
 from queue_server.workers.queue import StateQueue
 from queue_server.workers.service import PartitionService
 
@@ -97,6 +97,11 @@ class ClusterNode:
                                       queue_class=StateQueue, restore_cache=0)
         self.state_trans_id = found.trans_id
         self.workers_trans_id = found.trans_id  # the workers reflect the log up to here
+        # Each worker's count of the records it applied, and where its uncommitted ones are in
+        # the log: a mode change rolls a worker back to a record of its own (workers/undo.py).
+        self.seqs = WorkerSeqs(config.workers)
+        self._committed_seqs = [0] * config.workers  # the last COMMITTED sent to each worker
+        self._committed_at = now  # when COMMITTED may next be sent (once per heartbeat)
         # Replies wait until their records are on disk (process-crash safe) as well as committed.
         self.durable_trans_id = float("inf") if recovered is None else self.log.last_trans_id
         self.storage_ok = True
@@ -232,16 +237,12 @@ class ClusterNode:
     def _resume_leading(self) -> None:
         """A hand-off that did not happen: the workers accept requests again, in a new mode.
         A fenced worker's state is the log's: it goes on with it, and with the long polls and
-        subscriptions it kept parked. One that never answered FENCED may still be deciding under
-        the old mode, so it starts over from the log (its late batches are refused)."""
+        subscriptions it kept parked (it undoes nothing). One that never answered FENCED may
+        still be deciding under the old mode: it rolls back to what it logged (its late batches
+        are refused)."""
         if self.leader is None:
             return
-        fenced = self.fenced if self.fence_epoch == self.epoch else set()
-        unfenced = [i for i in range(self.config.workers) if i not in fenced]
-        if unfenced:
-            self._reset_workers(unfenced)
-        else:
-            self._set_mode(True)
+        self._set_mode(True, list(self.seqs.counts))
 
     def _release_held(self, now: float) -> None:
         """After a hand-off: the held requests go to the new leader (or are served here if this
@@ -330,6 +331,7 @@ class ClusterNode:
         self._run(self.election.tick(now), now)
         if self.leader is not None:
             self._run(self.leader.tick(now), now)
+            self._send_committed(now)
         self._handoff_progress(now)
         self._carry(self.forwarding.tick(now, self.election.leader_id, self.election.vote_id))
         self._release_held(now)
@@ -382,9 +384,9 @@ class ClusterNode:
         self._announce()
 
     def on_batch(self, records: bytes, header: bytes, blob: bytes, partials: bytes, epoch: int,
-                 now: float) -> None:
-        """A worker's batch: its change records, its replies, its parts of scattered requests,
-        all decided under the workers' mode `epoch`.
+                 now: float, index: int = 0) -> None:
+        """Worker `index`'s batch: its change records, its replies, its parts of scattered
+        requests, all decided under the workers' mode `epoch`.
 
         A reply leaves once everything the worker had applied when it made it is committed and on
         disk: its own records, and on a leader every record logged before it (a reply without
@@ -402,10 +404,12 @@ class ClusterNode:
             if self.leader is None or not self.storage_ok:
                 self._refuse(header, blob, p.STORAGE_UNAVAILABLE if self.leader else p.NOT_LEADER_RETRY)
                 if self.leader is not None:
-                    self._reset_workers()  # undo the changes in the workers too
+                    # Undo the changes in the workers too: each keeps the records it logged.
+                    self._set_mode(True, list(self.seqs.counts))
                 header = ipc_frames.EMPTY_LIST
             else:
-                _, last = self.log.append(self.election.vote_id, decode_many(records), each_encoded(records))
+                first, last = self.log.append(self.election.vote_id, decode_many(records), each_encoded(records))
+                self.seqs.logged(index, first, last - first + 1)
                 self.workers_trans_id = last
                 self._run(self.leader.replicate(now), now)
         if header != ipc_frames.EMPTY_LIST:
@@ -486,25 +490,28 @@ class ClusterNode:
         self.follower.reset()
         self.forwarding.orphan(now)
         self.leader = LeaderReplication(self.node_id, self.members, self.log, vote_id, now, self._flow)
-        self._apply_to_workers(self.log.entries_after(self.workers_trans_id, 1 << 62) or [])
+        self._apply_to_workers(self.log.entries_after(self.workers_trans_id, 1 << 62) or [],
+                               committed=False)
         self.log.append(vote_id, [NOOP])
         self.workers_trans_id = self.log.last_trans_id
-        self._set_mode(True)
+        self._set_mode(True, list(self.seqs.counts))
         self._run(self.leader.replicate(now), now)
 
     def _stop_leading(self, now: float) -> None:
-        """Whatever the reason: stop accepting writes; the workers go back to the committed
-        state; writes waiting for a commit are answered with an error."""
+        """Whatever the reason: stop accepting writes; the workers roll back to the committed
+        state (each to its last committed record); writes waiting for a commit are answered
+        with an error."""
         self.follower.reset()
         self.forwarding.orphan(now)
         if self.leader is None:
             return
         self.leader = None
-        self._set_mode(False)
+        commit = self.log.commit_trans_id
+        self.workers_trans_id = commit
+        self._set_mode(False, self.seqs.keep(commit))
         while self.pending:
             _, header, blob = self.pending.popleft()
             self._refuse(header, blob, p.LEADERSHIP_LOST)
-        self._reset_workers()
 
     def _commit(self, c: Commit) -> None:
         """Entries are committed: replay them into the committed state (and on a follower into
@@ -517,7 +524,7 @@ class ClusterNode:
         if rest:
             self.state_trans_id = rest[-1].trans_id
         if self.leader is None:
-            self._apply_to_workers([e for e in fresh if e.trans_id > self.workers_trans_id])
+            self._apply_to_workers([e for e in fresh if e.trans_id > self.workers_trans_id], committed=True)
         self._release_pending()
 
     def _releasable(self) -> float:
@@ -533,43 +540,59 @@ class ClusterNode:
             _, header, blob = pending.popleft()
             self._release(header, blob)
 
-    def _apply_to_workers(self, entries: list[Entry], only: Collection[int] | None = None) -> None:
-        """Have the workers (those of `only`: the others hold these entries already) replay
-        `entries`."""
+    def _apply_to_workers(self, entries: list[Entry], committed: bool = False) -> None:
+        """Have the workers replay `entries` (`committed`: they keep no undo for them)."""
         if not entries:
             return
-        per_worker: dict[int, list[Record]] = {}
+        per_worker: dict[int, tuple[list[Record], list[int]]] = {}
         worker_for = self.router.worker_for
         for e in entries:
             record = e.record
             if type(record) is not Noop:
-                per_worker.setdefault(worker_for(record.queue), []).append(record)
-        for index, records in per_worker.items():
-            if only is None or index in only:
-                self._to_workers.append((index, ipc_frames.apply_frames(records)))
+                records, trans_ids = per_worker.setdefault(worker_for(record.queue), ([], []))
+                records.append(record)
+                trans_ids.append(e.trans_id)
+        for index, (records, trans_ids) in per_worker.items():
+            self._to_workers.append((index, ipc_frames.apply_frames(records, committed)))
+            self.seqs.applied(index, trans_ids, committed)
         self.workers_trans_id = max(self.workers_trans_id, entries[-1].trans_id)
 
-    def _reset_workers(self, only: Collection[int] | None = None) -> None:
-        """Replace every worker's queues (those of `only`: the others' state is the log's
-        already) with the committed state and, on a leader, the log after it. A leader's
-        workers then start a new mode (epoch), so that batches they made before the reset, on
-        the state it wiped, are refused (on_batch)."""
+    def _reset_workers(self) -> None:
+        """Replace every worker's queues with the committed state (at start, and when a snapshot
+        is installed) and, on a leader, the log after it: their record counts start again. A
+        leader's workers then start a new mode (epoch), so that batches they made before the
+        reset, on the state it wiped, are refused (on_batch)."""
         parts: list[dict] = [{} for _ in range(self.config.workers)]
         for name, snap in self.state.snapshot().items():
             parts[self.router.worker_for(name)][name] = snap
         for index, part in enumerate(parts):
-            if only is None or index in only:
-                self._to_workers.append((index, ipc_frames.reset_frames(part)))
+            self._to_workers.append((index, ipc_frames.reset_frames(part)))
+        self.seqs.reset()
         self.workers_trans_id = self.state_trans_id
         if self.leader is not None:
-            self._apply_to_workers(self.log.entries_after(self.state_trans_id, 1 << 62) or [], only)
-            self._set_mode(True)
+            self._apply_to_workers(self.log.entries_after(self.state_trans_id, 1 << 62) or [])
+            self._set_mode(True, list(self.seqs.counts))
 
-    def _set_mode(self, accepting: bool) -> None:
-        """Start a new mode of the workers: whether they accept queue requests."""
+    def _send_committed(self, now: float) -> None:
+        """At most once a heartbeat, tell each leading worker how far its records are committed
+        (COMMITTED), so that its undo journal forgets them."""
+        if now < self._committed_at:
+            return
+        self._committed_at = now + self.config.heartbeat_ms / 1000
+        sent = self._committed_seqs
+        for index, seq in enumerate(self.seqs.commit(self.log.commit_trans_id)):
+            if seq > sent[index]:
+                sent[index] = seq
+                self._to_workers.append((index, ipc_frames.committed_frames(self.epoch, seq)))
+
+    def _set_mode(self, accepting: bool, keep: list[int] | None = None) -> None:
+        """Start a new mode of the workers: whether they accept queue requests; `keep`: each
+        worker first undoes its records after that number (None: it keeps all)."""
         self.epoch += 1
+        self._committed_seqs = [0] * self.config.workers
         for index in range(self.config.workers):
-            self._to_workers.append((index, ipc_frames.mode_frames(accepting, self.epoch)))
+            self._to_workers.append((index, ipc_frames.mode_frames(
+                accepting, self.epoch, None if keep is None else keep[index], self.workers_trans_id)))
         if accepting and self.election.transfer_target is not None:
             self._fence_workers()  # reset during a hand-off: the new mode is fenced too
 

@@ -225,7 +225,7 @@ class Coordinator:
         """Handle one message from the acceptor or a worker."""
         kind = frames[0]
         if kind == ipc_frames.BATCH:
-            self.node.on_batch(*ipc_frames.read_batch(frames), now)
+            self.node.on_batch(*ipc_frames.read_batch(frames), now, ipc_frames.batch_index(frames))
         elif kind == ipc_frames.FORWARD:
             self.node.on_forward_requests(ipc_frames.read_forward(frames), now)
         elif kind == ipc_frames.UNDELIVER:

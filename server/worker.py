@@ -18,6 +18,7 @@ from queue_server.server.metrics import WorkerMetrics
 from queue_server.server.reply_counts import count_replies
 from queue_server.server.node_memory import NodeMemory
 from queue_server.server.queue_metrics import QueueMetrics
+from queue_server.workers import undo
 from queue_server.workers.service import PartitionService
 
 
@@ -45,6 +46,8 @@ class Worker:
         self.queue_metrics = queue_metrics
         self.memory = memory
         self.next_memory_check = 0.0
+        self.undone = 0  # records the last MODE rolled back
+        self.rollbacks = 0  # MODEs that rolled records back
 
     def run(self) -> None:
         """Serve until terminated."""
@@ -109,11 +112,20 @@ class Worker:
         elif kind == ipc_frames.APPLY:
             for record in ipc_frames.read_apply(frames):
                 service.apply(record)
+            if ipc_frames.apply_committed(frames):
+                service.trim(service.seq)  # committed: never undone
+        elif kind == ipc_frames.COMMITTED:
+            epoch, seq = ipc_frames.read_committed(frames)
+            if epoch == self.epoch:
+                service.trim(seq)
         elif kind == ipc_frames.MODE:
             # What was decided under the old mode leaves stamped with it (the coordinator refuses
-            # changes from a mode that is over: a reset has wiped them here).
+            # changes from a mode that is over, and the rollback below undoes them here).
             self.flush()
-            accepting, self.epoch = ipc_frames.read_mode(frames)
+            accepting, self.epoch, keep_through, _trans_id = ipc_frames.read_mode(frames)
+            if keep_through is not None and service.journal is not None:
+                self.undone = service.rollback(keep_through)
+                self.rollbacks += self.undone > 0
             service.set_mode(accepting)
             self.fences.clear()
             held, self.held = self.held, []
@@ -165,7 +177,8 @@ class Worker:
         service.replies.clear()
         service.records.clear()
         service.partials.clear()
-        self.coordinator.send_multipart(ipc_frames.batch_frames(changes, header, blob, partials, self.epoch))
+        self.coordinator.send_multipart(ipc_frames.batch_frames(changes, header, blob, partials, self.epoch,
+                                                                self.index))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -183,6 +196,7 @@ def main(argv: list[str] | None = None) -> None:
         max_queues=cfg.max_queues,
         queue_share=limits.queue_share(cfg.max_queues, cfg.workers),
         max_memory_mb=cfg.max_memory_mb,
+        undo_limit=undo.UNDO_LIMIT,
     )
     ctx = zmq.Context()
     inbox = ipc.inbox(ctx, ctx_info.run_dir, ipc.worker_name(ctx_info.index))

@@ -100,7 +100,7 @@ class Admin:
         reply["deleted"] = 0 if q is None else 1
         if q is not None:
             record = DeleteQueue(queue=name)
-            self.s.apply(record)
+            self.s._apply(record)
             self.s.records.append(record)
             self.s.forget_restorable(name)
         return reply
@@ -138,8 +138,11 @@ class Admin:
         dlq = self.s.queues.get(dlq_name)
         record = None
         if dlq is not None and len(dlq):
+            made = name not in self.s.queues
             q = self.s._queue(name)
             record = q.replay_dead(dlq, now, now + p.DEFAULT_TTL)
+            if record is None and made:  # nothing moved: no record makes the queue elsewhere
+                del self.s.queues[name]
         reply = self.s._ok(req)
         reply["moved"] = len(record.moves) if record is not None else 0
         if record is not None:

@@ -12,9 +12,9 @@ Split by feature (leases, dead letters, dedupe), each part would reach into the 
 from __future__ import annotations
 
 import heapq
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice
+from itertools import islice, repeat
 from operator import gt, itemgetter, ne
 
 from sortedcontainers import SortedDict
@@ -24,6 +24,7 @@ from queue_server.protocol.records import (
     count,
 )
 from queue_server.protocol.snapshot_frames import QUEUE, ROWS, Frame, queue_body, read_queue, rows_bodies, rows_of
+from queue_server.workers import undo
 from queue_server.workers.ordering import Ordering
 from queue_server.workers.store import BITS as _BITS, MASK as _MASK, Message, MessageStore, message
 
@@ -73,7 +74,7 @@ class Queue:
 
     __slots__ = ("name", "max_size", "next_id", "dedupe_window", "_index", "_delayed", "_ready",
                  "_leased", "_n_leased", "_tokens", "_dedupe", "paused", "max_deliveries",
-                 "dlq_name", "_dead_letters", "counts", "_last_state")
+                 "dlq_name", "_dead_letters", "counts", "_last_state", "journal")
 
     def __init__(
         self, name: str, max_size: int, next_id: int = 1, dedupe_window: int = DEDUPE_WINDOW
@@ -101,6 +102,8 @@ class Queue:
         self._dead_letters: Callable[[str], Queue] | None = None
         self.counts = dict.fromkeys(COUNTERS, 0)
         self._last_state: tuple | None = None  # the state of the message stored last (_stored)
+        # The worker's undo journal (workers/undo.py), shared by its queues; None: not kept.
+        self.journal: deque | None = None
 
     def dead_letters_to(
         self, dlq_name: str | None, lookup: Callable[[str], Queue], max_deliveries: int = 0
@@ -234,7 +237,7 @@ class Queue:
                 record = Consume(queue=self.name, msg_id=m.msg_id, lease=None,
                                  delivery_count=delivery_count)
             # What _apply_consume does with this record, the state read once.
-            m._state = self._lease(m.msg_id, until, delivery_count, token, s)
+            m._state = self._lease(m.msg_id, until, delivery_count, token, s, data=m.data)
             records.append(record)
             return [m], records
         # The messages as they are now (copies): each gets the state its consume leaves it with.
@@ -671,6 +674,12 @@ class Queue:
 
     def _apply_produce(self, record: Produce, now: float | None) -> None:
         msg_id = record.msg_id
+        journal = self.journal
+        if journal is not None:
+            if msg_id == self.next_id and record.producer is None:
+                journal.append(record)  # the common case: undone from the record alone
+            else:
+                undo.produced(self, record)
         limit = record.max_deliveries
         state = self._stored((
             record.ready, record.ttl, record.retry, record.priority, record.delivery_count, None,
@@ -690,10 +699,14 @@ class Queue:
                 self._apply_produce(records[0], now)
             return
         first = records[0].msg_id
-        if first != self.next_id or records[-1].msg_id != first + len(records) - 1:
+        journal = self.journal
+        if (first != self.next_id or records[-1].msg_id != first + len(records) - 1
+                or journal is not None and records[0].producer is not None):  # one producer: produce_many's
             for record in records:
                 self._apply_produce(record, now)
             return
+        if journal is not None:
+            journal.extend(records)  # consecutive from next_id, no producer: undone from each
         stored = self._stored
         states = []
         for r in records:
@@ -758,8 +771,13 @@ class Queue:
                                 states[0] if states else None)]
         if len(set(ids)) != n:
             raise ValueError("a consume record needs distinct msg_ids")
+        journal = self.journal
+        if journal is not None:  # one record: one entry, the states before
+            before = states if states is not None else self._states(ids)
+            journal.append((undo.undo_restate, self, record, ids, list(before), "consumed",
+                            self.counts["consumed"]))
         return self._consume_ids(ids, record.delivery_counts, (record.lease,) * n,
-                                 (record.token,) * n, states)
+                                 (record.token,) * n, states, journal_each=False)
 
     def _apply_consumes(
         self, records: list[Consume], now: float | None, states: list[tuple] | None = None
@@ -767,7 +785,8 @@ class Queue:
         """Apply single-form consume records of distinct messages as apply would, one by one;
         the states their messages are left with (`states` as for _apply_consume)."""
         return self._consume_ids([r.msg_id for r in records], [r.delivery_count for r in records],
-                                 [r.lease for r in records], [r.token for r in records], states)
+                                 [r.lease for r in records], [r.token for r in records], states,
+                                 journal_each=True)
 
     def _consume_ids(
         self,
@@ -776,19 +795,26 @@ class Queue:
         leases: Sequence[float | None],
         tokens: Sequence[str | None],
         states: list[tuple] | None = None,
+        journal_each: bool = True,
     ) -> list[tuple]:
         """Deliver the messages `ids` (distinct) as consume records say: each numbered by its
         delivery count and leased until its lease under its token, or deleted when its lease is
         None (at most once). `states`: theirs now, when the caller has read them. The states
-        they are left with, in `ids` order."""
+        they are left with, in `ids` order. `journal_each`: each msg_id is a record of its own
+        (the undo journal gets an entry for each; else the caller made the record's)."""
         if len(ids) == 1:
             return [self._lease(ids[0], leases[0], counts[0], tokens[0],
-                                states[0] if states else None)]
+                                states[0] if states else None, journal_each)]
         index = self._index
         if states is None:
             states = index.states(ids)
             if None in states:
                 raise KeyError(f"consume record names msg_ids not stored in {self.name!r}")
+        journal = self.journal
+        if journal is not None and journal_each:
+            datas = index._columns(ids, True)[0] if None in leases else repeat(None)
+            journal.extend([(undo.undo_lease, self, i, None if lease is not None else d, s, dc, lease)
+                            for i, d, s, dc, lease in zip(ids, datas, states, counts, leases)])
         if None in leases:
             for i, lease, token in zip(ids, leases, tokens):
                 if lease is None and token is not None:
@@ -839,11 +865,12 @@ class Queue:
 
     def _lease(
         self, msg_id: int, lease: float | None, delivery_count: int, token: str | None,
-        s: tuple | None = None,
+        s: tuple | None = None, journal: bool = True, data: str | None = None,
     ) -> tuple:
         """Lease a message until `lease` under `token` (None: delete it, an at-most-once
         delivery), as one consume record says; the state it is left with. `s`: its state now,
-        when the caller has read it."""
+        when the caller has read it. `journal`: push the record's undo entry; `data`: the
+        message's, when the caller has read it."""
         if lease is None and token is not None:
             raise ValueError(f"msg_id {msg_id}: a token needs a lease")
         index = self._index
@@ -851,6 +878,11 @@ class Queue:
             s = index.state(msg_id)
             if s is None:
                 raise KeyError(msg_id)
+        if journal and self.journal is not None:
+            if lease is None and data is None:
+                data = index.data(msg_id)  # deleted: its image needs it
+            self.journal.append((undo.undo_lease, self, msg_id, data if lease is None else None,
+                                 s, delivery_count, lease))
         if delivery_count > s[_DELIVERY_COUNT]:
             self.counts["consumed"] += 1
         self._unlink(msg_id, s)
@@ -883,19 +915,25 @@ class Queue:
         if not held:
             del self._tokens[token]
 
-    def _apply_delete(self, record: Confirm | Expire, now: float | None) -> None:
+    def _apply_delete(self, record: Confirm | Expire, now: float | None, counter: str) -> None:
         ids = record.msg_ids
         index = self._index
+        journal = self.journal
         if ids is None:
             msg_id = record.msg_id
-            _, s = index.pop(msg_id)
+            data, s = index.pop(msg_id)
+            if journal is not None:  # the deleted message's image
+                journal.append((undo.undo_delete, self, counter, self.counts[counter], (msg_id, data, s)))
             self._unlink(msg_id, s)
             if s[_TOKEN] is not None:
                 self._unbind(msg_id, s[_TOKEN])
             return
-        states = index.states(ids)
+        datas, states = index._columns(ids, journal is not None)
         if len(set(ids)) != len(ids) or None in states:
             raise KeyError(f"confirm record names msg_ids not stored (or twice) in {self.name!r}")
+        if journal is not None:
+            journal.append((undo.undo_delete, self, counter, self.counts[counter],
+                            list(zip(ids, datas, states))))
         index.delete_many(ids)
         self._unlink_many(ids, states)
         self._unbind_many(ids, states)
@@ -909,23 +947,22 @@ class Queue:
                     self._unbind(i, token)
 
     def _apply_confirm(self, record: Confirm, now: float | None) -> None:
-        self._apply_delete(record, now)
+        self._apply_delete(record, now, "confirmed")
         self.counts["confirmed"] += count(record)
 
     def _apply_expire(self, record: Expire, now: float | None) -> None:
-        self._apply_delete(record, now)
+        self._apply_delete(record, now, "expired")
         self.counts["expired"] += count(record)
 
     def _apply_pause(self, record: Pause, now: float | None) -> None:
+        if self.journal is not None:
+            undo.paused(self, record)
         self.paused = bool(record.paused)
 
     def _apply_purge(self, record: Purge, now: float | None) -> None:
-        self._index.clear()
-        self._delayed.clear()
-        self._ready.clear()
-        self._leased.clear()
-        self._n_leased = 0
-        self._tokens.clear()
+        contents = self._swap_contents()
+        if self.journal is not None:
+            undo.purged(self, record, contents)
 
     def _take(self, msg_id: int) -> tuple[str, tuple]:
         """Remove a stored message from the queue (orderings and token included); its
@@ -940,6 +977,8 @@ class Queue:
         dlq = self._dead_letters(record.dlq)
         if record.dlq_msg_id in dlq._index:
             raise ValueError(f"msg_id {record.dlq_msg_id} already stored in {dlq.name!r}")
+        if self.journal is not None:
+            undo.dead_lettered(self, record, dlq)
         data, s = self._take(record.msg_id)
         reason = record.reason
         dead = {"queue": self.name, "reason": reason, "retry": s[_RETRY], "ttl": s[_TTL]}
@@ -960,6 +999,8 @@ class Queue:
         moves = record.moves
         if any(new_id in index for _, new_id, _ in moves):
             raise ValueError(f"dlq_replay names msg_ids already stored in {self.name!r}")
+        if self.journal is not None:
+            undo.dlq_replayed(self, record, dlq)
         for dead_id, new_id, ttl in moves:
             data, s = dlq._take(dead_id)
             dead = (s[_EXTRA] or {}).get("dead") or {}
@@ -981,6 +1022,15 @@ class Queue:
 
     def _apply_release(self, record: Release, now: float | None) -> None:
         ids = record.msg_ids
+        journal = self.journal
+        if journal is not None:
+            if ids is None:
+                s = self._index.state(record.msg_id)
+                if s is None:
+                    raise KeyError(record.msg_id)
+                journal.append((undo.undo_restate, self, record, (record.msg_id,), (s,), None, 0))
+            else:
+                journal.append((undo.undo_restate, self, record, ids, self._states(ids), None, 0))
         if ids is None:
             self._release(record.msg_id, record.ready, record.delivery_count, now)
         else:
@@ -1059,6 +1109,65 @@ class Queue:
             return
         if not self._ready.discard(-state[_PRIORITY], state[_READY], msg_id):
             self._delayed.remove(0, state[_READY], msg_id)
+
+    # ------------------------------------------------------------------ undo (workers/undo.py)
+
+    def _finals(self, ids: Iterable[int]) -> list[tuple]:
+        """Before-images (msg_id, data, state) of stored messages a record deletes; KeyError if
+        one is not stored."""
+        ids = list(ids)
+        datas, states = self._index._columns(ids, True)
+        if None in states:
+            raise KeyError(ids[states.index(None)])
+        return list(zip(ids, datas, states))
+
+    def _put_back(self, image: tuple) -> None:
+        """Store again a message _finals gave (undo of its deletion)."""
+        self._restate(*image)
+
+    @staticmethod
+    def _delivery_count(state: tuple) -> int:
+        """The delivery_count of a state _states (or a hook) gave."""
+        return state[_DELIVERY_COUNT]
+
+    def _states(self, ids: list[int]) -> list[tuple]:
+        """Before-images of the states of stored messages a record changes in place (lease,
+        release); KeyError if one is not stored."""
+        states = self._index.states(ids)
+        if None in states:
+            raise KeyError(ids[states.index(None)])
+        return states
+
+    def _restate(self, msg_id: int, data: str | None, state: tuple | None) -> None:
+        """Make message `msg_id` have `state` again (data None: the stored data), or not be
+        stored (state None). An unleased message goes to the delayed ordering, as on a
+        replica."""
+        if self._index.state(msg_id) is not None:
+            stored, _ = self._take(msg_id)
+            if data is None:
+                data = stored
+        if state is None:
+            return
+        lease = state[_LEASE]
+        if lease is None:
+            self._insert(msg_id, data, state, None)
+            return
+        self._index.add(msg_id, data, state)
+        self._lease_add(lease, (msg_id,))
+        token = state[_TOKEN]
+        if token is not None:
+            self._bind(token, msg_id)
+
+    def _swap_contents(self, contents: tuple | None = None) -> tuple:
+        """Put `contents` (a tuple this returned; None: empty ones) in place of the messages,
+        their orderings, leases and tokens, and return those (so purge is undone in O(1))."""
+        old = (self._index, self._delayed, self._ready, self._leased, self._n_leased, self._tokens)
+        if contents is None:
+            contents = (MessageStore(), type(self._delayed)(), type(self._ready)(), SortedDict(), 0,
+                        SortedDict())
+        (self._index, self._delayed, self._ready, self._leased, self._n_leased,
+         self._tokens) = contents
+        return old
 
     # ------------------------------------------------------------------ moving due messages
 

@@ -19,7 +19,7 @@ import orjson
 from queue_server.protocol import limits
 from queue_server.protocol import vocabulary as p
 from queue_server.protocol.origin import Origin
-from queue_server.workers import admin, subscriptions
+from queue_server.workers import admin, subscriptions, undo
 from queue_server.workers.bad_request import BadRequest, Refused
 from queue_server.protocol.snapshot_frames import Frame
 from queue_server.protocol.records import Confirm, Consume, DeleteQueue, Noop, Purge, Record, Release, Restore, count
@@ -191,6 +191,7 @@ class PartitionService:
         queue_share: int = 0,
         max_memory_mb: int = 0,
         restore_cache: int = RESTORE_CACHE_SIZE,
+        undo_limit: int | None = None,
     ) -> None:
         """queue_class: StateQueue for a copy that only replays records and takes snapshots
         (restore_cache 0: it keeps no at-most-once deliveries to restore, see RESTORE_CACHE_SIZE).
@@ -201,7 +202,8 @@ class PartitionService:
         max_queues, queue_share: the node's max_queues and this worker's share of it (see
         protocol/limits.py queue_share); a request that would create a queue past the share is
         refused. max_memory_mb: named in the refusal of a produce while `memory_full` (the worker
-        sets it from the node's resident memory)."""
+        sets it from the node's resident memory). undo_limit: keep an undo journal (rollback)
+        of at most this many records (None: keep none)."""
         self.node_id = node_id
         self.restore_cache = restore_cache
         self.max_queues = max_queues
@@ -230,6 +232,11 @@ class PartitionService:
         self.partials: list[list] = []
         self.errors: list[Exception] = []
         self._restorable: OrderedDict[tuple[str, int], Message] = OrderedDict()
+        # Records applied, decided here or replayed (the coordinator counts them too), and the
+        # undo journal of those not committed yet (workers/undo.py; None: rollback is off).
+        self.seq = 0
+        self.undo_limit = undo_limit
+        self.journal = undo.UndoJournal() if undo_limit is not None else None
         self._next_sweep = 0.0
         self._handlers: dict[int, Callable[[dict, Origin, int, float], dict | None]] = {
             p.PRODUCE: self._produce,
@@ -263,6 +270,10 @@ class PartitionService:
                 raise BadRequest("action: not a queue action")
             if not self.accepting and action != p.LOCAL_PEEK:
                 raise BadRequest(p.NOT_LEADING)
+            journal = self.journal
+            if journal is not None and len(journal.entries) >= self.undo_limit and action not in _READS:
+                self._refused(limits.UNCOMMITTED)
+                raise Refused(limits.too_many_uncommitted(self.undo_limit))
             reply = handler(req, origin, req_no, now)
             settled = action == p.CONSUME and _found_nothing(reply)
         except BadRequest as exc:
@@ -271,6 +282,7 @@ class PartitionService:
         except Exception as exc:  # a bug must cost one request, never the process or its queues
             self.errors.append(exc)
             reply = p.error_reply(req, f"internal error: {type(exc).__name__}", self.node_id)
+        self.seq += len(self.records) - made
         if reply is not None:
             if settled and self.accepting and not origin.node and len(self.records) == made:
                 self.direct.append((origin, req_no, reply))
@@ -296,6 +308,8 @@ class PartitionService:
         if q is None:
             q = self.queues[name] = self.queue_class(name, self.queue_size)
             self._configure(q)
+            if self.journal is not None:  # made for the next record: undone with it
+                self.journal.beside(False, undo.undo_create, self, name, q)
         return q
 
     def admit_queues(self, names: tuple[str, ...]) -> None:
@@ -316,13 +330,15 @@ class PartitionService:
         is_dlq = bool(suffix) and q.name.endswith(suffix)
         q.dead_letters_to(admin.dead_letter_name(q.name, suffix), self._queue,
                           0 if is_dlq else self.max_deliveries)
+        q.journal = self.journal.entries if self.journal is not None else None
 
     def forget_restorable(self, queue: str) -> None:
         """Forget the at-most-once deliveries of `queue` kept for restoring (it was purged or
         deleted: they must not come back)."""
         cache = self._restorable
-        for key in [k for k in cache if k[0] == queue]:
-            del cache[key]
+        forgotten = [(k, cache.pop(k)) for k in [k for k in cache if k[0] == queue]]
+        if forgotten and self.journal is not None:
+            self.journal.beside(True, undo.undo_forget, cache, forgotten, False)
 
     def _produce(self, req: dict, origin: Origin, req_no: int, now: float) -> dict:
         name = req.get("queue")
@@ -376,12 +392,14 @@ class PartitionService:
         if self.memory_full:
             self._refused(limits.MAX_MEMORY_MB)
             raise BadRequest(limits.memory_full(self.max_memory_mb))
-        queues = [self._queue(t) for t in targets]
-        if any(q.free() < n for q in queues):
+        # Checked before any queue is made: a refused produce makes none (no record would).
+        existing = self.queues
+        if any((existing[t].free() if t in existing else self.queue_size) < n for t in targets):
             raise Refused(p.QUEUE_FULL)
         ids: dict[str, tuple[int, int]] = {}
         items = [(d, ready, ttl, retry, priority) for d in batch] if batch is not None else None
-        for q in queues:
+        for target in targets:
+            q = self._queue(target)  # made just before its first record (workers/undo.py)
             if items is None:
                 recs = [q.produce(data, ready, ttl, retry, priority, now, producer, sequence,
                                   max_deliveries)]
@@ -553,7 +571,9 @@ class PartitionService:
         cache = self._restorable
         cache[(queue, message.msg_id)] = message
         if len(cache) > self.restore_cache:
-            cache.popitem(last=False)
+            evicted = cache.popitem(last=False)
+            if self.journal is not None:
+                self.journal.beside(True, undo.undo_forget, cache, [evicted], True)
 
     def _selected(self, req: dict) -> tuple[Queue | None, list[tuple[int, str | None, int | None]]]:
         """The queue a confirm/release/extend names, and its (msg_id, token, delivery_count)
@@ -674,7 +694,14 @@ class PartitionService:
         worker that is not accepting (its node does not lead) decides nothing: its polls are
         answered empty and its subscriptions end, and so do they while the node shuts down
         (draining); while it is fenced they wait (only a poll's own deadline answers it)."""
+        made = len(self.records)
+        self._tick(now)
+        self.seq += len(self.records) - made
+
+    def _tick(self, now: float) -> None:
         ending = self.draining or not (self.accepting or self.fenced)
+        # Past undo_limit uncommitted records nothing more is decided until they commit.
+        deciding = self.accepting and not (self.journal is not None and self._undo_full())
         if ending and self.waiters:
             for waiting in self.waiters.values():
                 for w in waiting:
@@ -683,11 +710,11 @@ class PartitionService:
         if self.subs:
             if ending:
                 self.subs.end_all()
-            elif self.accepting:
+            elif deciding:
                 self.subs.pump_all(now)
         for name in list(self.waiters):
             q = self.queues.get(name)
-            if q is not None and self.accepting:
+            if q is not None and deciding:
                 self._serve_waiters(q, now)
             waiting = self.waiters.get(name)
             if waiting and any(w.deadline <= now for w in waiting):
@@ -703,7 +730,7 @@ class PartitionService:
                 self.waiters.pop(name, None)
         if now >= self._next_sweep:
             self._next_sweep = now + EXPIRE_SWEEP_INTERVAL
-            if self.accepting:  # a follower's queues change only by the leader's records
+            if deciding:  # a follower's queues change only by the leader's records
                 for q in list(self.queues.values()):  # a dead letter may make a queue
                     self.records.extend(q.expire_due(now))
 
@@ -755,26 +782,44 @@ class PartitionService:
         q = self.queues.get(queue)
         if q is None or not self.accepting:
             return  # giving a message back is a write: only the leader decides it
+        made = len(self.records)
         for msg_id, delivery_count in given:
             rec = q.release(msg_id, now, delivery_count=delivery_count)
             if rec is None:
                 message = self._restorable.get((queue, msg_id))
                 if message is not None and message.delivery_count == delivery_count and msg_id not in q:
-                    del self._restorable[(queue, msg_id)]
+                    self._unremember((queue, msg_id), before_record=True)
                     rec = q.restore(message)
             if rec is not None:
                 self.records.append(rec)
         if queue in self.waiters:
             self._serve_waiters(q, now)
+        self.seq += len(self.records) - made
+
+    def _unremember(self, key: tuple[str, int], before_record: bool) -> None:
+        """Forget one kept at-most-once delivery (it is being restored)."""
+        message = self._restorable.pop(key, None)
+        if message is not None and self.journal is not None:
+            self.journal.beside(not before_record, undo.undo_forget, self._restorable,
+                                [(key, message)], False)
 
     # ----------------------------------------------------------------------------- replicas
     def apply(self, record: Record) -> None:
         """Replay a change record decided by the leader. An at-most-once delivery is kept as the
         leader keeps it (_remember), so that this node restores the message if it leads when
         the message is given back; a restore, purge or deletion forgets it."""
+        if type(record) is not Noop:
+            self._apply(record)
+            self.seq += 1
+
+    def _apply(self, record: Record) -> None:
+        """apply, not counted in seq (a delete_queue this service decides is counted as a
+        record it made)."""
         kind = type(record)
         if kind is DeleteQueue:
-            self.queues.pop(record.queue, None)
+            q = self.queues.pop(record.queue, None)
+            if self.journal is not None:
+                undo.deleted_queue(self.journal, record, q)
             self.forget_restorable(record.queue)
         elif kind is not Noop:
             q = self._queue(record.queue)
@@ -785,9 +830,43 @@ class PartitionService:
             if taken is not None:
                 self._remember(q.name, delivered_once(taken, record.delivery_count))
             elif kind is Restore:
-                self._restorable.pop((q.name, record.msg_id), None)
+                self._unremember((q.name, record.msg_id), before_record=False)
             elif kind is Purge:
                 self.forget_restorable(q.name)
+
+    # ----------------------------------------------------------------------------- undo
+    def _undo_full(self) -> bool:
+        """Whether the journal holds undo_limit records: writes wait for the commit."""
+        return len(self.journal) >= self.undo_limit
+
+    def rollback(self, keep_through: int) -> int:
+        """Undo, newest first, every record numbered after `keep_through` (they were not
+        committed); how many. Then seq is keep_through. If any was undone, parked long polls are
+        answered empty and subscriptions end (as load_snapshot does); otherwise they are kept."""
+        if self.journal is None:
+            raise ValueError("rollback: this service keeps no undo journal")
+        undone = self.journal.rollback(self, keep_through)
+        self.seq = keep_through
+        cache = self._restorable
+        while len(cache) > self.restore_cache:  # evictions of undone records came back too
+            cache.popitem(last=False)
+        if undone:
+            self._end_waiting()
+            self.subs.end_all()
+        return undone
+
+    def trim(self, committed_seq: int) -> None:
+        """Records through `committed_seq` are committed: their undo entries go. A point before
+        the journal's start (an older watermark) changes nothing."""
+        if self.journal is not None and committed_seq > self.journal.base:
+            self.journal.trim(committed_seq)
+
+    def _end_waiting(self) -> None:
+        """Answer every parked long poll empty."""
+        for waiting in self.waiters.values():
+            for w in waiting:
+                self.replies.append((w.origin, w.req_no, self._empty(w.request, w.count)))
+        self.waiters.clear()
 
     def snapshot(self) -> dict:
         """The state of every queue, JSON-able."""
@@ -818,15 +897,21 @@ class PartitionService:
         self._replace(queues)
 
     def _replace(self, queues: dict[str, Queue]) -> None:
+        """Make `queues` this service's. The record count starts again at 0, with an empty
+        journal."""
+        self.seq = 0
+        if self.journal is not None:
+            self.journal = undo.UndoJournal()
         self.queues = queues
         for q in self.queues.values():
             self._configure(q)
-        for waiting in self.waiters.values():
-            for w in waiting:
-                self.replies.append((w.origin, w.req_no, self._empty(w.request, w.count)))
-        self.waiters.clear()
+        self._end_waiting()
         self._restorable.clear()
         self.subs.end_all()
+
+
+# Actions that change nothing: served while the undo journal is full.
+_READS = frozenset((p.PEEK, p.LOCAL_PEEK))
 
 
 def _found_nothing(reply: dict | None) -> bool:

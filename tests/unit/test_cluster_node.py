@@ -96,9 +96,9 @@ def _replies(to_acceptor: list) -> list[tuple[Origin, int, dict]]:
             for o, n, d in replies.decode(*rest)]
 
 
-def _batch(node: ClusterNode, epoch: int, records: list[dict], seq: int = 1):
+def _batch(node: ClusterNode, epoch: int, records: list[dict], seq: int = 1, index: int = 0):
     header, blob = replies.encode([(Origin(7), seq, {"action": 1, "queue": "q", "seq": seq, "code": 0, "msg_id": 1})])
-    node.on_batch(orjson.dumps(records), header, blob, ipc_frames.EMPTY_LIST, epoch, T0 + 2)
+    node.on_batch(orjson.dumps(records), header, blob, ipc_frames.EMPTY_LIST, epoch, T0 + 2, index)
 
 
 PRODUCE = {"op": "produce", "queue": "q", "msg_id": 1, "ready": T0, "ttl": T0 + 60, "retry": 0,
@@ -135,19 +135,19 @@ def test_a_batch_from_an_old_mode_is_refused_and_not_logged():
     assert "retry" in reply["reason"]
 
 
-def test_resetting_a_leaders_workers_keeps_the_log_tail_and_starts_a_new_mode():
+def test_a_disk_refusal_rolls_the_workers_back_to_what_they_logged_in_a_new_mode():
     node = _leader_of_three()
-    _batch(node, node.epoch, [PRODUCE])  # logged, not yet on disk: not committed
+    _batch(node, node.epoch, [PRODUCE], index=1)  # logged, not yet on disk: not committed
     _disk_refuses(node)
     epoch = node.epoch
-    _batch(node, epoch, [dict(PRODUCE, msg_id=2)], seq=2)  # the disk refuses: undo in the workers
+    _batch(node, epoch, [dict(PRODUCE, msg_id=2)], seq=2, index=1)  # refused: undone in the worker
     _, to_workers, _ = _drain(node)
-    kinds = [frames[0] for _, frames in to_workers]
-    assert kinds.index(ipc_frames.RESET) < kinds.index(ipc_frames.APPLY) < kinds.index(ipc_frames.MODE)
-    applied = [r for _, f in to_workers if f[0] == ipc_frames.APPLY for r in orjson.loads(f[1])]
-    assert [r["msg_id"] for r in applied] == [1]  # the logged produce survives the reset
+    assert [f[0] for _, f in to_workers] == [ipc_frames.MODE, ipc_frames.MODE]  # no RESET, no APPLY
     assert node.epoch == epoch + 1
-    assert all(orjson.loads(f[1]) == [True, epoch + 1] for _, f in to_workers if f[0] == ipc_frames.MODE)
+    last = node.log.last_trans_id
+    # each worker keeps the records it logged: worker 1 its first produce, worker 0 none
+    assert {i: orjson.loads(f[1]) for i, f in to_workers} == {0: [True, epoch + 1, 0, last],
+                                                              1: [True, epoch + 1, 1, last]}
 
 
 def test_a_follower_forwards_with_the_transport_and_echoes_failures():
@@ -359,21 +359,22 @@ def test_a_hand_off_that_times_out_leads_on_and_serves_what_it_held():
     to_acceptor, to_workers, _ = _drain(node)
     assert _statuses(to_acceptor)[-1]["role"] == "leader"
     kinds = [(i, f[0]) for i, f in to_workers]
-    # the workers accept again (a new mode, no reset: fenced, their state is the log's); then
-    # the held request and the messages to give back reach them
+    # the workers accept again (a new mode, nothing rolled back: fenced, each logged all it
+    # decided); then the held request and the messages to give back reach them
     assert ipc_frames.RESET not in [k for _, k in kinds]
-    assert [orjson.loads(f[1]) for _, f in to_workers if f[0] == ipc_frames.MODE] == [[True, epoch + 1]] * 2
+    assert [orjson.loads(f[1]) for _, f in to_workers if f[0] == ipc_frames.MODE] == [
+        [True, epoch + 1, node.seqs.counts[i], node.log.last_trans_id] for i in (0, 1)]
     worker = node.router.worker_for("q")
     mine = [f for i, f in to_workers if i == worker]
     assert [f[0] for f in mine] == [ipc_frames.MODE, ipc_frames.REQ, ipc_frames.UNDELIVER]
     assert mine[1][2] == b"%d" % (epoch + 1)
 
 
-def test_a_hand_off_that_times_out_before_every_fence_resets_the_workers_not_fenced():
-    """A worker that never answered FENCED may still be deciding under the old mode: it starts
-    over from the log, so that its late batch is refused with nothing applied. A fenced one's
-    state is the log's: it is not reset, so the long polls and subscriptions it kept parked
-    through the fence are served again."""
+def test_a_hand_off_that_times_out_before_every_fence_rolls_the_workers_back_to_what_they_logged():
+    """A worker that never answered FENCED may still be deciding under the old mode: its new
+    mode rolls it back to the records it logged, so that its late batch is refused with nothing
+    applied. A fenced one logged all it decided: it undoes nothing, so the long polls and
+    subscriptions it kept parked through the fence are served again."""
     node, now = _handing_over()
     _drain(node)  # the fences
     node.on_fenced(node.epoch, 0, now)
@@ -384,9 +385,8 @@ def test_a_hand_off_that_times_out_before_every_fence_resets_the_workers_not_fen
         node.tick(t)
     assert node.role == "leader"
     to_workers = _drain(node)[1]
-    assert [f[0] for i, f in to_workers if i == 0] == [ipc_frames.MODE]
-    kinds = [f[0] for i, f in to_workers if i == 1]
-    assert ipc_frames.RESET in kinds and kinds.index(ipc_frames.RESET) < kinds.index(ipc_frames.MODE)
+    assert [f[0] for i, f in to_workers] == [ipc_frames.MODE, ipc_frames.MODE]
+    assert [orjson.loads(f[1])[2] for i, f in to_workers] == node.seqs.counts
     epoch = node.epoch
     _batch(node, epoch - 1, [PRODUCE], seq=3)  # worker 1's late batch of the mode that ended
     [(_, _, reply)] = _replies(_drain(node)[0])
@@ -664,3 +664,23 @@ def test_a_node_without_a_disk_reports_no_recovery():
     node.tick(T0 + 1)
     _drain(node)
     assert node.role == "leader" and node.take_replayed() is None
+
+
+def test_a_leader_that_steps_down_rolls_each_worker_back_to_its_last_committed_record():
+    node, now = _elected(_config(3))
+    _batch(node, node.epoch, [PRODUCE, dict(PRODUCE, msg_id=2)], index=1)  # worker 1: records 1, 2
+    committed = node.log.last_trans_id
+    _batch(node, node.epoch, [dict(PRODUCE, msg_id=3)], seq=2, index=1)  # record 3: never committed
+    _batch(node, node.epoch, [dict(PRODUCE, queue="r")], seq=3, index=0)  # worker 0: record 1
+    _drain(node)
+    node.on_peer(AppendAck(node.election.vote_id, 2, committed), NODE2, now + 0.01)
+    assert node.log.commit_trans_id == committed
+    node.tick(now + 0.2)  # the commit watermark: worker 1's records through 2
+    committed_frames = [(i, f) for i, f in _drain(node)[1] if f[0] == ipc_frames.COMMITTED]
+    assert committed_frames == [(1, ipc_frames.committed_frames(node.epoch, 2))]
+    epoch = node.epoch
+    node.on_peer(Heartbeat(node.election.vote_id + 1, 2, 0, 0, 0, 0), NODE2, now + 0.3)  # a newer term
+    assert node.role == "follower"
+    modes = {i: orjson.loads(f[1]) for i, f in _drain(node)[1] if f[0] == ipc_frames.MODE}
+    assert modes == {0: [False, epoch + 1, 0, committed], 1: [False, epoch + 1, 2, committed]}
+    assert node.seqs.counts == [0, 2] and node.workers_trans_id == committed

@@ -63,11 +63,12 @@ def test_decoded_and_naming_of_what_does_not_parse():
 
 
 @given(st.binary(max_size=30), st.binary(max_size=30), st.binary(max_size=30), st.binary(max_size=30),
-       st.integers(0, 2**62))
-def test_batch_frames_round_trip(records, header, blob, partials, epoch):
-    frames = ipc_frames.batch_frames(records, header, blob, partials, epoch)
+       st.integers(0, 2**62), st.integers(0, 255))
+def test_batch_frames_round_trip(records, header, blob, partials, epoch, index):
+    frames = ipc_frames.batch_frames(records, header, blob, partials, epoch, index)
     assert frames[0] == ipc_frames.BATCH
     assert ipc_frames.read_batch(frames) == (records, header, blob, partials, epoch)
+    assert ipc_frames.batch_index(frames) == index
 
 
 @given(st.integers(0, 2**62), st.sampled_from(sorted(ipc_frames.FENCE_SENDERS)))
@@ -138,10 +139,11 @@ def test_undeliver_round_trip(queue, given_back):
     assert ipc_frames.read_undeliver(frames) == (queue, given_back)
 
 
-@given(st.lists(st.sampled_from(EVERY_FIELD), max_size=6))
-def test_apply_round_trip(changes):
-    frames = ipc_frames.apply_frames(changes)
+@given(st.lists(st.sampled_from(EVERY_FIELD), max_size=6), st.booleans())
+def test_apply_round_trip(changes, committed):
+    frames = ipc_frames.apply_frames(changes, committed)
     assert frames[0] == ipc_frames.APPLY and ipc_frames.read_apply(frames) == changes
+    assert ipc_frames.apply_committed(frames) is committed
 
 
 @given(st.lists(st.sampled_from(EVERY_FIELD), max_size=6))
@@ -151,10 +153,17 @@ def test_a_batch_s_records_round_trip_and_mark_empty_without_decoding(changes):
     assert (data == ipc_frames.EMPTY_LIST) == (not changes)
 
 
-@given(st.booleans(), epochs)
-def test_mode_round_trip(accepting, epoch):
-    frames = ipc_frames.mode_frames(accepting, epoch)
-    assert frames[0] == ipc_frames.MODE and ipc_frames.read_mode(frames) == (accepting, epoch)
+@given(st.booleans(), epochs, st.none() | st.integers(0, 2**62), st.none() | st.integers(0, 2**62))
+def test_mode_round_trip(accepting, epoch, keep_through, trans_id):
+    frames = ipc_frames.mode_frames(accepting, epoch, keep_through, trans_id)
+    assert frames[0] == ipc_frames.MODE
+    assert ipc_frames.read_mode(frames) == (accepting, epoch, keep_through, trans_id)
+
+
+@given(epochs, st.integers(0, 2**62))
+def test_committed_round_trip(epoch, seq):
+    frames = ipc_frames.committed_frames(epoch, seq)
+    assert frames[0] == ipc_frames.COMMITTED and ipc_frames.read_committed(frames) == (epoch, seq)
 
 
 @given(st.dictionaries(st.text(max_size=8), reply_dicts, max_size=4))
@@ -197,7 +206,10 @@ def test_the_byte_layouts_are_the_ones_docs_architecture_md_documents():
     assert ipc_frames.req_frames([item], 3) == [b"req", b'[[[5,true,2],7,{"action":1}]]', b"3"]
     assert ipc_frames.close_frames(5) == [b"close", b"5"]
     assert ipc_frames.undeliver_frames("q", [[1, 2]]) == [b"undeliver", b'["q",[[1,2]]]']
-    assert ipc_frames.mode_frames(True, 4) == [b"mode", b"[true,4]"]
+    assert ipc_frames.mode_frames(True, 4, 9, 12) == [b"mode", b"[true,4,9,12]"]
+    assert ipc_frames.mode_frames(False, 4) == [b"mode", b"[false,4,null,null]"]
+    assert ipc_frames.committed_frames(4, 9) == [b"committed", b"4", b"9"]
+    assert ipc_frames.apply_frames([], committed=False) == [b"apply", b"[]", b"0"]
 
 
 def test_every_kind_has_its_codec():

@@ -51,6 +51,7 @@ from queue_server.server.metrics import WorkerMetrics
 from queue_server.server.dispatch import TO_COORDINATOR, Dispatch
 from queue_server.server.router import Router
 from queue_server.workers.service import PartitionService
+from queue_server.workers.undo import UNDO_LIMIT
 from queue_server.server.worker import Worker
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "60"))
@@ -188,13 +189,19 @@ class SimNode:
         for i in range(self.config.workers):
             service = PartitionService(node_id, self.config.queue_size, {}, max_wait=self.config.max_wait,
                                        max_deliveries=self.config.max_deliveries,
-                                       dead_letter_suffix=self.config.dead_letter_suffix)
+                                       dead_letter_suffix=self.config.dead_letter_suffix,
+                                       undo_limit=UNDO_LIMIT)
             service.accepting = False
             self.workers.append(Worker(service, None, _Pipe(self, _worker_proc(i), COORD), _Quiet(), i,
                                        metrics=WorkerMetrics(CollectorRegistry()),
                                        acceptor=_Pipe(self, _worker_proc(i), ACCEPTOR)))
+        for i, w in enumerate(self.workers):
+            w.service.rollback = self.checked_rollback(i)  # type: ignore[method-assign]
         self.acceptor = SimAcceptor(self)
         self.vote = recovered.vote
+        # The oracle of rollbacks: what each worker must hold after the MODE of an epoch, built
+        # from the committed state and the log up to the trans_id the MODE names.
+        self.expected: dict[tuple[int, int], tuple[int, bytes]] = {}
         self.coord_flush()
 
     # pipes and processes
@@ -206,7 +213,7 @@ class SimNode:
         if proc == COORD:
             kind = frames[0]
             if kind == ipc_frames.BATCH:
-                self.cn.on_batch(*ipc_frames.read_batch(frames), now)
+                self.cn.on_batch(*ipc_frames.read_batch(frames), now, ipc_frames.batch_index(frames))
             elif kind == ipc_frames.FORWARD:
                 self.cn.on_forward_requests(ipc_frames.read_forward(frames), now)
             elif kind == ipc_frames.UNDELIVER:
@@ -219,9 +226,58 @@ class SimNode:
         elif proc == ACCEPTOR:
             self.acceptor.on_inbox(frames)
         else:
-            w = self.workers[int(proc.rsplit("-", 1)[1])]
+            index = int(proc.rsplit("-", 1)[1])
+            w = self.workers[index]
             w.dispatch(frames, now)
             self.worker_after(w)
+
+    def expect(self, index: int, frames: list[bytes]) -> None:
+        """A MODE leaves for worker `index`: note what the worker must then hold."""
+        _accepting, epoch, keep_through, trans_id = ipc_frames.read_mode(frames)
+        cn = self.cn
+        if keep_through is None or trans_id is None or cn.state_trans_id > trans_id:
+            return
+        entries = cn.log.entries_after(cn.state_trans_id, 1 << 62)
+        if entries is None:
+            return
+        replay = PartitionService(self.node_id, self.config.queue_size, {},
+                                  dead_letter_suffix=self.config.dead_letter_suffix)
+        replay.load_snapshot(orjson.loads(orjson.dumps(cn.state.snapshot())))
+        for e in entries:
+            if e.trans_id <= trans_id:
+                replay.apply(e.record)
+        worker_for = cn.router.worker_for
+        part = {name: snap for name, snap in replay.snapshot().items() if worker_for(name) == index}
+        self.expected[(index, epoch)] = (trans_id, orjson.dumps(part, option=orjson.OPT_SORT_KEYS))
+
+    def checked_rollback(self, index: int) -> Callable[[int], int]:
+        """Worker `index`'s PartitionService.rollback, checked against the oracle as soon as it
+        returns (before the requests the MODE held are served)."""
+        w = self.workers[index]
+        rollback = w.service.rollback
+
+        def checked(keep_through: int) -> int:
+            undone = rollback(keep_through)
+            self.check_rollback(index, w, keep_through, undone)
+            return undone
+        return checked
+
+    def check_rollback(self, index: int, w: Worker, keep_through: int, undone: int) -> None:
+        epoch = w.epoch
+        trans_id, expected = self.expected.pop((index, epoch), (None, None))
+        if w.service.seq != keep_through:
+            raise Violation(f"node {self.node_id} worker {index}: seq {w.service.seq} after a MODE "
+                            f"that keeps through {keep_through}")
+        if not undone:
+            return
+        self.sim.rollbacks += 1
+        if expected is None:
+            return
+        got = orjson.dumps(orjson.loads(orjson.dumps(w.service.snapshot())), option=orjson.OPT_SORT_KEYS)
+        if got != expected:
+            raise Violation(f"node {self.node_id} worker {index}: after rolling back {undone} records "
+                            f"(epoch {epoch}) its queues differ from the log through trans_id {trans_id}")
+        self.sim.rollbacks_checked += 1
 
     def worker_after(self, w: Worker) -> None:
         w.service.tick(self.sim.now)
@@ -243,18 +299,29 @@ class SimNode:
         """server/coordinator.py flush: each Ready's log and vote to 'disk', then everything it
         holds sent, then advance, until the node has nothing more."""
         cn = self.cn
-        self.sim.on_role(self)
+        sim = self.sim
+        sim.on_role(self)
         while cn.has_ready():
             ready = cn.ready()
+            # Now and then the disk refuses the log (then writes are refused and undone in the
+            # workers, and the next flush tries again).
+            stored = not (sim.faults and ready.log_through != cn._stable_through
+                          and sim.disk_rng.random() < sim.disk_fail)
             if ready.vote is not None:
                 self.vote = ready.vote
             for index, message in batching.for_workers(ready.to_workers):
+                if message[0] == ipc_frames.MODE:
+                    self.expect(index, message)
                 self.pipe(COORD, _worker_proc(index), message)
             for message in batching.for_acceptor(ready.to_acceptor):
                 self.pipe(COORD, ACCEPTOR, message)
-            for target, msg in ready.peer_messages(True, True):
+            for target, msg in ready.peer_messages(stored, True):
                 data = wire.encode(msg, "127.0.0.1", self.config.port, self.config.node_type, self.config.http_port)
                 self.sim.net(self.node_id, target, data, forward=type(msg) is Forward)
+            if not stored:
+                sim.disk_refusals += 1
+                cn.advance(ready, log_stored=False)
+                break
             cn.advance(ready, durable_trans_id=ready.log_through)
 
     def durable(self) -> Recovered:
@@ -263,9 +330,10 @@ class SimNode:
         tid = cn.state_trans_id
         entries = cn.log.entries_after(tid, 1 << 62)
         assert entries is not None, "the log lost entries past the committed state"
+        entries = [e for e in entries if e.trans_id <= cn._stable_through]  # a refused write is not there
         state = orjson.loads(orjson.dumps(cn.state.snapshot()))
         term = cn.log.term_at(tid) or (cn.log.base_vote_id if tid == cn.log.base_trans_id else 0)
-        return Recovered(trans_id=tid, vote_id=term, state=state, entries=list(entries), vote=self.vote)
+        return Recovered(trans_id=tid, vote_id=term, state=state, entries=entries, vote=self.vote)
 
     def workers_state(self) -> dict:
         merged: dict = {}
@@ -462,6 +530,13 @@ class Sim:
         self.undelivered = 0
         self.leaders: dict[int, int] = {}
         self.handoffs = 0  # graceful stops of a leader
+        self.rollbacks = 0  # MODEs that undid records in a worker
+        # The disk refuses a write of the log now and then (its own stream: the others' draws
+        # stay as they were).
+        self.disk_rng = random.Random(seed + 3_000_017)
+        self.disk_fail = self.disk_rng.choice([0.0, 0.01, 0.05])
+        self.disk_refusals = 0
+        self.rollbacks_checked = 0  # ... whose result the oracle compared with the log
         self.transfers = 0  # ... after which another node led without an election timeout
         for i in self.members:
             self.start(i)
@@ -744,6 +819,7 @@ def test_node_sim_makes_progress():
     assert len(sim.acked[ALO]) > 50 and len(sim.acked[AMO]) > 20
     assert len(sim.delivered[AMO]) > 20
     assert len(sim.leaders) >= 2
+    assert sim.rollbacks > 0 and sim.rollbacks_checked > 0
     # every administration action was carried out at least once under the faults
     assert {sp.PAUSE, sp.RESUME, sp.PURGE, sp.DELETE_QUEUE, sp.DLQ_REPLAY, sp.PEEK, sp.LOCAL_PEEK} <= set(sim.admin_done)
 

@@ -268,3 +268,25 @@ def test_draining_answers_a_parked_long_poll_now_and_parks_no_more(worker):
     worker.flush()
     [(_, got, _)] = batches(worker)
     assert sorted((o.conn, r["code"], "data" in r) for o, _, r in got) == [(5, 0, False), (6, 0, False)]
+
+
+def test_a_mode_rolls_back_what_it_does_not_keep_and_commits_trim_the_journal():
+    service = PartitionService(1, 1000, {}, max_wait=30, undo_limit=100)
+    w = Worker(service, None, Pipe(), Log(), 3, metrics=WorkerMetrics(CollectorRegistry()))
+    record = {"op": "produce", "queue": "q", "msg_id": 1, "ready": NOW, "ttl": NOW + 60, "retry": 0,
+              "priority": 0, "data": "x", "delivery_count": 0}
+    w.dispatch(ipc_frames.apply_frames([record], committed=True), NOW)
+    assert service.seq == 1 and len(service.journal) == 0  # committed: no undo kept
+    w.dispatch(ipc_frames.mode_frames(True, 1, 1, 1), NOW)
+    w.dispatch(req([(5, 1, produce("q", "a")), (5, 2, produce("q", "b"))], 1), NOW)
+    w.flush()
+    assert ipc_frames.batch_index(w.coordinator.sent[-1]) == 3
+    assert service.seq == 3 and len(service.journal) == 2
+    w.dispatch(ipc_frames.committed_frames(0, 3), NOW)  # of a mode that is over: ignored
+    w.dispatch(ipc_frames.committed_frames(1, 2), NOW)
+    assert len(service.journal) == 1
+    w.dispatch(ipc_frames.mode_frames(False, 2, 2, 2), NOW)  # record 3 was not committed
+    assert w.undone == 1 and w.rollbacks == 1 and service.seq == 2
+    assert [m[1] for m in service.snapshot()["q"]["messages"]] == ["x", "a"]
+    w.dispatch(ipc_frames.mode_frames(True, 3, 2, 2), NOW)  # keeps everything: undoes nothing
+    assert w.undone == 0 and w.rollbacks == 1
