@@ -153,12 +153,22 @@ class Worker:
             if ipc_frames.read_release(frames) == self.hold_cut:
                 self.release()
         elif kind == ipc_frames.LOAD:
-            trans_id, parts = ipc_frames.read_load(frames)
-            service.load_frames(itertools.chain.from_iterable(iter_frames(p, trans_id) for p in parts), self.owns)
+            self.load(*ipc_frames.read_load(frames))
         elif kind == ipc_frames.DRAIN:
             service.draining = True
         else:
             self.log.warning("unknown message kind %r", kind)
+
+    def load(self, trans_id: int, parts: list[str]) -> None:
+        """Replace the queues with those of the snapshot parts at trans_id that this worker owns.
+        A part that cannot be read now (it was checked at start) stops the worker, and so the node,
+        in one line: the next start checks the parts again and falls back to an older snapshot."""
+        frames = itertools.chain.from_iterable(iter_frames(path, trans_id) for path in parts)
+        try:
+            self.service.load_frames(frames, self.owns)
+        except (OSError, ValueError) as exc:
+            self.log.error("cannot load the snapshot at trans_id %d: %s; stopping", trans_id, exc)
+            sys.exit(4)
 
     def fence(self, epoch: int, sender: bytes) -> None:
         """A sender of requests sends none more in mode `epoch`. Once both have said so (the

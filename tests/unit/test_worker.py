@@ -359,3 +359,15 @@ def test_load_keeps_the_queues_the_worker_owns(worker, tmp_path):
     worker.owns = lambda name: name == "mine"
     worker.dispatch(ipc_frames.load_frames(9, [path]), NOW)
     assert list(worker.service.queues) == ["mine"]
+
+
+def test_a_part_that_cannot_be_loaded_stops_the_worker_in_one_line(worker, tmp_path):
+    path = str(tmp_path / "part-0.qsp")
+    write_part(path, iter(()), 9)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 1)
+    with pytest.raises(SystemExit) as stopped:
+        worker.dispatch(ipc_frames.load_frames(9, [path]), NOW)
+    assert stopped.value.code == 4
+    (level, line, *args), = worker.log.lines
+    assert level == "error" and "torn frame at offset 16; stopping" in line % tuple(args)
