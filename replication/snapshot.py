@@ -198,8 +198,9 @@ def read_end(path: str) -> dict:
 
 
 def _prune(directory: str, keep_from: int | None) -> None:
-    """Delete snapshots older than the newest KEEP and than `keep_from`, then the leftovers
-    (clean)."""
+    """Delete snapshots older than the newest KEEP and than `keep_from`, then the parts
+    directories no manifest names (clean, sparing tmp directories: the workers may be writing
+    the next cut's parts already)."""
     found = _snapshots(directory)
     floor = found[-KEEP][0] if len(found) >= KEEP else 0
     if keep_from is not None:
@@ -207,12 +208,12 @@ def _prune(directory: str, keep_from: int | None) -> None:
     for trans_id, path in found:
         if trans_id < floor:
             _remove(path)
-    clean(directory)
+    clean(directory, tmp=False)
 
 
-def clean(directory: str) -> None:
-    """Delete what a crash or a failed snapshot left: tmp directories and files, and parts
-    directories that no manifest names."""
+def clean(directory: str, tmp: bool = True) -> None:
+    """Delete what a crash or a failed snapshot left: tmp directories and files (unless not
+    `tmp`), and parts directories that no manifest names."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
@@ -224,7 +225,7 @@ def clean(directory: str) -> None:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass  # a v1 file or a damaged manifest names no parts
     for name in names:
-        if name.startswith(_TMP_PREFIX) or name.endswith(TMP_SUFFIX) or (
+        if (tmp and (name.startswith(_TMP_PREFIX) or name.endswith(TMP_SUFFIX))) or (
                 name.startswith(_PARTS_PREFIX) and name not in named):
             _remove(os.path.join(directory, name))
 

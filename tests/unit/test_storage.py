@@ -427,7 +427,11 @@ def test_a_published_snapshot_names_every_part_with_its_counts_and_a_failed_one_
     os.makedirs(tmp)
     frames = list(state.snapshot_frames())
     parts = [write_part(os.path.join(tmp, f"part-{i}.qsp"), frames[i::2]) for i in range(2)]
+    following = os.path.join(s.snapshot_dir, "tmp-cut-next")  # the next cut, started already
+    os.makedirs(following)
     s.finish_snapshot(6, 1, tmp, parts)
+    assert os.path.isdir(following)  # its workers may be writing into it: only a start deletes it
+    os.rmdir(following)
     snapshot = read_manifest(os.path.join(s.snapshot_dir, snapshot_name(6)))  # every part checked
     assert [e["messages"] for e in snapshot.entries] == [p["messages"] for p in parts]
     assert (s.valid_at, os.path.exists(tmp)) == (6, False)
