@@ -126,16 +126,18 @@ class Storage:
         """Where snapshots (manifests, parts, and the workers' tmp directories) are."""
         return self.datadir.snapshot_dir
 
-    def finish_snapshot(self, trans_id: int, vote_id: int, tmp: str, parts: list[dict]) -> None:
+    def finish_snapshot(self, trans_id: int, vote_id: int, tmp: str, parts: list[dict], how: str = "") -> None:
         """Publish the parts the workers wrote into `tmp` as the snapshot at trans_id (snapshot.py
         publish), keeping the newest ones and the newest known valid; then drop the log segments
-        before the oldest kept snapshot (in case the newer ones prove bad). Raises StorageError."""
+        before the oldest kept snapshot (in case the newer ones prove bad); `how` goes into the log
+        line. Raises StorageError."""
         publish(self.snapshot_dir, tmp, trans_id, vote_id, parts, keep_from=self.valid_at)
         self.valid_at = trans_id
         kept = snapshot_trans_ids(self.snapshot_dir)
         removed = self.wal.remove_segments_before(kept[0]) if kept and self.wal is not None else 0
-        self.log.info("snapshot at trans_id %d written (%d parts, %d messages); %d old log segments removed",
-                      trans_id, len(parts), sum(p.get("messages", 0) for p in parts), removed)
+        self.log.info("snapshot at trans_id %d written (%d parts, %d messages%s); %d old log segments removed",
+                      trans_id, len(parts), sum(p.get("messages", 0) for p in parts), f"; {how}" if how else "",
+                      removed)
 
     def abort_snapshot(self, tmp: str) -> None:
         """Delete what a cut that will not be published wrote."""

@@ -589,7 +589,7 @@ class ClusterNode:
     def on_snapped(self, epoch: int, cut_id: int, index: int, now: float) -> None:
         """Worker `index` forked the writer of its part of cut `cut_id` in mode `epoch`; every batch
         it decided before is logged (the pipe is FIFO), and it holds the later ones (SnapshotCut)."""
-        self._to_workers.extend(self.cuts.on_snapped(epoch, cut_id, index, self.log.last_trans_id, self.log.term_at))
+        self._to_workers.extend(self.cuts.on_snapped(epoch, cut_id, index, self.log.last_trans_id, self.log.term_at, now))
         self._snapshot_progress(now)
 
     def on_part_done(self, cut_id: int, index: int, ok: bool, part: dict | None, now: float) -> None:

@@ -34,6 +34,8 @@ class Publish(NamedTuple):
     vote_id: int
     tmp: str
     parts: tuple[dict, ...]  # the workers' part entries, by worker index
+    held: float = 0.0  # seconds from the SNAPs to T: how long snapped workers held their output
+    took: float = 0.0  # seconds from the SNAPs to this publish
 
 
 class Failed(NamedTuple):
@@ -67,6 +69,7 @@ class SnapshotCut:
 
     def _reset(self) -> None:
         self.running = False
+        self.started = self.held = 0.0
         self.epoch = -1
         self.hold = False
         self.tmp = ""
@@ -105,6 +108,7 @@ class SnapshotCut:
         # clean() deletes a tmp- directory a crash (or an abandoned cut) left.
         self.tmp = os.path.join(self.snapshot_dir or "", f"tmp-cut-{int(now * 1e6):x}-{self.cut_id}")
         self.deadline = now + self.hold_timeout
+        self.started = now
         if not hold:
             self._set_point(point, term_at)
         return [(i, ipc_frames.snap_frames(epoch, self.cut_id, self.tmp, hold)) for i in range(self.workers)]
@@ -115,7 +119,7 @@ class SnapshotCut:
 
     # ----------------------------------------------------------------- the workers' answers
     def on_snapped(self, epoch: int, cut_id: int, index: int, last_logged: int,
-                   term_at: TermAt) -> list[tuple[int, list[bytes]]]:
+                   term_at: TermAt, now: float) -> list[tuple[int, list[bytes]]]:
         """Worker `index` forked (in mode `epoch`). Once every worker has, T is the last logged
         trans_id and the workers stop holding."""
         if not self.running or cut_id != self.cut_id or epoch != self.epoch:
@@ -124,6 +128,7 @@ class SnapshotCut:
         if len(self.snapped) < self.workers or self.trans_id is not None:
             return []
         self._set_point(last_logged, term_at)
+        self.held = now - self.started
         return self._releases()
 
     def on_part_done(self, cut_id: int, index: int, ok: bool, part: dict | None) -> list[tuple[int, list[bytes]]]:
@@ -152,7 +157,8 @@ class SnapshotCut:
             self.committed = True
         if self.committed and len(self.parts) == self.workers:
             self.done.append(Publish(self.trans_id, self.term or 0, self.tmp,
-                                     tuple(self.parts[i] for i in range(self.workers))))
+                                     tuple(self.parts[i] for i in range(self.workers)), self.held,
+                                     now - self.started if now is not None else 0.0))
             self.urgent = False
             self._reset()
         return []

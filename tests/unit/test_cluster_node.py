@@ -711,7 +711,9 @@ def test_a_leader_s_cut_holds_the_snapped_workers_and_takes_t_at_the_last_snappe
     assert node.ready().snapshots == ()  # worker 0's part is not written yet
     node.on_part_done(cut_id, 0, True, PART, T0 + 5)
     ready = node.ready()
-    assert ready.snapshots == (Publish(last, node.log.term_at(last), tmp, (PART, dict(PART, file="part-1.qsp"))),)
+    (published,) = ready.snapshots
+    assert published[:4] == (last, node.log.term_at(last), tmp, (PART, dict(PART, file="part-1.qsp")))
+    assert (published.held, published.took) == pytest.approx((0.01, 3.0))  # from the SNAPs to T, to now
     node.advance(ready, durable_trans_id=ready.log_through)
     assert node.ready().snapshots == () and not node.cuts.running
     node.tick(T0 + 3)  # the next cut waits for snapshot_every more committed records

@@ -25,7 +25,7 @@ def test_a_cut_whose_t_was_replaced_before_it_was_committed_fails():
     log = {10: 3}
     cut = SnapshotCut(1, 1, "/s")
     cut.start(1, 0.0, 5, hold=True, point=0, term_at=terms(log))
-    assert [f[0] for _, f in cut.on_snapped(1, 1, 0, 10, terms(log))] == [ipc_frames.RELEASE]
+    assert [f[0] for _, f in cut.on_snapped(1, 1, 0, 10, terms(log), 0.05)] == [ipc_frames.RELEASE]
     cut.on_part_done(1, 0, True, PART)
     assert cut.poll(0.1, 9, terms(log)) == [] and cut.done == []  # not committed yet
     log[10] = 4  # the entry at 10 was replaced by another leader's
@@ -38,13 +38,13 @@ def test_committed_once_is_final_even_if_the_entry_leaves_the_log_window():
     log = {10: 3}
     cut = SnapshotCut(1, 1, "/s")
     cut.start(1, 0.0, 5, hold=True, point=0, term_at=terms(log))
-    cut.on_snapped(1, 1, 0, 10, terms(log))
+    cut.on_snapped(1, 1, 0, 10, terms(log), 0.05)
     cut.poll(0.1, 10, terms(log))
     del log[10]
     cut.on_part_done(1, 0, True, PART)
     tmp = cut.tmp
     cut.poll(0.2, 12, terms(log))
-    assert cut.take_done() == [Publish(10, 3, tmp, (PART,))]
+    assert cut.take_done() == [Publish(10, 3, tmp, (PART,), 0.05, 0.2)]
 
 
 def test_an_urgent_cut_is_tried_again_soon_after_a_failure_and_ends_with_a_publish():
@@ -66,7 +66,7 @@ def test_an_urgent_cut_is_tried_again_soon_after_a_failure_and_ends_with_a_publi
 def test_answers_of_another_cut_or_mode_are_ignored():
     cut = SnapshotCut(2, 1, "/s")
     cut.start(3, 0.0, 1, hold=True, point=0, term_at=terms({}))
-    assert cut.on_snapped(2, 1, 0, 5, terms({})) == []  # an older mode
-    assert cut.on_snapped(3, 0, 0, 5, terms({})) == []  # an older cut
+    assert cut.on_snapped(2, 1, 0, 5, terms({}), 0.0) == []  # an older mode
+    assert cut.on_snapped(3, 0, 0, 5, terms({}), 0.0) == []  # an older cut
     assert cut.on_part_done(0, 0, False, None) == [] and cut.running
     assert cut.snapped == set()
