@@ -25,7 +25,7 @@ from queue_server.server.cluster import ClusterNode
 from queue_server.server.metrics import CoordinatorMetrics
 from queue_server.server.peer_check import BAD_KEY, peer_rejection
 from queue_server.server.ready import Ready
-from queue_server.server.snapshots import Failed, Publish
+from queue_server.server.snapshots import Clear, Failed, Publish
 from queue_server.server.reachability import Reachability
 
 # Messages queued for a peer that is not answering are dropped past this many: the election and
@@ -318,8 +318,11 @@ class Coordinator:
                           node.election.leader_id, ready.log_through)
         return log_stored
 
-    def snapshot(self, storage: Storage, cut: Publish | Failed) -> None:
+    def snapshot(self, storage: Storage, cut: Publish | Failed | Clear) -> None:
         """Publish a cut the workers wrote, or clear one away, saying why in one line."""
+        if type(cut) is Clear:
+            storage.abort_snapshot(cut.tmp)
+            return
         if type(cut) is Publish:
             try:
                 storage.finish_snapshot(cut.trans_id, cut.vote_id, cut.tmp, list(cut.parts),

@@ -46,6 +46,13 @@ class Failed(NamedTuple):
     reason: str
 
 
+class Clear(NamedTuple):
+    """A writer of a cut that ended before it did has finished: delete `tmp` again (it may have
+    made the directory anew), saying nothing."""
+
+    tmp: str
+
+
 class SnapshotCut:
     """The cuts of one node, one at a time. Methods return the frames to send to the workers,
     [(worker index, frames)]; what the coordinator must do on disk gathers in `done`."""
@@ -63,8 +70,10 @@ class SnapshotCut:
         self.running = False
         self.urgent = False  # a cut is wanted now (the log was replaced by an installed snapshot)
         self.retry_at = 0.0
-        self.done: list[Publish | Failed] = []
+        self.done: list[Publish | Failed | Clear] = []
         self.aborts = 0
+        # Cuts that ended before every writer did: cut id -> [tmp dir, PART_DONEs still to come].
+        self.abandoned: dict[int, list] = {}
         self._reset()
 
     def _reset(self) -> None:
@@ -134,6 +143,12 @@ class SnapshotCut:
     def on_part_done(self, cut_id: int, index: int, ok: bool, part: dict | None) -> list[tuple[int, list[bytes]]]:
         """Worker `index`'s part of cut `cut_id` is written (ok) or is not."""
         if not self.running or cut_id != self.cut_id:
+            gone = self.abandoned.get(cut_id)
+            if gone is not None:
+                self.done.append(Clear(gone[0]))
+                gone[1] -= 1
+                if gone[1] == 0:
+                    del self.abandoned[cut_id]
             return []
         if not ok or part is None:
             why = part.get("error") if isinstance(part, dict) else None
@@ -169,6 +184,8 @@ class SnapshotCut:
             return []
         releases = self._releases() if self.hold and self.trans_id is None else []
         self.done.append(Failed(self.trans_id, self.tmp, reason))
+        if len(self.parts) < self.workers:
+            self.abandoned[self.cut_id] = [self.tmp, self.workers - len(self.parts)]
         self.aborts += 1
         if self.urgent:
             self.retry_at = self.deadline - self.hold_timeout + RETRY_AFTER
@@ -182,7 +199,7 @@ class SnapshotCut:
         """When poll() next has something to do on its own (the hold's deadline)."""
         return self.deadline if self.running and self.trans_id is None else float("inf")
 
-    def take_done(self) -> list[Publish | Failed]:
+    def take_done(self) -> list[Publish | Failed | Clear]:
         """What to carry out on disk since the last call."""
         taken, self.done = self.done, []
         return taken

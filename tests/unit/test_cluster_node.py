@@ -21,7 +21,7 @@ from queue_server.server.forwarding import FORWARD_GRACE
 from queue_server.protocol.origin import Origin
 from queue_server.protocol.records import decode, encode
 from queue_server.server.ready import Ready
-from queue_server.server.snapshots import SNAP_HOLD_TIMEOUT, Failed, Publish
+from queue_server.server.snapshots import SNAP_HOLD_TIMEOUT, Clear, Failed, Publish
 
 T0 = 1_000_000.0
 NODE2 = ("127.0.0.1", 2222)  # node 2's client address, as its peer messages carry it
@@ -738,7 +738,9 @@ def test_a_cut_whose_workers_do_not_all_fork_in_time_is_abandoned_and_releases_t
     node.advance(ready, durable_trans_id=ready.log_through)
     node.on_snapped(epoch, cut_id, 1, T0 + 3)  # too late: that cut is over
     node.on_part_done(cut_id, 0, True, PART, T0 + 5)
-    assert not node.has_ready()
+    ready = node.ready()
+    assert (ready.to_workers, ready.snapshots) == ((), (Clear(tmp),))  # what it wrote goes, nothing else
+    node.advance(ready, durable_trans_id=ready.log_through)
     node.tick(T0 + 3)  # no new cut before snapshot_every more records
     assert not node.cuts.running
 
@@ -778,7 +780,7 @@ def test_a_cut_ends_at_a_mode_change_and_publishes_only_what_is_committed():
     node.advance(ready)
     node.on_part_done(cut_id, 0, True, PART, now + 0.06)
     node.on_part_done(cut_id, 1, True, PART, now + 0.06)
-    assert node.ready().snapshots == ()
+    assert node.ready().snapshots == (Clear(tmp), Clear(tmp))  # never published: deleted
 
 
 def test_a_follower_s_cut_holds_nothing_and_its_t_is_what_its_workers_were_sent():

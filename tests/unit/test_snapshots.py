@@ -3,7 +3,7 @@ when it is published and when it fails."""
 from __future__ import annotations
 
 from queue_server.protocol import ipc_frames
-from queue_server.server.snapshots import RETRY_AFTER, Failed, Publish, SnapshotCut
+from queue_server.server.snapshots import RETRY_AFTER, Clear, Failed, Publish, SnapshotCut
 
 PART = {"file": "part-0.qsp", "bytes": 10, "queues": 0, "messages": 0}
 
@@ -70,3 +70,19 @@ def test_answers_of_another_cut_or_mode_are_ignored():
     assert cut.on_snapped(3, 0, 0, 5, terms({}), 0.0) == []  # an older cut
     assert cut.on_part_done(0, 0, False, None) == [] and cut.running
     assert cut.snapped == set()
+
+
+def test_what_writers_of_an_ended_cut_write_afterwards_is_deleted_when_each_ends():
+    """A cut that failed (here: a worker did not fork in time) leaves writers running; each
+    PART_DONE of it deletes the cut's directory again, since a late writer makes it anew."""
+    cut = SnapshotCut(2, 1, "/s")
+    cut.start(1, 0.0, 5, hold=True, point=0, term_at=terms({}))
+    tmp = cut.tmp
+    cut.on_snapped(1, 1, 0, 5, terms({}), 0.1)
+    cut.poll(1.0, 5, terms({}))
+    assert [type(d) for d in cut.take_done()] == [Failed]
+    cut.on_part_done(1, 0, True, PART)
+    cut.on_part_done(1, 1, True, PART)  # the late worker's
+    assert cut.take_done() == [Clear(tmp), Clear(tmp)] and cut.abandoned == {}
+    cut.on_part_done(1, 1, True, PART)
+    assert cut.take_done() == []
