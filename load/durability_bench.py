@@ -52,12 +52,16 @@ def _store(node: QueueServer, messages: int, batch: int) -> float:
 
 
 def restart_time(workdir: str, messages: int, batch: int, repo: str = REPO) -> tuple[float, float]:
-    """Store `messages` messages, stop the node, start it again: (seconds to store, seconds from
-    start until it answers with every message back)."""
+    """Store `messages` messages, wait for a snapshot of them, stop the node, start it again:
+    (seconds to store, seconds from start until it answers with every message back)."""
     node = QueueServer(repo, workdir, 2, False, {"queue_size": messages + 1, "snapshot_every": messages // 2},
                        name="restart")
     try:
         stored = _store(node, messages, batch)
+        # The restart is to read a snapshot of all of them, not the log: wait until it is written.
+        snapshots = os.path.join(node.config["queue_data_dir"], "snapshots")
+        wait_for(lambda: max(map(int, re.findall(r"snapshot-(\d+)\.snap", " ".join(os.listdir(snapshots)))),
+                             default=0) >= messages, 120, f"a snapshot of the {messages:,} messages")
     finally:
         node.stop()
     start = time.monotonic()
