@@ -327,10 +327,12 @@ class Coordinator:
             try:
                 storage.finish_snapshot(cut.trans_id, cut.vote_id, cut.tmp, list(cut.parts),
                                         f"workers held {cut.held * 1000:.0f} ms, written in {cut.took:.1f} s")
+                self.metrics.snapshot("written")
                 return
             except StorageError as exc:
                 cut = Failed(cut.trans_id, cut.tmp, str(exc))
         storage.abort_snapshot(cut.tmp)
+        self.metrics.snapshot("failed")
         at = f" at trans_id {cut.trans_id}" if cut.trans_id is not None else ""
         self.log.warning("snapshot%s failed: %s; keeping the snapshot at trans_id %d and the log",
                          at, cut.reason, storage.valid_at)
