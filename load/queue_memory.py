@@ -1,6 +1,7 @@
 """Bytes per message and hot-path speed of the pure Queue, in-process (no server): what a worker
 (Queue) and the coordinator's replica (StateQueue) hold per stored message, by tracemalloc, and
-timeit of produce_many(1000), consume and confirm. A benchmark, not a test.
+the time of the hot paths (produce, consume, confirm, release, a replica's apply). A benchmark, not
+a test.
 
     python load/queue_memory.py                               # 200k and 1M messages of 100 B
     git show main:workers/queue.py > /tmp/queue_before.py
@@ -65,23 +66,28 @@ def bytes_per_message(cls, n: int, size: int) -> float:
 
 
 def timings(module: ModuleType, size: int, rounds: int, out: dict[str, list[float]]) -> None:
-    """Microseconds per call of the hot paths, one list entry per round, into `out`."""
+    """Microseconds per call of the hot paths, one list entry per round, into `out`: CPU time of
+    this process, so that other load on a shared machine counts less than in wall time."""
     Queue = module.Queue
     items = [(payload(i, size), T0, T0 + 3600, 0.0, 0) for i in range(BATCH)]
     leased_items = [(d, r, t, 30.0, p) for d, r, t, _, p in items]
 
     def timed(name: str, fn, calls: int) -> None:
-        start = time.perf_counter()
+        start = time.process_time()
         for _ in range(calls):
             fn()
-        out.setdefault(name, []).append((time.perf_counter() - start) / calls * 1e6)
+        out.setdefault(name, []).append((time.process_time() - start) / calls * 1e6)
 
     for _ in range(rounds):
+        q = Queue("q", 10**9)
+        data = items[0][0]
+        timed("produce(1)", lambda: q.produce(data, T0, T0 + 3600, 0.0, 0, T0), 20_000)
+        timed("consume(1) at most once", lambda: q.consume(T0, 1), 20_000)
         q = Queue("q", 10**9)
         timed("produce_many(1000)", lambda: q.produce_many(items, T0), 100)
         timed("consume(100) at most once", lambda: q.consume(T0, 100), 500)
         q = Queue("q", 10**9)
-        for _ in range(60):
+        for _ in range(90):
             q.produce_many(leased_items, T0)
 
         def consume_confirm() -> None:
@@ -89,10 +95,37 @@ def timings(module: ModuleType, size: int, rounds: int, out: dict[str, list[floa
             q.confirm(msgs[0].msg_id)
         timed("consume(1) leased + confirm", consume_confirm, 20_000)
 
+        def consume_confirm_one() -> None:  # as the worker confirms: confirm_many of one
+            msgs, _ = q.consume(T0, 1)
+            q.confirm_many([(msgs[0].msg_id, None, msgs[0].delivery_count)])
+        timed("consume(1) leased + confirm_many(1)", consume_confirm_one, 10_000)
+
         def consume_confirm_many() -> None:
             msgs, _ = q.consume(T0, 100, lease=30.0)
             q.confirm_many([(m.msg_id, None, None) for m in msgs])
         timed("consume(100, lease) + confirm_many", consume_confirm_many, 300)
+
+        def consume_release() -> None:
+            msgs, _ = q.consume(T0, 1, lease=30.0)
+            q.release(msgs[0].msg_id, T0)
+        timed("consume(1, lease) + release", consume_release, 5_000)
+
+        def consume_release_many() -> None:
+            msgs, _ = q.consume(T0, 100, lease=30.0)
+            q.release_many([(m.msg_id, None, None) for m in msgs], T0)
+        timed("consume(100, lease) + release_many", consume_release_many, 200)
+
+        # A replica (a follower's worker) applying a leader's records: produces, then leased
+        # batch consumes and their confirms.
+        leader = Queue("q", 10**9)
+        stream = [r for _ in range(10) for r in leader.produce_many(leased_items, T0)]
+        for _ in range(100):
+            msgs, recs = leader.consume(T0, 100, lease=30.0)
+            stream += recs
+            stream.append(leader.confirm_many([(m.msg_id, None, None) for m in msgs]))
+        replica = Queue("q", 10**9)
+        timed("apply(21,000 records) on a replica",
+              lambda: [replica.apply(r) for r in stream], 1)
 
 
 def main() -> None:

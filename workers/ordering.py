@@ -147,6 +147,8 @@ class _Lane:
         self.start = i
         if i == len(ids):
             self._reset()
+        elif self.n_dead > _MIN_GARBAGE and 2 * self.n_dead > len(ids) - i:
+            self._compact()  # live keys left the front: the dead ones behind them now outnumber them
         elif i >= _MIN_TRIM and 2 * i > len(ids):
             del self.readies[:i], self.ids[:i], self.dead[:i]
             self.start = 0
@@ -253,6 +255,51 @@ class Ordering:
                 self._n_late -= 1
                 return True
         return False
+
+    def discard_many(self, keys: list[Key]) -> list[Key]:
+        """Take the keys out; those that are not there, in the order given."""
+        discard = self.discard
+        return [key for key in keys if not discard(*key)]
+
+    def take_first(self, group: int, readies: list[float], ids: list[int]) -> bool:
+        """Take out the keys (group, readies[k], ids[k]) if they are the first len(ids) keys, in
+        order (what a consume delivers): True. False, and nothing changed, if they are not."""
+        n = len(ids)
+        groups = self._groups
+        if n and self._n_late >= n and self._late[0][0] == group:
+            return self._take_first_late(group, readies, ids)
+        if not n or not groups or groups[0] != group:
+            return False
+        lane = self._lanes[group]
+        lo = lane.start
+        hi = lo + n
+        if lane.n_dead or hi > len(lane.ids):
+            return False
+        if self._n_late and self._late[0] < (group, readies[-1], ids[-1]):
+            return False
+        if lane.ids[lo:hi] != array("q", ids) or lane.readies[lo:hi] != array("d", readies):
+            return False
+        lane.drop_front(hi)
+        if not lane.ids:
+            self._drop_lane(group)
+        return True
+
+    def _take_first_late(self, group: int, readies: list[float], ids: list[int]) -> bool:
+        """take_first of keys that came out of order (a batch released together, consumed
+        again)."""
+        n = len(ids)
+        late = self._late
+        keys = [(group, r, i) for r, i in zip(readies, ids)]
+        if list(late.islice(0, n)) != keys:
+            return False
+        if self._groups:
+            g = self._groups[0]
+            lane = self._lanes[g]
+            if (g, lane.readies[lane.start], lane.ids[lane.start]) < keys[-1]:
+                return False
+        del late[:n]
+        self._n_late -= n
+        return True
 
     def remove(self, group: int, ready: float, msg_id: int) -> None:
         """Take the key out; KeyError if it is not there."""

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import heapq
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import islice
+from operator import gt, itemgetter, ne
 
 from sortedcontainers import SortedDict
 
@@ -23,6 +25,7 @@ from queue_server.protocol.records import (
 )
 from queue_server.protocol.snapshot_frames import QUEUE, ROWS, Frame, queue_body, read_queue, rows_bodies, rows_of
 from queue_server.workers.ordering import Ordering
+from queue_server.workers.store import BITS as _BITS, MASK as _MASK, Message, MessageStore, message
 
 MAX_MSG_ID = 2**63 - 1
 # How many idempotent produces (producer, sequence) a queue remembers, oldest forgotten first.
@@ -35,78 +38,15 @@ class QueueFull(Exception):
     """The queue has no room for the message(s); nothing was changed."""
 
 
-# Positions in Message._state.
+# Positions in a state tuple (Message._state).
 _READY, _TTL, _RETRY, _PRIORITY, _DELIVERY_COUNT, _LEASE, _TOKEN, _EXTRA = range(8)
-
-
-def _field(i: int) -> property:
-    """A read-only Message attribute kept at position `i` of its (shared, immutable) state
-    tuple."""
-    def get(m: Message) -> object:
-        return m._state[i]
-    return property(get)
-
-
-class Message:
-    """One stored message and its delivery state.
-
-    Fields: msg_id, data, ready (absolute time it becomes ready; after a lease ends, the lease
-    deadline), ttl (absolute time after which it is no longer retried), retry (seconds; 0 = at
-    most once), priority (higher first among ready messages), delivery_count, lease (deadline
-    while in flight, else None), token (the lease token it is leased under, else None), extra
-    (rare settings, None for most messages: {"max_deliveries": n} from its produce, and for a
-    dead letter {"dead": {"queue", "reason", "retry", "ttl"[, "max_deliveries"]}}).
-
-    Everything but msg_id and data lives in one immutable tuple that messages produced
-    together share (a queue holds millions: see docs/benchmarks.md). Those fields are read
-    only: a change gives the message a new tuple (`_state`), built once with every field
-    the change sets.
-    """
-
-    __slots__ = ("msg_id", "data", "_state")
-
-    def __init__(self, msg_id: int, data: str, ready: float, ttl: float, retry: float,
-                 priority: int = 0, delivery_count: int = 0, lease: float | None = None,
-                 token: str | None = None, extra: dict | None = None) -> None:
-        self.msg_id = msg_id
-        self.data = data
-        self._state = (ready, ttl, retry, priority, delivery_count, lease, token, extra)
-
-    ready = _field(_READY)
-    ttl = _field(_TTL)
-    retry = _field(_RETRY)
-    priority = _field(_PRIORITY)
-    delivery_count = _field(_DELIVERY_COUNT)
-    lease = _field(_LEASE)
-    token = _field(_TOKEN)
-    extra = _field(_EXTRA)
-
-    def __eq__(self, other: object) -> bool:
-        if not isinstance(other, Message):
-            return NotImplemented
-        return (self.msg_id == other.msg_id and self.data == other.data
-                and self._state == other._state)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        names = ("msg_id", "data", "ready", "ttl", "retry", "priority", "delivery_count", "lease",
-                 "token", "extra")
-        values = (self.msg_id, self.data, *self._state)
-        return "Message(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, values)) + ")"
-
-
+_get_ready = itemgetter(_READY)
+_get_priority = itemgetter(_PRIORITY)
+_get_lease = itemgetter(_LEASE)
+_get_token = itemgetter(_TOKEN)
+_get_delivery_count = itemgetter(_DELIVERY_COUNT)
+_NOTHING = object()
 _new_message = object.__new__
-
-
-def _message(msg_id: int, data: str, state: tuple) -> Message:
-    """A Message holding `state` itself (not a copy)."""
-    m = _new_message(Message)
-    m.msg_id = msg_id
-    m.data = data
-    m._state = state
-    return m
-
 
 # Why a message became a dead letter (a dead_letter record's "reason").
 DEAD_MAX_DELIVERIES = "max_deliveries"
@@ -144,7 +84,7 @@ class Queue:
         self.max_size = max_size
         self.next_id = next_id
         self.dedupe_window = dedupe_window
-        self._index: dict[int, Message] = {}
+        self._index = MessageStore()  # msg_id -> payload and state (workers/store.py)
         self._delayed = Ordering()  # one group, 0
         self._ready = Ordering()
         # Leased messages by lease deadline: {deadline: {msg_id: None}}. A batch leased together
@@ -175,11 +115,10 @@ class Queue:
 
     def __len__(self) -> int:
         """Stored messages: delayed + ready + leased."""
-        return len(self._index)
+        return self._index.n
 
     def stored(self, msg_id: int) -> Message | None:
-        """The stored message `msg_id` itself (not a copy: read it, do not keep it past the
-        next change unless it is being deleted), or None."""
+        """The stored message `msg_id` (a copy), or None."""
         return self._index.get(msg_id)
 
     def __contains__(self, msg_id: object) -> bool:
@@ -187,7 +126,7 @@ class Queue:
 
     def free(self) -> int:
         """Room left (0 when full; a restore may overfill the queue)."""
-        free = self.max_size - len(self._index)
+        free = self.max_size - self._index.n
         return free if free > 0 else 0
 
     # ------------------------------------------------------------------ leader side
@@ -227,7 +166,7 @@ class Queue:
         remembered in the dedupe window; a key already remembered raises ValueError.
         `max_deliveries` (not None) replaces the queue's for these messages.
         """
-        if len(self._index) + len(items) > self.max_size:
+        if self._index.n + len(items) > self.max_size:
             raise QueueFull(self.name)
         first = self.next_id
         if items and first + len(items) - 1 > MAX_MSG_ID:
@@ -242,9 +181,7 @@ class Queue:
                     sequence=sequence, max_deliveries=max_deliveries)
             for i, (data, ready, ttl, retry, priority) in enumerate(items)
         ]
-        apply = self.apply
-        for record in records:
-            apply(record, now)
+        self._apply_produces(records, now)
         return records
 
     def consume(
@@ -263,7 +200,8 @@ class Queue:
         that ended by `now` (release / expire, as in expire_due), then one consume per message.
         """
         records: list[Record] = []
-        self._settle(now, records)
+        if self._delayed or self._leased:
+            self._settle(now, records)
         if self.paused:
             return [], records
         if token is not None and token in self._tokens:
@@ -271,52 +209,73 @@ class Queue:
         ready = self._ready
         if not ready or count <= 0:
             return [], records
-        index = self._index
+        if count == 1:  # the common request: no batch to build
+            i = ready.head()[2]
+            c = self._index.chunks.get(i >> _BITS)  # MessageStore.get inlined: the hottest read
+            if c is None:
+                m = self._index.get(i)
+            else:
+                m = _new_message(Message)
+                m.msg_id = i
+                m.data = c.data[i & _MASK]
+                m._state = c.states[i & _MASK]
+            s = m._state
+            delivery_count = s[_DELIVERY_COUNT] + 1
+            if lease is not None:
+                until = now + lease
+                record = Consume(queue=self.name, msg_ids=[m.msg_id], lease=until, token=token,
+                                 delivery_counts=[delivery_count])
+            elif s[_RETRY] > 0:
+                until = now + s[_RETRY]
+                record = Consume(queue=self.name, msg_id=m.msg_id, lease=until,
+                                 delivery_count=delivery_count, token=token)
+            else:
+                until = token = None
+                record = Consume(queue=self.name, msg_id=m.msg_id, lease=None,
+                                 delivery_count=delivery_count)
+            # What _apply_consume does with this record, the state read once.
+            m._state = self._lease(m.msg_id, until, delivery_count, token, s)
+            records.append(record)
+            return [m], records
+        # The messages as they are now (copies): each gets the state its consume leaves it with.
+        delivered = self._index.get_many([key[2] for key in ready.first(count)])
         if lease is not None:
             # One record for the whole batch: every message gets the same lease and token.
-            ids = [key[2] for key in ready.first(count)]
-            record = Consume(queue=self.name, msg_ids=ids, lease=now + lease, token=token,
-                             delivery_counts=[index[i]._state[_DELIVERY_COUNT] + 1 for i in ids])
-            self.apply(record, now)
+            record = Consume(queue=self.name, msg_ids=[m.msg_id for m in delivered],
+                             lease=now + lease, token=token,
+                             delivery_counts=[m._state[_DELIVERY_COUNT] + 1 for m in delivered])
+            states = self._apply_consume(record, now, [m._state for m in delivered])
             records.append(record)
-            return [_copy(index[i]) for i in ids], records
-        name = self.name
-        apply = self.apply
-        delivered: list[Message] = []
-        while count > 0:
-            key = ready.head()
-            if key is None:
-                break
-            msg_id = key[2]
-            m = index[msg_id]
-            state = m._state
-            retry = state[_RETRY] if lease is None else lease
-            if retry > 0:
-                record = Consume(queue=name, msg_id=msg_id, lease=now + retry,
-                                 delivery_count=state[_DELIVERY_COUNT] + 1, token=token)
-                apply(record, now)
-                delivered.append(_copy(m))
-            else:
-                record = Consume(queue=name, msg_id=msg_id, lease=None,
-                                 delivery_count=state[_DELIVERY_COUNT] + 1)
-                apply(record, now)
-                delivered.append(m)  # deleted: no longer referenced by the queue
-            records.append(record)
-            count -= 1
+        else:
+            name = self.name
+            # One record per message: each is leased for its own retry, or deleted (at most once).
+            taken = [
+                Consume(queue=name, msg_id=m.msg_id, lease=now + s[_RETRY],
+                        delivery_count=s[_DELIVERY_COUNT] + 1, token=token)
+                if (s := m._state)[_RETRY] > 0 else
+                Consume(queue=name, msg_id=m.msg_id, lease=None,
+                        delivery_count=s[_DELIVERY_COUNT] + 1)
+                for m in delivered
+            ]
+            states = self._apply_consumes(taken, now, [m._state for m in delivered])
+            records += taken
+        for m, state in zip(delivered, states):
+            m._state = state
         return delivered, records
 
     def _redeliver(
         self, token: str, now: float, lease: float | None, records: list[Record]
     ) -> list[Message]:
         """The messages `token` holds, their leases renewed to now + lease when `lease` is given."""
-        index = self._index
+        state = self._index.state
         ids = sorted(self._tokens[token])
         if lease is not None:
             record = Consume(queue=self.name, msg_ids=ids, lease=now + lease, token=token,
-                             delivery_counts=[index[i].delivery_count for i in ids])
+                             delivery_counts=[state(i)[_DELIVERY_COUNT] for i in ids])
             self.apply(record)
             records.append(record)
-        return [_copy(index[i]) for i in ids]
+        get = self._index.get
+        return [get(i) for i in ids]
 
     def confirm(
         self, msg_id: int, token: str | None = None, delivery_count: int | None = None
@@ -326,8 +285,10 @@ class Queue:
         Guards: with `token`, only a message leased under that token; with `delivery_count`,
         only if the message has not been delivered again since (None when a guard fails).
         """
-        m = self._index.get(msg_id)
-        if m is None or not _passes(m, token, delivery_count):
+        s = self._index.state(msg_id)
+        if s is None:
+            return None
+        if (token is not None or delivery_count is not None) and not _passes(s, token, delivery_count):
             return None
         record = Confirm(queue=self.name, msg_id=msg_id)
         self.apply(record)
@@ -341,10 +302,11 @@ class Queue:
         Returns the release record, or None if the message is not leased (or a guard fails,
         as for confirm).
         """
-        m = self._index.get(msg_id)
-        if m is None or m.lease is None or not _passes(m, token, delivery_count):
+        s = self._index.state(msg_id)
+        if s is None or s[_LEASE] is None or not _passes(s, token, delivery_count):
             return None
-        record = Release(queue=self.name, msg_id=msg_id, ready=now, delivery_count=m.delivery_count)
+        record = Release(queue=self.name, msg_id=msg_id, ready=now,
+                         delivery_count=s[_DELIVERY_COUNT])
         self.apply(record, now)
         return record
 
@@ -357,22 +319,22 @@ class Queue:
     ) -> Consume | None:
         """Move a lease deadline (the token binding is kept); a consume record with the new
         lease, or None if not leased (or a guard fails, as for confirm)."""
-        m = self._index.get(msg_id)
-        if m is None or m.lease is None or not _passes(m, token, delivery_count):
+        s = self._index.state(msg_id)
+        if s is None or s[_LEASE] is None or not _passes(s, token, delivery_count):
             return None
-        record = self._lease_record(m, lease_until)
+        record = self._lease_record(msg_id, s, lease_until)
         self.apply(record)
         return record
 
     def confirm_many(self, targets: Iterable[tuple[int, str | None, int | None]]) -> Confirm | None:
         """Confirm (msg_id, token guard, delivery_count guard) targets as in confirm(); one
         record for all that pass (single form when one does), or None if none does."""
-        index = self._index
-        ids = []
-        for msg_id, token, delivery_count in targets:
-            m = index.get(msg_id)
-            if m is not None and _passes(m, token, delivery_count):
-                ids.append(msg_id)
+        targets = list(targets)
+        if len(targets) == 1:  # what a client's confirm of one message asks for
+            return self.confirm(*targets[0])
+        states = self._index.states([t[0] for t in targets])
+        ids = [t[0] for t, s in zip(targets, states)
+               if s is not None and ((t[1] is None and t[2] is None) or _passes(s, t[1], t[2]))]
         ids = list(dict.fromkeys(ids))
         if not ids:
             return None
@@ -387,11 +349,15 @@ class Queue:
         self, targets: Iterable[tuple[int, str | None, int | None]], now: float
     ) -> Release | None:
         """Release targets as in release(); one record for all leases given back, or None."""
-        index = self._index
+        targets = list(targets)
+        if len(targets) == 1:  # what a client's release of one message asks for
+            msg_id, token, delivery_count = targets[0]
+            return self.release(msg_id, now, token, delivery_count)
+        state = self._index.state
         ids = []
         for msg_id, token, delivery_count in targets:
-            m = index.get(msg_id)
-            if m is not None and m.lease is not None and _passes(m, token, delivery_count):
+            s = state(msg_id)
+            if s is not None and s[_LEASE] is not None and _passes(s, token, delivery_count):
                 ids.append(msg_id)
         ids = list(dict.fromkeys(ids))
         if len(ids) <= 1:
@@ -404,27 +370,32 @@ class Queue:
         self, targets: Iterable[tuple[int, str | None, int | None]], lease_until: float
     ) -> list[Consume]:
         """Extend targets as in extend(); one record per token among the leases moved."""
-        index = self._index
+        targets = list(targets)
+        if len(targets) == 1:  # what a client's extend of one message asks for
+            msg_id, token, delivery_count = targets[0]
+            record = self.extend(msg_id, lease_until, token, delivery_count)
+            return [record] if record is not None else []
+        state = self._index.state
         by_token: dict[str | None, dict[int, None]] = {}
         for msg_id, token, delivery_count in targets:
-            m = index.get(msg_id)
-            if m is not None and m.lease is not None and _passes(m, token, delivery_count):
-                by_token.setdefault(m.token, {})[msg_id] = None
+            s = state(msg_id)
+            if s is not None and s[_LEASE] is not None and _passes(s, token, delivery_count):
+                by_token.setdefault(s[_TOKEN], {})[msg_id] = None
         records = []
         for token, chosen in by_token.items():
             ids = list(chosen)
             if len(ids) == 1:
-                record = self._lease_record(index[ids[0]], lease_until)
+                record = self._lease_record(ids[0], state(ids[0]), lease_until)
             else:
                 record = Consume(queue=self.name, msg_ids=ids, lease=lease_until, token=token,
-                                 delivery_counts=[index[i].delivery_count for i in ids])
+                                 delivery_counts=[state(i)[_DELIVERY_COUNT] for i in ids])
             self.apply(record)
             records.append(record)
         return records
 
-    def _lease_record(self, m: Message, lease_until: float) -> Consume:
-        return Consume(queue=self.name, msg_id=m.msg_id, lease=lease_until,
-                       delivery_count=m.delivery_count, token=m.token)
+    def _lease_record(self, msg_id: int, s: tuple, lease_until: float) -> Consume:
+        return Consume(queue=self.name, msg_id=msg_id, lease=lease_until,
+                       delivery_count=s[_DELIVERY_COUNT], token=s[_TOKEN])
 
     def restore(self, message: Message) -> Restore:
         """Put back an at-most-once message that never reached a client; its restore record.
@@ -456,7 +427,7 @@ class Queue:
         record with the count, or None if the queue holds nothing."""
         if not self._index:
             return None
-        record = Purge(queue=self.name, count=len(self._index))
+        record = Purge(queue=self.name, count=self._index.n)
         self.apply(record)
         return record
 
@@ -467,14 +438,15 @@ class Queue:
         room = self.free()
         moves = []
         new_id = self.next_id
-        for dead_id in sorted(dlq._index):
+        state = dlq._index.state
+        for dead_id in dlq._index:
             if len(moves) >= room:
                 break
-            m = dlq._index[dead_id]
-            if m.lease is not None:
+            s = state(dead_id)
+            if s[_LEASE] is not None:
                 continue
-            dead = (m.extra or {}).get("dead") or {}
-            moves.append((dead_id, new_id, max(dead.get("ttl", m.ttl), min_ttl)))
+            dead = (s[_EXTRA] or {}).get("dead") or {}
+            moves.append((dead_id, new_id, max(dead.get("ttl", s[_TTL]), min_ttl)))
             new_id += 1
         if not moves:
             return None
@@ -540,8 +512,8 @@ class Queue:
         ids = self._tokens.get(token)
         if not ids:
             return []
-        index = self._index
-        return sorted(i for i in ids if index[i].lease > now)
+        state = self._index.state
+        return sorted(i for i in ids if state(i)[_LEASE] > now)
 
     def peek(
         self, now: float, count: int = 1, lease: float | None = None, token: str | None = None
@@ -556,9 +528,9 @@ class Queue:
             ids = self.held_at(token, now)
             if ids:
                 if lease is None:
-                    return [_copy(index[i]) for i in ids]
+                    return [index[i] for i in ids]
                 until = now + lease
-                return [_message(i, m.data, (*m._state[:_LEASE], until, *m._state[_TOKEN:]))
+                return [message(i, m.data, (*m._state[:_LEASE], until, *m._state[_TOKEN:]))
                         for i, m in zip(ids, map(index.__getitem__, ids))]
         if count <= 0:
             return []
@@ -568,7 +540,7 @@ class Queue:
             s = m._state
             retry = s[_RETRY] if lease is None else lease
             until, held_by = (now + retry, token) if retry > 0 else (None, None)
-            out.append(_message(i, m.data, (ready, *s[_TTL:_DELIVERY_COUNT], s[_DELIVERY_COUNT] + 1,
+            out.append(message(i, m.data, (ready, *s[_TTL:_DELIVERY_COUNT], s[_DELIVERY_COUNT] + 1,
                                             until, held_by, s[_EXTRA])))
         return out
 
@@ -576,18 +548,18 @@ class Queue:
         """The first `count` keys (-priority, ready, msg_id) after `after` that the ready
         ordering would hold after settling at `now`: the ready ones, the due delayed ones and the
         leases ended by `now` that end in a requeue (ready again at their lease deadline)."""
-        index = self._index
+        state = self._index.state
         keys = self._ready.first(count, after or None)
         delayed = self._delayed
         if delayed and delayed.head()[1] <= now:
-            keys.extend((-index[i].priority, t, i) for _, t, i in delayed.through(0, now))
+            keys.extend((-state(i)[_PRIORITY], t, i) for _, t, i in delayed.through(0, now))
         leased = self._leased
         if leased and leased.keys()[0] <= now:
             for deadline in leased.irange(maximum=now):
                 for i in leased[deadline]:
-                    m = index[i]
-                    if self._ending(m, deadline) is None:
-                        keys.append((-m.priority, deadline, i))
+                    s = state(i)
+                    if self._ending(s, deadline) is None:
+                        keys.append((-s[_PRIORITY], deadline, i))
         if after:
             keys = [k for k in keys if k > after]
         return heapq.nsmallest(count, keys)
@@ -607,11 +579,11 @@ class Queue:
                 m = index[i]
                 s = m._state  # a requeue, as it will be: ready at its lease's end, unleased
                 out.append(([priority, ready, i],
-                            _message(i, m.data, (ready, *s[_TTL:_LEASE], None, None, s[_EXTRA]))))
+                            message(i, m.data, (ready, *s[_TTL:_LEASE], None, None, s[_EXTRA]))))
         elif state == "delayed":
             start = max(key, (now, _INF)) if key else (now, _INF)
             for _, ready, i in self._delayed.first(count, (0, *start)):
-                out.append(([ready, i], _copy(index[i])))
+                out.append(([ready, i], index[i]))
         elif state == "leased":
             leased = self._leased
             low = max(key[0], now) if key else now
@@ -623,7 +595,7 @@ class Queue:
                         continue
                     if len(out) >= count:
                         return out
-                    out.append(([deadline, i], _copy(index[i])))
+                    out.append(([deadline, i], index[i]))
         else:
             raise ValueError(f"unknown state {state!r}")
         return out
@@ -632,18 +604,18 @@ class Queue:
         """Up to `count` stored messages with msg_id > `after` in msg_id order, whatever their
         state, each with its cursor [msg_id] (copies)."""
         index = self._index
-        ids = heapq.nsmallest(count, (i for i in index if i > after)) if after else heapq.nsmallest(count, index)
-        return [([i], _copy(index[i])) for i in ids]
+        ids = islice((i for i in index if i > after) if after else index, count)
+        return [([i], index[i]) for i in ids]
 
     def leased_as(self, msg_id: int, delivery_count: int) -> bool:
         """Whether the message is still leased by its delivery number `delivery_count`."""
-        m = self._index.get(msg_id)
-        return m is not None and m.lease is not None and m.delivery_count == delivery_count
+        s = self._index.state(msg_id)
+        return s is not None and s[_LEASE] is not None and s[_DELIVERY_COUNT] == delivery_count
 
     def token_of(self, msg_id: int) -> str | None:
         """The token a message is leased under, or None."""
-        m = self._index.get(msg_id)
-        return None if m is None else m.token
+        s = self._index.state(msg_id)
+        return None if s is None else s[_TOKEN]
 
     def tokens(self, prefix: str = "") -> list[str]:
         """Tokens holding messages whose name starts with `prefix`, in sorted order."""
@@ -674,7 +646,7 @@ class Queue:
             due = delayed.count_through(0, now)
         requeues = self._due_requeues(now) if self._leased else 0
         return {
-            "size": len(self._index),
+            "size": self._index.n,
             "ready": len(self._ready) + due + requeues,
             "delayed": len(delayed) - due,
             "in_flight": self._n_leased - requeues,
@@ -699,29 +671,62 @@ class Queue:
 
     def _apply_produce(self, record: Produce, now: float | None) -> None:
         msg_id = record.msg_id
-        index = self._index
-        if msg_id in index:
-            raise ValueError(f"msg_id {msg_id} already stored in queue {self.name!r}")
         limit = record.max_deliveries
-        m = self._stored(msg_id, record.data, (
+        state = self._stored((
             record.ready, record.ttl, record.retry, record.priority, record.delivery_count, None,
             None, None if limit is None else {"max_deliveries": limit}))
         if type(record) is Produce:
             self.counts["produced"] += 1
-        self._insert(m, now)
+        self._insert(msg_id, record.data, state, now)
         producer = record.producer
         if producer is not None:
             self._remember(producer, record.sequence, msg_id)
 
-    def _stored(self, msg_id: int, data: str, state: tuple) -> Message:
-        """A Message with `state`, or with the state of the message stored last when equal:
-        messages stored one after another with the same settings share one state tuple."""
+    def _apply_produces(self, records: list[Produce], now: float | None) -> None:
+        """Apply produce records as apply would, one by one; stored at once when they are a
+        leader's batch (consecutive new msg_ids from next_id)."""
+        if len(records) <= 1:
+            if records:
+                self._apply_produce(records[0], now)
+            return
+        first = records[0].msg_id
+        if first != self.next_id or records[-1].msg_id != first + len(records) - 1:
+            for record in records:
+                self._apply_produce(record, now)
+            return
+        stored = self._stored
+        states = []
+        for r in records:
+            limit = r.max_deliveries
+            states.append(stored((r.ready, r.ttl, r.retry, r.priority, r.delivery_count, None, None,
+                                  None if limit is None else {"max_deliveries": limit})))
+        self._index.add_run(first, [r.data for r in records], states)
+        ready_keys = []
+        delayed_keys = []
+        for r in records:
+            t = r.ready
+            if now is not None and t <= now:
+                ready_keys.append((-r.priority, t, r.msg_id))
+            else:
+                delayed_keys.append((0, t, r.msg_id))
+        if ready_keys:
+            self._ready.update(ready_keys)
+        if delayed_keys:
+            self._delayed.update(delayed_keys)
+        self.next_id = first + len(records)
+        self.counts["produced"] += sum(1 for r in records if type(r) is Produce)
+        for r in records:
+            if r.producer is not None:
+                self._remember(r.producer, r.sequence, r.msg_id)
+
+    def _stored(self, state: tuple) -> tuple:
+        """`state`, or the state of the message stored last when equal: messages stored one
+        after another with the same settings share one state tuple."""
         last = self._last_state
         if state == last:
-            state = last
-        else:
-            self._last_state = state
-        return _message(msg_id, data, state)
+            return last
+        self._last_state = state
+        return state
 
     def _remember(self, producer: str, sequence: int, msg_id: int) -> None:
         """Add msg_id to the dedupe entry of (producer, sequence); the oldest entries go first."""
@@ -737,52 +742,130 @@ class Queue:
         else:
             raise ValueError(f"produce {producer!r}/{sequence}: msg_id {msg_id} not consecutive")
 
-    def _apply_consume(self, record: Consume, now: float | None) -> None:
+    def _apply_consume(
+        self, record: Consume, now: float | None, states: list[tuple] | None = None
+    ) -> list[tuple]:
+        """Apply a consume record; the states its messages are left with. `states`: theirs
+        now, when the caller has read them."""
         ids = record.msg_ids
         if ids is None:
-            msg_id = record.msg_id
-            if record.delivery_count > self._index[msg_id]._state[_DELIVERY_COUNT]:
-                self.counts["consumed"] += 1
-            self._lease(msg_id, record.lease, record.delivery_count, record.token)
-            return
+            return [self._lease(record.msg_id, record.lease, record.delivery_count, record.token,
+                                states[0] if states else None)]
         # Consume itself refuses a list form without a lease or one delivery_count per id.
-        lease = record.lease
-        counts = record.delivery_counts
-        if len(set(ids)) != len(ids):
+        n = len(ids)
+        if n == 1:
+            return [self._lease(ids[0], record.lease, record.delivery_counts[0], record.token,
+                                states[0] if states else None)]
+        if len(set(ids)) != n:
             raise ValueError("a consume record needs distinct msg_ids")
-        index = self._index
-        ms = [index[i] for i in ids]
-        self.counts["consumed"] += sum(1 for m, n in zip(ms, counts) if n > m._state[_DELIVERY_COUNT])
-        self._unlink_many(ms)
-        token = record.token
-        for m, delivery_count in zip(ms, counts):
-            s = m._state
-            if s[_TOKEN] != token:
-                if s[_TOKEN] is not None:
-                    self._unbind(m)
-                if token is not None:
-                    self._bind(token, m.msg_id)
-            m._state = (s[0], s[1], s[2], s[3], delivery_count, lease, token, s[7])
-        self._lease_add(lease, ids)
+        return self._consume_ids(ids, record.delivery_counts, (record.lease,) * n,
+                                 (record.token,) * n, states)
 
-    def _lease(self, msg_id: int, lease: float | None, delivery_count: int, token: str | None) -> None:
-        """Lease a message until `lease` under `token` (None: delete it, an at-most-once delivery)."""
+    def _apply_consumes(
+        self, records: list[Consume], now: float | None, states: list[tuple] | None = None
+    ) -> list[tuple]:
+        """Apply single-form consume records of distinct messages as apply would, one by one;
+        the states their messages are left with (`states` as for _apply_consume)."""
+        return self._consume_ids([r.msg_id for r in records], [r.delivery_count for r in records],
+                                 [r.lease for r in records], [r.token for r in records], states)
+
+    def _consume_ids(
+        self,
+        ids: list[int],
+        counts: Sequence[int],
+        leases: Sequence[float | None],
+        tokens: Sequence[str | None],
+        states: list[tuple] | None = None,
+    ) -> list[tuple]:
+        """Deliver the messages `ids` (distinct) as consume records say: each numbered by its
+        delivery count and leased until its lease under its token, or deleted when its lease is
+        None (at most once). `states`: theirs now, when the caller has read them. The states
+        they are left with, in `ids` order."""
+        if len(ids) == 1:
+            return [self._lease(ids[0], leases[0], counts[0], tokens[0],
+                                states[0] if states else None)]
+        index = self._index
+        if states is None:
+            states = index.states(ids)
+            if None in states:
+                raise KeyError(f"consume record names msg_ids not stored in {self.name!r}")
+        if None in leases:
+            for i, lease, token in zip(ids, leases, tokens):
+                if lease is None and token is not None:
+                    raise ValueError(f"msg_id {i}: a token needs a lease")
+        self._unlink_many(ids, states)
+        consumed = sum(map(gt, counts, map(_get_delivery_count, states)))
+        if consumed:
+            self.counts["consumed"] += consumed
+        if any(map(ne, map(_get_token, states), tokens)):
+            for i, s, token in zip(ids, states, tokens):
+                if s[_TOKEN] != token:
+                    if s[_TOKEN] is not None:
+                        self._unbind(i, s[_TOKEN])
+                    if token is not None:
+                        self._bind(token, i)
+        # Messages that shared a state share the new one (a batch: same lease and count).
+        new = []
+        append = new.append
+        last = _NOTHING
+        for s, dc, lease, token in zip(states, counts, leases, tokens):
+            if s is last and dc == last_dc and lease == last_lease and token == last_token:
+                append(last_new)
+            else:
+                last, last_dc, last_lease, last_token = s, dc, lease, token
+                last_new = (s[0], s[1], s[2], s[3], dc, lease, token, s[7])
+                append(last_new)
+        n_deleted = leases.count(None)
+        if n_deleted == len(ids):
+            index.delete_many(ids)
+            return new
+        if n_deleted:
+            index.delete_many([i for i, lease in zip(ids, leases) if lease is None])
+            kept = [(i, s) for i, s in zip(ids, new) if s[_LEASE] is not None]
+            index.set_states([i for i, _ in kept], [s for _, s in kept])
+        else:
+            index.set_states(ids, new)
+        by_lease: dict[float, list[int]] = {}
+        for i, lease in zip(ids, leases):
+            if lease is not None:
+                group = by_lease.get(lease)
+                if group is None:
+                    by_lease[lease] = [i]
+                else:
+                    group.append(i)
+        for lease, group in by_lease.items():
+            self._lease_add(lease, group)
+        return new
+
+    def _lease(
+        self, msg_id: int, lease: float | None, delivery_count: int, token: str | None,
+        s: tuple | None = None,
+    ) -> tuple:
+        """Lease a message until `lease` under `token` (None: delete it, an at-most-once
+        delivery), as one consume record says; the state it is left with. `s`: its state now,
+        when the caller has read it."""
         if lease is None and token is not None:
             raise ValueError(f"msg_id {msg_id}: a token needs a lease")
-        m = self._index[msg_id]
-        self._unlink(m)
-        s = m._state
+        index = self._index
+        if s is None:
+            s = index.state(msg_id)
+            if s is None:
+                raise KeyError(msg_id)
+        if delivery_count > s[_DELIVERY_COUNT]:
+            self.counts["consumed"] += 1
+        self._unlink(msg_id, s)
         if s[_TOKEN] != token:
             if s[_TOKEN] is not None:
-                self._unbind(m)
+                self._unbind(msg_id, s[_TOKEN])
             if token is not None:
                 self._bind(token, msg_id)
-        # Deleted at most once, m itself is handed out: it carries the delivery too.
-        m._state = (s[0], s[1], s[2], s[3], delivery_count, lease, token, s[7])
+        s = (s[0], s[1], s[2], s[3], delivery_count, lease, token, s[7])
         if lease is None:
-            del self._index[msg_id]
+            index.pop(msg_id)
         else:
+            index.set_state(msg_id, s)
             self._lease_add(lease, (msg_id,))
+        return s
 
     def _bind(self, token: str, msg_id: int) -> None:
         """Count msg_id among the messages leased under `token` (its state is the caller's to set)."""
@@ -792,31 +875,38 @@ class Queue:
         else:
             held.add(msg_id)
 
-    def _unbind(self, m: Message) -> None:
-        """Take `m` out of its token's messages, a token left with none forgotten (m's state is
+    def _unbind(self, msg_id: int, token: str) -> None:
+        """Take msg_id out of `token`'s messages, a token left with none forgotten (its state is
         the caller's to set)."""
-        token = m._state[_TOKEN]
         held = self._tokens[token]
-        held.discard(m.msg_id)
+        held.discard(msg_id)
         if not held:
             del self._tokens[token]
 
     def _apply_delete(self, record: Confirm | Expire, now: float | None) -> None:
         ids = record.msg_ids
-        if ids is None:
-            m = self._index.pop(record.msg_id)
-            self._unlink(m)
-            if m._state[_TOKEN] is not None:
-                self._unbind(m)
-            return
         index = self._index
-        if len(set(ids)) != len(ids) or any(i not in index for i in ids):
+        if ids is None:
+            msg_id = record.msg_id
+            _, s = index.pop(msg_id)
+            self._unlink(msg_id, s)
+            if s[_TOKEN] is not None:
+                self._unbind(msg_id, s[_TOKEN])
+            return
+        states = index.states(ids)
+        if len(set(ids)) != len(ids) or None in states:
             raise KeyError(f"confirm record names msg_ids not stored (or twice) in {self.name!r}")
-        ms = [index.pop(i) for i in ids]
-        self._unlink_many(ms)
-        for m in ms:
-            if m._state[_TOKEN] is not None:
-                self._unbind(m)
+        index.delete_many(ids)
+        self._unlink_many(ids, states)
+        self._unbind_many(ids, states)
+
+    def _unbind_many(self, ids: list[int], states: list[tuple]) -> None:
+        """_unbind each of the messages (msg_ids and states) that is leased under a token."""
+        tokens = list(map(_get_token, states))
+        if tokens.count(None) != len(tokens):
+            for i, token in zip(ids, tokens):
+                if token is not None:
+                    self._unbind(i, token)
 
     def _apply_confirm(self, record: Confirm, now: float | None) -> None:
         self._apply_delete(record, now)
@@ -837,26 +927,28 @@ class Queue:
         self._n_leased = 0
         self._tokens.clear()
 
-    def _take(self, msg_id: int) -> Message:
-        """Remove a stored message from the queue (orderings and token included) and return it."""
-        m = self._index.pop(msg_id)
-        self._unlink(m)
-        if m.token is not None:
-            self._unbind(m)
-        return m
+    def _take(self, msg_id: int) -> tuple[str, tuple]:
+        """Remove a stored message from the queue (orderings and token included); its
+        (data, state)."""
+        data, s = self._index.pop(msg_id)
+        self._unlink(msg_id, s)
+        if s[_TOKEN] is not None:
+            self._unbind(msg_id, s[_TOKEN])
+        return data, s
 
     def _apply_dead_letter(self, record: DeadLetter, now: float | None) -> None:
         dlq = self._dead_letters(record.dlq)
         if record.dlq_msg_id in dlq._index:
             raise ValueError(f"msg_id {record.dlq_msg_id} already stored in {dlq.name!r}")
-        m = self._take(record.msg_id)
+        data, s = self._take(record.msg_id)
         reason = record.reason
-        dead = {"queue": self.name, "reason": reason, "retry": m.retry, "ttl": m.ttl}
-        if m.extra is not None and "max_deliveries" in m.extra:
-            dead["max_deliveries"] = m.extra["max_deliveries"]
+        dead = {"queue": self.name, "reason": reason, "retry": s[_RETRY], "ttl": s[_TTL]}
+        extra = s[_EXTRA]
+        if extra is not None and "max_deliveries" in extra:
+            dead["max_deliveries"] = extra["max_deliveries"]
         ready = record.ready
-        dlq._insert(Message(record.dlq_msg_id, m.data, ready, max(m.ttl, ready), 0.0, m.priority,
-                            m.delivery_count, extra={"dead": dead}), now)
+        dlq._insert(record.dlq_msg_id, data, (ready, max(s[_TTL], ready), 0.0, s[_PRIORITY],
+                                              s[_DELIVERY_COUNT], None, None, {"dead": dead}), now)
         self.counts["dead_lettered"] += 1
         if reason == DEAD_TTL:
             self.counts["expired"] += 1
@@ -869,17 +961,16 @@ class Queue:
         if any(new_id in index for _, new_id, _ in moves):
             raise ValueError(f"dlq_replay names msg_ids already stored in {self.name!r}")
         for dead_id, new_id, ttl in moves:
-            m = dlq._take(dead_id)
-            dead = (m.extra or {}).get("dead") or {}
+            data, s = dlq._take(dead_id)
+            dead = (s[_EXTRA] or {}).get("dead") or {}
             extra = {"max_deliveries": dead["max_deliveries"]} if "max_deliveries" in dead else None
-            self._insert(Message(new_id, m.data, ready, ttl, dead.get("retry", 0.0), m.priority, 0,
-                                 extra=extra), now)
+            self._insert(new_id, data, (ready, ttl, dead.get("retry", 0.0), s[_PRIORITY], 0, None,
+                                        None, extra), now)
 
-    def _insert(self, m: Message, now: float | None) -> None:
-        """Store an unleased message in its ordering; msg_ids continue after it."""
-        msg_id = m.msg_id
-        self._index[msg_id] = m
-        state = m._state
+    def _insert(self, msg_id: int, data: str, state: tuple, now: float | None) -> None:
+        """Store an unleased message in its ordering; msg_ids continue after it. ValueError
+        (nothing changed) if msg_id is stored already."""
+        self._index.add(msg_id, data, state)
         ready = state[_READY]
         if now is not None and ready <= now:
             self._ready.add(-state[_PRIORITY], ready, msg_id)
@@ -893,38 +984,81 @@ class Queue:
         if ids is None:
             self._release(record.msg_id, record.ready, record.delivery_count, now)
         else:
-            for msg_id in ids:
-                self._release(msg_id, record.ready, None, now)
+            self._release_many(ids, record.ready, now)
 
     def _release(self, msg_id: int, ready: float, delivery_count: int | None, now: float | None) -> None:
-        m = self._index[msg_id]
-        if m.lease is None:
+        s = self._index.state(msg_id)
+        if s is None:
+            raise KeyError(msg_id)
+        if s[_LEASE] is None:
             raise ValueError(f"msg_id {msg_id} is not leased in queue {self.name!r}")
-        self._unlink(m)
-        if m.token is not None:
-            self._unbind(m)
-        s = m._state
-        m._state = (ready, s[1], s[2], s[3], s[4] if delivery_count is None else delivery_count,
-                    None, None, s[7])
+        self._unlink(msg_id, s)
+        if s[_TOKEN] is not None:
+            self._unbind(msg_id, s[_TOKEN])
+        self._index.set_state(msg_id, (ready, s[1], s[2], s[3],
+                                       s[4] if delivery_count is None else delivery_count,
+                                       None, None, s[7]))
         if now is not None and ready <= now:
             self._ready.add(-s[_PRIORITY], ready, msg_id)
         else:
             self._delayed.add(0, ready, msg_id)
 
-    def _unlink_many(self, ms: list[Message]) -> None:
-        """Take messages out of whichever orderings hold them."""
-        unlink = self._unlink
-        for m in ms:
-            unlink(m)
+    def _release_many(self, ids: list[int], ready: float, now: float | None) -> None:
+        """_release of each of `ids` (distinct, leased), delivery counts unchanged."""
+        index = self._index
+        states = index.states(ids)
+        if None in states:
+            raise KeyError(f"release record names msg_ids not stored in {self.name!r}")
+        if None in map(_get_lease, states) or len(set(ids)) != len(ids):
+            raise ValueError(f"release record names msg_ids not leased (or twice) in {self.name!r}")
+        self._unlink_many(ids, states)
+        self._unbind_many(ids, states)
+        new = []
+        append = new.append
+        last = _NOTHING
+        for s in states:  # messages that shared a state share the new one
+            if s is not last:
+                last = s
+                released = (ready, s[1], s[2], s[3], s[4], None, None, s[7])
+            append(released)
+        index.set_states(ids, new)
+        if now is not None and ready <= now:
+            self._ready.update([(-s[_PRIORITY], ready, i) for i, s in zip(ids, states)])
+        else:
+            self._delayed.update([(0, ready, i) for i in ids])
 
-    def _unlink(self, m: Message) -> None:
-        """Take `m` out of whichever ordering holds it."""
-        state = m._state
-        if state[_LEASE] is not None:
-            self._lease_remove(state[_LEASE], m.msg_id)
+    def _unlink_many(self, ids: list[int], states: list[tuple]) -> None:
+        """Take messages (their msg_ids and states) out of whichever orderings hold them."""
+        leases = list(map(_get_lease, states))
+        n_unleased = leases.count(None)
+        if n_unleased == len(ids):  # a consume: most often the first ready (or, on a replica,
+            readies = list(map(_get_ready, states))  # delayed) messages
+            priorities = set(map(_get_priority, states))
+            if len(priorities) == 1 and self._ready.take_first(-priorities.pop(), readies, ids):
+                return
+            if self._delayed.take_first(0, readies, ids):
+                return
+        elif not n_unleased and len(set(leases)) == 1:  # a batch leased together
+            self._lease_remove_many(leases[0], ids)
             return
-        if not self._ready.discard(-state[_PRIORITY], state[_READY], m.msg_id):
-            self._delayed.remove(0, state[_READY], m.msg_id)
+        unleased = []
+        for i, s, lease in zip(ids, states, leases):
+            if lease is not None:
+                self._lease_remove(lease, i)
+            else:
+                unleased.append((-s[_PRIORITY], s[_READY], i))
+        if unleased:
+            remove = self._delayed.remove
+            for _, ready, i in self._ready.discard_many(unleased):
+                remove(0, ready, i)
+
+    def _unlink(self, msg_id: int, state: tuple) -> None:
+        """Take a message (its msg_id and state) out of whichever ordering holds it."""
+        if state[_LEASE] is not None:
+            self._lease_remove(state[_LEASE], msg_id)
+            return
+        if not self._ready.discard(-state[_PRIORITY], state[_READY], msg_id):
+            self._delayed.remove(0, state[_READY], msg_id)
 
     # ------------------------------------------------------------------ moving due messages
 
@@ -932,50 +1066,51 @@ class Queue:
         """Move due delayed messages to ready; end due leases (release or expire records)."""
         delayed = self._delayed
         if delayed and delayed.head()[1] <= now:
-            index = self._index
-            self._ready.update([(-index[msg_id]._state[_PRIORITY], t, msg_id)
+            state = self._index.state
+            self._ready.update([(-state(msg_id)[_PRIORITY], t, msg_id)
                                 for _, t, msg_id in delayed.pop_through(0, now)])
         leased = self._leased
         if leased and leased.keys()[0] <= now:
-            index = self._index
+            state = self._index.state
             name = self.name
             apply = self.apply
             due = [(lease, msg_id) for lease in list(leased.irange(maximum=now))
                    for msg_id in sorted(leased[lease])]
             for lease, msg_id in due:
-                m = index[msg_id]
-                end = self._ending(m, lease)
+                s = state(msg_id)
+                end = self._ending(s, lease)
                 if end is not None:
-                    record = self._end_record(m, end, lease)
+                    record = self._end_record(msg_id, end, lease)
                 else:
                     record = Release(queue=name, msg_id=msg_id, ready=lease,
-                                     delivery_count=m.delivery_count)
+                                     delivery_count=s[_DELIVERY_COUNT])
                 apply(record, now)
                 records.append(record)
 
-    def _ending(self, m: Message, lease: float) -> str | None:
-        """How a lease of `m` ending at `lease` ends its life: None (it is ready again),
-        DEAD_TTL (it outlived its ttl) or DEAD_MAX_DELIVERIES (delivered as often as allowed)."""
-        if lease >= m.ttl:
+    def _ending(self, s: tuple, lease: float) -> str | None:
+        """How a lease ending at `lease` ends the life of a message in state `s`: None (it is
+        ready again), DEAD_TTL (it outlived its ttl) or DEAD_MAX_DELIVERIES (delivered as often
+        as allowed)."""
+        if lease >= s[_TTL]:
             return DEAD_TTL
         limit = self.max_deliveries
-        extra = m.extra
+        extra = s[_EXTRA]
         if extra is not None:
             limit = extra.get("max_deliveries", limit)
-        if limit and m.delivery_count >= limit:
+        if limit and s[_DELIVERY_COUNT] >= limit:
             return DEAD_MAX_DELIVERIES
         return None
 
-    def _end_record(self, m: Message, reason: str, at: float) -> Expire | DeadLetter:
-        """The record that ends `m`'s life at time `at`: a dead_letter into the dead-letter
+    def _end_record(self, msg_id: int, reason: str, at: float) -> Expire | DeadLetter:
+        """The record that ends a message's life at time `at`: a dead_letter into the dead-letter
         queue when there is one, else an expire. The record names the dead-letter queue, the
         new msg_id and ready time there: a replica decides nothing."""
         dlq_name = self.dlq_name
         if dlq_name is None:
-            return Expire(queue=self.name, msg_id=m.msg_id,
+            return Expire(queue=self.name, msg_id=msg_id,
                           reason=None if reason == DEAD_TTL else reason)
         dlq = self._dead_letters(dlq_name)
-        return DeadLetter(queue=self.name, msg_id=m.msg_id, reason=reason, dlq=dlq_name,
+        return DeadLetter(queue=self.name, msg_id=msg_id, reason=reason, dlq=dlq_name,
                           dlq_msg_id=dlq.next_id, ready=at)
 
     def _due_requeues(self, now: float) -> int:
@@ -983,13 +1118,13 @@ class Queue:
         leased = self._leased
         if not leased or leased.keys()[0] > now:
             return 0
-        index = self._index
+        state = self._index.state
         ending = self._ending
         return sum(
             1
             for lease in leased.irange(maximum=now)
             for msg_id in leased[lease]
-            if ending(index[msg_id], lease) is None
+            if ending(state(msg_id), lease) is None
         )
 
     def _lease_add(self, lease: float, ids: Iterable[int]) -> None:
@@ -1004,6 +1139,14 @@ class Queue:
         group = self._leased[lease]
         del group[msg_id]
         self._n_leased -= 1
+        if not group:
+            del self._leased[lease]
+
+    def _lease_remove_many(self, lease: float, ids: list[int]) -> None:
+        group = self._leased[lease]
+        for msg_id in ids:
+            del group[msg_id]
+        self._n_leased -= len(ids)
         if not group:
             del self._leased[lease]
 
@@ -1024,7 +1167,7 @@ class Queue:
             "name": self.name,
             "max_size": self.max_size,
             "next_id": self.next_id,
-            "messages": [_snapshot_row(index[msg_id]) for msg_id in sorted(index)],
+            "messages": [_snapshot_row(*entry) for entry in index.entries()],
         }
         if self._dedupe:
             snap["dedupe"] = [[p, s, first, n] for (p, s), (first, n) in self._dedupe.items()]
@@ -1052,8 +1195,9 @@ class Queue:
             if tail != last_tail:  # else the state of the row before serves (most rows)
                 last_tail = tail
                 state = (*tail, *_ROW_DEFAULTS[len(row) - 2:])
-            m = index[msg_id] = stored(msg_id, row[1], state)
-            ready, _, _, _, _, lease, token, _ = m._state  # one read, not three property calls
+            state = stored(state)
+            index.add(msg_id, row[1], state)
+            ready, _, _, _, _, lease, token, _ = state
             if lease is None:
                 if token is not None:
                     raise ValueError(f"msg_id {msg_id}: a token without a lease in snapshot")
@@ -1062,6 +1206,7 @@ class Queue:
                 q._lease_add(lease, (msg_id,))
                 if token is not None:
                     q._bind(token, msg_id)
+        index.thin_sparse()
         for producer, sequence, first, count in snap.get("dedupe", ()):
             q._dedupe[(producer, sequence)] = [first, count]
         # Without a clock every unleased message starts as delayed; the first consume sorts it out.
@@ -1071,10 +1216,9 @@ class Queue:
     def snapshot_frames(self) -> Iterator[Frame]:
         """snapshot() as v2 snapshot frames (protocol/snapshot_frames.py): one QUEUE, then ROWS
         in msg_id order, built as they are taken."""
-        index = self._index
         dedupe = [[p, s, first, n] for (p, s), (first, n) in self._dedupe.items()]
         yield QUEUE, self.name, queue_body(self.max_size, self.next_id, self.paused, dedupe)
-        for body in rows_bodies(_snapshot_row(index[msg_id]) for msg_id in sorted(index)):
+        for body in rows_bodies(_snapshot_row(*entry) for entry in self._index.entries()):
             yield ROWS, self.name, body
 
     @classmethod
@@ -1087,32 +1231,27 @@ class Queue:
         return cls.from_snapshot({**read_queue(body), "name": name, "messages": rows_of(frames)})
 
 
-def _copy(m: Message) -> Message:
-    """A copy of a stored message, for a reply (never aliased with stored state: the state
-    tuple it shares is immutable)."""
-    return _message(m.msg_id, m.data, m._state)
-
-
 # A snapshot row's items after data, from ready on, with the defaults of the trailing ones.
 _ROW_DEFAULTS = (None, None, None, 0, 0, None, None, None)
 
 
-def _snapshot_row(m: Message) -> list:
-    """m as a snapshot row: [msg_id, data, ready, ttl, retry, priority, delivery_count, lease],
-    then the token when it has one or extra settings, then those settings when it has them."""
-    s = m._state
+def _snapshot_row(msg_id: int, data: str, s: tuple) -> list:
+    """A message as a snapshot row: [msg_id, data, ready, ttl, retry, priority, delivery_count,
+    lease], then the token when it has one or extra settings, then those settings when it has
+    them."""
     if s[_EXTRA] is not None:
-        return [m.msg_id, m.data, *s]
+        return [msg_id, data, *s]
     if s[_TOKEN] is not None:
-        return [m.msg_id, m.data, *s[:_EXTRA]]
-    return [m.msg_id, m.data, *s[:_TOKEN]]
+        return [msg_id, data, *s[:_EXTRA]]
+    return [msg_id, data, *s[:_TOKEN]]
 
 
-def _passes(m: Message, token: str | None, delivery_count: int | None) -> bool:
-    """Whether `m` satisfies the guards of a confirm/release/extend (None: no guard)."""
-    if token is not None and (m.token != token or m.lease is None):
+def _passes(s: tuple, token: str | None, delivery_count: int | None) -> bool:
+    """Whether a message in state `s` satisfies the guards of a confirm/release/extend (None:
+    no guard)."""
+    if token is not None and (s[_TOKEN] != token or s[_LEASE] is None):
         return False
-    return delivery_count is None or m.delivery_count == delivery_count
+    return delivery_count is None or s[_DELIVERY_COUNT] == delivery_count
 
 
 _APPLY = {
@@ -1162,14 +1301,17 @@ class StateQueue(Queue):
         super().__init__(name, max_size, next_id, dedupe_window)
         self._delayed = self._ready = _NO_ORDERING  # type: ignore[assignment]
 
-    def _unlink(self, m: Message) -> None:
+    def _unlink(self, msg_id: int, state: tuple) -> None:
         pass
 
-    def _unlink_many(self, ms: list[Message]) -> None:
+    def _unlink_many(self, ids: list[int], states: list[tuple]) -> None:
         pass
 
     def _lease_add(self, lease: float, ids: Iterable[int]) -> None:
         pass
 
     def _lease_remove(self, lease: float, msg_id: int) -> None:
+        pass
+
+    def _lease_remove_many(self, lease: float, ids: list[int]) -> None:
         pass

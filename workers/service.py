@@ -24,6 +24,7 @@ from queue_server.workers.bad_request import BadRequest, Refused
 from queue_server.protocol.snapshot_frames import Frame
 from queue_server.protocol.records import Confirm, Consume, DeleteQueue, Noop, Purge, Record, Release, Restore, count
 from queue_server.workers.queue import Message, Queue
+from queue_server.workers.store import delivered_once
 
 # How many just-deleted at-most-once messages each worker keeps to be restored if their reply
 # cannot be delivered (the client's connection closed while the reply was on its way). Every
@@ -779,10 +780,10 @@ class PartitionService:
             q = self._queue(record.queue)
             taken = None
             if kind is Consume and record.lease is None and self.restore_cache:
-                taken = q.stored(record.msg_id)  # deleted by the record, which gives it the delivery's state
+                taken = q.stored(record.msg_id)  # deleted by the record
             q.apply(record)
             if taken is not None:
-                self._remember(q.name, taken)
+                self._remember(q.name, delivered_once(taken, record.delivery_count))
             elif kind is Restore:
                 self._restorable.pop((q.name, record.msg_id), None)
             elif kind is Purge:

@@ -26,6 +26,8 @@ OPS = st.one_of(
     st.tuples(st.just("add_run"), GROUPS, READY_STEPS, st.integers(1, 30)),
     st.tuples(st.just("add_many"), st.integers(0, 2**32), st.just(0.0), st.integers(1, 12)),
     st.tuples(st.just("pop_head"), st.just(0), st.just(0.0), st.just(0)),
+    st.tuples(st.just("take_first"), st.integers(0, 3), st.booleans(), st.integers(1, 12)),
+    st.tuples(st.just("discard_many"), st.integers(0, 10**6), st.booleans(), st.integers(1, 8)),
     st.tuples(st.just("first"), st.integers(0, 10**6), st.booleans(), st.integers(0, 12)),
     st.tuples(st.just("through"), st.integers(0, 10**6), st.booleans(), st.booleans()),
 )
@@ -98,6 +100,27 @@ def _run(ops: list) -> None:
             key = model[0]
             o.remove(*key)
             model.remove(key)
+        elif name == "take_first" and model:
+            # The first c keys of the first group (what a consume takes), or a window shifted by
+            # a (not the first keys: nothing may change), or the first keys with another ready.
+            group = model[0][0]
+            run = [k for k in model.islice(a if b else 0, (a if b else 0) + c) if k[0] == group]
+            readies = [k[1] for k in run]
+            if not b and a == 3 and run:
+                readies[-1] += 0.25
+            first = list(model.islice(0, len(run)))
+            expected = bool(run) and run == first and readies == [k[1] for k in run]
+            # False also when they are first but not all in one lane (then nothing changed).
+            if o.take_first(group, readies, [k[2] for k in run]):
+                assert expected
+                del model[:len(run)]
+        elif name == "discard_many":
+            keys = [model[(a + i) % len(model)] for i in range(c)] if model else []
+            keys = list(dict.fromkeys(keys + (gone[-2:] if b else [])))
+            gone.extend(keys)
+            assert o.discard_many(keys) == [k for k in keys if k not in model]
+            for key in keys:
+                model.discard(key)
         elif name == "first":
             after = model[a % len(model)] if b and model else None
             lo = 0 if after is None else model.bisect_right(after)

@@ -47,6 +47,16 @@ class SortedOrdering:
         self.keys.discard(key)
         return found
 
+    def discard_many(self, keys) -> list:
+        return [key for key in keys if not self.discard(*key)]
+
+    def take_first(self, group: int, readies, ids) -> bool:
+        keys = [(group, r, i) for r, i in zip(readies, ids)]
+        if not keys or list(self.keys.islice(0, len(keys))) != keys:
+            return False
+        del self.keys[:len(keys)]
+        return True
+
     def remove(self, group: int, ready: float, msg_id: int) -> None:
         self.keys.remove((group, ready, msg_id))
 

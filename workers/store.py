@@ -1,0 +1,488 @@
+"""A queue's stored messages by msg_id, with no object per message: `MessageStore`, and
+`Message`, the copy of one stored message that a queue hands out.
+
+A queue holds millions of messages (docs/plans/one-copy.md §2). A dict of message objects cost
+~140 B per message beside the payload: the `Message` (56), its msg_id `int` (32) and the dict
+entry (~52). The store keeps each queue's messages in chunks of CHUNK consecutive msg_ids: per
+chunk a list of payloads (the `str` each produce brought, kept as it is) and a list of state
+tuples, 16 B a message. Messages stored together with the same settings share one state tuple
+(Queue._stored), so the common case costs no tuple per message either. A batch of
+consecutive msg_ids (what one consume delivers, most often) is read, set or deleted a chunk
+slice at a time.
+
+The newest chunk (the one new msg_ids go to) is kept even when empty, so a queue that is
+emptied as fast as it is filled does not make a chunk per message. Any other chunk with fewer
+than SPARSE live messages gives them to a small side dict ({msg_id: (data, state)}) and is
+freed, so a few long-lived messages cannot pin whole chunks; a msg_id whose chunk is gone
+(a restore of an old message) goes to the side dict too. A msg_id is in its chunk or in the
+side dict, never both: a chunk is only made for msg_ids above every chunk made before.
+
+Pure logic: no I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+
+BITS = 8
+CHUNK = 1 << BITS  # msg_ids per chunk
+MASK = CHUNK - 1
+# A chunk other than the newest with fewer live messages than this moves them to the side dict.
+SPARSE = 8
+
+# Positions in a state tuple (Message._state).
+_READY, _TTL, _RETRY, _PRIORITY, _DELIVERY_COUNT, _LEASE, _TOKEN, _EXTRA = range(8)
+
+
+def _field(i: int) -> property:
+    """A read-only Message attribute kept at position `i` of its (shared, immutable) state
+    tuple."""
+    def get(m: Message) -> object:
+        return m._state[i]
+    return property(get)
+
+
+class Message:
+    """One stored message and its delivery state.
+
+    Fields: msg_id, data, ready (absolute time it becomes ready; after a lease ends, the lease
+    deadline), ttl (absolute time after which it is no longer retried), retry (seconds; 0 = at
+    most once), priority (higher first among ready messages), delivery_count, lease (deadline
+    while in flight, else None), token (the lease token it is leased under, else None), extra
+    (rare settings, None for most messages: {"max_deliveries": n} from its produce, and for a
+    dead letter {"dead": {"queue", "reason", "retry", "ttl"[, "max_deliveries"]}}).
+
+    Everything but msg_id and data lives in one immutable tuple (`_state`) that messages stored
+    together share. A queue hands out Messages built from its store: copies, read only.
+    """
+
+    __slots__ = ("msg_id", "data", "_state")
+
+    def __init__(self, msg_id: int, data: str, ready: float, ttl: float, retry: float,
+                 priority: int = 0, delivery_count: int = 0, lease: float | None = None,
+                 token: str | None = None, extra: dict | None = None) -> None:
+        self.msg_id = msg_id
+        self.data = data
+        self._state = (ready, ttl, retry, priority, delivery_count, lease, token, extra)
+
+    ready = _field(_READY)
+    ttl = _field(_TTL)
+    retry = _field(_RETRY)
+    priority = _field(_PRIORITY)
+    delivery_count = _field(_DELIVERY_COUNT)
+    lease = _field(_LEASE)
+    token = _field(_TOKEN)
+    extra = _field(_EXTRA)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Message):
+            return NotImplemented
+        return (self.msg_id == other.msg_id and self.data == other.data
+                and self._state == other._state)
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        names = ("msg_id", "data", "ready", "ttl", "retry", "priority", "delivery_count", "lease",
+                 "token", "extra")
+        values = (self.msg_id, self.data, *self._state)
+        return "Message(" + ", ".join(f"{n}={v!r}" for n, v in zip(names, values)) + ")"
+
+
+_new_message = object.__new__
+
+
+def message(msg_id: int, data: str, state: tuple) -> Message:
+    """A Message holding `state` itself (not a copy: state tuples are immutable)."""
+    m = _new_message(Message)
+    m.msg_id = msg_id
+    m.data = data
+    m._state = state
+    return m
+
+
+def delivered_once(m: Message, delivery_count: int) -> Message:
+    """`m` as an at-most-once delivery numbered `delivery_count` leaves it: unleased, no token."""
+    s = m._state
+    return message(m.msg_id, m.data, (s[_READY], s[_TTL], s[_RETRY], s[_PRIORITY], delivery_count,
+                                      None, None, s[_EXTRA]))
+
+
+class Chunk:
+    """The messages of msg_ids n*CHUNK .. n*CHUNK + CHUNK - 1: payload and state at position
+    msg_id & MASK (None where no message is stored), and how many are stored. The two lists
+    grow to a position when a message is stored there (a small queue keeps small lists); past
+    their end nothing is stored."""
+
+    __slots__ = ("data", "states", "live")
+
+    def __init__(self) -> None:
+        self.data: list[str | None] = []
+        self.states: list[tuple | None] = []
+        self.live = 0
+
+    def reach(self, end: int) -> None:
+        """Make positions up to end - 1 exist (doubling, at most CHUNK; exact-size lists)."""
+        have = len(self.states)
+        if end > have:
+            more = [None] * (min(CHUNK, max(end, 2 * have, 16)) - have)
+            self.data = self.data + more
+            self.states = self.states + more
+
+
+class MessageStore:
+    """msg_id -> (payload, state tuple) of one queue's stored messages; reads as a mapping of
+    msg_id -> Message (built on read), iterated in msg_id order.
+
+    Queue.consume reads `chunks` directly for one message (a call saved on the hottest read);
+    every change goes through the methods."""
+
+    __slots__ = ("chunks", "side", "top", "n")
+
+    def __init__(self) -> None:
+        self.chunks: dict[int, Chunk] = {}  # chunk number (msg_id >> BITS) -> Chunk
+        self.side: dict[int, tuple[str, tuple]] = {}  # msg_id -> (data, state): ids with no chunk
+        self.top = -1  # the highest chunk number made since the last clear; never freed
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __bool__(self) -> bool:
+        return self.n != 0
+
+    def __contains__(self, msg_id: object) -> bool:
+        return type(msg_id) is int and self.state(msg_id) is not None
+
+    def state(self, msg_id: int) -> tuple | None:
+        """The state tuple of a stored message, or None."""
+        c = self.chunks.get(msg_id >> BITS)
+        if c is not None:
+            try:
+                return c.states[msg_id & MASK]
+            except IndexError:
+                return None
+        entry = self.side.get(msg_id)
+        return None if entry is None else entry[1]
+
+    def _run(self, ids: list[int]) -> list[tuple[Chunk, int, int]] | None:
+        """When `ids` are consecutive ascending msg_ids (a batch delivered together, most often)
+        all in chunks: (chunk, first position, count) for each chunk they are in. Else None."""
+        first = ids[0]
+        last = ids[-1]
+        if last - first != len(ids) - 1 or (last != first and ids != list(range(first, last + 1))):
+            return None
+        chunks = self.chunks
+        out = []
+        i = first
+        while i <= last:
+            c = chunks.get(i >> BITS)
+            if c is None:
+                return None
+            p = i & MASK
+            k = min(CHUNK - p, last - i + 1)
+            if p + k > len(c.states):
+                return None
+            out.append((c, p, k))
+            i += k
+        return out
+
+    def states(self, ids: list[int]) -> list[tuple | None]:
+        """state() of each msg_id, in order."""
+        return self._columns(ids, False)[1]
+
+    def _columns(self, ids: list[int], with_data: bool) -> tuple[list, list]:
+        """The payloads (when `with_data`, else an empty list) and the states of msg_ids, in
+        order, None for a msg_id not stored."""
+        datas: list[str | None] = []
+        states: list[tuple | None] = []
+        run = self._run(ids) if ids else None
+        if run is not None:
+            for c, p, k in run:
+                if with_data:
+                    datas += c.data[p:p + k]
+                states += c.states[p:p + k]
+            return datas, states
+        chunks = self.chunks
+        side = self.side
+        last = -1
+        c = None
+        for i in ids:
+            n = i >> BITS
+            if n != last:
+                c = chunks.get(n)
+                last = n
+            p = i & MASK
+            if c is not None and p < len(c.states):
+                d, s = c.data[p], c.states[p]
+            elif c is not None:
+                d = s = None
+            else:
+                d, s = side.get(i, (None, None))
+            if with_data:
+                datas.append(d)
+            states.append(s)
+        return datas, states
+
+    def data(self, msg_id: int) -> str:
+        """The payload of a stored message (KeyError if none)."""
+        c = self.chunks.get(msg_id >> BITS)
+        if c is None:
+            return self.side[msg_id][0]
+        p = msg_id & MASK
+        data = c.data[p] if p < len(c.data) else None
+        if data is None:
+            raise KeyError(msg_id)
+        return data
+
+    def get(self, msg_id: int) -> Message | None:
+        """The message (a copy), or None."""
+        c = self.chunks.get(msg_id >> BITS)
+        if c is not None:
+            p = msg_id & MASK
+            s = c.states[p] if p < len(c.states) else None
+            if s is None:
+                return None
+            m = _new_message(Message)
+            m.msg_id = msg_id
+            m.data = c.data[p]
+            m._state = s
+            return m
+        entry = self.side.get(msg_id)
+        return None if entry is None else message(msg_id, *entry)
+
+    def get_many(self, ids: list[int]) -> list[Message]:
+        """The messages (copies) of stored msg_ids, in order (KeyError if one is not stored)."""
+        datas, states = self._columns(ids, True)
+        if None in states:
+            raise KeyError(ids[states.index(None)])
+        out = []
+        append = out.append
+        new = _new_message
+        for i, d, s in zip(ids, datas, states):
+            m = new(Message)
+            m.msg_id = i
+            m.data = d
+            m._state = s
+            append(m)
+        return out
+
+    def __getitem__(self, msg_id: int) -> Message:
+        m = self.get(msg_id)
+        if m is None:
+            raise KeyError(msg_id)
+        return m
+
+    def __iter__(self) -> Iterator[int]:
+        """Stored msg_ids, ascending."""
+        side = self.side
+        if not side:
+            return self._chunk_ids()
+        return heapq.merge(self._chunk_ids(), sorted(side))
+
+    def _chunk_ids(self) -> Iterator[int]:
+        chunks = self.chunks
+        for n in sorted(chunks):
+            base = n << BITS
+            for p, s in enumerate(chunks[n].states):
+                if s is not None:
+                    yield base + p
+
+    keys = __iter__
+
+    def entries(self) -> Iterator[tuple[int, str, tuple]]:
+        """(msg_id, data, state) of every stored message, msg_id ascending."""
+        side = self.side
+        chunked = self._chunk_entries()
+        if not side:
+            return chunked
+        return heapq.merge(chunked, ((i, *side[i]) for i in sorted(side)))
+
+    def _chunk_entries(self) -> Iterator[tuple[int, str, tuple]]:
+        chunks = self.chunks
+        for n in sorted(chunks):
+            base = n << BITS
+            c = chunks[n]
+            for p, s in enumerate(c.states):
+                if s is not None:
+                    yield base + p, c.data[p], s
+
+    def items(self) -> Iterator[tuple[int, Message]]:
+        """(msg_id, Message) pairs, msg_id ascending."""
+        get = self.get
+        return ((i, get(i)) for i in self)
+
+    def add(self, msg_id: int, data: str, state: tuple) -> None:
+        """Store a message under a msg_id not stored (ValueError if it is)."""
+        n = msg_id >> BITS
+        c = self.chunks.get(n)
+        if c is None:
+            if n <= self.top:  # its chunk was freed (or never made): keep it aside
+                if msg_id in self.side:
+                    raise ValueError(f"msg_id {msg_id} is stored already")
+                self.side[msg_id] = (data, state)
+                self.n += 1
+                return
+            c = self._new_chunk(n)
+        p = msg_id & MASK
+        if p >= len(c.states):
+            c.reach(p + 1)
+        elif c.states[p] is not None:
+            raise ValueError(f"msg_id {msg_id} is stored already")
+        c.data[p] = data
+        c.states[p] = state
+        c.live += 1
+        self.n += 1
+
+    def add_run(self, first: int, datas: list[str], states: list[tuple]) -> None:
+        """Store messages under consecutive msg_ids from `first`, every one above all stored
+        (so none is stored: a produce's new ids)."""
+        chunks = self.chunks
+        i = 0
+        total = len(datas)
+        while i < total:
+            msg_id = first + i
+            n = msg_id >> BITS
+            c = chunks.get(n)
+            if c is None:
+                c = self._new_chunk(n)
+            p = msg_id & MASK
+            k = min(CHUNK - p, total - i)
+            c.reach(p + k)
+            c.data[p:p + k] = datas[i:i + k]
+            c.states[p:p + k] = states[i:i + k]
+            c.live += k
+            i += k
+        self.n += total
+
+    def _new_chunk(self, n: int) -> Chunk:
+        """Make chunk `n` (above every chunk made before); the newest before it is thinned
+        now if it is sparse."""
+        old = self.chunks.get(self.top)
+        if old is not None and old.live < SPARSE:
+            self.thin(self.top)
+        c = self.chunks[n] = Chunk()
+        self.top = n
+        return c
+
+    def set_state(self, msg_id: int, state: tuple) -> None:
+        """Replace the state of a stored message."""
+        c = self.chunks.get(msg_id >> BITS)
+        if c is None:
+            self.side[msg_id] = (self.side[msg_id][0], state)
+        else:
+            c.states[msg_id & MASK] = state
+
+    def pop(self, msg_id: int) -> tuple[str, tuple]:
+        """Take a stored message out: its (data, state). KeyError if not stored."""
+        n = msg_id >> BITS
+        c = self.chunks.get(n)
+        if c is None:
+            entry = self.side.pop(msg_id)
+            self.n -= 1
+            return entry
+        p = msg_id & MASK
+        states = c.states
+        s = states[p] if p < len(states) else None
+        if s is None:
+            raise KeyError(msg_id)
+        datas = c.data
+        data = datas[p]
+        datas[p] = states[p] = None
+        self.n -= 1
+        live = c.live = c.live - 1
+        if live < SPARSE and n != self.top:
+            self.thin(n)
+        return data, s
+
+    def set_states(self, ids: list[int], states: list[tuple]) -> None:
+        """set_state() of each stored msg_id."""
+        run = self._run(ids) if ids else None
+        if run is not None:
+            j = 0
+            for c, p, k in run:
+                c.states[p:p + k] = states[j:j + k]
+                j += k
+            return
+        chunks = self.chunks
+        last = -1
+        c = None
+        for i, s in zip(ids, states):
+            n = i >> BITS
+            if n != last:
+                c = chunks.get(n)
+                last = n
+            if c is not None:
+                c.states[i & MASK] = s
+            else:
+                self.side[i] = (self.side[i][0], s)
+
+    def delete_many(self, ids: list[int]) -> None:
+        """Take out stored messages: distinct msg_ids, every one stored (the caller has
+        checked: a msg_id not stored may leave the others half deleted)."""
+        run = self._run(ids) if ids else None
+        if run is not None:
+            for c, p, k in run:
+                if None in c.states[p:p + k]:
+                    raise KeyError(f"msg_ids from {ids[0]}: not all stored")
+            for c, p, k in run:
+                c.data[p:p + k] = c.states[p:p + k] = [None] * k
+                c.live -= k
+            self.n -= len(ids)
+            chunks = self.chunks
+            for n in range(ids[0] >> BITS, (ids[-1] >> BITS) + 1):
+                if chunks[n].live < SPARSE and n != self.top:
+                    self.thin(n)
+            return
+        chunks = self.chunks
+        side = self.side
+        last = -1
+        c = None
+        touched = []
+        k = 0
+        for i in ids:
+            k += 1
+            n = i >> BITS
+            if n != last:
+                c = chunks.get(n)
+                last = n
+                if c is not None:
+                    touched.append(n)
+            if c is not None:
+                p = i & MASK
+                if p >= len(c.states) or c.states[p] is None:
+                    raise KeyError(i)
+                c.data[p] = c.states[p] = None
+                c.live -= 1
+            else:
+                del side[i]
+        self.n -= k
+        top = self.top
+        for n in touched:
+            c = chunks.get(n)
+            if c is not None and c.live < SPARSE and n != top:
+                self.thin(n)
+
+    def thin(self, n: int) -> None:
+        """Free chunk `n` (not the newest), its few live messages moved to the side dict."""
+        c = self.chunks.pop(n)
+        if c.live:
+            base = n << BITS
+            side = self.side
+            for p, s in enumerate(c.states):
+                if s is not None:
+                    side[base + p] = (c.data[p], s)
+
+    def thin_sparse(self) -> None:
+        """Thin every sparse chunk but the newest (after a load, which fills chunks as it
+        finds the msg_ids)."""
+        for n in [n for n, c in self.chunks.items() if c.live < SPARSE and n != self.top]:
+            self.thin(n)
+
+    def clear(self) -> None:
+        """Take every message out."""
+        self.chunks = {}
+        self.side = {}
+        self.top = -1
+        self.n = 0
