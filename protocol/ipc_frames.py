@@ -38,6 +38,14 @@ DRAIN = b"drain"  # acceptor -> worker: [DRAIN] the node is shutting down: answe
 # that mode is in its log.
 FENCE = b"fence"  # acceptor | coordinator -> worker: [FENCE, epoch, sender]
 FENCED = b"fenced"  # worker -> coordinator: [FENCED, epoch, worker index]
+# Worker-made snapshots (server/snapshots.py SnapshotCut): each worker forks a child that writes
+# its part; a leading worker sends nothing more to the coordinator between SNAPPED and the end of
+# the cut (RELEASE, or the next MODE), so that the log up to T holds exactly its pre-fork records.
+SNAP = b"snap"  # coordinator -> worker: [SNAP, json [epoch, cut id, tmp dir, hold]]
+SNAPPED = b"snapped"  # worker -> coordinator: [SNAPPED, json [epoch, cut id, worker index]] right after the fork
+RELEASE = b"release"  # coordinator -> worker: [RELEASE, cut id] the cut needs no more holding
+PART_DONE = b"part_done"  # worker -> coordinator: [PART_DONE, json [cut id, worker index, ok, part entry]]
+LOAD = b"load"  # coordinator -> worker: [LOAD, json [trans_id, [part path, ...]]] replace all queues
 FROM_ACCEPTOR = b"acceptor"
 FROM_COORDINATOR = b"coordinator"
 FENCE_SENDERS = frozenset({FROM_ACCEPTOR, FROM_COORDINATOR})
@@ -174,6 +182,40 @@ def read_reset(frames: list[bytes]) -> dict[str, Any]:
     return _LOADS(frames[1])
 
 
+def snap_frames(epoch: int, cut_id: int, tmp: str, hold: bool) -> list[bytes]:
+    """A SNAP: flush, fork a child that writes this worker's part into directory `tmp`, answer
+    SNAPPED; with `hold`, send nothing more to the coordinator until RELEASE (or MODE)."""
+    return [SNAP, _DUMPS([epoch, cut_id, tmp, hold])]
+
+
+def read_snap(frames: list[bytes]) -> tuple[int, int, str, bool]:
+    """The (epoch, cut id, tmp dir, hold) of a SNAP."""
+    epoch, cut_id, tmp, hold = _LOADS(frames[1])
+    return epoch, cut_id, tmp, hold
+
+
+def release_frames(cut_id: int) -> list[bytes]:
+    """A RELEASE: cut `cut_id` holds this worker's output no longer."""
+    return [RELEASE, b"%d" % cut_id]
+
+
+def read_release(frames: list[bytes]) -> int:
+    """The cut id of a RELEASE."""
+    return int(frames[1])
+
+
+def load_frames(trans_id: int, parts: list[str]) -> list[bytes]:
+    """A LOAD: the worker's queues are replaced by those of the snapshot parts at trans_id that
+    its Router gives it."""
+    return [LOAD, _DUMPS([trans_id, parts])]
+
+
+def read_load(frames: list[bytes]) -> tuple[int, list[str]]:
+    """The (trans_id, part paths) of a LOAD."""
+    trans_id, parts = _LOADS(frames[1])
+    return trans_id, parts
+
+
 DRAIN_FRAMES = [DRAIN]  # the whole DRAIN message: it carries nothing
 
 
@@ -254,3 +296,27 @@ def read_fenced(frames: list[bytes]) -> tuple[int, int]:
     """The (epoch, worker index) of a FENCED message."""
     _, epoch, index = frames
     return int(epoch), int(index)
+
+
+def snapped_frames(epoch: int, cut_id: int, index: int) -> list[bytes]:
+    """A SNAPPED: worker `index` has forked the writer of its part of cut `cut_id`; every batch it
+    decided before is ahead of this on the pipe."""
+    return [SNAPPED, _DUMPS([epoch, cut_id, index])]
+
+
+def read_snapped(frames: list[bytes]) -> tuple[int, int, int]:
+    """The (epoch, cut id, worker index) of a SNAPPED."""
+    epoch, cut_id, index = _LOADS(frames[1])
+    return epoch, cut_id, index
+
+
+def part_done_frames(cut_id: int, index: int, ok: bool, part: dict | None) -> list[bytes]:
+    """A PART_DONE: worker `index`'s writer of cut `cut_id` has ended; ok with its part's entry
+    for the manifest ({file, bytes, queues, messages}), or not ({error: why})."""
+    return [PART_DONE, _DUMPS([cut_id, index, ok, part])]
+
+
+def read_part_done(frames: list[bytes]) -> tuple[int, int, bool, dict | None]:
+    """The (cut id, worker index, ok, part entry) of a PART_DONE."""
+    cut_id, index, ok, part = _LOADS(frames[1])
+    return cut_id, index, ok, part

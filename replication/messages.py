@@ -161,3 +161,4 @@ class Recovered:
     # The v2 snapshot's queue frames (kind, queue name, body), read from its checked parts as
     # they are consumed: once (PartitionService.load_frames).
     frames: Iterable[Frame] | None = None
+    parts: tuple[str, ...] = ()  # the v2 snapshot's part files (the workers LOAD them)

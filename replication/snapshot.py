@@ -72,9 +72,10 @@ def snapshot_trans_ids(directory: str) -> list[int]:
 
 
 class PartWriter:
-    """Writes one part file as frames come: the header, the frames, then END at finish()."""
+    """Writes one part file as frames come: the header, the frames, then END at finish().
+    A worker's writer does not know T yet: it writes 0, and publish() stamps T."""
 
-    def __init__(self, path: str, trans_id: int) -> None:
+    def __init__(self, path: str, trans_id: int = 0) -> None:
         self.path = path
         self._file = open(path, "wb", buffering=_BUFFER)
         self._file.write(_PART_HEADER.pack(PART_MAGIC, trans_id))
@@ -118,24 +119,50 @@ def write_snapshot(directory: str, trans_id: int, vote_id: int, frames: Iterable
     Returns the manifest's path. Raises StorageError when the disk fails (nothing is left
     behind then)."""
     os.makedirs(directory, exist_ok=True)
-    stamp = f"{trans_id:020d}-{time.time_ns():x}"
-    tmp = os.path.join(directory, _TMP_PREFIX + stamp)
-    parts = os.path.join(directory, _PARTS_PREFIX + stamp)
-    path = os.path.join(directory, snapshot_name(trans_id))
+    tmp = os.path.join(directory, f"{_TMP_PREFIX}{trans_id:020d}-{time.time_ns():x}")
     try:
         os.mkdir(tmp)
-        writer = PartWriter(os.path.join(tmp, "part-0.qsp"), trans_id)
-        try:
-            for kind, name, body in frames:
-                writer.write(kind, name, body)
-            part = writer.finish()
-        finally:
-            writer.close()
+        part = write_part(os.path.join(tmp, "part-0.qsp"), frames, trans_id)
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(e, OSError):
+            raise StorageError(f"cannot write snapshot {snapshot_name(trans_id)}: {e}") from e
+        raise
+    return publish(directory, tmp, trans_id, vote_id, [part], keep_from)
+
+
+def write_part(path: str, frames: Iterable[Frame], trans_id: int = 0) -> dict:
+    """Write `frames` as the part file at path, durably; its manifest entry (PartWriter.finish)."""
+    writer = PartWriter(path, trans_id)
+    try:
+        for kind, name, body in frames:
+            writer.write(kind, name, body)
+        return writer.finish()
+    finally:
+        writer.close()
+
+
+def publish(directory: str, tmp: str, trans_id: int, vote_id: int, parts: list[dict],
+            keep_from: int | None = None) -> str:
+    """Publish the part files written into directory `tmp` (their entries: file names in tmp,
+    bytes, queues, messages) as the snapshot at (trans_id, vote_id): stamp T in each part, fsync
+    them, rename the directory, write the manifest; then prune as write_snapshot does. Returns
+    the manifest's path. Raises StorageError (tmp is then deleted)."""
+    stamp = f"{trans_id:020d}-{time.time_ns():x}"
+    final = os.path.join(directory, _PARTS_PREFIX + stamp)
+    path = os.path.join(directory, snapshot_name(trans_id))
+    try:
+        entries = []
+        for part in parts:
+            with open(os.path.join(tmp, part["file"]), "r+b") as f:
+                f.write(_PART_HEADER.pack(PART_MAGIC, trans_id))
+                f.flush()
+                os.fsync(f.fileno())
+            entries.append({**part, "file": f"{os.path.basename(final)}/{part['file']}"})
         fsync_dir(tmp)
-        os.rename(tmp, parts)
+        os.rename(tmp, final)
         fsync_dir(directory)
-        part["file"] = f"{os.path.basename(parts)}/{part['file']}"
-        manifest = {"format": 2, "trans_id": trans_id, "vote_id": vote_id, "parts": [part]}
+        manifest = {"format": 2, "trans_id": trans_id, "vote_id": vote_id, "parts": entries}
         replace_file(path, (orjson.dumps(manifest),))
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -146,9 +173,34 @@ def write_snapshot(directory: str, trans_id: int, vote_id: int, frames: Iterable
     return path
 
 
+def read_end(path: str) -> dict:
+    """The manifest entry of the part file at path, from its END frame: {file (base name), bytes,
+    queues, messages}. ValueError when the part does not end with a whole END frame."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        start = max(_PART_HEADER.size, size - 256)  # an END frame is a few dozen bytes
+        f.seek(start)
+        tail = f.read()
+    for at in range(len(tail) - _FRAME.size - _KIND.size, -1, -1):
+        length, crc = _FRAME.unpack_from(tail, at)
+        frame = tail[at + _FRAME.size:]
+        if length != len(frame) or zlib.crc32(frame) != crc or _KIND.unpack_from(frame) != (END, 0):
+            continue
+        try:
+            end = orjson.loads(frame[_KIND.size:])
+        except orjson.JSONDecodeError:
+            break
+        if isinstance(end, dict) and end.get("bytes") == start + at:
+            return {"file": os.path.basename(path), "bytes": size,
+                    "queues": end.get("queues"), "messages": end.get("messages")}
+        break
+    raise ValueError(f"{path}: no END frame (not finished?)")
+
+
 def _prune(directory: str, keep_from: int | None) -> None:
-    """Delete snapshots older than the newest KEEP and than `keep_from`, then the leftovers
-    (clean)."""
+    """Delete snapshots older than the newest KEEP and than `keep_from`, then the parts
+    directories no manifest names (clean, sparing tmp directories: the workers may be writing
+    the next cut's parts already)."""
     found = _snapshots(directory)
     floor = found[-KEEP][0] if len(found) >= KEEP else 0
     if keep_from is not None:
@@ -156,12 +208,12 @@ def _prune(directory: str, keep_from: int | None) -> None:
     for trans_id, path in found:
         if trans_id < floor:
             _remove(path)
-    clean(directory)
+    clean(directory, tmp=False)
 
 
-def clean(directory: str) -> None:
-    """Delete what a crash or a failed snapshot left: tmp directories and files, and parts
-    directories that no manifest names."""
+def clean(directory: str, tmp: bool = True) -> None:
+    """Delete what a crash or a failed snapshot left: tmp directories and files (unless not
+    `tmp`), and parts directories that no manifest names."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
@@ -173,7 +225,7 @@ def clean(directory: str) -> None:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             pass  # a v1 file or a damaged manifest names no parts
     for name in names:
-        if name.startswith(_TMP_PREFIX) or name.endswith(TMP_SUFFIX) or (
+        if (tmp and (name.startswith(_TMP_PREFIX) or name.endswith(TMP_SUFFIX))) or (
                 name.startswith(_PARTS_PREFIX) and name not in named):
             _remove(os.path.join(directory, name))
 

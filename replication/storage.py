@@ -1,23 +1,22 @@
 """A node's disk as the coordinator sees it: the Storage object. It holds the data dir lock
 and the vote (datadir.py), writes the change log ahead to segment files (wal.py: group commit,
-fsync by the SyncPolicy "always", "everysec" or "no"), takes snapshots (snapshot.py) in a forked
-child so requests do not stall, and recovers from the newest valid snapshot plus the log after
-it. Used by the coordinator only."""
+fsync by the SyncPolicy "always", "everysec" or "no"), publishes the snapshots the workers' children
+wrote (snapshot.py; server/snapshots.py decides when), and recovers from the newest valid snapshot
+plus the log after it. Used by the coordinator only."""
 from __future__ import annotations
 
 import logging
-import os
+import shutil
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 
 from queue_server.replication.datadir import DataDir
 from queue_server.replication.log import ChangeLog, Entry
 from queue_server.replication.messages import Recovered
-from queue_server.replication.snapshot import clean, latest_manifest, read_parts, snapshot_trans_ids, write_snapshot
+from queue_server.replication.snapshot import clean, latest_manifest, publish, read_parts, snapshot_trans_ids
 from queue_server.replication.wal import Opener, StorageError, SyncPolicy, WalWriter, read_wal
 from queue_server.protocol.records import Record, decode
-from queue_server.protocol.snapshot_frames import Frame
 
 __all__ = ["Recovered", "Storage", "StorageError"]
 
@@ -32,12 +31,9 @@ class Storage:
 
     def __init__(self, path: str, fsync: str = "everysec", *, repair: bool = False,
                  log: logging.Logger | None = None, segment_bytes: int = 64 << 20,
-                 wal_opener: Opener | None = None, wal_fsync: Callable[[int], None] | None = None,
-                 in_snapshot_child: Callable[[], None] = lambda: None) -> None:
+                 wal_opener: Opener | None = None, wal_fsync: Callable[[int], None] | None = None) -> None:
         """Lock the data dir at path. `fsync` is the policy (always, everysec, no);
-        wal_opener and wal_fsync stand in for the log's file and os.fsync (tests, faults);
-        in_snapshot_child runs first in a forked snapshot writer (the node's process hygiene,
-        such as dying with its parent)."""
+        wal_opener and wal_fsync stand in for the log's file and os.fsync (tests, faults)."""
         self.log = log or logging.getLogger(__name__)
         self.datadir = DataDir(path)
         self.repair = repair
@@ -45,10 +41,7 @@ class Storage:
         self.segment_bytes = segment_bytes
         self._wal_opener = wal_opener
         self._wal_fsync = wal_fsync
-        self._in_snapshot_child = in_snapshot_child
         self.wal: WalWriter | None = None
-        self.snapshot_pid: int | None = None
-        self.snapshot_at = 0  # trans_id of the newest snapshot written or being written
         self.valid_at = 0  # trans_id of the newest snapshot known valid (recovered from, or written)
         self.failed = False
         self.last_fsync: float | None = None  # seconds the last flush with an fsync took
@@ -69,6 +62,7 @@ class Storage:
             else:
                 found.manifest = latest.as_dict()
                 found.frames = read_parts(latest)
+                found.parts = latest.parts
         for trans_id, vote_id, (record, data) in read_wal(self.datadir.wal_dir, after=found.trans_id,
                                                           repair=self.repair, warn=self.log.warning,
                                                           decode=_decoded_with_bytes):
@@ -77,7 +71,7 @@ class Storage:
                              opener=self._wal_opener, fsync=self._wal_fsync)
         if self.wal.last_trans_id < found.trans_id:
             self.wal.reset(found.trans_id)  # the snapshot is newer than what the log kept
-        self.snapshot_at = self.valid_at = found.trans_id
+        self.valid_at = found.trans_id
         return found
 
     # ----------------------------------------------------------------- the log
@@ -127,49 +121,30 @@ class Storage:
         self.datadir.save_vote_state(vote_id, voted_for)
 
     # ----------------------------------------------------------------- snapshots
-    def maybe_snapshot(self, trans_id: int, vote_id: int, frames: Callable[[], Iterable[Frame]], every: int) -> None:
-        """Start a snapshot of the state at trans_id in a forked child when `every` records have
-        been committed since the last one, so the serving process does not stall. The child
-        streams `frames()` (PartitionService.snapshot_frames) into a part file."""
-        self.reap()
-        if self.snapshot_pid is not None or trans_id - self.snapshot_at < every:
-            return
-        pid = os.fork()
-        if pid == 0:  # the child: write and leave, touching nothing else of the parent's
-            status = 0
-            try:
-                self.datadir.release_in_child()
-                self._in_snapshot_child()
-                write_snapshot(self.datadir.snapshot_dir, trans_id, vote_id, frames(), keep_from=self.valid_at)
-            except BaseException:
-                status = 1
-            os._exit(status)
-        self.snapshot_pid = pid
-        self.snapshot_at = trans_id
+    @property
+    def snapshot_dir(self) -> str:
+        """Where snapshots (manifests, parts, and the workers' tmp directories) are."""
+        return self.datadir.snapshot_dir
 
-    def reap(self) -> None:
-        """Finish a snapshot whose child has exited: drop the log segments it made redundant."""
-        if self.snapshot_pid is None:
-            return
-        pid, status = os.waitpid(self.snapshot_pid, os.WNOHANG)
-        if pid == 0:
-            return
-        self.snapshot_pid = None
-        if os.waitstatus_to_exitcode(status) != 0:
-            self.log.error("snapshot at trans_id %d failed; the log keeps everything", self.snapshot_at)
-            return
-        self.valid_at = self.snapshot_at
-        kept = snapshot_trans_ids(self.datadir.snapshot_dir)
-        if kept and self.wal is not None:
-            # Keep the log after the oldest kept snapshot, in case the newer ones are bad.
-            removed = self.wal.remove_segments_before(kept[0])
-            self.log.info("snapshot at trans_id %d written; %d old log segments removed", self.snapshot_at, removed)
+    def finish_snapshot(self, trans_id: int, vote_id: int, tmp: str, parts: list[dict], how: str = "") -> None:
+        """Publish the parts the workers wrote into `tmp` as the snapshot at trans_id (snapshot.py
+        publish), keeping the newest ones and the newest known valid; then drop the log segments
+        before the oldest kept snapshot (in case the newer ones prove bad); `how` goes into the log
+        line. Raises StorageError."""
+        publish(self.snapshot_dir, tmp, trans_id, vote_id, parts, keep_from=self.valid_at)
+        self.valid_at = trans_id
+        kept = snapshot_trans_ids(self.snapshot_dir)
+        removed = self.wal.remove_segments_before(kept[0]) if kept and self.wal is not None else 0
+        self.log.info("snapshot at trans_id %d written (%d parts, %d messages%s); %d old log segments removed",
+                      trans_id, len(parts), sum(p.get("messages", 0) for p in parts), f"; {how}" if how else "",
+                      removed)
+
+    def abort_snapshot(self, tmp: str) -> None:
+        """Delete what a cut that will not be published wrote."""
+        shutil.rmtree(tmp, ignore_errors=True)
 
     def close(self) -> None:
-        """Let a snapshot being written finish, write the log's last records, unlock."""
-        if self.snapshot_pid is not None:
-            os.waitpid(self.snapshot_pid, 0)
-            self.snapshot_pid = None
+        """Write the log's last records, unlock."""
         if self.wal is not None:
             try:
                 self.wal.close()

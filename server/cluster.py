@@ -51,6 +51,7 @@ from queue_server.protocol.roles import Role
 from queue_server.protocol.records import Noop, Record, decode_many, each_encoded
 from queue_server.protocol import vocabulary as p
 from queue_server.server.router import Router
+from queue_server.server.snapshots import SnapshotCut
 from queue_server.server.worker_seqs import WorkerSeqs
 from queue_server.workers.queue import StateQueue
 from queue_server.workers.service import PartitionService
@@ -68,8 +69,9 @@ class ClusterNode:
     taken as one Ready (ready(), has_ready()), and advance() is told once it is persisted and sent."""
 
     def __init__(self, config: NodeConfig, now: float, *, recovered: Recovered | None = None,
-                 rng: random.Random | None = None) -> None:
-        """recovered: what the node's disk held (None: start empty, as an in-memory node does)."""
+                 rng: random.Random | None = None, snapshot_dir: str | None = None) -> None:
+        """recovered: what the node's disk held (None: start empty, as an in-memory node does);
+        snapshot_dir: where the workers write snapshot parts (None: no snapshots)."""
         self.config = config
         self.node_id = config.node_id
         self.members = [n.node_id for n in config.cluster_node_list] or [config.node_id]
@@ -141,11 +143,15 @@ class ClusterNode:
         self.held_undelivered: list[tuple[str, list[list[int]]]] = []  # messages to give back
         # The workers' replies _refuse replaced, by REFUSALS label, until take_refused().
         self.refused: dict[str, int] = {}
+        # Snapshots made by the workers (server/snapshots.py).
+        self.cuts = SnapshotCut(config.workers, config.snapshot_every, snapshot_dir, last=found.trans_id)
         if found.frames is not None:
             self.state.load_frames(found.frames)  # streamed from the snapshot's parts
+            for index in range(config.workers):  # each worker reads the parts itself
+                self._to_workers.append((index, ipc_frames.load_frames(found.trans_id, list(found.parts))))
         elif found.state:
             self.state.load_snapshot(found.state)
-        if self.state.queues:
+        if self.state.queues and found.frames is None:
             self._reset_workers()
         # The log recovered from disk is replayed into the committed state as it commits, up to
         # here (None: replayed, or no disk); what the node then holds waits in _replayed for
@@ -273,7 +279,7 @@ class ClusterNode:
 
     def _more_than_replies(self) -> bool:
         """Whether anything but messages to the acceptor waits for a Ready."""
-        return bool(self._to_workers or self._to_peers or self._vote is not None
+        return bool(self._to_workers or self._to_peers or self._vote is not None or self.cuts.done
                     or self._truncate_after is not None or self._snapshot_now
                     or self.log.last_trans_id != self._stable_through or self.role != self._reported_role)
 
@@ -297,7 +303,7 @@ class ClusterNode:
             to_workers=tuple(self._to_workers), to_acceptor=tuple(self._to_acceptor),
             to_peers=tuple(self._to_peers), committed_trans_id=tid,
             committed_vote_id=self.log.term_at(tid) or 0, snapshot_now=self._snapshot_now,
-            role=role if role != self._reported_role else None)
+            role=role if role != self._reported_role else None, snapshots=tuple(self.cuts.done))
 
     def advance(self, ready: Ready, *, durable_trans_id: int | None = None, log_stored: bool = True) -> None:
         """`ready` is carried out: its messages are sent, its vote stored (or given up on: the
@@ -308,6 +314,7 @@ class ClusterNode:
         del self._to_workers[:len(ready.to_workers)]
         del self._to_acceptor[:len(ready.to_acceptor)]
         del self._to_peers[:len(ready.to_peers)]
+        del self.cuts.done[:len(ready.snapshots)]
         if self._vote == ready.vote:
             self._vote = None
         if ready.snapshot_now:
@@ -333,6 +340,7 @@ class ClusterNode:
             self._run(self.leader.tick(now), now)
             self._send_committed(now)
         self._handoff_progress(now)
+        self._snapshot_progress(now)
         self._carry(self.forwarding.tick(now, self.election.leader_id, self.election.vote_id))
         self._release_held(now)
         self._announce()
@@ -342,7 +350,7 @@ class ClusterNode:
         wake = self.election.wake_at
         if self.handoff_until is not None:
             wake = min(wake, self.handoff_until)
-        return min(wake, self.forwarding.wake_at())
+        return min(wake, self.forwarding.wake_at(), self.cuts.wake_at())
 
     def on_unsent(self, msg: object, now: float) -> None:
         """A message to a peer could not be sent (its link is not up yet, or is too far behind).
@@ -473,6 +481,7 @@ class ClusterNode:
                 self._reset_workers()
                 self._truncate_after = -1  # the log on disk restarts after the snapshot
                 self._snapshot_now = True
+                self._to_workers.extend(self.cuts.request())  # the workers write it at once
             elif kind is TransferAborted:
                 self._resume_leading()  # held requests are then served here (_release_held)
             elif kind is Discarded:
@@ -526,6 +535,8 @@ class ClusterNode:
         if self.leader is None:
             self._apply_to_workers([e for e in fresh if e.trans_id > self.workers_trans_id], committed=True)
         self._release_pending()
+        if self.cuts.running:
+            self._snapshot_progress(None)  # a cut may wait for this commit
 
     def _releasable(self) -> float:
         """Writes up to here may be answered: on disk, and (in quorum mode) committed."""
@@ -588,6 +599,7 @@ class ClusterNode:
     def _set_mode(self, accepting: bool, keep: list[int] | None = None) -> None:
         """Start a new mode of the workers: whether they accept queue requests; `keep`: each
         worker first undoes its records after that number (None: it keeps all)."""
+        self._to_workers.extend(self.cuts.abort("the workers' mode changed"))
         self.epoch += 1
         self._committed_seqs = [0] * self.config.workers
         for index in range(self.config.workers):
@@ -595,6 +607,31 @@ class ClusterNode:
                 accepting, self.epoch, None if keep is None else keep[index], self.workers_trans_id)))
         if accepting and self.election.transfer_target is not None:
             self._fence_workers()  # reset during a hand-off: the new mode is fenced too
+
+    # ----------------------------------------------------------------- snapshots
+    def on_snapped(self, epoch: int, cut_id: int, index: int, now: float) -> None:
+        """Worker `index` forked the writer of its part of cut `cut_id` in mode `epoch`; every batch
+        it decided before is logged (the pipe is FIFO), and it holds the later ones (SnapshotCut)."""
+        self._to_workers.extend(self.cuts.on_snapped(epoch, cut_id, index, self.log.last_trans_id, self.log.term_at, now))
+        self._snapshot_progress(now)
+
+    def on_part_done(self, cut_id: int, index: int, ok: bool, part: dict | None, now: float) -> None:
+        """Worker `index`'s writer of cut `cut_id` ended: its part is written (ok) or not."""
+        self._to_workers.extend(self.cuts.on_part_done(cut_id, index, ok, part))
+        self._snapshot_progress(now)
+
+    def _snapshot_progress(self, now: float | None) -> None:
+        """Move the running cut on (None: the time has not moved), or start one when due: on a
+        node whose disk takes the log, not while a hand-off fences the workers."""
+        cuts = self.cuts
+        commit = self.log.commit_trans_id
+        if cuts.running:
+            self._to_workers.extend(cuts.poll(now, commit, self.log.term_at))
+        elif now is not None and self.storage_ok and cuts.due(commit, now) and self.fence_epoch != self.epoch:
+            leading = self.leader is not None
+            point = self.log.last_trans_id if leading else self.workers_trans_id
+            self._to_workers.extend(cuts.start(self.epoch, now, min(commit, point), hold=leading, point=point,
+                                               term_at=self.log.term_at))
 
     # ----------------------------------------------------------------- replies
     def _release(self, header: bytes, blob: bytes) -> None:

@@ -19,12 +19,13 @@ from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog
 from queue_server.server import batching, ipc, peer_keys
 from queue_server.protocol import ipc_frames
-from queue_server.server.child import HANDOFF_DONE, die_with_parent, start
+from queue_server.server.child import HANDOFF_DONE, start
 from queue_server.protocol.roles import SERVING, Role
 from queue_server.server.cluster import ClusterNode
 from queue_server.server.metrics import CoordinatorMetrics
 from queue_server.server.peer_check import BAD_KEY, peer_rejection
 from queue_server.server.ready import Ready
+from queue_server.server.snapshots import Clear, Failed, Publish
 from queue_server.server.reachability import Reachability
 
 # Messages queued for a peer that is not answering are dropped past this many: the election and
@@ -50,7 +51,8 @@ class Coordinator:
         self.storage = storage
         started = time.monotonic()
         recovered = storage.recover() if storage is not None else None
-        self.node = ClusterNode(config, time.time(), recovered=recovered)
+        self.node = ClusterNode(config, time.time(), recovered=recovered,
+                                snapshot_dir=storage.snapshot_dir if storage is not None else None)
         # Until the recovery line is logged (_log_recovery): when recovery began, and what the disk held.
         self.recovery = None if recovered is None else (started, recovered.trans_id, len(recovered.entries))
         self.inbox = ipc.inbox(ctx, run_dir, "coordinator")
@@ -232,6 +234,10 @@ class Coordinator:
             self.node.on_undelivered(*ipc_frames.read_undeliver(frames))
         elif kind == ipc_frames.FENCED:
             self.node.on_fenced(*ipc_frames.read_fenced(frames), now)
+        elif kind == ipc_frames.SNAPPED:
+            self.node.on_snapped(*ipc_frames.read_snapped(frames), now)
+        elif kind == ipc_frames.PART_DONE:
+            self.node.on_part_done(*ipc_frames.read_part_done(frames), now)
         else:
             self.log.warning("unknown message kind %r", kind)
 
@@ -302,16 +308,34 @@ class Coordinator:
             self._log_recovery()
         for msg in unsent:
             node.on_unsent(msg, time.time())
-        every = self.config.snapshot_every
         if ready.snapshot_now:
             self.log.info("installed a snapshot from the leader at trans_id %d", ready.committed_trans_id)
-            every = 0
         if storage is not None:
-            storage.maybe_snapshot(ready.committed_trans_id, ready.committed_vote_id, node.state.snapshot_frames, every)
+            for cut in ready.snapshots:
+                self.snapshot(storage, cut)
         if ready.role is not None:
             self.log.info("role: %s (vote_id %d, leader %s, trans_id %d)", ready.role, node.election.vote_id,
                           node.election.leader_id, ready.log_through)
         return log_stored
+
+    def snapshot(self, storage: Storage, cut: Publish | Failed | Clear) -> None:
+        """Publish a cut the workers wrote, or clear one away, saying why in one line."""
+        if type(cut) is Clear:
+            storage.abort_snapshot(cut.tmp)
+            return
+        if type(cut) is Publish:
+            try:
+                storage.finish_snapshot(cut.trans_id, cut.vote_id, cut.tmp, list(cut.parts),
+                                        f"workers held {cut.held * 1000:.0f} ms, written in {cut.took:.1f} s")
+                self.metrics.snapshot("written")
+                return
+            except StorageError as exc:
+                cut = Failed(cut.trans_id, cut.tmp, str(exc))
+        storage.abort_snapshot(cut.tmp)
+        self.metrics.snapshot("failed")
+        at = f" at trans_id {cut.trans_id}" if cut.trans_id is not None else ""
+        self.log.warning("snapshot%s failed: %s; keeping the snapshot at trans_id %d and the log",
+                         at, cut.reason, storage.valid_at)
 
     def _log_recovery(self) -> None:
         """Once the committed state holds what the disk held (the log after the snapshot is
@@ -360,13 +384,6 @@ def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
-def _snapshot_writer_setup() -> None:
-    """In the forked snapshot writer: SIGTERM ends it at once (the coordinator's own handler
-    only sets a flag its loop reads), and so does the coordinator's death."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    die_with_parent()
-
-
 def main(argv: list[str] | None = None) -> None:
     """Entry point of the coordinator process."""
     info = start("coordinator", argv)
@@ -374,8 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     storage = None
     if not cfg.in_memory:
         try:
-            storage = Storage(cfg.queue_data_dir, cfg.fsync, repair=cfg.repair, log=info.log,
-                              in_snapshot_child=_snapshot_writer_setup)
+            storage = Storage(cfg.queue_data_dir, cfg.fsync, repair=cfg.repair, log=info.log)
         except DataDirLocked as exc:
             info.log.error("%s", exc)
             sys.exit(3)

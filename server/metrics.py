@@ -52,6 +52,7 @@ ENV = "PROMETHEUS_MULTIPROC_DIR"
 FOLD_INTERVAL = 1.0  # seconds between folds of local counts into the shared metrics
 PROBE_GIVE_UP = 10.0  # a sampled request still unanswered after this long stops being followed
 PREFIX = "queue_server_"
+SNAPSHOT_RESULTS = ("written", "failed")  # the labels of snapshots_total
 
 # Seconds. Fine at the low end: a request through an idle node takes ~100-300 us.
 LATENCY_BUCKETS = (
@@ -385,7 +386,8 @@ class CoordinatorMetrics(_Metrics):
     replies it made itself (a forward that failed, "no leader", ...) and the workers' replies it
     refused, by reason; the change log's last and committed trans_id, this node's role and term,
     the elections it started, each follower's replication lag while it leads, change-log fsync
-    times, and the peer messages and connections it refused, by reason.
+    times, the peer messages and connections it refused, by reason, and the snapshots the
+    workers made, written or failed.
 
     The setters only store numbers (the coordinator hands them over in its `observe`); :meth:`fold`
     publishes them about once a second.
@@ -422,6 +424,11 @@ class CoordinatorMetrics(_Metrics):
             "or logged (the node stopped leading, its mode changed, storage unavailable), by reason; "
             "requests_total counts them under the worker's code.", ("reason",))
         self._at_zero(self.writes_refused_counter, REFUSAL_LABELS)
+        self.snapshot_results: dict[str, int] = {}
+        self.snapshots_counter = self._counter(
+            "snapshots", "Snapshots the workers made, by result: written (published), failed (a part not "
+            "written, a worker that did not fork within the hold, a mode change, ...).", ("result",))
+        self._at_zero(self.snapshots_counter, SNAPSHOT_RESULTS)
 
     def set_trans_id(self, last: int, committed: int | None = None) -> None:
         """The log's last trans_id (and the last committed one, if known)."""
@@ -468,6 +475,10 @@ class CoordinatorMetrics(_Metrics):
         """Workers' replies the coordinator replaced with an error, by reason (REFUSAL_LABELS)."""
         _add(self.refusals, counts)
 
+    def snapshot(self, result: str) -> None:
+        """A snapshot cut ended: one of SNAPSHOT_RESULTS."""
+        self.snapshot_results[result] = self.snapshot_results.get(result, 0) + 1
+
     def maybe_fold(self) -> None:
         """Fold if a fold is due; for the process loop."""
         if self.due(time.monotonic()):
@@ -479,6 +490,7 @@ class CoordinatorMetrics(_Metrics):
             self.counts.clear()
             self.peer_rejects.clear()
             self.refusals.clear()
+            self.snapshot_results.clear()
             self.fsync = LocalHistogram(FSYNC_BUCKETS)
             return
         self.trans_id_gauge.set(self.trans_id)
@@ -499,6 +511,7 @@ class CoordinatorMetrics(_Metrics):
         _fold_counts(self.counts, self.requests)
         _fold_labelled(self.peer_rejects, self.peer_rejected_counter)
         _fold_labelled(self.refusals, self.writes_refused_counter)
+        _fold_labelled(self.snapshot_results, self.snapshots_counter)
 
 
 # ----------------------------------------------------------------------------- the supervisor

@@ -30,6 +30,7 @@ class Ready(NamedTuple):
     committed_vote_id: int  # the term of that entry
     snapshot_now: bool  # the log was replaced by a snapshot: write one at once
     role: Role | None  # the node's role when it changed since the last Ready, else None
+    snapshots: tuple = ()  # server/snapshots.py Publish / Failed / Clear: cuts to publish or clear away
 
     def needs_write(self, written_through: int | None) -> bool:
         """Whether carrying it out must write to disk, after this flush wrote the log up to

@@ -1,19 +1,25 @@
 """A worker process: receives request batches for the queue partitions it owns, runs them
 through its PartitionService, and sends the records and replies of each batch to the coordinator
 in one message; the replies that rest on no record (PartitionService.direct) go straight to the
-acceptor."""
+acceptor. On SNAP it forks the writer of its snapshot part (server/snapshot_child.py) and says
+when that is done (PART_DONE)."""
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
 
 from queue_server.server import ipc
 from queue_server.protocol import ipc_frames, limits, replies
+from queue_server.replication.snapshot import iter_frames, read_end
 from queue_server.server.child import start
+from queue_server.server.router import Router
+from queue_server.server.snapshot_child import exit_reason, fork_writer, part_name
 from queue_server.server.metrics import WorkerMetrics
 from queue_server.server.reply_counts import count_replies
 from queue_server.server.node_memory import NodeMemory
@@ -22,17 +28,22 @@ from queue_server.workers import undo
 from queue_server.workers.service import PartitionService
 
 
+# While a snapshot writer runs, the worker looks whether it has ended at least this often (s).
+WRITER_POLL = 0.05
+
+
 class Worker:
     """The I/O around one PartitionService."""
 
     def __init__(self, service: PartitionService, inbox: zmq.Socket | None, coordinator: Any, log: Any,
                  index: int = 0, metrics: WorkerMetrics | None = None,
                  queue_metrics: QueueMetrics | None = None, memory: NodeMemory | None = None,
-                 acceptor: Any = None) -> None:
+                 acceptor: Any = None, owns: Callable[[str], bool] | None = None) -> None:
         """coordinator, acceptor: anything with send_multipart (a ZeroMQ PUSH socket, or a test's
         pipe); with no acceptor every reply goes through the coordinator.
         memory: the node's memory, read every MEMORY_CHECK_INTERVAL to refuse produces past
-        max_memory_mb (None: not read)."""
+        max_memory_mb (None: not read).
+        owns: whether a queue is this worker's (its Router's say), for LOAD (None: every queue)."""
         self.service = service
         self.inbox = inbox
         self.coordinator = coordinator
@@ -48,6 +59,12 @@ class Worker:
         self.next_memory_check = 0.0
         self.undone = 0  # records the last MODE rolled back
         self.rollbacks = 0  # MODEs that rolled records back
+        self.owns = owns
+        # A snapshot cut (ipc_frames SNAP): the writer child (pid, cut id, tmp dir), and while the
+        # cut holds this worker's output, what it would have sent the coordinator.
+        self.writer: tuple[int, int, str] | None = None
+        self.out_held: list[list[bytes]] | None = None
+        self.hold_cut = 0
 
     def run(self) -> None:
         """Serve until terminated."""
@@ -55,12 +72,20 @@ class Worker:
         ipc.serve(
             self.inbox,
             lambda frames: self.dispatch(frames, time.time()),
-            lambda: service.next_deadline(time.time()) - time.time(),
+            self.idle,
             self.after,
         )
 
+    def idle(self) -> float:
+        """How long the loop may wait for a message: until the service's next deadline, and
+        while a snapshot writer runs, no longer than WRITER_POLL (to reap it)."""
+        wait = self.service.next_deadline(time.time()) - time.time()
+        return wait if self.writer is None else min(wait, WRITER_POLL)
+
     def after(self) -> None:
         """Run timers, then send on what the service produced."""
+        if self.writer is not None:
+            self.reap()
         now = time.time()
         self.service.tick(now)
         self.flush()
@@ -122,6 +147,7 @@ class Worker:
             # What was decided under the old mode leaves stamped with it (the coordinator refuses
             # changes from a mode that is over, and the rollback below undoes them here).
             self.flush()
+            self.release()  # a cut ends with the mode
             accepting, self.epoch, keep_through, _trans_id = ipc_frames.read_mode(frames)
             if keep_through is not None and service.journal is not None:
                 self.undone = service.rollback(keep_through)
@@ -133,10 +159,28 @@ class Worker:
                 self.dispatch(message, now)
         elif kind == ipc_frames.RESET:
             service.load_snapshot(ipc_frames.read_reset(frames))
+        elif kind == ipc_frames.SNAP:
+            self.snap(*ipc_frames.read_snap(frames))
+        elif kind == ipc_frames.RELEASE:
+            if ipc_frames.read_release(frames) == self.hold_cut:
+                self.release()
+        elif kind == ipc_frames.LOAD:
+            self.load(*ipc_frames.read_load(frames))
         elif kind == ipc_frames.DRAIN:
             service.draining = True
         else:
             self.log.warning("unknown message kind %r", kind)
+
+    def load(self, trans_id: int, parts: list[str]) -> None:
+        """Replace the queues with those of the snapshot parts at trans_id that this worker owns.
+        A part that cannot be read now (it was checked at start) stops the worker, and so the node,
+        in one line: the next start checks the parts again and falls back to an older snapshot."""
+        frames = itertools.chain.from_iterable(iter_frames(path, trans_id) for path in parts)
+        try:
+            self.service.load_frames(frames, self.owns)
+        except (OSError, ValueError) as exc:
+            self.log.error("cannot load the snapshot at trans_id %d: %s; stopping", trans_id, exc)
+            sys.exit(4)
 
     def fence(self, epoch: int, sender: bytes) -> None:
         """A sender of requests sends none more in mode `epoch`. Once both have said so (the
@@ -150,7 +194,7 @@ class Worker:
         if self.fences >= ipc_frames.FENCE_SENDERS:
             self.flush()
             self.service.fence()
-            self.coordinator.send_multipart(ipc_frames.fenced_frames(epoch, self.index))
+            self.send(ipc_frames.fenced_frames(epoch, self.index))
 
     def flush(self) -> None:
         """Send what the service produced since the last flush: the replies that rest on no
@@ -177,8 +221,63 @@ class Worker:
         service.replies.clear()
         service.records.clear()
         service.partials.clear()
-        self.coordinator.send_multipart(ipc_frames.batch_frames(changes, header, blob, partials, self.epoch,
-                                                                self.index))
+        self.send(ipc_frames.batch_frames(changes, header, blob, partials, self.epoch, self.index))
+
+    def send(self, frames: list[bytes]) -> None:
+        """To the coordinator, or into the hold of a snapshot cut."""
+        if self.out_held is None:
+            self.coordinator.send_multipart(frames)
+        else:
+            self.out_held.append(frames)
+
+    # ----------------------------------------------------------------- snapshots
+    def snap(self, epoch: int, cut_id: int, tmp: str, hold: bool) -> None:
+        """Snapshot cut `cut_id`: send what was decided so far, fork the writer of this worker's
+        part into `tmp`, say so (SNAPPED, on the same pipe: every earlier batch is ahead of it);
+        with `hold`, keep what is decided from now on until the cut says (RELEASE, or MODE)."""
+        self.flush()
+        self.release()
+        if self.writer is not None:  # an older cut's writer: that cut is over (one runs at a time)
+            self.end_writer(kill=True)
+        pid = fork_writer(self.service, tmp, self.index)
+        self.writer = (pid, cut_id, tmp)
+        self.send(ipc_frames.snapped_frames(epoch, cut_id, self.index))
+        if hold:
+            self.out_held, self.hold_cut = [], cut_id
+
+    def release(self) -> None:
+        """End the hold of a cut: send what it kept, in order."""
+        held, self.out_held = self.out_held, None
+        for frames in held or ():
+            self.coordinator.send_multipart(frames)
+
+    def reap(self) -> None:
+        """If the writer child has ended, tell the coordinator how (PART_DONE)."""
+        assert self.writer is not None
+        pid, status = os.waitpid(self.writer[0], os.WNOHANG)
+        if pid:
+            self._part_done(status)
+
+    def end_writer(self, kill: bool = False) -> None:
+        """Wait for the writer child (after SIGKILL when `kill`), then PART_DONE."""
+        assert self.writer is not None
+        if kill:
+            os.kill(self.writer[0], 9)
+        _, status = os.waitpid(self.writer[0], 0)
+        self._part_done(status)
+
+    def _part_done(self, status: int) -> None:
+        _, cut_id, tmp = self.writer  # type: ignore[misc]
+        self.writer = None
+        code = os.waitstatus_to_exitcode(status)
+        if code != 0:  # the coordinator says it in its line on the failed cut
+            part = {"error": exit_reason(code)}
+        else:
+            try:
+                part = read_end(os.path.join(tmp, part_name(self.index)))
+            except (OSError, ValueError) as exc:
+                part = {"error": str(exc)}
+        self.send(ipc_frames.part_done_frames(cut_id, self.index, "error" not in part, part))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -203,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
     coordinator = ipc.outbox(ctx, ctx_info.run_dir, "coordinator")
     acceptor = ipc.outbox(ctx, ctx_info.run_dir, "acceptor")
     service.accepting = False  # until the coordinator has restored the queues and leads
+    router = Router(cfg.workers, [(v.name, v.queue_list) for v in cfg.virtual_queue_list], cfg.dead_letter_suffix)
     ctx_info.log.info("worker %d ready", ctx_info.index)
     try:
         # Each worker gives its share of queue_metrics_max queues series of their own.
@@ -210,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
         Worker(service, inbox, coordinator, ctx_info.log, ctx_info.index,
                queue_metrics=QueueMetrics(share),
                memory=NodeMemory(os.getppid()) if cfg.max_memory_mb else None,
-               acceptor=acceptor).run()
+               acceptor=acceptor, owns=lambda name: router.worker_for(name) == ctx_info.index).run()
     except KeyboardInterrupt:
         pass
     finally:

@@ -5,13 +5,16 @@ from __future__ import annotations
 import glob
 import os
 import re
+import signal
 import subprocess
 import threading
 
 import pytest
 
 from queue_server.client import QueueClient, QueueError
-from tests.harness import Cluster, NodeProcess, RawTcp, kill_all, wait_for
+from load.procs import process_name
+from queue_server.server.node_memory import children
+from tests.harness import Cluster, NodeProcess, RawTcp, alive, kill_all, wait_for
 
 
 _kill_all = kill_all
@@ -287,3 +290,135 @@ def test_restarted_follower_pulls_only_the_gap(tmp_path):
         assert "installed a snapshot" not in log
     finally:
         c.stop()
+
+
+# ---------------------------------------------------------------------- snapshots made by the workers
+_WRITTEN = re.compile(r"snapshot at trans_id (\d+) written")
+
+
+def _producing(node: NodeProcess, acked: list[tuple[str, int]], stop: threading.Event, threads: int = 3) -> list[threading.Thread]:
+    """Threads that produce batches of 50 to queues q0..q5 (spread over the workers) until `stop`,
+    noting each acknowledged (data, msg_id)."""
+    def produce(t: int) -> None:
+        with QueueClient(node.hosts, timeout=5) as q:
+            i = 0
+            while not stop.is_set():
+                data = [f"t{t}-{i}-{k}" for k in range(50)]
+                try:
+                    ids = q.produce_batch(f"q{(t + i) % 6}", data, retry=600)
+                except (QueueError, OSError):
+                    return
+                acked.extend(zip(data, ids))
+                i += 1
+
+    started = [threading.Thread(target=produce, args=(t,)) for t in range(threads)]
+    for t in started:
+        t.start()
+    return started
+
+
+def _all_there(node: NodeProcess, acked: list[tuple[str, int]]) -> None:
+    got = set()
+    with QueueClient(node.hosts) as q:
+        for n in range(6):
+            while True:
+                batch = q.consume_batch(f"q{n}", 1000)
+                if not batch:
+                    break
+                got.update(m.data for m in batch)
+    missing = [d for d, _ in acked if d not in got]
+    assert not missing, f"{len(missing)} of {len(acked)} acknowledged messages lost: {missing[:5]}"
+
+
+def test_writes_made_during_worker_snapshots_survive_kill_9(tmp_path):
+    node = NodeProcess(str(tmp_path), {"fsync": "always", "snapshot_every": 2000}).start()
+    acked: list[tuple[str, int]] = []
+    stop = threading.Event()
+    threads = _producing(node, acked, stop)
+    try:
+        wait_for(lambda: len(acked) >= 20000 and len(_WRITTEN.findall(node.log())) >= 3, 120,
+                 "20,000 acknowledged messages and 3 snapshots")
+    finally:
+        kill_all(node)
+        stop.set()
+        for t in threads:
+            t.join()
+    assert "failed" not in node.log(), node.log()
+    cut_short = glob.glob(str(tmp_path / "node-data/snapshots/tmp-*"))
+    node = _restart(node)
+    try:
+        _all_there(node, acked)
+        assert re.search(r"from a snapshot at trans_id [1-9]\d* and \d+ log records? after it", node.log()), node.log()
+        assert not [path for path in cut_short if os.path.exists(path)]  # deleted at start
+    finally:
+        node.stop()
+
+
+def _writer_of(node: NodeProcess) -> tuple[int, int] | None:
+    """(worker pid, its snapshot writer's pid) while a worker has one."""
+    for pid in node.child_pids():
+        try:
+            if process_name(pid).startswith("worker"):
+                writers = children(pid)
+                if writers:
+                    return pid, writers[0]
+        except OSError:
+            pass
+    return None
+
+
+def test_a_worker_killed_mid_snapshot_loses_nothing_the_old_snapshot_and_the_log_hold(tmp_path):
+    node = NodeProcess(str(tmp_path), {"fsync": "always", "snapshot_every": 3000}).start()
+    acked: list[tuple[str, int]] = []
+    stop = threading.Event()
+    threads = _producing(node, acked, stop)
+    try:
+        wait_for(lambda: _WRITTEN.search(node.log()), 60, "a first snapshot")
+        found = wait_for(lambda: _writer_of(node), 60, "a worker writing a snapshot part")
+        os.kill(found[0], signal.SIGKILL)  # the worker, while its writer child runs
+        wait_for(lambda: not alive(found[1]), 10, "the writer to die with its worker")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join()
+        kill_all(node)
+    newest = max(int(t) for t in _WRITTEN.findall(node.log()))
+    cut_short = glob.glob(str(tmp_path / "node-data/snapshots/tmp-*"))
+    assert cut_short  # the killed worker's cut
+    node = _restart(node)
+    try:
+        _all_there(node, acked)
+        line = re.search(r"from a snapshot at trans_id (\d+) and \d+ log records? after it", node.log())
+        assert line and int(line[1]) >= newest, node.log()
+        assert not [path for path in cut_short if os.path.exists(path)]  # deleted at start
+    finally:
+        node.stop()
+
+
+def test_a_snapshot_that_does_not_fit_fails_in_one_line_and_writes_go_on(tmp_path):
+    data = tmp_path / "data"
+    snapshots = data / "snapshots"
+    snapshots.mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(snapshots)], check=True)
+    node = None
+    try:
+        node = NodeProcess(str(tmp_path), {"queue_data_dir": str(data), "snapshot_every": 500}).start()
+        with QueueClient(node.hosts) as q:
+            for n in range(10):
+                q.produce_batch("big", ["x" * 1000] * 100)
+            wait_for(lambda: "could not write its part: No space left on device" in node.log(), 20, "a failed snapshot")
+            q.produce_batch("big", ["y"] * 10)
+            assert q.monitor("big")["size"] == 1010
+        failures = [line for line in node.log().splitlines() if "snapshot" in line and "failed" in line]
+        assert all(re.search(r"snapshot at trans_id \d+ failed: worker \d could not write its part: "
+                             r"No space left on device; keeping the snapshot at trans_id 0 and the log", f)
+                   for f in failures), failures
+        assert not os.listdir(snapshots) or all(not n.startswith("snapshot-") for n in os.listdir(snapshots))
+        node.stop()
+        node = _restart(node)
+        with QueueClient(node.hosts) as q:
+            assert q.monitor("big")["size"] == 1010
+    finally:
+        if node is not None:
+            node.stop()
+        subprocess.run(["umount", "-l", str(snapshots)], check=False)

@@ -21,6 +21,7 @@ from queue_server.server.forwarding import FORWARD_GRACE
 from queue_server.protocol.origin import Origin
 from queue_server.protocol.records import decode, encode
 from queue_server.server.ready import Ready
+from queue_server.server.snapshots import SNAP_HOLD_TIMEOUT, Clear, Failed, Publish
 
 T0 = 1_000_000.0
 NODE2 = ("127.0.0.1", 2222)  # node 2's client address, as its peer messages carry it
@@ -644,19 +645,18 @@ def test_a_recovered_snapshot_alone_is_counted_at_once():
     assert node.take_replayed() == (2, 3, 4)
 
 
-def test_a_recovered_v2_snapshot_is_streamed_into_the_state_and_the_workers():
+def test_a_recovered_v2_snapshot_is_streamed_into_the_state_and_loaded_by_the_workers():
     snapshot = ClusterNode(_config(1), T0, recovered=_recovered_log("a", "b", "b"), rng=random.Random(1))
     snapshot.tick(T0 + 1)
     _drain(snapshot)
     frames = snapshot.state.snapshot_frames()  # a generator, as Storage.recover gives from the parts
-    node = ClusterNode(_config(3), T0, recovered=Recovered(trans_id=4, vote_id=1, frames=frames), rng=random.Random(1))
+    node = ClusterNode(_config(3), T0, recovered=Recovered(trans_id=4, vote_id=1, frames=frames,
+                                                           parts=("/d/p0", "/d/p1")), rng=random.Random(1))
     assert node.state.snapshot() == snapshot.state.snapshot()
     assert node.take_replayed() == (2, 3, 4)
-    reset = {}
-    for _, frames in node.ready().to_workers:
-        if frames[0] == ipc_frames.RESET:
-            reset.update(ipc_frames.read_reset(frames))
-    assert reset == snapshot.state.snapshot()
+    # Each worker reads the parts itself (keeping the queues its Router gives it): no RESET.
+    assert [(i, f[0], ipc_frames.read_load(f)) for i, f in node.ready().to_workers] == [
+        (0, ipc_frames.LOAD, (4, ["/d/p0", "/d/p1"])), (1, ipc_frames.LOAD, (4, ["/d/p0", "/d/p1"]))]
 
 
 def test_a_node_without_a_disk_reports_no_recovery():
@@ -684,3 +684,145 @@ def test_a_leader_that_steps_down_rolls_each_worker_back_to_its_last_committed_r
     modes = {i: orjson.loads(f[1]) for i, f in _drain(node)[1] if f[0] == ipc_frames.MODE}
     assert modes == {0: [False, epoch + 1, 0, committed], 1: [False, epoch + 1, 2, committed]}
     assert node.seqs.counts == [0, 2] and node.workers_trans_id == committed
+
+
+# ---------------------------------------------------------------------- snapshots made by the workers
+SNAPS = "/data/snapshots"
+PART = {"file": "part-0.qsp", "bytes": 100, "queues": 1, "messages": 1}
+
+
+def _cutting(node: ClusterNode, now: float) -> tuple[int, int, str, list]:
+    """Tick the node into a cut: (epoch, cut id, tmp dir, the SNAPs' hold flags)."""
+    node.tick(now)
+    snaps = [(i, ipc_frames.read_snap(f)) for i, f in _drain(node)[1] if f[0] == ipc_frames.SNAP]
+    assert [i for i, _ in snaps] == [0, 1]
+    epoch, cut_id, tmp, _ = snaps[0][1]
+    assert tmp.startswith(SNAPS + "/tmp-")
+    return epoch, cut_id, tmp, [s[3] for _, s in snaps]
+
+
+def _kinds(to_workers: list) -> list[tuple[int, bytes]]:
+    return [(i, f[0]) for i, f in to_workers]
+
+
+def _single_leader_with_disk() -> ClusterNode:
+    node = ClusterNode(_config(1, snapshot_every=2), T0, recovered=Recovered(), rng=random.Random(1),
+                       snapshot_dir=SNAPS)
+    node.tick(T0 + 1)
+    _drain(node)
+    return node
+
+
+def test_a_leader_s_cut_holds_the_snapped_workers_and_takes_t_at_the_last_snapped():
+    node = _single_leader_with_disk()
+    _batch(node, node.epoch, [PRODUCE])
+    _drain(node)
+    epoch, cut_id, tmp, holds = _cutting(node, T0 + 2)
+    assert holds == [True, True]  # the workers decide meanwhile: each holds its output once forked
+    node.on_snapped(epoch, cut_id, 0, T0 + 2)
+    # Worker 1's batch, decided before its fork (ahead of its SNAPPED on its pipe): inside the cut.
+    _batch(node, node.epoch, [dict(PRODUCE, msg_id=2)], seq=2)
+    assert not [k for k in _kinds(_drain(node)[1]) if k[1] == ipc_frames.RELEASE]
+    last = node.log.last_trans_id
+    node.on_snapped(epoch, cut_id, 1, T0 + 2.01)
+    assert _kinds(_drain(node)[1]) == [(0, ipc_frames.RELEASE), (1, ipc_frames.RELEASE)]
+    assert node.cuts.trans_id == last
+    node.on_part_done(cut_id, 1, True, dict(PART, file="part-1.qsp"), T0 + 5)
+    assert node.ready().snapshots == ()  # worker 0's part is not written yet
+    node.on_part_done(cut_id, 0, True, PART, T0 + 5)
+    ready = node.ready()
+    (published,) = ready.snapshots
+    assert published[:4] == (last, node.log.term_at(last), tmp, (PART, dict(PART, file="part-1.qsp")))
+    assert (published.held, published.took) == pytest.approx((0.01, 3.0))  # from the SNAPs to T, to now
+    node.advance(ready, durable_trans_id=ready.log_through)
+    assert node.ready().snapshots == () and not node.cuts.running
+    node.tick(T0 + 3)  # the next cut waits for snapshot_every more committed records
+    assert not node.cuts.running
+
+
+def test_a_cut_whose_workers_do_not_all_fork_in_time_is_abandoned_and_releases_the_others():
+    node = _single_leader_with_disk()
+    for n in range(2):
+        _batch(node, node.epoch, [dict(PRODUCE, msg_id=n + 1)], seq=n)
+    _drain(node)
+    epoch, cut_id, tmp, _ = _cutting(node, T0 + 2)
+    node.on_snapped(epoch, cut_id, 0, T0 + 2)
+    node.tick(T0 + 2 + SNAP_HOLD_TIMEOUT / 2)
+    assert node.cuts.running
+    node.tick(T0 + 2 + SNAP_HOLD_TIMEOUT)
+    ready = node.ready()
+    assert _kinds(ready.to_workers) == [(0, ipc_frames.RELEASE), (1, ipc_frames.RELEASE)]
+    (failed,) = ready.snapshots
+    assert (type(failed), failed.trans_id, failed.tmp) == (Failed, None, tmp)
+    assert "within 0.5 s" in failed.reason
+    node.advance(ready, durable_trans_id=ready.log_through)
+    node.on_snapped(epoch, cut_id, 1, T0 + 3)  # too late: that cut is over
+    node.on_part_done(cut_id, 0, True, PART, T0 + 5)
+    ready = node.ready()
+    assert (ready.to_workers, ready.snapshots) == ((), (Clear(tmp),))  # what it wrote goes, nothing else
+    node.advance(ready, durable_trans_id=ready.log_through)
+    node.tick(T0 + 3)  # no new cut before snapshot_every more records
+    assert not node.cuts.running
+
+
+def test_a_cut_ends_at_a_mode_change_and_publishes_only_what_is_committed():
+    node, now = _elected(_config(3, snapshot_every=1))
+    node.cuts.snapshot_dir = SNAPS
+    # Committed: one produce, acknowledged by node 2.
+    _batch(node, node.epoch, [PRODUCE])
+    _drain(node)
+    node.on_peer(AppendAck(node.election.vote_id, 2, node.log.last_trans_id), NODE2, now)
+    _drain(node)
+    epoch, cut_id, tmp, _ = _cutting(node, now + 0.01)
+    _batch(node, node.epoch, [dict(PRODUCE, msg_id=2)], seq=2)  # logged before the forks, not committed
+    for i in range(2):
+        node.on_snapped(epoch, cut_id, i, now + 0.01)
+        node.on_part_done(cut_id, i, True, PART, now + 0.01)
+    _drain(node)
+    t = node.cuts.trans_id
+    assert t == node.log.last_trans_id > node.log.commit_trans_id and node.cuts.running  # waits for the commit
+    node.on_peer(AppendAck(node.election.vote_id, 2, t), NODE2, now + 0.02)
+    (published,) = node.ready().snapshots
+    assert (type(published), published.trans_id) == (Publish, t)
+    _drain(node)
+    # The next cut; a newer term deposes the leader before its T is committed: never published.
+    _batch(node, node.epoch, [dict(PRODUCE, msg_id=3)], seq=3)
+    _drain(node)
+    node.on_peer(AppendAck(node.election.vote_id, 2, node.log.last_trans_id), NODE2, now + 0.03)
+    _drain(node)
+    epoch, cut_id, tmp, _ = _cutting(node, now + 0.04)
+    for i in range(2):
+        node.on_snapped(epoch, cut_id, i, now + 0.04)
+    node.on_peer(Heartbeat(node.election.vote_id + 1, 2, 0, 0, 0, 0), NODE2, now + 0.05)
+    ready = node.ready()
+    (failed,) = ready.snapshots
+    assert (type(failed), failed.tmp, failed.reason) == (Failed, tmp, "the workers' mode changed")
+    node.advance(ready)
+    node.on_part_done(cut_id, 0, True, PART, now + 0.06)
+    node.on_part_done(cut_id, 1, True, PART, now + 0.06)
+    assert node.ready().snapshots == (Clear(tmp), Clear(tmp))  # never published: deleted
+
+
+def test_a_follower_s_cut_holds_nothing_and_its_t_is_what_its_workers_were_sent():
+    node = ClusterNode(_config(3, snapshot_every=1), T0, recovered=Recovered(), rng=random.Random(1),
+                       snapshot_dir=SNAPS)
+    node.on_peer(Heartbeat(1, 2, 0, 0, 0, 0), NODE2, T0)
+    node.on_peer(AppendEntries(1, 2, 0, 0, (Entry(1, 1, decode(orjson.dumps(PRODUCE))),), 1), NODE2, T0 + 0.01)
+    _, to_workers, _ = _drain(node)
+    assert ipc_frames.APPLY in [f[0] for _, f in to_workers]
+    epoch, cut_id, tmp, holds = _cutting(node, T0 + 0.02)
+    assert holds == [False, False] and node.cuts.trans_id == node.workers_trans_id == 1
+    node.on_part_done(cut_id, 0, True, PART, T0 + 5)
+    node.on_part_done(cut_id, 1, False, {"error": "No space left on device"}, T0 + 5)  # the cut fails
+    (failed,) = node.ready().snapshots
+    assert (type(failed), failed.trans_id) == (Failed, 1)
+    assert failed.reason == "worker 1 could not write its part: No space left on device"
+
+
+def test_a_node_without_a_disk_makes_no_cuts():
+    node = ClusterNode(_config(1, snapshot_every=1), T0, recovered=None, rng=random.Random(1))
+    node.tick(T0 + 1)
+    for n in range(3):
+        _batch(node, node.epoch, [dict(PRODUCE, msg_id=n + 1)], seq=n)
+    node.tick(T0 + 3)
+    assert ipc_frames.SNAP not in [f[0] for _, f in _drain(node)[1]]

@@ -114,6 +114,9 @@ def test_coordinator_metrics_publish_on_fold():
     cm.replied({(1, -1): 2, ("produce", -1): 1, ("bogus", -1): 1})
     cm.refused({"leadership_lost": 3})
     cm.refused({"leadership_lost": 1, "mode_changed": 2})
+    cm.snapshot("written")
+    cm.snapshot("failed")
+    cm.snapshot("written")
     cm.fold()
     get = registry.get_sample_value
     assert get("queue_server_trans_id") == 120
@@ -128,6 +131,8 @@ def test_coordinator_metrics_publish_on_fold():
     assert get("queue_server_requests_total", {"action": "unknown", "code": "-1"}) == 1
     assert get("queue_server_writes_refused_total", {"reason": "leadership_lost"}) == 4
     assert get("queue_server_writes_refused_total", {"reason": "mode_changed"}) == 2
+    assert get("queue_server_snapshots_total", {"result": "written"}) == 2
+    assert get("queue_server_snapshots_total", {"result": "failed"}) == 1
     cm.set_role("follower")
     cm.forget_follower(2)
     cm.fold()

@@ -1,22 +1,20 @@
 """Storage (replication/storage.py) without processes: recovery of a torn or damaged log, the
-fsync policy with a fake clock and a fake file, a full disk, recovery from snapshots, and the forked snapshot
-writer's SIGTERM."""
+fsync policy with a fake clock and a fake file, a full disk, recovery from snapshots, and the
+publishing of the parts the workers wrote."""
 
 import errno
 import logging
 import os
-import signal
 
 import pytest
 
 from queue_server.replication.log import ChangeLog, Entry
-from queue_server.replication.snapshot import read_manifest, snapshot_name, snapshot_trans_ids, write_snapshot
+from queue_server.replication.snapshot import read_manifest, snapshot_name, snapshot_trans_ids, write_part, write_snapshot
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog, encode_record, list_segments, scan
 from queue_server.protocol.records import Produce, encode
 from queue_server.workers.queue import StateQueue
 from queue_server.workers.service import PartitionService
-from tests.harness import wait_for
 from tests.unit.faulty_disk import Faults
 
 
@@ -362,7 +360,7 @@ def test_recovery_deletes_what_a_snapshot_cut_short_left(tmp_path):
 
 
 def test_the_log_behind_the_older_snapshot_stays_so_a_damaged_newest_one_falls_back_to_it(tmp_path):
-    """Forked writers, as the coordinator runs them: after two snapshots, log segments are removed
+    """Snapshots published as the coordinator does: after two snapshots, log segments are removed
     only up to the older one, so when the newest proves damaged at start the older one and the
     whole log after it are still there."""
     messages = Messages()
@@ -379,8 +377,12 @@ def test_the_log_behind_the_older_snapshot_stays_so_a_damaged_newest_one_falls_b
             state.apply(r)
 
     def snapshot_at(trans_id: int) -> dict:
-        s.maybe_snapshot(trans_id, 1, state.snapshot_frames, every=1)
-        wait_for(lambda: s.reap() or s.snapshot_pid is None, 10, "the snapshot writer")
+        # As the workers' writers leave it: parts in a tmp dir, T not stamped yet.
+        tmp = os.path.join(s.snapshot_dir, f"tmp-cut-{trans_id}")
+        os.makedirs(tmp)
+        frames = list(state.snapshot_frames())
+        parts = [write_part(os.path.join(tmp, f"part-{i}.qsp"), frames[i::2]) for i in range(2)]
+        s.finish_snapshot(trans_id, 1, tmp, parts)
         return state.snapshot()
 
     commit(1, 10)
@@ -417,42 +419,29 @@ def test_the_log_behind_the_older_snapshot_stays_so_a_damaged_newest_one_falls_b
     s.close()
 
 
-def test_the_forked_snapshot_writer_dies_at_sigterm_under_the_coordinators_handler(tmp_path):
-    """The coordinator's SIGTERM handler only sets a flag for its loop; the snapshot writer it
-    forks (in_snapshot_child=_snapshot_writer_setup) must still end at SIGTERM, not write on."""
-    from queue_server.server.coordinator import _snapshot_writer_setup
-
-    started_r, started_w = os.pipe()
-    hold_r, hold_w = os.pipe()
-
-    def state() -> dict:  # runs in the writer, after in_snapshot_child
-        os.close(hold_w)
-        os.write(started_w, b"!")
-        os.read(hold_r, 1)  # until the test closes its end
-        return []
-
-    previous = signal.signal(signal.SIGTERM, lambda *_: None)  # the coordinator's flag, in effect
-    try:
-        s = open_storage(tmp_path, in_snapshot_child=_snapshot_writer_setup)
-        s.recover()
-        s.maybe_snapshot(1, 1, state, every=1)
-        pid = s.snapshot_pid
-        os.close(started_w)  # a writer that died before state() gives end of file, not a hang
-        started_w = -1
-        os.read(started_r, 1)
-        os.kill(pid, signal.SIGTERM)
-        os.close(hold_w)  # a writer that survived the signal writes its snapshot and exits 0
-        hold_w = -1
-        _, status = os.waitpid(pid, 0)
-        s.snapshot_pid = None
-        s.close()
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-        for fd in (started_r, started_w, hold_r, hold_w):
-            if fd >= 0:
-                os.close(fd)
-    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM
-    assert snapshot_trans_ids(s.datadir.snapshot_dir) == []
+def test_a_published_snapshot_names_every_part_with_its_counts_and_a_failed_one_leaves_nothing(tmp_path):
+    s = open_storage(tmp_path)
+    s.recover()
+    state = queues(6)
+    tmp = os.path.join(s.snapshot_dir, "tmp-cut-1")
+    os.makedirs(tmp)
+    frames = list(state.snapshot_frames())
+    parts = [write_part(os.path.join(tmp, f"part-{i}.qsp"), frames[i::2]) for i in range(2)]
+    following = os.path.join(s.snapshot_dir, "tmp-cut-next")  # the next cut, started already
+    os.makedirs(following)
+    s.finish_snapshot(6, 1, tmp, parts)
+    assert os.path.isdir(following)  # its workers may be writing into it: only a start deletes it
+    os.rmdir(following)
+    snapshot = read_manifest(os.path.join(s.snapshot_dir, snapshot_name(6)))  # every part checked
+    assert [e["messages"] for e in snapshot.entries] == [p["messages"] for p in parts]
+    assert (s.valid_at, os.path.exists(tmp)) == (6, False)
+    tmp = os.path.join(s.snapshot_dir, "tmp-cut-2")
+    os.makedirs(tmp)
+    with pytest.raises(StorageError):
+        s.finish_snapshot(7, 1, tmp, [{"file": "part-0.qsp"}])  # the worker's part is not there
+    assert (s.valid_at, sorted(os.listdir(s.snapshot_dir))) == (6, sorted(os.listdir(s.snapshot_dir)))
+    assert not os.path.exists(tmp) and snapshot_trans_ids(s.snapshot_dir) == [6]
+    s.close()
 
 
 def test_the_log_on_disk_is_the_same_whether_entries_carry_their_bytes(tmp_path):

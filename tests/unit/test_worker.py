@@ -2,6 +2,10 @@
 messages in, one BATCH per flush out, each stamped with the mode it was decided in."""
 from __future__ import annotations
 
+import os
+import signal
+import time
+
 import orjson
 import pytest
 from prometheus_client import CollectorRegistry
@@ -10,7 +14,10 @@ from queue_server.protocol import ipc_frames, replies
 from queue_server.server.metrics import WorkerMetrics
 from queue_server.protocol.origin import Origin
 from queue_server.workers.service import PartitionService
+from queue_server.replication.snapshot import iter_frames, write_part
+from queue_server.server.snapshot_child import fork_writer
 from queue_server.server.worker import Worker
+from tests.harness import wait_for
 
 NOW = 1_000.0
 
@@ -290,3 +297,99 @@ def test_a_mode_rolls_back_what_it_does_not_keep_and_commits_trim_the_journal():
     assert [m[1] for m in service.snapshot()["q"]["messages"]] == ["x", "a"]
     w.dispatch(ipc_frames.mode_frames(True, 3, 2, 2), NOW)  # keeps everything: undoes nothing
     assert w.undone == 0 and w.rollbacks == 1
+
+
+# ---------------------------------------------------------------------- snapshots (ipc_frames SNAP)
+def _kinds(w: Worker) -> list[bytes]:
+    return [frames[0] for frames in w.coordinator.sent]
+
+
+def test_snap_forks_a_writer_of_the_workers_part_and_holds_later_batches_until_release(worker, tmp_path):
+    """SNAPPED follows the batch of what came before the fork on the pipe; what is decided
+    after it is held until RELEASE; the part holds the state at the fork; PART_DONE names it."""
+    tmp = str(tmp_path / "tmp-cut-1")
+    worker.dispatch(mode(True, 1), NOW)
+    worker.dispatch(req([(5, 1, produce("q", "a")), (5, 2, produce("q", "b"))], 1), NOW)
+    worker.dispatch(ipc_frames.snap_frames(1, 7, tmp, True), NOW)
+    worker.dispatch(req([(5, 3, produce("q", "c"))], 1), NOW)
+    worker.flush()
+    assert _kinds(worker) == [ipc_frames.BATCH, ipc_frames.SNAPPED]  # the third produce is held
+    assert ipc_frames.read_snapped(worker.coordinator.sent[1]) == (1, 7, 0)
+    worker.end_writer()  # waits for the child
+    assert len(worker.coordinator.sent) == 2  # PART_DONE is held behind the batch too
+    worker.dispatch(ipc_frames.release_frames(7), NOW)
+    assert _kinds(worker) == [ipc_frames.BATCH, ipc_frames.SNAPPED, ipc_frames.BATCH, ipc_frames.PART_DONE]
+    cut_id, index, ok, part = ipc_frames.read_part_done(worker.coordinator.sent[3])
+    assert (cut_id, index, ok) == (7, 0, True)
+    assert (part["file"], part["queues"], part["messages"]) == ("part-0.qsp", 1, 2)
+    assert part["bytes"] == os.path.getsize(os.path.join(tmp, "part-0.qsp"))
+    # The part loads into the state the worker had at the fork: a and b, not c.
+    loaded = PartitionService(1, 1000, {}, max_wait=30)
+    loaded.load_frames(iter_frames(os.path.join(tmp, "part-0.qsp"), 0))
+    assert [m[1] for m in loaded.snapshot()["q"]["messages"]] == ["a", "b"]
+
+
+def test_a_mode_change_ends_the_hold_and_a_follower_s_snap_holds_nothing(worker, tmp_path):
+    worker.dispatch(mode(True, 1), NOW)
+    worker.dispatch(ipc_frames.snap_frames(1, 1, str(tmp_path / "a"), True), NOW)
+    worker.dispatch(req([(5, 1, produce("q", "a"))], 1), NOW)
+    worker.flush()
+    assert _kinds(worker) == [ipc_frames.SNAPPED]
+    worker.dispatch(mode(False, 2), NOW)  # the batch leaves stamped with mode 1, then the mode changes
+    assert _kinds(worker) == [ipc_frames.SNAPPED, ipc_frames.BATCH]
+    assert ipc_frames.read_batch(worker.coordinator.sent[1])[-1] == 1
+    worker.end_writer()
+    worker.dispatch(ipc_frames.snap_frames(2, 2, str(tmp_path / "b"), False), NOW)
+    worker.end_writer()
+    assert _kinds(worker)[-3:] == [ipc_frames.PART_DONE, ipc_frames.SNAPPED, ipc_frames.PART_DONE]
+
+
+def test_a_killed_writer_gives_part_done_not_ok(worker, tmp_path, monkeypatch):
+    import queue_server.server.worker as worker_module
+    started_r, started_w = os.pipe()
+
+    def stalled(*args, **kwargs):  # the child says it started, then waits to be killed
+        return fork_writer(*args, **kwargs, before_write=lambda: (os.write(started_w, b"!"), time.sleep(60)))
+
+    monkeypatch.setattr(worker_module, "fork_writer", stalled)
+    worker.dispatch(mode(True, 1), NOW)
+    worker.dispatch(req([(5, 1, produce("q", "a"))], 1), NOW)
+    worker.dispatch(ipc_frames.snap_frames(1, 3, str(tmp_path / "tmp-cut-3"), False), NOW)
+    os.read(started_r, 1)
+    os.close(started_r)
+    os.close(started_w)
+    os.kill(worker.writer[0], signal.SIGKILL)
+    wait_for(lambda: worker.reap() or worker.writer is None, 10, "the writer's end")
+    assert ipc_frames.read_part_done(worker.coordinator.sent[-1]) == (
+        3, 0, False, {"error": "its writer was killed by signal 9"})
+
+
+def test_a_writer_that_cannot_write_gives_part_done_not_ok(worker, tmp_path):
+    (tmp_path / "file").write_text("")
+    worker.dispatch(ipc_frames.snap_frames(0, 4, str(tmp_path / "file" / "tmp-cut-4"), False), NOW)
+    worker.end_writer()
+    assert ipc_frames.read_part_done(worker.coordinator.sent[-1]) == (4, 0, False, {"error": "Not a directory"})
+
+
+def test_load_keeps_the_queues_the_worker_owns(worker, tmp_path):
+    other = PartitionService(1, 1000, {}, max_wait=30)
+    other.accepting = True
+    for name in ("mine", "theirs"):
+        other.handle(produce(name, "x"), Origin(1), 1, NOW)
+    path = str(tmp_path / "part-0.qsp")
+    write_part(path, other.snapshot_frames(), 9)
+    worker.owns = lambda name: name == "mine"
+    worker.dispatch(ipc_frames.load_frames(9, [path]), NOW)
+    assert list(worker.service.queues) == ["mine"]
+
+
+def test_a_part_that_cannot_be_loaded_stops_the_worker_in_one_line(worker, tmp_path):
+    path = str(tmp_path / "part-0.qsp")
+    write_part(path, iter(()), 9)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 1)
+    with pytest.raises(SystemExit) as stopped:
+        worker.dispatch(ipc_frames.load_frames(9, [path]), NOW)
+    assert stopped.value.code == 4
+    (level, line, *args), = worker.log.lines
+    assert level == "error" and "torn frame at offset 16; stopping" in line % tuple(args)
