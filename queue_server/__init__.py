@@ -12,7 +12,15 @@ pure cores in queue_server.workers, queue_server.replication and queue_server.el
 processes in queue_server.server (acceptor, worker, coordinator, supervisor), and on top the
 clients: queue_server.client and queue_server.spark. docs/architecture.md follows a request through them.
 """
-from queue_server import client as _client
+import os as _os
+
+_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
+if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isdir(_os.path.join(_root, "client")):
+    # Imported from a source checkout (Python started in the repository, which shadows an
+    # installed copy): the checkout's top-level folders are the subpackages, as installed.
+    __path__.append(_root)
+
+from queue_server import client as _client  # noqa: E402
 from queue_server.client import *  # noqa: F403  (the clients are the package's public face)
 
 __all__ = list(_client.__all__)
