@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-# Names whose key was computed, kept per RoutingKeys (a bound on memory, not on correctness).
+# Queue names whose group was computed, kept per Placement (a bound on memory, not on correctness).
 _CACHE_LIMIT = 1_000_000
 
 
@@ -37,7 +37,6 @@ class RoutingKeys:
                  dead_letter_suffix: str = "") -> None:
         self.suffix = dead_letter_suffix
         self._union: dict[str, str] = _union_keys(virtual_queues)
-        self._hash: dict[str, int] = {}
 
     def base(self, queue: str) -> str:
         """The queue a dead-letter queue holds the dead letters of; any other queue itself."""
@@ -52,13 +51,9 @@ class RoutingKeys:
         return self._union.get(base, base)
 
     def hash(self, queue: str) -> int:
-        """crc32 of the routing key (UTF-8, lone surrogates kept): the number that places it."""
-        h = self._hash.get(queue)
-        if h is None:
-            h = zlib.crc32(self.key(queue).encode("utf-8", "surrogatepass"))
-            if len(self._hash) < _CACHE_LIMIT:
-                self._hash[queue] = h
-        return h
+        """crc32 of the routing key (UTF-8, lone surrogates kept): the number that places it.
+        Not cached: its callers cache what they derive from it (Router.worker_for, group_of)."""
+        return zlib.crc32(self.key(queue).encode("utf-8", "surrogatepass"))
 
     def unions(self) -> list[list[str]]:
         """The names bound together by virtual queues, one list per union (sorted)."""
@@ -84,6 +79,7 @@ class Placement:
         self.rules = tuple(rules)
         self.keys = keys or RoutingKeys()
         self._patterns = [(r.pattern, r.group) for r in self.rules if r.pattern is not None]
+        self._groups: dict[str, int] = {}
         named = {r.group: r.nodes for r in self.rules if r.nodes}
         self._replicas = tuple(
             named.get(g) or tuple(self.members[(g + i) % n] for i in range(min(self.group_replicas, n)))
@@ -94,11 +90,18 @@ class Placement:
         queue's: the name of the queue it serves), else its routing key's hash mod the groups."""
         if self.queue_groups == 1:
             return 0
-        if self._patterns:
-            base = self.keys.base(queue)
-            for pattern, group in self._patterns:
-                if fnmatch.fnmatchcase(base, pattern):
-                    return group
+        group = self._groups.get(queue)
+        if group is None:
+            group = self._place(queue)
+            if len(self._groups) < _CACHE_LIMIT:
+                self._groups[queue] = group
+        return group
+
+    def _place(self, queue: str) -> int:
+        base = self.keys.base(queue)
+        for pattern, group in self._patterns:
+            if fnmatch.fnmatchcase(base, pattern):
+                return group
         return self.keys.hash(queue) % self.queue_groups
 
     def replicas(self, group: int) -> tuple[int, ...]:
