@@ -68,7 +68,7 @@ class SnapshotCut:
         self.last = last  # where the last cut started (or the snapshot at start)
         self.cut_id = 0
         self.running = False
-        self.urgent = False  # a cut is wanted now (the log was replaced by an installed snapshot)
+        self.urgent = False  # a cut is wanted now (the log was replaced by an installed snapshot, or a follower needs one)
         self.retry_at = 0.0
         self.done: list[Publish | Failed | Clear] = []
         self.aborts = 0
@@ -104,6 +104,13 @@ class SnapshotCut:
         self.urgent = True
         self.retry_at = 0.0
         return self.abort("a snapshot was installed")
+
+    def want(self) -> None:
+        """A cut is wanted soon (a follower needs a snapshot to be streamed): unless one runs
+        already, the next one starts at once, and again after a failure."""
+        if not self.running and not self.urgent:
+            self.urgent = True
+            self.retry_at = 0.0
 
     def start(self, epoch: int, now: float, commit: int, *, hold: bool, point: int,
               term_at: TermAt) -> list[tuple[int, list[bytes]]]:
