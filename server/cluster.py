@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Iterable
 
 import orjson
 
@@ -46,6 +47,7 @@ from queue_server.replication.progress import Flow, LeaderReplication
 from queue_server.replication.transfer import SnapshotSource
 from queue_server.server import gather
 from queue_server.protocol import ipc_frames, replies
+from queue_server.protocol.snapshot_frames import Frame
 from queue_server.server.forwarding import Deliver, Forwarding, Undeliver, Work
 from queue_server.protocol.origin import Origin
 from queue_server.server.ready import Ready
@@ -663,16 +665,15 @@ class ClusterNode:
         """Whether a snapshot at trans_id streamed from the leader would move this node on."""
         return self.leader is None and trans_id > self.log.commit_trans_id
 
-    def on_snapshot_installed(self, staged: SnapshotStaged, parts: list[str], frames, now: float) -> bool:
-        """The snapshot streamed from the leader is checked and installed on disk as `parts`
-        (`frames`: their frames, read as consumed): the state, the workers (LOAD) and the log
-        restart from it, and the leader hears so. False if this node no longer needs it."""
+    def on_snapshot_installed(self, staged: SnapshotStaged, parts: list[str], now: float) -> bool:
+        """The snapshot streamed from the leader is checked and installed on disk as `parts`: the
+        workers (LOAD) and the log restart from it, and the leader hears so; the committed state
+        follows in load_installed (after the workers were sent their LOAD, so that both load at
+        once). False if this node no longer needs it."""
         if not self.needs_snapshot(staged.trans_id):
             return False
         self._to_workers.extend(self.cuts.abort("a snapshot was installed"))
-        self.state.load_frames(frames)
-        self.state.replies.clear()
-        self.state_trans_id = self.workers_trans_id = staged.trans_id
+        self.workers_trans_id = staged.trans_id
         for index in range(self.config.workers):
             self._to_workers.append((index, ipc_frames.load_frames(staged.trans_id, parts)))
         self.seqs.reset()
@@ -681,6 +682,13 @@ class ClusterNode:
         self._run(self.follower.installed(staged.trans_id, staged.vote_id, self.election.leader_id,
                                           self.election.vote_id), now)
         return True
+
+    def load_installed(self, trans_id: int, frames: Iterable[Frame]) -> None:
+        """The committed state becomes the installed snapshot at trans_id (`frames`: its parts'
+        frames, read as consumed). Call before any other event once on_snapshot_installed said True."""
+        self.state.load_frames(frames)
+        self.state.replies.clear()
+        self.state_trans_id = trans_id
 
     # ----------------------------------------------------------------- replies
     def _release(self, header: bytes, blob: bytes) -> None:

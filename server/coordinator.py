@@ -263,6 +263,7 @@ class Coordinator:
             if not node.has_ready():
                 break
             written = ready.log_through
+        self.transfers.load_installed()  # after the workers' LOAD went out
         if time.monotonic() >= self.next_observe:
             self.next_observe = time.monotonic() + OBSERVE_INTERVAL
             self.observe()

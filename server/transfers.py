@@ -134,7 +134,7 @@ class Transfers:
         self.log = log
         self.reader = ChunkReader()
         self.staging = Staging(storage.snapshot_dir if storage is not None else os.path.join(run_dir, "snapshots"))
-        self._write_failed = False
+        self._installed: tuple[int, list[str]] | None = None  # a snapshot whose state is still to load
         self.source_changed()
 
     def source_changed(self, now: float = 0.0) -> None:
@@ -199,12 +199,21 @@ class Transfers:
                 return
             self.reader.hold(source)
             parts = [path for path, _ in source.files[1:]]
-        frames = itertools.chain.from_iterable(iter_frames(path, staged.trans_id) for path in parts)
-        node.on_snapshot_installed(staged, parts, frames, now)
+        if node.on_snapshot_installed(staged, parts, now):
+            self._installed = (staged.trans_id, parts)
         if source is not None:
             node.on_snapshot_source(source, now)
         self.log.info("installed a snapshot from the leader at trans_id %d (%d parts, %d messages)", staged.trans_id,
                       len(entries), sum(e.get("messages", 0) for e in entries))
+
+    def load_installed(self) -> None:
+        """Once the workers were sent the LOAD of an installed snapshot: the committed state
+        loads it too (meanwhile, on the other core)."""
+        if self._installed is not None:
+            trans_id, parts = self._installed
+            self._installed = None
+            self.node.load_installed(trans_id, itertools.chain.from_iterable(
+                iter_frames(path, trans_id) for path in parts))
 
     def close(self) -> None:
         self.reader.close()

@@ -883,14 +883,15 @@ def test_a_follower_writes_the_streamed_chunks_then_installs_and_loads_the_snaps
     (staged,) = ready.staged
     node.advance(ready, durable_trans_id=ready.log_through)
     assert node.needs_snapshot(9) and node.log.last_trans_id == 0  # nothing replaced before it is installed
-    assert node.on_snapshot_installed(staged, [part], iter(frames), T0 + 0.2)
+    assert node.on_snapshot_installed(staged, [part], T0 + 0.2)
     ready = node.ready()
     assert ready.truncate_after == -1
     assert [(i, f) for i, f in ready.to_workers if f[0] == ipc_frames.LOAD] == [
         (i, ipc_frames.load_frames(9, [part])) for i in range(2)]
     assert [m for _, m in ready.to_peers] == [AppendAck(1, 1, 9)]
-    assert (node.log.base_trans_id, node.log.commit_trans_id, node.state_trans_id) == (9, 9, 9)
-    assert set(node.state.queues) == {"a", "b"}
+    assert (node.log.base_trans_id, node.log.commit_trans_id, node.workers_trans_id) == (9, 9, 9)
+    node.load_installed(9, iter(frames))  # once the LOAD went out
+    assert node.state_trans_id == 9 and set(node.state.queues) == {"a", "b"}
     assert not node.needs_snapshot(9)
 
 

@@ -72,9 +72,12 @@ class _Node:
     def needs_snapshot(self, trans_id: int) -> bool:
         return self.needs
 
-    def on_snapshot_installed(self, staged, parts, frames, now) -> bool:
-        self.installed.append((staged.trans_id, parts, list(frames)))
+    def on_snapshot_installed(self, staged, parts, now) -> bool:
+        self.installed.append((staged.trans_id, parts))
         return True
+
+    def load_installed(self, trans_id, frames) -> None:
+        self.loaded = (trans_id, list(frames))
 
     def on_snapshot_source(self, source, now) -> None:
         self.sources.append(source)
@@ -90,9 +93,11 @@ def test_a_received_snapshot_becomes_the_node_s_own_newest_one(tmp_path):
     transfers.install(SnapshotStaged(T, 1, {"trans_id": T, "parts": list(entries)}), 1.0)
     assert snapshot_trans_ids(storage.snapshot_dir) == [T] and storage.valid_at == T
     snapshot = read_manifest(os.path.join(storage.snapshot_dir, f"snapshot-{T:020d}.snap"))  # every part checked
-    ((trans_id, parts, frames),) = node.installed
+    ((trans_id, parts),) = node.installed
     assert (trans_id, tuple(parts)) == (T, snapshot.parts)
-    assert [name for kind, name, _ in frames if kind == 1] == ["q0", "q0", "q1"]
+    transfers.load_installed()
+    trans_id, frames = node.loaded
+    assert trans_id == T and [name for kind, name, _ in frames if kind == 1] == ["q0", "q0", "q1"]
     assert node.sources[-1].trans_id == T and [p for p, _ in node.sources[-1].files[1:]] == list(snapshot.parts)
     assert not [n for n in os.listdir(storage.snapshot_dir) if n.startswith(RECV_PREFIX)]
     transfers.close()
@@ -105,7 +110,7 @@ def test_an_in_memory_node_loads_the_received_parts_from_its_run_dir(tmp_path):
     transfers = Transfers(node, None, str(tmp_path / "run"), logging.getLogger("t"))
     _stage(transfers.staging, [data])
     transfers.install(SnapshotStaged(T, 1, {"trans_id": T, "parts": [entry]}), 1.0)
-    ((_, parts, _),) = node.installed
+    ((_, parts),) = node.installed
     assert parts == [str(tmp_path / "run" / "snapshots" / f"{RECV_PREFIX}{T:020d}" / "part-0.qsp")]
     assert os.path.exists(parts[0]) and node.sources == []
 
