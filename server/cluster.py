@@ -76,7 +76,8 @@ class ClusterNode:
     def __init__(self, config: NodeConfig, now: float, *, recovered: Recovered | None = None,
                  rng: random.Random | None = None, snapshot_dir: str | None = None) -> None:
         """recovered: what the node's disk held (None: start empty, as an in-memory node does);
-        snapshot_dir: where the workers write snapshot parts (None: no snapshots)."""
+        snapshot_dir: where the workers write snapshot parts (None: no snapshots; on an
+        in-memory node only those a follower needs)."""
         self.config = config
         self.node_id = config.node_id
         self.members = [n.node_id for n in config.cluster_node_list] or [config.node_id]
@@ -154,7 +155,8 @@ class ClusterNode:
         # The workers' replies _refuse replaced, by REFUSALS label, until take_refused().
         self.refused: dict[str, int] = {}
         # Snapshots made by the workers (server/snapshots.py).
-        self.cuts = SnapshotCut(config.workers, config.snapshot_every, snapshot_dir, last=found.trans_id)
+        self.cuts = SnapshotCut(config.workers, config.snapshot_every if recovered is not None else None,
+                                snapshot_dir, last=found.trans_id)
         if found.frames is not None:
             self.state.load_frames(found.frames)  # streamed from the snapshot's parts
             for index in range(config.workers):  # each worker reads the parts itself

@@ -53,9 +53,10 @@ class Coordinator:
         self.storage = storage
         started = time.monotonic()
         recovered = storage.recover() if storage is not None else None
-        self.node = ClusterNode(config, time.time(), recovered=recovered,
-                                snapshot_dir=storage.snapshot_dir if storage is not None else None)
-        self.transfers = Transfers(self.node, storage, run_dir, log)  # snapshots streamed to and from peers
+        # An in_memory node cuts snapshots only for a follower that needs one, into the run dir.
+        snapshot_dir = storage.snapshot_dir if storage is not None else os.path.join(run_dir, "snapshots")
+        self.node = ClusterNode(config, time.time(), recovered=recovered, snapshot_dir=snapshot_dir)
+        self.transfers = Transfers(self.node, storage, snapshot_dir, log)  # snapshots streamed to and from peers
         # Until the recovery line is logged (_log_recovery): when recovery began, and what the disk held.
         self.recovery = None if recovered is None else (started, recovered.trans_id, len(recovered.entries))
         self.inbox = ipc.inbox(ctx, run_dir, "coordinator")
@@ -320,9 +321,11 @@ class Coordinator:
             self.transfers.install(staged, time.time())
         if ready.snapshot_now:
             self.log.info("installed a snapshot from the leader at trans_id %d", ready.committed_trans_id)
-        if storage is not None:
-            for cut in ready.snapshots:
+        for cut in ready.snapshots:
+            if storage is not None:
                 self.snapshot(storage, cut)
+            else:
+                self.transfers.transient(cut, time.time())
         if ready.role is not None:
             self.log.info("role: %s (vote_id %d, leader %s, trans_id %d)", ready.role, node.election.vote_id,
                           node.election.leader_id, ready.log_through)

@@ -3,7 +3,8 @@ decides what to send and take): a leader reads each chunk with a pread when it e
 message, from descriptors kept open so that pruning cannot pull a file away mid-transfer; a
 follower writes each chunk into ``<snapshots>/tmp-recv-<T>/`` before its ack leaves, then checks
 every part and installs them as its own newest snapshot (an in_memory node keeps them in the run
-dir, where its workers load them)."""
+dir, where its workers load them). An in_memory leader's workers cut a snapshot for a follower
+into the run dir too; it is deleted as soon as its files are open (transient)."""
 from __future__ import annotations
 
 import itertools
@@ -14,9 +15,10 @@ from collections import deque
 from dataclasses import replace
 
 from queue_server.replication.messages import FileRange, SnapshotChunk, SnapshotStaged, WriteChunk
-from queue_server.replication.snapshot import iter_frames
+from queue_server.replication.snapshot import iter_frames, manifest_files, publish
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.transfer import MANIFEST, SnapshotSource
+from queue_server.server.snapshots import Clear, Failed, Publish
 
 RECV_PREFIX = "tmp-recv-"  # a tmp- name: deleted at start (snapshot.clean) if a transfer was cut short
 HELD_SOURCES = 2  # the sources whose files stay open: the newest, and the one before for transfers under way
@@ -128,12 +130,13 @@ def _part_name(index: int) -> str:
 class Transfers:
     """Both sides of a node's snapshot transfers, around the coordinator's ClusterNode."""
 
-    def __init__(self, node, storage: Storage | None, run_dir: str, log: logging.Logger) -> None:
+    def __init__(self, node, storage: Storage | None, directory: str, log: logging.Logger) -> None:
+        """directory: where snapshots are staged (and on an in_memory node, cut)."""
         self.node = node
         self.storage = storage
         self.log = log
         self.reader = ChunkReader()
-        self.staging = Staging(storage.snapshot_dir if storage is not None else os.path.join(run_dir, "snapshots"))
+        self.staging = Staging(directory)
         self._installed: tuple[int, list[str]] | None = None  # a snapshot whose state is still to load
         self.source_changed()
 
@@ -143,6 +146,28 @@ class Transfers:
         if source is not None:
             self.reader.hold(source)
             self.node.on_snapshot_source(source, now)
+
+    def transient(self, cut: Publish | Failed | Clear, now: float) -> None:
+        """An in_memory node's cut for a follower: once published, its files are opened and
+        deleted (the descriptors keep them readable until two newer ones are held), and it is
+        the one to stream; one that failed is deleted, saying why in one line."""
+        if type(cut) is Publish:
+            try:
+                path = publish(self.staging.directory, cut.tmp, cut.trans_id, cut.vote_id, list(cut.parts))
+                source = SnapshotSource(*manifest_files(path))
+            except (OSError, ValueError) as exc:  # StorageError is an OSError
+                cut = Failed(cut.trans_id, cut.tmp, str(exc))
+            else:
+                self.reader.hold(source)
+                os.remove(path)
+                for part, _ in source.files[1:2]:
+                    shutil.rmtree(os.path.dirname(part), ignore_errors=True)
+                self.node.on_snapshot_source(source, now)
+                return
+        shutil.rmtree(cut.tmp, ignore_errors=True)
+        if type(cut) is Failed:
+            self.log.warning("snapshot for a follower%s failed: %s", "" if cut.trans_id is None else
+                             f" at trans_id {cut.trans_id}", cut.reason)
 
     def write(self, writes: tuple[WriteChunk, ...]) -> bool:
         """Write the chunks of a Ready; False if one failed (its acks must not leave: the

@@ -901,3 +901,14 @@ def _service_frames():
     s.handle({"action": 1, "queue": "a", "data": "x"}, Origin(7), 1, T0)
     s.handle({"action": 1, "queue": "b", "data": "y"}, Origin(7), 2, T0)
     return s.snapshot_frames()
+
+
+def test_an_in_memory_node_cuts_a_snapshot_only_when_a_follower_needs_one():
+    node = ClusterNode(_config(1, snapshot_every=1), T0, recovered=None, rng=random.Random(1), snapshot_dir=SNAPS)
+    node.tick(T0 + 1)
+    for n in range(3):
+        _batch(node, node.epoch, [dict(PRODUCE, msg_id=n + 1)], seq=n)
+    node.tick(T0 + 3)
+    assert ipc_frames.SNAP not in [f[0] for _, f in _drain(node)[1]]
+    node.cuts.want()  # what SendSnapshot does
+    _cutting(node, T0 + 4)

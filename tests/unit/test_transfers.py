@@ -10,6 +10,7 @@ from queue_server.replication.messages import FileRange, SnapshotChunk, Snapshot
 from queue_server.replication.snapshot import read_manifest, snapshot_trans_ids, write_part
 from queue_server.replication.storage import Storage
 from queue_server.replication.transfer import MANIFEST, SnapshotSource
+from queue_server.server.snapshots import Failed, Publish
 from queue_server.server.transfers import RECV_PREFIX, ChunkReader, Staging, Transfers
 from queue_server.workers.service import PartitionService
 from queue_server.protocol.origin import Origin
@@ -88,7 +89,7 @@ def test_a_received_snapshot_becomes_the_node_s_own_newest_one(tmp_path):
     storage = Storage(str(tmp_path / "data"))
     storage.recover()
     node = _Node()
-    transfers = Transfers(node, storage, str(tmp_path / "run"), logging.getLogger("t"))
+    transfers = Transfers(node, storage, storage.snapshot_dir, logging.getLogger("t"))
     _stage(transfers.staging, list(datas))
     transfers.install(SnapshotStaged(T, 1, {"trans_id": T, "parts": list(entries)}), 1.0)
     assert snapshot_trans_ids(storage.snapshot_dir) == [T] and storage.valid_at == T
@@ -107,7 +108,7 @@ def test_a_received_snapshot_becomes_the_node_s_own_newest_one(tmp_path):
 def test_an_in_memory_node_loads_the_received_parts_from_its_run_dir(tmp_path):
     entry, data = _part(str(tmp_path / "src.qsp"))
     node = _Node()
-    transfers = Transfers(node, None, str(tmp_path / "run"), logging.getLogger("t"))
+    transfers = Transfers(node, None, str(tmp_path / "run" / "snapshots"), logging.getLogger("t"))
     _stage(transfers.staging, [data])
     transfers.install(SnapshotStaged(T, 1, {"trans_id": T, "parts": [entry]}), 1.0)
     ((_, parts),) = node.installed
@@ -120,8 +121,27 @@ def test_a_damaged_or_unneeded_snapshot_is_not_installed(tmp_path):
     storage = Storage(str(tmp_path / "data"))
     storage.recover()
     for node, part in ((_Node(), data[:-1] + b"\0"), (_Node(needs=False), data)):
-        transfers = Transfers(node, storage, str(tmp_path / "run"), logging.getLogger("t"))
+        transfers = Transfers(node, storage, storage.snapshot_dir, logging.getLogger("t"))
         _stage(transfers.staging, [part])
         transfers.install(SnapshotStaged(T, 1, {"trans_id": T, "parts": [entry]}), 1.0)
         assert node.installed == [] and snapshot_trans_ids(storage.snapshot_dir) == []
     storage.close()
+
+
+def test_an_in_memory_leader_s_cut_is_streamed_from_files_deleted_once_open(tmp_path):
+    run = tmp_path / "run" / "snapshots"
+    tmp = run / "tmp-cut-1"
+    os.makedirs(tmp)
+    entry, data = _part(str(tmp / "part-0.qsp"))
+    node = _Node()
+    transfers = Transfers(node, None, str(run), logging.getLogger("t"))
+    transfers.transient(Publish(T, 1, str(tmp), (entry,)), 1.0)
+    (source,) = node.sources
+    assert source.trans_id == T and os.listdir(run) == []  # deleted at once
+    path, size = source.files[1]
+    chunk = transfers.filled(SnapshotChunk(3, 1, T, 1, 0, 0, size, FileRange(path, 0, size)))
+    assert chunk.data == data  # still readable through the open descriptor
+    os.makedirs(tmp)
+    transfers.transient(Failed(None, str(tmp), "not every worker forked within 0.5 s"), 2.0)
+    assert os.listdir(run) == [] and len(node.sources) == 1
+    transfers.close()
