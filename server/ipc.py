@@ -107,11 +107,26 @@ def serve(sock: zmq.Socket, dispatch: Callable[[list[bytes]], None], idle: Calla
     """A process's main loop: wait for messages on `sock` (at most until `idle()` seconds, or 1 s),
     hand each to `dispatch` (at most MAX_DRAIN before `after` runs, so output is never held back
     by a flood of input), then call `after`."""
+    # A receive that waits (RCVTIMEO) rather than a poll and then a receive: one system call and
+    # one pass through the poller's Python fewer per wake-up.
     poller = poller_of(sock)
+    poll = poller.poll
+    recv = sock.recv_multipart
+    waiting = -1  # the RCVTIMEO set now (ms)
     while True:
         timeout = idle()
-        timeout = 1.0 if timeout is None else min(max(timeout, 0.0), 1.0)
-        if poller.poll(timeout * 1000 + 0.5):
-            for frames in drain(sock, poller):
-                dispatch(frames)
+        timeout = 1000 if timeout is None else int(min(max(timeout, 0.0), 1.0) * 1000 + 0.5)
+        if timeout != waiting:
+            sock.setsockopt(zmq.RCVTIMEO, timeout)
+            waiting = timeout
+        try:
+            frames = recv()
+        except zmq.Again:
+            after()
+            continue
+        dispatch(frames)
+        for _ in range(MAX_DRAIN - 1):
+            if not poll(0):
+                break
+            dispatch(recv(zmq.NOBLOCK))
         after()
