@@ -40,16 +40,6 @@ def decode(header: bytes, blob: Any) -> Iterator[tuple[Origin, int, Any]]:
         start = end
 
 
-def join(batches: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
-    """Several (header, blob) batches as one."""
-    header: list = []
-    offset = 0
-    for head, blob in batches:
-        header.extend((conn, udp, node, req_no, end + offset) for conn, udp, node, req_no, end in orjson.loads(head))
-        offset += len(blob)
-    return _DUMPS(header), b"".join(blob for _, blob in batches)
-
-
 def decoded(data: Any) -> Any:
     """An encoded reply (or forwarded request) as its JSON value; None if it does not parse."""
     try:
