@@ -160,9 +160,24 @@ class Coordinator:
                         node.tick(now)
                         self.flush()
             if self.inbox in events:
+                # The workers' batches that come one after another are taken together
+                # (ClusterNode.on_batches: their records replicated, and committed, once).
+                batches: list[list[bytes]] = []
                 for frames in ipc.drain(self.inbox, inbox_poller):
+                    if frames[0] == ipc_frames.BATCH:
+                        batches.append(frames)
+                        continue
                     now = time.time()
+                    if batches:
+                        self.dispatch_batches(batches, now)
+                        batches = []
                     self.dispatch(frames, now)
+                    if now >= node.wake_at():
+                        node.tick(now)
+                        self.flush()
+                if batches:
+                    now = time.time()
+                    self.dispatch_batches(batches, now)
                     if now >= node.wake_at():
                         node.tick(now)
                         self.flush()
@@ -222,6 +237,11 @@ class Coordinator:
         self.handoff_asked = False
         with open(os.path.join(self.run_dir, HANDOFF_DONE), "w"):
             pass
+
+    def dispatch_batches(self, batches: list[list[bytes]], now: float) -> None:
+        """Handle BATCH messages from the workers that came one after another."""
+        self.node.on_batches([(*ipc_frames.read_batch(frames), ipc_frames.batch_index(frames)) for frames in batches],
+                             now)
 
     def dispatch(self, frames: list[bytes], now: float) -> None:
         """Handle one message from the acceptor or a worker."""
