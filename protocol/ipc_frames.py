@@ -46,6 +46,7 @@ SNAPPED = b"snapped"  # worker -> coordinator: [SNAPPED, json [epoch, cut id, wo
 RELEASE = b"release"  # coordinator -> worker: [RELEASE, cut id] the cut needs no more holding
 PART_DONE = b"part_done"  # worker -> coordinator: [PART_DONE, json [cut id, worker index, ok, part entry]]
 LOAD = b"load"  # coordinator -> worker: [LOAD, json [trans_id, [part path, ...]]] replace all queues
+WAKE = b"wake"  # coordinator -> itself: [WAKE] a signal's handler ends the wait for the next message
 FROM_ACCEPTOR = b"acceptor"
 FROM_COORDINATOR = b"coordinator"
 FENCE_SENDERS = frozenset({FROM_ACCEPTOR, FROM_COORDINATOR})
@@ -217,6 +218,7 @@ def read_load(frames: list[bytes]) -> tuple[int, list[str]]:
 
 
 DRAIN_FRAMES = [DRAIN]  # the whole DRAIN message: it carries nothing
+WAKE_FRAMES = [WAKE]  # the whole WAKE message: it carries nothing
 
 
 # ----------------------------------------------------------------- to the acceptor

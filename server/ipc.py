@@ -85,17 +85,19 @@ def poller_of(sock: zmq.Socket) -> zmq.Poller:
 
 
 def drain(sock: zmq.Socket, poller: zmq.Poller, limit: int = MAX_DRAIN, *,
-          copy: bool = True) -> Iterator[list[Any]]:
+          copy: bool = True, first: list[Any] | None = None) -> Iterator[list[Any]]:
     """The messages waiting on `sock`, at most `limit`, for a caller told that one is there (if
-    none is, a zmq.Again ends it). `poller` polls `sock` alone (poller_of): asking it whether
-    another message waits costs less than a receive that raises zmq.Again. Each message is a
-    list of bytes, or with copy=False of zmq.Frame (which carry the sender's ZAP User-Id)."""
+    none is, a zmq.Again ends it), or that received `first` already. `poller` polls `sock` alone
+    (poller_of): asking it whether another message waits costs less than a receive that raises
+    zmq.Again. Each message is a list of bytes, or with copy=False of zmq.Frame (which carry the
+    sender's ZAP User-Id)."""
     recv = sock.recv_multipart
-    try:
-        frames = recv(zmq.NOBLOCK, copy=copy)
-    except zmq.Again:
-        return
-    yield frames
+    if first is None:
+        try:
+            first = recv(zmq.NOBLOCK, copy=copy)
+        except zmq.Again:
+            return
+    yield first
     poll = poller.poll
     for _ in range(limit - 1):
         if not poll(0):
@@ -107,26 +109,34 @@ def serve(sock: zmq.Socket, dispatch: Callable[[list[bytes]], None], idle: Calla
     """A process's main loop: wait for messages on `sock` (at most until `idle()` seconds, or 1 s),
     hand each to `dispatch` (at most MAX_DRAIN before `after` runs, so output is never held back
     by a flood of input), then call `after`."""
-    # A receive that waits (RCVTIMEO) rather than a poll and then a receive: one system call and
-    # one pass through the poller's Python fewer per wake-up.
     poller = poller_of(sock)
-    poll = poller.poll
-    recv = sock.recv_multipart
-    waiting = -1  # the RCVTIMEO set now (ms)
+    wait = Waiter(sock)
     while True:
         timeout = idle()
-        timeout = 1000 if timeout is None else int(min(max(timeout, 0.0), 1.0) * 1000 + 0.5)
-        if timeout != waiting:
-            sock.setsockopt(zmq.RCVTIMEO, timeout)
-            waiting = timeout
-        try:
-            frames = recv()
-        except zmq.Again:
-            after()
-            continue
-        dispatch(frames)
-        for _ in range(MAX_DRAIN - 1):
-            if not poll(0):
-                break
-            dispatch(recv(zmq.NOBLOCK))
+        frames = wait(1.0 if timeout is None else timeout)
+        if frames is not None:
+            for frames in drain(sock, poller, first=frames):
+                dispatch(frames)
         after()
+
+
+class Waiter:
+    """Waits for the next message on one socket for up to a given time: in a receive with a
+    timeout (RCVTIMEO), not in a poll followed by a receive, which costs a system call and a
+    pass through the poller's Python more per wake-up."""
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self.sock = sock
+        self.recv = sock.recv_multipart
+        self.timeout = -1  # the RCVTIMEO set now (ms)
+
+    def __call__(self, seconds: float) -> list[bytes] | None:
+        """The next message, or None if none came within `seconds` (at most 1 s)."""
+        timeout = int(min(max(seconds, 0.0), 1.0) * 1000 + 0.5)
+        if timeout != self.timeout:
+            self.sock.setsockopt(zmq.RCVTIMEO, timeout)
+            self.timeout = timeout
+        try:
+            return self.recv()
+        except zmq.Again:
+            return None
