@@ -24,7 +24,7 @@ CLOSE = b"close"  # acceptor -> worker: [CLOSE, json conn] (a TCP connection id)
 UNDELIVER = b"undeliver"  # acceptor -> coordinator -> leader's worker: [UNDELIVER, json [queue, [[msg_id, delivery_count], ...]]]
 APPLY = b"apply"  # coordinator -> worker: [APPLY, json [record, ...], committed] (replay of the log)
 BATCH = b"batch"  # worker -> coordinator: [BATCH, records json, reply header json, reply blob, partials json, epoch, worker index]
-REP = b"rep"  # coordinator, worker -> acceptor: [REP, reply header, reply blob] (protocol/replies.py)
+REP = b"rep"  # coordinator, worker -> acceptor: [REP, reply header, reply blob, ...] (protocol/replies.py batches)
 STATUS = b"status"  # coordinator -> acceptor: [STATUS, json {role, leader_node_id, leader_host, leader_port, epoch, http_ports}]
 FORWARD = b"forward"  # acceptor -> coordinator: [FORWARD, json [[origin, req_no, request], ...]] for the leader
 MODE = b"mode"  # coordinator -> worker: [MODE, json [accepting, epoch, keep_through, trans_id]] whether to accept queue requests
@@ -46,6 +46,7 @@ SNAPPED = b"snapped"  # worker -> coordinator: [SNAPPED, json [epoch, cut id, wo
 RELEASE = b"release"  # coordinator -> worker: [RELEASE, cut id] the cut needs no more holding
 PART_DONE = b"part_done"  # worker -> coordinator: [PART_DONE, json [cut id, worker index, ok, part entry]]
 LOAD = b"load"  # coordinator -> worker: [LOAD, json [trans_id, [part path, ...]]] replace all queues
+WAKE = b"wake"  # coordinator -> itself: [WAKE] a signal's handler ends the wait for the next message
 FROM_ACCEPTOR = b"acceptor"
 FROM_COORDINATOR = b"coordinator"
 FENCE_SENDERS = frozenset({FROM_ACCEPTOR, FROM_COORDINATOR})
@@ -217,6 +218,7 @@ def read_load(frames: list[bytes]) -> tuple[int, list[str]]:
 
 
 DRAIN_FRAMES = [DRAIN]  # the whole DRAIN message: it carries nothing
+WAKE_FRAMES = [WAKE]  # the whole WAKE message: it carries nothing
 
 
 # ----------------------------------------------------------------- to the acceptor
@@ -226,10 +228,15 @@ def rep_frames(header: bytes, blob: bytes) -> list[bytes]:
     return [REP, header, blob]
 
 
-def read_rep(frames: list[bytes]) -> tuple[bytes, bytes]:
-    """The (header, blob) reply batch of a REP."""
-    _, header, blob = frames
-    return header, blob
+def join_reps(reps: list[list[bytes]]) -> list[bytes]:
+    """REPs as one, their reply batches side by side in order (never decoded): [REP, header,
+    blob, header, blob, ...]."""
+    return [REP, *[part for frames in reps for part in frames[1:]]]
+
+
+def read_rep(frames: list[bytes]) -> list[tuple[bytes, bytes]]:
+    """The (header, blob) reply batches of a REP, in order."""
+    return list(zip(frames[1::2], frames[2::2]))
 
 
 def status_frames(status: dict[str, Any]) -> list[bytes]:

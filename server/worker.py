@@ -79,7 +79,8 @@ class Worker:
     def idle(self) -> float:
         """How long the loop may wait for a message: until the service's next deadline, and
         while a snapshot writer runs, no longer than WRITER_POLL (to reap it)."""
-        wait = self.service.next_deadline(time.time()) - time.time()
+        now = time.time()
+        wait = self.service.next_deadline(now) - now
         return wait if self.writer is None else min(wait, WRITER_POLL)
 
     def after(self) -> None:

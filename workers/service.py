@@ -694,6 +694,8 @@ class PartitionService:
         worker that is not accepting (its node does not lead) decides nothing: its polls are
         answered empty and its subscriptions end, and so do they while the node shuts down
         (draining); while it is fenced they wait (only a poll's own deadline answers it)."""
+        if not (self.waiters or self.subs) and now < self._next_sweep:
+            return  # nothing parked, no sweep due: the common wake-up has nothing to do here
         made = len(self.records)
         self._tick(now)
         self.seq += len(self.records) - made

@@ -128,6 +128,29 @@ def test_a_batch_s_records_are_logged_as_the_bytes_the_worker_sent():
     assert bytes(entry.encoded()) == orjson.dumps(PRODUCE) != encode(entry.record)
 
 
+def test_batches_taken_together_are_logged_in_order_replicated_once_and_answered_in_order():
+    """on_batches: as on_batch one after another (an old mode's batch among them is refused on
+    its own), with one AppendEntries per follower for all the new records."""
+    node, now = _elected(_config(3))
+    last = node.log.last_trans_id
+    node.on_peer(AppendAck(node.election.vote_id, 2, last), NODE2, now)  # node 2 has the log so far
+    _drain(node)
+
+    def batch(seq: int, epoch: int, index: int) -> tuple:
+        header, blob = replies.encode([(Origin(7), seq, {"action": 1, "queue": "q", "seq": seq, "code": 0})])
+        return orjson.dumps([dict(PRODUCE, msg_id=seq)]), header, blob, ipc_frames.EMPTY_LIST, epoch, index
+
+    node.on_batches([batch(1, node.epoch, 0), batch(2, node.epoch - 1, 1), batch(3, node.epoch, 1)], now + 0.01)
+    assert [node.log.entry_at(t).record.msg_id for t in (last + 1, last + 2)] == [1, 3]
+    assert node.log.last_trans_id == last + 2
+    to_acceptor, _, to_peers = _drain(node)
+    assert [(n, r["code"]) for _, n, r in _replies(to_acceptor)] == [(2, -1)]  # the old mode's, at once
+    pushed = [m for to, m in to_peers if to == 2 and type(m) is AppendEntries]
+    assert len(pushed) == 1 and [e.trans_id for e in pushed[0].entries] == [last + 1, last + 2]
+    node.on_peer(AppendAck(node.election.vote_id, 2, last + 2), NODE2, now + 0.02)
+    assert [(n, r["code"]) for _, n, r in _replies(_drain(node)[0])] == [(1, 0), (3, 0)]
+
+
 def test_a_batch_from_an_old_mode_is_refused_and_not_logged():
     """A worker's changes made before a step-down and re-election (or a reset) were wiped in the
     worker by that reset: logging them would promise what no state holds."""
