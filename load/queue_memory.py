@@ -27,6 +27,8 @@ from types import ModuleType
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from queue_server.workers.service import PartitionService  # noqa: E402
+
 T0 = 1_700_000_000.0
 BATCH = 1000
 
@@ -128,16 +130,18 @@ def timings(module: ModuleType, size: int, rounds: int, out: dict[str, list[floa
         timed("consume(100, lease) + release_many", consume_release_many, 200)
 
         # A replica (a follower's worker) applying a leader's records: produces, then leased
-        # batch consumes and their confirms.
+        # batch consumes and their confirms, committed (an APPLY as a follower's worker gets it:
+        # PartitionService.apply_committed, which keeps no undo entries for them).
         leader = Queue("q", 10**9)
         stream = [r for _ in range(10) for r in leader.produce_many(leased_items, T0)]
         for _ in range(100):
             msgs, recs = leader.consume(T0, 100, lease=30.0)
             stream += recs
             stream.append(leader.confirm_many([(m.msg_id, None, None) for m in msgs]))
-        replica = Queue("q", 10**9)
+        replica = PartitionService(1, 10**9, queue_class=module.Queue,
+                                   undo_limit=10**6 if undo else None)
         timed("apply(21,000 records) on a replica",
-              lambda: [replica.apply(r) for r in stream], 1)
+              lambda: replica.apply_committed(stream), 1)
 
 
 def main() -> None:

@@ -135,10 +135,12 @@ class Worker:
             queue, given = ipc_frames.read_undeliver(frames)
             service.undeliver(queue, given, now)
         elif kind == ipc_frames.APPLY:
-            for record in ipc_frames.read_apply(frames):
-                service.apply(record)
+            records = ipc_frames.read_apply(frames)
             if ipc_frames.apply_committed(frames):
-                service.trim(service.seq)  # committed: never undone
+                service.apply_committed(records)  # never undone: no undo entries
+            else:
+                for record in records:
+                    service.apply(record)
         elif kind == ipc_frames.COMMITTED:
             epoch, seq = ipc_frames.read_committed(frames)
             if epoch == self.epoch:
