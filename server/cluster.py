@@ -145,8 +145,10 @@ class ClusterNode:
         self.refused: dict[str, int] = {}
         # Snapshots made by the workers (server/snapshots.py).
         self.cuts = SnapshotCut(config.workers, config.snapshot_every, snapshot_dir, last=found.trans_id)
+        # The snapshot's frames, streamed into the state only once the workers were sent LOAD
+        # (load_state): they read their parts meanwhile, so the node serves sooner.
+        self._state_frames = found.frames
         if found.frames is not None:
-            self.state.load_frames(found.frames)  # streamed from the snapshot's parts
             for index in range(config.workers):  # each worker reads the parts itself
                 self._to_workers.append((index, ipc_frames.load_frames(found.trans_id, list(found.parts))))
         elif found.state:
@@ -158,6 +160,14 @@ class ClusterNode:
         # take_replayed.
         self._replay_through: int | None = None if recovered is None else self.log.last_trans_id
         self._replayed: tuple[int, int, int] | None = None
+
+    def load_state(self) -> None:
+        """Stream the recovered snapshot's frames into the committed state, once. Called by
+        whatever reads the state first (a commit, take_replayed, a snapshot sent to a follower),
+        which comes after the first Ready, and so the workers' LOAD, has gone out."""
+        frames, self._state_frames = self._state_frames, None
+        if frames is not None:
+            self.state.load_frames(frames)
 
     # ----------------------------------------------------------------- roles
     @property
@@ -471,10 +481,12 @@ class ClusterNode:
                 if kind is BecomeFollower and a.leader_id is not None:
                     self._run(self.follower.pull(a.leader_id, a.vote_id, now), now)
             elif kind is SendSnapshot:
+                self.load_state()
                 self._to_peers.append((a.to, InstallSnapshot(
                     self.election.vote_id, self.node_id, self.state_trans_id,
                     self.log.term_at(self.state_trans_id) or 0, self.state.snapshot())))
             elif kind is ApplySnapshot:
+                self._state_frames = None  # replaced, never read
                 self.state.load_snapshot(a.data)
                 self.state.replies.clear()
                 self.state_trans_id = self.workers_trans_id = a.trans_id
@@ -525,6 +537,7 @@ class ClusterNode:
     def _commit(self, c: Commit) -> None:
         """Entries are committed: replay them into the committed state (and on a follower into
         the workers); release the replies that waited for them."""
+        self.load_state()
         apply = self.state.apply
         fresh = [e for e in c.entries if e.trans_id > self.state_trans_id]
         rest = fresh if self._replay_through is None else self._replay(fresh)
@@ -666,6 +679,7 @@ class ClusterNode:
     def _note_replayed(self) -> None:
         through = self._replay_through
         if through is not None and self.state_trans_id >= through:
+            self.load_state()
             self._replay_through = None
             queues = self.state.queues
             self._replayed = (len(queues), sum(len(q) for q in queues.values()), self.state_trans_id)

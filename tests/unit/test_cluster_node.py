@@ -649,14 +649,31 @@ def test_a_recovered_v2_snapshot_is_streamed_into_the_state_and_loaded_by_the_wo
     snapshot = ClusterNode(_config(1), T0, recovered=_recovered_log("a", "b", "b"), rng=random.Random(1))
     snapshot.tick(T0 + 1)
     _drain(snapshot)
-    frames = snapshot.state.snapshot_frames()  # a generator, as Storage.recover gives from the parts
+    taken = []  # the frames streamed so far
+    frames = (taken.append(f) or f for f in snapshot.state.snapshot_frames())  # as Storage.recover gives them
     node = ClusterNode(_config(3), T0, recovered=Recovered(trans_id=4, vote_id=1, frames=frames,
                                                            parts=("/d/p0", "/d/p1")), rng=random.Random(1))
-    assert node.state.snapshot() == snapshot.state.snapshot()
-    assert node.take_replayed() == (2, 3, 4)
-    # Each worker reads the parts itself (keeping the queues its Router gives it): no RESET.
+    # Each worker reads the parts itself (keeping the queues its Router gives it): no RESET. The
+    # LOADs go out before the coordinator streams its own copy, so that the workers load meanwhile.
     assert [(i, f[0], ipc_frames.read_load(f)) for i, f in node.ready().to_workers] == [
         (0, ipc_frames.LOAD, (4, ["/d/p0", "/d/p1"])), (1, ipc_frames.LOAD, (4, ["/d/p0", "/d/p1"]))]
+    assert taken == []
+    assert node.take_replayed() == (2, 3, 4)  # read once the recovery line needs it
+    assert node.state.snapshot() == snapshot.state.snapshot()
+
+
+def test_a_recovered_v2_snapshot_is_in_the_state_before_the_log_after_it_is_applied():
+    snapshot = ClusterNode(_config(1), T0, recovered=_recovered_log("a", "b", "b"), rng=random.Random(1))
+    snapshot.tick(T0 + 1)
+    _drain(snapshot)
+    entries = [Entry(5, 1, decode(orjson.dumps(dict(PRODUCE, queue="c", msg_id=1))))]
+    node = ClusterNode(_config(1), T0, recovered=Recovered(
+        trans_id=4, vote_id=1, frames=snapshot.state.snapshot_frames(), parts=("/d/p0",), entries=entries),
+        rng=random.Random(1))
+    node.tick(T0 + 1)
+    _drain(node)
+    assert node.take_replayed() == (3, 4, 5)
+    assert sorted(node.state.queues) == ["a", "b", "c"]
 
 
 def test_a_node_without_a_disk_reports_no_recovery():
