@@ -622,6 +622,10 @@ class ClusterNode:
             self._fence_workers()  # reset during a hand-off: the new mode is fenced too
 
     # ----------------------------------------------------------------- snapshots
+    def on_synced(self, epoch: int, cut_id: int, index: int, now: float) -> None:
+        """Worker `index` has handled all it was sent before cut `cut_id`'s SYNC."""
+        self._to_workers.extend(self.cuts.on_synced(epoch, cut_id, index, now))
+
     def on_snapped(self, epoch: int, cut_id: int, index: int, now: float) -> None:
         """Worker `index` forked the writer of its part of cut `cut_id` in mode `epoch`; every batch
         it decided before is logged (the pipe is FIFO), and it holds the later ones (SnapshotCut)."""

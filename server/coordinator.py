@@ -234,6 +234,8 @@ class Coordinator:
             self.node.on_undelivered(*ipc_frames.read_undeliver(frames))
         elif kind == ipc_frames.FENCED:
             self.node.on_fenced(*ipc_frames.read_fenced(frames), now)
+        elif kind == ipc_frames.SYNCED:
+            self.node.on_synced(*ipc_frames.read_synced(frames), now)
         elif kind == ipc_frames.SNAPPED:
             self.node.on_snapped(*ipc_frames.read_snapped(frames), now)
         elif kind == ipc_frames.PART_DONE:

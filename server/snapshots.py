@@ -1,6 +1,8 @@
 """When and how a node's workers make a snapshot, free of I/O: SnapshotCut, owned by ClusterNode.
 
-A cut sends SNAP to every worker; each flushes, forks a child that writes its queues as one part
+A cut sends SNAP to every worker (on a leader, only once every worker has answered a first round
+trip, SYNC -> SYNCED: a worker still busy with what it was sent earlier, such as the replay of a
+long log, would otherwise make the hold below time out); each flushes, forks a child that writes its queues as one part
 file (server/snapshot_child.py), and answers SNAPPED at once. On a leader the workers keep deciding
 meanwhile, so a worker that has snapped holds what it sends the coordinator until every worker has
 snapped (RELEASE): the pipes are FIFO, so the log then holds every record decided before a fork
@@ -83,6 +85,7 @@ class SnapshotCut:
         self.hold = False
         self.tmp = ""
         self.deadline = 0.0
+        self.syncing: set[int] | None = None  # the workers that answered SYNC; None: none asked
         self.snapped: set[int] = set()
         self.parts: dict[int, dict] = {}
         self.trans_id: int | None = None
@@ -108,7 +111,8 @@ class SnapshotCut:
     def start(self, epoch: int, now: float, commit: int, *, hold: bool, point: int,
               term_at: TermAt) -> list[tuple[int, list[bytes]]]:
         """Start a cut in the workers' mode `epoch`. hold: the workers decide (a leader), T is set
-        once all have snapped; else T is `point`, what the workers were sent."""
+        once all have snapped, and the SNAPs go once all have answered a SYNC (on_synced); else T
+        is `point`, what the workers were sent."""
         self.cut_id += 1
         self.running = True
         self.epoch = epoch
@@ -116,22 +120,40 @@ class SnapshotCut:
         self.last = commit
         # clean() deletes a tmp- directory a crash (or an abandoned cut) left.
         self.tmp = os.path.join(self.snapshot_dir or "", f"tmp-cut-{int(now * 1e6):x}-{self.cut_id}")
+        self.started = now
+        if hold:  # no deadline before the SNAPs
+            self.syncing = set()
+            return [(i, ipc_frames.sync_frames(epoch, self.cut_id)) for i in range(self.workers)]
+        self._set_point(point, term_at)
+        return self._snaps(now)
+
+    def _snaps(self, now: float) -> list[tuple[int, list[bytes]]]:
         self.deadline = now + self.hold_timeout
         self.started = now
-        if not hold:
-            self._set_point(point, term_at)
-        return [(i, ipc_frames.snap_frames(epoch, self.cut_id, self.tmp, hold)) for i in range(self.workers)]
+        return [(i, ipc_frames.snap_frames(self.epoch, self.cut_id, self.tmp, self.hold))
+                for i in range(self.workers)]
 
     def _set_point(self, trans_id: int, term_at: TermAt) -> None:
         self.trans_id = trans_id
         self.term = term_at(trans_id)
 
     # ----------------------------------------------------------------- the workers' answers
+    def on_synced(self, epoch: int, cut_id: int, index: int, now: float) -> list[tuple[int, list[bytes]]]:
+        """Worker `index` has handled everything sent before the SYNC; once every worker has,
+        the SNAPs go (and the hold's deadline starts)."""
+        if not self.running or cut_id != self.cut_id or epoch != self.epoch or self.syncing is None:
+            return []
+        self.syncing.add(index)
+        if len(self.syncing) < self.workers:
+            return []
+        self.syncing = None
+        return self._snaps(now)
+
     def on_snapped(self, epoch: int, cut_id: int, index: int, last_logged: int,
                    term_at: TermAt, now: float) -> list[tuple[int, list[bytes]]]:
         """Worker `index` forked (in mode `epoch`). Once every worker has, T is the last logged
         trans_id and the workers stop holding."""
-        if not self.running or cut_id != self.cut_id or epoch != self.epoch:
+        if not self.running or cut_id != self.cut_id or epoch != self.epoch or self.syncing is not None:
             return []
         self.snapped.add(index)
         if len(self.snapped) < self.workers or self.trans_id is not None:
@@ -163,7 +185,7 @@ class SnapshotCut:
         if not self.running:
             return []
         if self.trans_id is None:
-            if now is not None and now >= self.deadline:
+            if now is not None and self.syncing is None and now >= self.deadline:
                 return self.abort(f"not every worker forked within {self.hold_timeout:g} s")
             return []
         if not self.committed and commit >= self.trans_id:
@@ -182,13 +204,14 @@ class SnapshotCut:
         """End the running cut unpublished (a mode change, a timeout, a failed part)."""
         if not self.running:
             return []
-        releases = self._releases() if self.hold and self.trans_id is None else []
+        syncing = self.syncing is not None  # no SNAP sent: no writer, nothing held
+        releases = self._releases() if self.hold and self.trans_id is None and not syncing else []
         self.done.append(Failed(self.trans_id, self.tmp, reason))
-        if len(self.parts) < self.workers:
+        if len(self.parts) < self.workers and not syncing:
             self.abandoned[self.cut_id] = [self.tmp, self.workers - len(self.parts)]
         self.aborts += 1
         if self.urgent:
-            self.retry_at = self.deadline - self.hold_timeout + RETRY_AFTER
+            self.retry_at = self.started + RETRY_AFTER
         self._reset()
         return releases
 
@@ -197,7 +220,9 @@ class SnapshotCut:
 
     def wake_at(self) -> float:
         """When poll() next has something to do on its own (the hold's deadline)."""
-        return self.deadline if self.running and self.trans_id is None else float("inf")
+        if self.running and self.trans_id is None and self.syncing is None:
+            return self.deadline
+        return float("inf")
 
     def take_done(self) -> list[Publish | Failed | Clear]:
         """What to carry out on disk since the last call."""

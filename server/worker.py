@@ -161,6 +161,8 @@ class Worker:
                 self.dispatch(message, now)
         elif kind == ipc_frames.RESET:
             service.load_snapshot(ipc_frames.read_reset(frames))
+        elif kind == ipc_frames.SYNC:
+            self.send(ipc_frames.synced_frames(*ipc_frames.read_sync(frames), self.index))
         elif kind == ipc_frames.SNAP:
             self.snap(*ipc_frames.read_snap(frames))
         elif kind == ipc_frames.RELEASE:

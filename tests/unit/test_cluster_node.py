@@ -709,9 +709,15 @@ PART = {"file": "part-0.qsp", "bytes": 100, "queues": 1, "messages": 1}
 
 
 def _cutting(node: ClusterNode, now: float) -> tuple[int, int, str, list]:
-    """Tick the node into a cut: (epoch, cut id, tmp dir, the SNAPs' hold flags)."""
+    """Tick the node into a cut, every worker answering a leader's SYNC at once: (epoch, cut id,
+    tmp dir, the SNAPs' hold flags)."""
     node.tick(now)
-    snaps = [(i, ipc_frames.read_snap(f)) for i, f in _drain(node)[1] if f[0] == ipc_frames.SNAP]
+    sent = _drain(node)[1]
+    for i, f in sent:
+        if f[0] == ipc_frames.SYNC:
+            node.on_synced(*ipc_frames.read_sync(f), i, now)
+            sent += _drain(node)[1]
+    snaps = [(i, ipc_frames.read_snap(f)) for i, f in sent if f[0] == ipc_frames.SNAP]
     assert [i for i, _ in snaps] == [0, 1]
     epoch, cut_id, tmp, _ = snaps[0][1]
     assert tmp.startswith(SNAPS + "/tmp-")

@@ -329,6 +329,13 @@ def test_snap_forks_a_writer_of_the_workers_part_and_holds_later_batches_until_r
     assert [m[1] for m in loaded.snapshot()["q"]["messages"]] == ["a", "b"]
 
 
+def test_sync_is_answered_once_what_came_before_it_is_handled(worker):
+    worker.dispatch(ipc_frames.apply_frames([], committed=False), NOW)
+    worker.dispatch(ipc_frames.sync_frames(3, 9), NOW)
+    assert worker.coordinator.sent == [ipc_frames.synced_frames(3, 9, 0)]
+    assert ipc_frames.read_synced(worker.coordinator.sent[0]) == (3, 9, 0)
+
+
 def test_a_mode_change_ends_the_hold_and_a_follower_s_snap_holds_nothing(worker, tmp_path):
     worker.dispatch(mode(True, 1), NOW)
     worker.dispatch(ipc_frames.snap_frames(1, 1, str(tmp_path / "a"), True), NOW)
