@@ -8,7 +8,9 @@ a test.
     python load/queue_memory.py --baseline /tmp/queue_before.py   # the same, before and after
     python load/queue_memory.py --messages --undo             # speed with and without an undo journal
 
-Payload strings are made inside the measured window, one per message as orjson makes them in a
+The timings run with the garbage collector's thresholds the server's processes set
+(server/child.py), so that young collections are as rare as in a worker. Payload strings are made
+inside the measured window, one per message as orjson makes them in a
 worker, so a queue that keeps them is charged for them. `--baseline` loads another queue.py (it
 must import only modules this checkout has) and measures it alternately with this one.
 """
@@ -27,6 +29,7 @@ from types import ModuleType
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from queue_server.server.child import GC_THRESHOLDS  # noqa: E402
 from queue_server.workers.service import PartitionService  # noqa: E402
 
 T0 = 1_700_000_000.0
@@ -156,6 +159,7 @@ def main() -> None:
     ap.add_argument("--undo", action="store_true",
                     help="time this checkout with an undo journal too (the baseline: without)")
     args = ap.parse_args()
+    gc.set_threshold(*GC_THRESHOLDS)
     this = load(None)
     variants = {"baseline": load(args.baseline)} if args.baseline else {}
     if args.undo:

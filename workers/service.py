@@ -828,13 +828,16 @@ class PartitionService:
         entries = self._journal_entries
         quiet: list[Queue] = []  # the queues whose hooks are off until the end
         self.journal = None  # the service's own hooks (side entries, delete_queue) are off
+        queues = self.queues
         try:
             for record in records:
                 kind = type(record)
                 if kind is Noop:
                     continue
                 if kind is not DeleteQueue:
-                    q = self._queue(record.queue)
+                    q = queues.get(record.queue)
+                    if q is None:
+                        q = self._queue(record.queue)
                     if q.journal is not None:
                         q.journal = None
                         quiet.append(q)
