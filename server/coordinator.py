@@ -25,7 +25,7 @@ from queue_server.server.cluster import ClusterNode
 from queue_server.server.metrics import CoordinatorMetrics
 from queue_server.server.peer_check import BAD_KEY, peer_rejection
 from queue_server.server.ready import Ready
-from queue_server.server.snapshots import Clear, Failed, Publish
+from queue_server.server.snapshots import STOP_WAIT, Clear, Failed, Publish
 from queue_server.server.reachability import Reachability
 
 # Messages queued for a peer that is not answering are dropped past this many: the election and
@@ -46,6 +46,7 @@ class Coordinator:
         # interrupt a write to the log after the OS took the bytes but before the writer counted
         # them; closing the log then wrote those records a second time (a corrupt log).
         self.stop_asked = False
+        self.stop_by: float | None = None  # after SIGTERM: until when a running cut may finish
         self.handoff_started: float | None = None
         self.log = log
         self.storage = storage
@@ -120,7 +121,7 @@ class Coordinator:
         node = self.node
         node.tick(time.time())
         self.flush()
-        while not self.stop_asked:
+        while not self.stop_asked or self._finishing_cut():
             wake = node.wake_at()
             if self.storage is not None:
                 sync_at = self.storage.sync_deadline()
@@ -200,6 +201,13 @@ class Coordinator:
 
     def _ask_stop(self, signum: int, frame: object) -> None:
         self.stop_asked = True
+
+    def _finishing_cut(self) -> bool:
+        """After SIGTERM: whether to go on serving, so that a cut whose T is set is published
+        rather than lost; for at most STOP_WAIT (the workers let their writers finish as long)."""
+        if self.stop_by is None:
+            self.stop_by = time.monotonic() + STOP_WAIT
+        return self.node.cuts.writing and time.monotonic() < self.stop_by
 
     def hand_off(self, now: float) -> None:
         """The node is stopping: hand leadership to an up-to-date follower (for up to half of

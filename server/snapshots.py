@@ -23,6 +23,10 @@ from queue_server.protocol import ipc_frames
 # How long the first SNAPPED may wait for the last: a worker busy with a long request makes the
 # cut fail (and the held batches go on) rather than hold the others' replies.
 SNAP_HOLD_TIMEOUT = 0.5
+# How long a graceful stop (SIGTERM) lets a cut whose T is set finish (its workers' writers, then the
+# publish), so that it is not lost: under the supervisor's STOP_GRACE (server/main.py), after which
+# it kills what is left.
+STOP_WAIT = 4.0
 # After a failed cut that was asked for at once (a snapshot was installed), the next try waits this long.
 RETRY_AFTER = 1.0
 
@@ -217,6 +221,11 @@ class SnapshotCut:
 
     def _releases(self) -> list[tuple[int, list[bytes]]]:
         return [(i, ipc_frames.release_frames(self.cut_id)) for i in range(self.workers)]
+
+    @property
+    def writing(self) -> bool:
+        """A cut's T is set and its parts are being written (or wait for T's commit)."""
+        return self.running and self.trans_id is not None
 
     def wake_at(self) -> float:
         """When poll() next has something to do on its own (the hold's deadline)."""

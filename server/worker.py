@@ -20,6 +20,7 @@ from queue_server.replication.snapshot import iter_frames, read_end
 from queue_server.server.child import start
 from queue_server.server.router import Router
 from queue_server.server.snapshot_child import exit_reason, fork_writer, part_name
+from queue_server.server.snapshots import STOP_WAIT
 from queue_server.server.metrics import WorkerMetrics
 from queue_server.server.reply_counts import count_replies
 from queue_server.server.node_memory import NodeMemory
@@ -255,6 +256,22 @@ class Worker:
         for frames in held or ():
             self.coordinator.send_multipart(frames)
 
+    def finish_writer(self, timeout: float) -> bool:
+        """On a graceful stop: let a running writer finish its part, for up to `timeout` seconds,
+        and send its PART_DONE; not while the cut holds this worker's output (its T is not set,
+        so it cannot be published). Whether a PART_DONE went out."""
+        if self.writer is None or self.out_held is not None:
+            return False
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status = os.waitpid(self.writer[0], os.WNOHANG)
+            if pid:
+                self._part_done(status)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(WRITER_POLL)
+
     def reap(self) -> None:
         """If the writer child has ended, tell the coordinator how (PART_DONE)."""
         assert self.writer is not None
@@ -308,17 +325,24 @@ def main(argv: list[str] | None = None) -> None:
     service.accepting = False  # until the coordinator has restored the queues and leads
     router = Router(cfg.workers, [(v.name, v.queue_list) for v in cfg.virtual_queue_list], cfg.dead_letter_suffix)
     ctx_info.log.info("worker %d ready", ctx_info.index)
+    linger = 0
     try:
         # Each worker gives its share of queue_metrics_max queues series of their own.
         share = -(-cfg.queue_metrics_max // cfg.workers)
-        Worker(service, inbox, coordinator, ctx_info.log, ctx_info.index,
-               queue_metrics=QueueMetrics(share),
-               memory=NodeMemory(os.getppid()) if cfg.max_memory_mb else None,
-               acceptor=acceptor, owns=lambda name: router.worker_for(name) == ctx_info.index).run()
+        worker = Worker(service, inbox, coordinator, ctx_info.log, ctx_info.index,
+                        queue_metrics=QueueMetrics(share),
+                        memory=NodeMemory(os.getppid()) if cfg.max_memory_mb else None,
+                        acceptor=acceptor, owns=lambda name: router.worker_for(name) == ctx_info.index)
+        try:
+            worker.run()
+        except SystemExit:  # SIGTERM: a running cut's part is finished first, so it is not lost
+            if worker.finish_writer(STOP_WAIT):
+                linger = 1000  # the PART_DONE must reach the coordinator
+            raise
     except KeyboardInterrupt:
         pass
     finally:
-        ctx.destroy(linger=0)
+        ctx.destroy(linger=linger)
 
 
 if __name__ == "__main__":

@@ -115,8 +115,9 @@ def test_a_leader_s_cut_snaps_only_once_every_worker_answered_its_sync_and_waits
     assert [(i, ipc_frames.read_snap(f)) for i, f in snaps] == [(0, (1, 1, cut.tmp, True)), (1, (1, 1, cut.tmp, True))]
     assert cut.wake_at() == 30.0 + cut.hold_timeout
     cut.on_snapped(1, 1, 0, 7, terms({7: 1}), 30.01)
+    assert not cut.writing  # a stop now would not wait for it: T is not set
     assert [f[0] for _, f in cut.on_snapped(1, 1, 1, 7, terms({7: 1}), 30.02)] == [ipc_frames.RELEASE] * 2
-    assert cut.trans_id == 7
+    assert cut.trans_id == 7 and cut.writing
 
 
 def test_a_cut_that_ends_before_its_snaps_leaves_no_writer_to_wait_for():

@@ -371,6 +371,29 @@ def test_a_killed_writer_gives_part_done_not_ok(worker, tmp_path, monkeypatch):
         3, 0, False, {"error": "its writer was killed by signal 9"})
 
 
+def test_a_graceful_stop_lets_the_writer_finish_unless_the_cut_still_holds(worker, tmp_path, monkeypatch):
+    import queue_server.server.worker as worker_module
+    go_r, go_w = os.pipe()
+
+    def slow(*args, **kwargs):  # the child writes once told to
+        return fork_writer(*args, **kwargs, before_write=lambda: os.read(go_r, 1))
+
+    monkeypatch.setattr(worker_module, "fork_writer", slow)
+    assert not worker.finish_writer(5.0)  # no writer: nothing to wait for
+    worker.dispatch(mode(True, 1), NOW)
+    worker.dispatch(req([(5, 1, produce("q", "a"))], 1), NOW)
+    worker.dispatch(ipc_frames.snap_frames(1, 3, str(tmp_path / "tmp-cut-3"), True), NOW)
+    assert not worker.finish_writer(5.0)  # still held: T is not set, the cut cannot be published
+    worker.dispatch(ipc_frames.release_frames(3), NOW)
+    assert not worker.finish_writer(0.1) and worker.writer is not None  # not done within the time
+    os.write(go_w, b"!")
+    assert worker.finish_writer(10.0) and worker.writer is None
+    cut_id, index, ok, part = ipc_frames.read_part_done(worker.coordinator.sent[-1])
+    assert (cut_id, index, ok, part["messages"]) == (3, 0, True, 1)
+    os.close(go_r)
+    os.close(go_w)
+
+
 def test_a_writer_that_cannot_write_gives_part_done_not_ok(worker, tmp_path):
     (tmp_path / "file").write_text("")
     worker.dispatch(ipc_frames.snap_frames(0, 4, str(tmp_path / "file" / "tmp-cut-4"), False), NOW)
