@@ -29,6 +29,10 @@ SNAP_HOLD_TIMEOUT = 0.5
 STOP_WAIT = 4.0
 # After a failed cut that was asked for at once (a snapshot was installed), the next try waits this long.
 RETRY_AFTER = 1.0
+# After a cut whose hold timed out (a worker busy with something long, as right after a replay), the
+# next is tried RETRY_AFTER later, then twice as long after each further timeout, up to this; or
+# once snapshot_every more records are committed, if that comes first.
+RETRY_MAX = 60.0
 
 TermAt = Callable[[int], "int | None"]
 
@@ -76,6 +80,7 @@ class SnapshotCut:
         self.running = False
         self.urgent = False  # a cut is wanted now (the log was replaced by an installed snapshot)
         self.retry_at = 0.0
+        self.timeouts = 0  # holds timed out in a row (the retry waits longer after each)
         self.done: list[Publish | Failed | Clear] = []
         self.aborts = 0
         # Cuts that ended before every writer did: cut id -> [tmp dir, PART_DONEs still to come].
@@ -99,12 +104,14 @@ class SnapshotCut:
     # ----------------------------------------------------------------- starting
     def due(self, commit: int, now: float) -> bool:
         """Whether a cut should start: `every` records committed since the last one started, or
-        one is wanted at once; never without a disk or while one runs."""
+        one is wanted at once, or the last one's hold timed out a while ago (RETRY_AFTER, doubled
+        after each further timeout); never without a disk or while one runs."""
         if self.snapshot_dir is None or self.running:
             return False
-        if self.urgent:
-            return now >= self.retry_at
-        return commit - self.last >= self.every
+        if self.urgent or self.timeouts:
+            if now >= self.retry_at:
+                return True
+        return not self.urgent and commit - self.last >= self.every
 
     def request(self) -> list[tuple[int, list[bytes]]]:
         """A cut is wanted at once (the state was replaced): the running one, if any, ends."""
@@ -190,7 +197,11 @@ class SnapshotCut:
             return []
         if self.trans_id is None:
             if now is not None and self.syncing is None and now >= self.deadline:
-                return self.abort(f"not every worker forked within {self.hold_timeout:g} s")
+                releases = self.abort(f"not every worker forked within {self.hold_timeout:g} s")
+                if not self.urgent:
+                    self.retry_at = now + min(RETRY_AFTER * 2 ** self.timeouts, RETRY_MAX)
+                self.timeouts += 1
+                return releases
             return []
         if not self.committed and commit >= self.trans_id:
             if term_at(self.trans_id) != self.term:
@@ -201,6 +212,7 @@ class SnapshotCut:
                                      tuple(self.parts[i] for i in range(self.workers)), self.held,
                                      now - self.started if now is not None else 0.0))
             self.urgent = False
+            self.timeouts = 0
             self._reset()
         return []
 

@@ -21,7 +21,7 @@ from queue_server.server.forwarding import FORWARD_GRACE
 from queue_server.protocol.origin import Origin
 from queue_server.protocol.records import decode, encode
 from queue_server.server.ready import Ready
-from queue_server.server.snapshots import SNAP_HOLD_TIMEOUT, Clear, Failed, Publish
+from queue_server.server.snapshots import RETRY_AFTER, SNAP_HOLD_TIMEOUT, Clear, Failed, Publish
 
 T0 = 1_000_000.0
 NODE2 = ("127.0.0.1", 2222)  # node 2's client address, as its peer messages carry it
@@ -779,13 +779,15 @@ def test_a_cut_whose_workers_do_not_all_fork_in_time_is_abandoned_and_releases_t
     assert (type(failed), failed.trans_id, failed.tmp) == (Failed, None, tmp)
     assert "within 0.5 s" in failed.reason
     node.advance(ready, durable_trans_id=ready.log_through)
-    node.on_snapped(epoch, cut_id, 1, T0 + 3)  # too late: that cut is over
-    node.on_part_done(cut_id, 0, True, PART, T0 + 5)
+    node.on_snapped(epoch, cut_id, 1, T0 + 2.8)  # too late: that cut is over
+    node.on_part_done(cut_id, 0, True, PART, T0 + 2.9)
     ready = node.ready()
     assert (ready.to_workers, ready.snapshots) == ((), (Clear(tmp),))  # what it wrote goes, nothing else
     node.advance(ready, durable_trans_id=ready.log_through)
-    node.tick(T0 + 3)  # no new cut before snapshot_every more records
+    node.tick(T0 + 3)  # the workers were busy: the next try comes RETRY_AFTER after the timeout
     assert not node.cuts.running
+    node.tick(T0 + 2 + SNAP_HOLD_TIMEOUT + RETRY_AFTER)
+    assert node.cuts.running
 
 
 def test_a_cut_ends_at_a_mode_change_and_publishes_only_what_is_committed():

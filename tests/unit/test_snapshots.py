@@ -3,7 +3,7 @@ when it is published and when it fails."""
 from __future__ import annotations
 
 from queue_server.protocol import ipc_frames
-from queue_server.server.snapshots import RETRY_AFTER, Clear, Failed, Publish, SnapshotCut
+from queue_server.server.snapshots import RETRY_AFTER, RETRY_MAX, Clear, Failed, Publish, SnapshotCut
 
 PART = {"file": "part-0.qsp", "bytes": 10, "queues": 0, "messages": 0}
 
@@ -127,3 +127,33 @@ def test_a_cut_that_ends_before_its_snaps_leaves_no_writer_to_wait_for():
     assert cut.abort("the workers' mode changed") == []  # nothing held: no RELEASE
     assert [type(d) for d in cut.take_done()] == [Failed] and cut.abandoned == {}
     assert cut.on_synced(1, 1, 1, 0.2) == []  # a late answer of that cut
+
+
+def test_after_a_hold_timed_out_the_next_cut_is_tried_soon_then_less_often_until_one_is_published():
+    cut = SnapshotCut(2, 1000, "/s")
+    now = 0.0
+    for backoff in (1, 2, 4):
+        cut.start(1, now, 0, hold=True, point=0, term_at=terms({}))
+        synced(cut, now)
+        cut.on_snapped(1, cut.cut_id, 0, 5, terms({}), now)
+        now += cut.hold_timeout
+        cut.poll(now, 5, terms({}))  # worker 1 was busy: the hold timed out
+        assert [type(d) for d in cut.take_done()] == [Failed]
+        assert not cut.due(0, now + backoff * RETRY_AFTER - 0.01) and cut.due(0, now + backoff * RETRY_AFTER)
+        assert cut.due(1000, now)  # snapshot_every more records, if they come first
+        now += backoff * RETRY_AFTER
+    cut.timeouts = 20
+    cut.start(1, now, 0, hold=True, point=0, term_at=terms({}))
+    synced(cut, now)
+    now += cut.hold_timeout
+    cut.poll(now, 5, terms({}))
+    cut.take_done()
+    assert not cut.due(0, now + RETRY_MAX - 0.01) and cut.due(0, now + RETRY_MAX)
+    cut.start(1, now, 0, hold=True, point=0, term_at=terms({7: 1}))
+    synced(cut, now)
+    for i in range(2):
+        cut.on_snapped(1, cut.cut_id, i, 7, terms({7: 1}), now)
+        cut.on_part_done(cut.cut_id, i, True, PART)
+    cut.poll(now, 7, terms({7: 1}))
+    assert [type(d) for d in cut.take_done()] == [Publish]
+    assert cut.timeouts == 0 and not cut.due(0, now + 3600)  # back to every snapshot_every records
