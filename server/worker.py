@@ -180,12 +180,17 @@ class Worker:
         """Replace the queues with those of the snapshot parts at trans_id that this worker owns.
         A part that cannot be read now (it was checked at start) stops the worker, and so the node,
         in one line: the next start checks the parts again and falls back to an older snapshot."""
+        started = time.monotonic()
         frames = itertools.chain.from_iterable(iter_frames(path, trans_id) for path in parts)
         try:
             self.service.load_frames(frames, self.owns)
         except (OSError, ValueError) as exc:
             self.log.error("cannot load the snapshot at trans_id %d: %s; stopping", trans_id, exc)
             sys.exit(4)
+        queues = self.service.queues
+        self.log.info("worker %d loaded %d queues holding %d messages from the snapshot at trans_id %d in %.2f s",
+                      self.index, len(queues), sum(map(len, queues.values())), trans_id,
+                      time.monotonic() - started)
 
     def fence(self, epoch: int, sender: bytes) -> None:
         """A sender of requests sends none more in mode `epoch`. Once both have said so (the

@@ -7,7 +7,10 @@ Every record a worker applies, decided by it or replayed, gets the next number o
 pushed by a hook in the Queue._apply_* method (or in PartitionService for delete_queue) before the
 record changes anything: a tuple whose first item is its undo function, called with the entry
 and the service; or, for a produce that took the queue's next id and names no producer (most
-records), the record itself. Besides a queue's counters, next_id, paused flag and dedupe window,
+records), the record itself. A consume(n)'s run of single-form records pushes one entry that
+stands once for each of them (undo_consumed), so that no tuple is built per message. Records the
+log has committed (a follower's, PartitionService.apply_committed) get no entry at all: the
+journal just starts after them. Besides a queue's counters, next_id, paused flag and dedupe window,
 the before-images go through a few Queue methods: `_finals` (images of the messages a record
 deletes), `_states` (the states of messages it changes in place), and back through `_put_back`,
 `_restate` and `_swap_contents` (a purge swaps its containers: O(1)).

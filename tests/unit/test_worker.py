@@ -42,6 +42,9 @@ class Log:
     def error(self, *args, **kwargs) -> None:
         self.lines.append(("error",) + args)
 
+    def info(self, *args, **kwargs) -> None:
+        self.lines.append(("info",) + args)
+
 
 @pytest.fixture
 def worker() -> Worker:
@@ -411,6 +414,9 @@ def test_load_keeps_the_queues_the_worker_owns(worker, tmp_path):
     worker.owns = lambda name: name == "mine"
     worker.dispatch(ipc_frames.load_frames(9, [path]), NOW)
     assert list(worker.service.queues) == ["mine"]
+    (level, line, *args), = worker.log.lines
+    assert level == "info" and (line % tuple(args)).startswith(
+        "worker 0 loaded 1 queues holding 1 messages from the snapshot at trans_id 9 in ")
 
 
 def test_a_part_that_cannot_be_loaded_stops_the_worker_in_one_line(worker, tmp_path):
