@@ -119,6 +119,10 @@ class Coordinator:
         if self.router is not None:
             poller.register(self.router, zmq.POLLIN)
         node = self.node
+        # The first Ready holds the workers' LOAD: out before the first tick, which may commit (a
+        # single node elects itself at once) and so stream the snapshot into the node's own copy
+        # (ClusterNode.load_state); the workers read their parts meanwhile.
+        self.flush()
         node.tick(time.time())
         self.flush()
         while not self.stop_asked or self._finishing_cut():
