@@ -41,6 +41,10 @@ FENCED = b"fenced"  # worker -> coordinator: [FENCED, epoch, worker index]
 # Worker-made snapshots (server/snapshots.py SnapshotCut): each worker forks a child that writes
 # its part; a leading worker sends nothing more to the coordinator between SNAPPED and the end of
 # the cut (RELEASE, or the next MODE), so that the log up to T holds exactly its pre-fork records.
+# A leader's cut first makes a round trip (SYNC, SYNCED), so that its hold starts only once every
+# worker has handled what it was sent before (a long replay would make the hold time out).
+SYNC = b"sync"  # coordinator -> worker: [SYNC, json [epoch, cut id]] answer SYNCED
+SYNCED = b"synced"  # worker -> coordinator: [SYNCED, json [epoch, cut id, worker index]]
 SNAP = b"snap"  # coordinator -> worker: [SNAP, json [epoch, cut id, tmp dir, hold]]
 SNAPPED = b"snapped"  # worker -> coordinator: [SNAPPED, json [epoch, cut id, worker index]] right after the fork
 RELEASE = b"release"  # coordinator -> worker: [RELEASE, cut id] the cut needs no more holding
@@ -181,6 +185,27 @@ def reset_frames(snapshots: dict[str, Any]) -> list[bytes]:
 def read_reset(frames: list[bytes]) -> dict[str, Any]:
     """The {queue: snapshot} of a RESET."""
     return _LOADS(frames[1])
+
+
+def sync_frames(epoch: int, cut_id: int) -> list[bytes]:
+    """A SYNC: answer SYNCED once this (and so everything sent before it) is handled."""
+    return [SYNC, _DUMPS([epoch, cut_id])]
+
+
+def read_sync(frames: list[bytes]) -> tuple[int, int]:
+    """The (epoch, cut id) of a SYNC."""
+    epoch, cut_id = _LOADS(frames[1])
+    return epoch, cut_id
+
+
+def synced_frames(epoch: int, cut_id: int, index: int) -> list[bytes]:
+    """A SYNCED: worker `index` has handled the SYNC of cut `cut_id`."""
+    return [SYNCED, _DUMPS([epoch, cut_id, index])]
+
+
+def read_synced(frames: list[bytes]) -> tuple[int, int, int]:
+    """The (epoch, cut id, worker index) of a SYNCED."""
+    return read_snapped(frames)
 
 
 def snap_frames(epoch: int, cut_id: int, tmp: str, hold: bool) -> list[bytes]:

@@ -26,7 +26,7 @@ from queue_server.server.cluster import ClusterNode
 from queue_server.server.metrics import CoordinatorMetrics
 from queue_server.server.peer_check import BAD_KEY, peer_rejection
 from queue_server.server.ready import Ready
-from queue_server.server.snapshots import Clear, Failed, Publish
+from queue_server.server.snapshots import STOP_WAIT, Clear, Failed, Publish
 from queue_server.server.reachability import Reachability
 from queue_server.server.transfers import Transfers
 
@@ -50,6 +50,7 @@ class Coordinator:
         # interrupt a write to the log after the OS took the bytes but before the writer counted
         # them; closing the log then wrote those records a second time (a corrupt log).
         self.stop_asked = False
+        self.stop_by: float | None = None  # after SIGTERM: until when a running cut may finish
         self.handoff_started: float | None = None
         self.log = log
         self.storage = storage
@@ -131,9 +132,13 @@ class Coordinator:
         signal.signal(signal.SIGUSR1, self._ask_handoff)
         signal.signal(signal.SIGTERM, self._ask_stop)
         node = self.node
+        # The first Ready holds the workers' LOAD: out before the first tick, which may commit (a
+        # single node elects itself at once) and so stream the snapshot into the node's own copy
+        # (ClusterNode.load_state); the workers read their parts meanwhile.
+        self.flush()
         node.tick(time.time())
         self.flush()
-        while not self.stop_asked:
+        while not self.stop_asked or self._finishing_cut():
             wake = node.wake_at()
             if self.storage is not None:
                 sync_at = self.storage.sync_deadline()
@@ -245,6 +250,13 @@ class Coordinator:
             except zmq.ZMQError:  # the wait ends within a second anyway
                 pass
 
+    def _finishing_cut(self) -> bool:
+        """After SIGTERM: whether to go on serving, so that a cut whose T is set is published
+        rather than lost; for at most STOP_WAIT (the workers let their writers finish as long)."""
+        if self.stop_by is None:
+            self.stop_by = time.monotonic() + STOP_WAIT
+        return self.node.cuts.writing and time.monotonic() < self.stop_by
+
     def hand_off(self, now: float) -> None:
         """The node is stopping: hand leadership to an up-to-date follower (for up to half of
         shutdown_grace), then tell the supervisor (HANDOFF_DONE)."""
@@ -283,6 +295,8 @@ class Coordinator:
             self.node.on_undelivered(*ipc_frames.read_undeliver(frames))
         elif kind == ipc_frames.FENCED:
             self.node.on_fenced(*ipc_frames.read_fenced(frames), now)
+        elif kind == ipc_frames.SYNCED:
+            self.node.on_synced(*ipc_frames.read_synced(frames), now)
         elif kind == ipc_frames.SNAPPED:
             self.node.on_snapped(*ipc_frames.read_snapped(frames), now)
         elif kind == ipc_frames.PART_DONE:
