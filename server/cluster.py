@@ -67,7 +67,7 @@ RECOVERY_ORIGIN = Origin(0, False, -1)
 
 
 class ClusterNode:
-    """One node's coordinator state. Events are methods (tick, on_peer, on_batch,
+    """One node's coordinator state. Events are methods (tick, on_peer, on_batch, on_batches,
     on_forward_requests, on_undelivered, on_fenced, on_unsent, begin_handoff); what they decide is
     taken as one Ready (ready(), has_ready()), and advance() is told once it is persisted and sent."""
 
@@ -405,6 +405,23 @@ class ClusterNode:
         A reply leaves once everything the worker had applied when it made it is committed and on
         disk: its own records, and on a leader every record logged before it (a reply without
         records of its own, such as an idempotent produce's "duplicate", may rest on them)."""
+        if self._take_batch(records, header, blob, partials, epoch, index) and self.leader is not None:
+            self._run(self.leader.replicate(now), now)
+
+    def on_batches(self, batches: list[tuple[bytes, bytes, bytes, bytes, int, int]], now: float) -> None:
+        """Several workers' batches received together, (records, header, blob, partials, epoch,
+        index) each, in the order they came: as on_batch one after another, with the new
+        records replicated (and on a node alone, committed) once for all of them."""
+        appended = False
+        for records, header, blob, partials, epoch, index in batches:
+            appended = self._take_batch(records, header, blob, partials, epoch, index) or appended
+        if appended and self.leader is not None:
+            self._run(self.leader.replicate(now), now)
+
+    def _take_batch(self, records: bytes, header: bytes, blob: bytes, partials: bytes, epoch: int,
+                    index: int) -> bool:
+        """on_batch but the replication of its records; whether it appended any to the log."""
+        appended = False
         if epoch != self.epoch:
             # Decided under a mode that is over: since then this node stopped leading (and
             # maybe leads again), or its workers were rolled back or loaded a snapshot. What
@@ -425,7 +442,7 @@ class ClusterNode:
                 first, last = self.log.append(self.election.vote_id, decode_many(records), each_encoded(records))
                 self.seqs.logged(index, first, last - first + 1)
                 self.workers_trans_id = last
-                self._run(self.leader.replicate(now), now)
+                appended = True
         if header != ipc_frames.EMPTY_LIST:
             need = self.log.last_trans_id if self.leader is not None else 0
             if need > self._releasable():
@@ -434,6 +451,7 @@ class ClusterNode:
                 self._release(header, blob)
         if partials != ipc_frames.EMPTY_LIST:
             self._gather(orjson.loads(partials))
+        return appended
 
     def on_forward_requests(self, items: list, now: float) -> None:
         """Client requests this follower's acceptor could not serve ((origin, req_no, request),
@@ -607,6 +625,10 @@ class ClusterNode:
             self._fence_workers()  # a new mode during a hand-off is fenced too
 
     # ----------------------------------------------------------------- snapshots
+    def on_synced(self, epoch: int, cut_id: int, index: int, now: float) -> None:
+        """Worker `index` has handled all it was sent before cut `cut_id`'s SYNC."""
+        self._to_workers.extend(self.cuts.on_synced(epoch, cut_id, index, now))
+
     def on_snapped(self, epoch: int, cut_id: int, index: int, now: float) -> None:
         """Worker `index` forked the writer of its part of cut `cut_id` in mode `epoch`; every batch
         it decided before is logged (the pipe is FIFO), and it holds the later ones (SnapshotCut)."""

@@ -165,8 +165,9 @@ class SimAcceptor(Dispatch):
 
     def on_inbox(self, frames: list[bytes]) -> None:
         if frames[0] == ipc_frames.REP:
-            for origin, req_no, data in replies.decode(*ipc_frames.read_rep(frames)):
-                self.deliver(origin, req_no, data)
+            for header, blob in ipc_frames.read_rep(frames):
+                for origin, req_no, data in replies.decode(header, blob):
+                    self.deliver(origin, req_no, data)
         elif frames[0] == ipc_frames.STATUS:
             self.on_status(ipc_frames.read_status(frames))
 
@@ -186,6 +187,9 @@ class _Quiet:
         raise Violation(f"worker error: {a}")
 
     warning = error
+
+    def info(self, *a: Any, **k: Any) -> None:
+        pass
 
 
 _SIM_LOG = logging.getLogger("node_sim")
@@ -328,6 +332,8 @@ class SimNode:
                 self.cn.on_undelivered(*ipc_frames.read_undeliver(frames))
             elif kind == ipc_frames.FENCED:
                 self.cn.on_fenced(*ipc_frames.read_fenced(frames), now)
+            elif kind == ipc_frames.SYNCED:
+                self.cn.on_synced(*ipc_frames.read_synced(frames), now)
             elif kind == ipc_frames.SNAPPED:
                 self.cn.on_snapped(*ipc_frames.read_snapped(frames), now)
             elif kind == ipc_frames.PART_DONE:
