@@ -290,6 +290,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("port", 1111, _int(1, 65535), "client TCP/UDP port"),
     _Key("queue_size", 100000, _int(1), "max messages per queue"),
     _Key("queue_log_size", 100000, _int(1), "change-log records kept for replication"),
+    _Key("queue_log_bytes", 8 << 20, _int(1024), "bytes of change-log records kept for replication (older records fall off past this or queue_log_size)"),
     _Key("queue_sync_rate", 1000000, _int(1), "max records/s sent to a catching-up follower"),
     _Key("forward_request", 1, _flag, "1: a follower forwards requests to the leader; 0: redirect"),
     _Key("cluster_node_list", [], _cluster_nodes, "cluster members' internal addresses (and http_port, optional); [] = single node"),
@@ -345,6 +346,7 @@ class NodeConfig:
     port: int
     queue_size: int
     queue_log_size: int
+    queue_log_bytes: int
     queue_sync_rate: int
     forward_request: bool
     cluster_node_list: tuple[ClusterNode, ...]
@@ -605,6 +607,7 @@ DEFAULT_CONFIG_TEXT = """\
 
     "queue_size" : 100000,          // max messages per queue
     "queue_log_size" : 100000,      // change-log records kept for replication
+    "queue_log_bytes" : 8388608,    // bytes of change-log records kept for replication
     "queue_sync_rate" : 1000000,    // max records/s sent to a catching-up follower
     "forward_request" : 1,          // 1: a follower forwards requests to the leader; 0: redirect
 

@@ -18,7 +18,7 @@ EXAMPLES = Path(loader.__file__).parent / "examples"
 
 DEFAULTS = {
     "log_prefix": "", "log_level": 3, "node_type": 10, "node_id": 1, "host": "127.0.0.1",
-    "port": 1111, "queue_size": 100000, "queue_log_size": 100000, "queue_sync_rate": 1000000,
+    "port": 1111, "queue_size": 100000, "queue_log_size": 100000, "queue_log_bytes": 8 << 20, "queue_sync_rate": 1000000,
     "forward_request": True, "cluster_node_list": (), "virtual_queue_list": (),
     "queue_data_dir": "./queue_data", "workers": 2, "max_request_size": 1048576,
     "udp_max_response": 60000, "max_wait": 30.0, "replication": "quorum", "fsync": "everysec",
@@ -144,6 +144,7 @@ INVALID: dict[str, list[object]] = {
     "port": [0, 65536, "abc", 1111.0, True, None],
     "queue_size": [0, "100", 1.5, True],
     "queue_log_size": [0, -1, "x"],
+    "queue_log_bytes": [0, 1023, -1, "8M", 1.5],
     "queue_sync_rate": [0, 2.5, "fast"],
     "forward_request": [2, -1, "1", 1.0, None],
     "cluster_node_list": [{}, "x", [1], None],
