@@ -222,6 +222,8 @@ class Queue:
                 m.msg_id = i
                 m.data = c.data[i & _MASK]
                 m._state = c.states[i & _MASK]
+                if type(m.data) is int:  # its body overflowed to disk (workers/overflow.py)
+                    m.data = self._index.ov.read(m.data)
             s = m._state
             delivery_count = s[_DELIVERY_COUNT] + 1
             if lease is not None:
@@ -1163,8 +1165,11 @@ class Queue:
         their orderings, leases and tokens, and return those (so purge is undone in O(1))."""
         old = (self._index, self._delayed, self._ready, self._leased, self._n_leased, self._tokens)
         if contents is None:
-            contents = (MessageStore(), type(self._delayed)(), type(self._ready)(), SortedDict(), 0,
-                        SortedDict())
+            contents = (MessageStore(self._index.ov), type(self._delayed)(), type(self._ready)(),
+                        SortedDict(), 0, SortedDict())
+        else:
+            contents[0].reattach()
+        self._index.detach()
         (self._index, self._delayed, self._ready, self._leased, self._n_leased,
          self._tokens) = contents
         return old

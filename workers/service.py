@@ -23,6 +23,7 @@ from queue_server.workers import admin, subscriptions, undo
 from queue_server.workers.bad_request import BadRequest, Refused
 from queue_server.protocol.snapshot_frames import Frame
 from queue_server.protocol.records import Confirm, Consume, DeleteQueue, Noop, Purge, Record, Release, Restore, count
+from queue_server.workers.overflow import Overflow
 from queue_server.workers.queue import Message, Queue
 from queue_server.workers.store import delivered_once
 
@@ -192,6 +193,7 @@ class PartitionService:
         max_memory_mb: int = 0,
         restore_cache: int = RESTORE_CACHE_SIZE,
         undo_limit: int | None = None,
+        overflow: Overflow | None = None,
     ) -> None:
         """queue_class: StateQueue for a copy that only replays records and takes snapshots
         (restore_cache 0: it keeps no at-most-once deliveries to restore, see RESTORE_CACHE_SIZE).
@@ -203,7 +205,8 @@ class PartitionService:
         protocol/limits.py queue_share); a request that would create a queue past the share is
         refused. max_memory_mb: named in the refusal of a produce while `memory_full` (the worker
         sets it from the node's resident memory). undo_limit: keep an undo journal (rollback)
-        of at most this many records (None: keep none)."""
+        of at most this many records (None: keep none). overflow: where bodies past the worker's
+        share of overflow_mb go (workers/overflow.py; None: every body stays in memory)."""
         self.node_id = node_id
         self.restore_cache = restore_cache
         self.max_queues = max_queues
@@ -237,6 +240,9 @@ class PartitionService:
         self.seq = 0
         self.undo_limit = undo_limit
         self.journal = undo.UndoJournal() if undo_limit is not None else None
+        self.overflow = overflow
+        if overflow is not None:
+            overflow.defer = self.journal is not None
         self._next_sweep = 0.0
         self._handlers: dict[int, Callable[[dict, Origin, int, float], dict | None]] = {
             p.PRODUCE: self._produce,
@@ -331,6 +337,8 @@ class PartitionService:
         q.dead_letters_to(admin.dead_letter_name(q.name, suffix), self._queue,
                           0 if is_dlq else self.max_deliveries)
         q.journal = self.journal.entries if self.journal is not None else None
+        if self.overflow is not None:
+            q._index.attach(self.overflow)
 
     def forget_restorable(self, queue: str) -> None:
         """Forget the at-most-once deliveries of `queue` kept for restoring (it was purged or
@@ -392,6 +400,12 @@ class PartitionService:
         if self.memory_full:
             self._refused(limits.MAX_MEMORY_MB)
             raise BadRequest(limits.memory_full(self.max_memory_mb))
+        if self.overflow is not None:
+            size = len(data) if batch is None else sum(map(len, batch))
+            refused = self.overflow.refuses(size * len(targets), now)
+            if refused is not None:
+                self._refused(limits.OVERFLOW_MB)
+                raise Refused(refused)
         # Checked before any queue is made: a refused produce makes none (no record would).
         existing = self.queues
         if any((existing[t].free() if t in existing else self.queue_size) < n for t in targets):
@@ -818,6 +832,8 @@ class PartitionService:
         kind = type(record)
         if kind is DeleteQueue:
             q = self.queues.pop(record.queue, None)
+            if q is not None:
+                q._index.detach()
             if self.journal is not None:
                 undo.deleted_queue(self.journal, record, q)
             self.forget_restorable(record.queue)
@@ -847,6 +863,8 @@ class PartitionService:
             raise ValueError("rollback: this service keeps no undo journal")
         undone = self.journal.rollback(self, keep_through)
         self.seq = keep_through
+        if self.overflow is not None:
+            self.overflow.rolled_back(keep_through)
         cache = self._restorable
         while len(cache) > self.restore_cache:  # evictions of undone records came back too
             cache.popitem(last=False)
@@ -860,6 +878,8 @@ class PartitionService:
         the journal's start (an older watermark) changes nothing."""
         if self.journal is not None and committed_seq > self.journal.base:
             self.journal.trim(committed_seq)
+        if self.overflow is not None:
+            self.overflow.trimmed(committed_seq, self.seq)
 
     def _end_waiting(self) -> None:
         """Answer every parked long poll empty."""
@@ -902,6 +922,8 @@ class PartitionService:
         self.seq = 0
         if self.journal is not None:
             self.journal = undo.UndoJournal()
+        if self.overflow is not None:
+            self.overflow.reset()
         self.queues = queues
         for q in self.queues.values():
             self._configure(q)

@@ -17,6 +17,14 @@ freed, so a few long-lived messages cannot pin whole chunks; a msg_id whose chun
 (a restore of an old message) goes to the side dict too. A msg_id is in its chunk or in the
 side dict, never both: a chunk is only made for msg_ids above every chunk made before.
 
+With overflow on (issue 26, docs/plans/overflow.md), a store has the worker's `Overflow`
+(workers/overflow.py) in `ov`: a payload slot holds the `str` or a reference (an `int`) to the
+body on disk, as `ov.keep` decides when the message is stored. The reads that hand a message
+out (get, get_many, entries) read such a body back; the raw slot (what `pop`, `data` and
+`_columns` give, for the undo journal's before-images and moves between queues) stays a
+reference, so a dead letter moves its reference, not its body. Without overflow `ov` is None
+and every slot is a `str`.
+
 Pure logic: no I/O.
 """
 
@@ -24,6 +32,10 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from queue_server.workers.overflow import Overflow
 
 BITS = 8
 CHUNK = 1 << BITS  # msg_ids per chunk
@@ -138,13 +150,15 @@ class MessageStore:
     Queue.consume reads `chunks` directly for one message (a call saved on the hottest read);
     every change goes through the methods."""
 
-    __slots__ = ("chunks", "side", "top", "n")
+    __slots__ = ("chunks", "side", "top", "n", "ov", "spilled")
 
-    def __init__(self) -> None:
+    def __init__(self, ov: Overflow | None = None) -> None:
         self.chunks: dict[int, Chunk] = {}  # chunk number (msg_id >> BITS) -> Chunk
         self.side: dict[int, tuple[str, tuple]] = {}  # msg_id -> (data, state): ids with no chunk
         self.top = -1  # the highest chunk number made since the last clear; never freed
         self.n = 0
+        self.ov = ov  # the worker's Overflow (None: overflow off, every payload a str)
+        self.spilled = 0  # payload slots that are references to a body on disk
 
     def __len__(self) -> int:
         return self.n
@@ -248,15 +262,22 @@ class MessageStore:
             m.msg_id = msg_id
             m.data = c.data[p]
             m._state = s
-            return m
-        entry = self.side.get(msg_id)
-        return None if entry is None else message(msg_id, *entry)
+        else:
+            entry = self.side.get(msg_id)
+            if entry is None:
+                return None
+            m = message(msg_id, *entry)
+        if type(m.data) is int:
+            m.data = self.ov.read(m.data)
+        return m
 
     def get_many(self, ids: list[int]) -> list[Message]:
         """The messages (copies) of stored msg_ids, in order (KeyError if one is not stored)."""
         datas, states = self._columns(ids, True)
         if None in states:
             raise KeyError(ids[states.index(None)])
+        if self.spilled:
+            datas = self.ov.read_many(datas)
         out = []
         append = out.append
         new = _new_message
@@ -295,9 +316,12 @@ class MessageStore:
         """(msg_id, data, state) of every stored message, msg_id ascending."""
         side = self.side
         chunked = self._chunk_entries()
-        if not side:
+        if side:
+            chunked = heapq.merge(chunked, ((i, *side[i]) for i in sorted(side)))
+        if not self.spilled:
             return chunked
-        return heapq.merge(chunked, ((i, *side[i]) for i in sorted(side)))
+        read = self.ov.read
+        return ((i, read(d) if type(d) is int else d, s) for i, d, s in chunked)
 
     def _chunk_entries(self) -> Iterator[tuple[int, str, tuple]]:
         chunks = self.chunks
@@ -313,8 +337,15 @@ class MessageStore:
         get = self.get
         return ((i, get(i)) for i in self)
 
-    def add(self, msg_id: int, data: str, state: tuple) -> None:
-        """Store a message under a msg_id not stored (ValueError if it is)."""
+    def add(self, msg_id: int, data: str | int, state: tuple) -> None:
+        """Store a message under a msg_id not stored (ValueError if it is). `data`: its body,
+        or a slot `pop` gave (with overflow on, maybe a reference)."""
+        if self.ov is not None:
+            if msg_id in self:
+                raise ValueError(f"msg_id {msg_id} is stored already")
+            data = self.ov.keep(data)
+            if type(data) is int:
+                self.spilled += 1
         n = msg_id >> BITS
         c = self.chunks.get(n)
         if c is None:
@@ -338,6 +369,9 @@ class MessageStore:
     def add_run(self, first: int, datas: list[str], states: list[tuple]) -> None:
         """Store messages under consecutive msg_ids from `first`, every one above all stored
         (so none is stored: a produce's new ids)."""
+        if self.ov is not None:
+            datas, spilled = self.ov.keep_many(datas)
+            self.spilled += spilled
         chunks = self.chunks
         i = 0
         total = len(datas)
@@ -381,6 +415,8 @@ class MessageStore:
         if c is None:
             entry = self.side.pop(msg_id)
             self.n -= 1
+            if self.ov is not None:
+                self._dropped(entry[0])
             return entry
         p = msg_id & MASK
         states = c.states
@@ -394,7 +430,15 @@ class MessageStore:
         live = c.live = c.live - 1
         if live < SPARSE and n != self.top:
             self.thin(n)
+        if self.ov is not None:
+            self._dropped(data)
         return data, s
+
+    def _dropped(self, data: str | int) -> None:
+        """The overflow's count of a slot taken out."""
+        self.ov.drop(data)
+        if type(data) is int:
+            self.spilled -= 1
 
     def set_states(self, ids: list[int], states: list[tuple]) -> None:
         """set_state() of each stored msg_id."""
@@ -421,6 +465,12 @@ class MessageStore:
     def delete_many(self, ids: list[int]) -> None:
         """Take out stored messages: distinct msg_ids, every one stored (the caller has
         checked: a msg_id not stored may leave the others half deleted)."""
+        if self.ov is not None:
+            datas = self._columns(ids, True)[0]
+            if None in datas:
+                raise KeyError(ids[datas.index(None)])
+            self.ov.drop_many(datas)
+            self.spilled -= sum(type(d) is int for d in datas)
         run = self._run(ids) if ids else None
         if run is not None:
             for c, p, k in run:
@@ -482,7 +532,50 @@ class MessageStore:
 
     def clear(self) -> None:
         """Take every message out."""
+        self.detach()
         self.chunks = {}
         self.side = {}
         self.top = -1
         self.n = 0
+
+    def _slots(self) -> Iterator[str | int]:
+        """The payload slot of every stored message."""
+        for c in self.chunks.values():
+            for d in c.data:
+                if d is not None:
+                    yield d
+        for d, _ in self.side.values():
+            yield d
+
+    def detach(self) -> None:
+        """The overflow no longer counts this store's bodies (a purge swapped it out, or its
+        queue was deleted: the undo journal may still hold it); `reattach` undoes it."""
+        if self.ov is not None and self.n:
+            self.ov.drop_many(self._slots())
+
+    def reattach(self) -> None:
+        """The overflow counts this store's bodies again, where they are (undo of detach)."""
+        if self.ov is not None and self.n:
+            self.ov.hold_again(self._slots())
+
+    def attach(self, ov: Overflow | None) -> None:
+        """Count this store's bodies in `ov` from now on, as if each were stored now (a store
+        filled by a load, before the overflow was given: bodies past the budget go to disk)."""
+        if ov is self.ov:
+            return
+        self.detach()
+        self.ov = ov
+        self.spilled = 0
+        if ov is None or not self.n:
+            return
+        for c in self.chunks.values():
+            data = c.data
+            for p, d in enumerate(data):
+                if d is not None:
+                    d = data[p] = ov.keep(d)
+                    self.spilled += type(d) is int
+        side = self.side
+        for i, (d, s) in side.items():
+            d = ov.keep(d)
+            side[i] = (d, s)
+            self.spilled += type(d) is int

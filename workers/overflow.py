@@ -1,0 +1,297 @@
+"""The bodies of one worker's messages that overflowed to disk: `Overflow`, which the worker's
+MessageStores (workers/store.py) ask where a new body goes, and which reads a body back (issue
+26, docs/plans/overflow.md 2.2).
+
+A store's body slot holds either the `str` (in memory) or a reference: an `int` packing the
+segment number, the offset of the body's record in the segment, and the body's length in bytes
+(`ref`), so a reference costs no object beside the int. The segment files are append-only;
+each record is `u32 length | u32 crc32 | UTF-8 body`. The files themselves are a `SegmentFiles`
+given to the Overflow (server/overflow_files.py on a node, a dict in the tests): this module
+only decides which segment and offset each body gets, counts the live references per segment,
+and says which segment can go.
+
+Segment deletion and the undo journal (workers/undo.py): a before-image of a deleted message may
+hold its reference until the record is committed, and a rollback stores it again. So a segment
+whose last reference went is deleted only once the records that took its references away are
+committed: `trimmed` (called when the journal is trimmed) stamps it with the newest record
+number then, and deletes it at a later trim that commits that number. A service without a
+journal (`defer` False) deletes it at once.
+
+Pure logic: no I/O (the SegmentFiles does it).
+"""
+from __future__ import annotations
+
+import errno
+import struct
+import zlib
+from collections.abc import Iterable
+from typing import Protocol
+
+from queue_server.workers.body_budget import BodyBudget
+
+HEADER = struct.Struct("<II")  # body length, crc32 of the body
+SEGMENT_SIZE = 64 << 20
+_OFF_BITS = 32
+_SEG_SHIFT = 64
+_LOW = (1 << 32) - 1
+# While the disk refuses writes, produces that need it are refused; the disk is tried again at
+# most this often (s).
+RETRY_DISK = 1.0
+
+
+class SegmentFiles(Protocol):
+    """The segment files of one worker."""
+
+    where: str  # the directory, as the refusals name it
+
+    def write(self, seg: int, offset: int, data: bytes) -> None:
+        """Write `data` at `offset` of segment `seg` (made if new); OSError if the disk refuses."""
+
+    def read(self, seg: int, offset: int, size: int) -> bytes:
+        """`size` bytes at `offset` of segment `seg`."""
+
+    def delete(self, seg: int) -> None:
+        """Remove segment `seg`."""
+
+    def delete_all(self) -> None:
+        """Remove every segment."""
+
+
+class BodyUnreadable(ValueError):
+    """A body read back does not match its record (torn or overwritten segment)."""
+
+
+def ref(seg: int, offset: int, size: int) -> int:
+    """The reference to the body of `size` bytes whose record is at `offset` of segment `seg`."""
+    return (seg << _SEG_SHIFT) | (offset << _OFF_BITS) | size
+
+
+def unpack(r: int) -> tuple[int, int, int]:
+    """(segment, offset, size) of a reference."""
+    return r >> _SEG_SHIFT, (r >> _OFF_BITS) & _LOW, r & _LOW
+
+
+class Overflow:
+    """Where one worker's bodies are: its budget, its segments and their live references."""
+
+    __slots__ = ("budget", "files", "segment_size", "defer", "seg", "end", "live", "live_bytes",
+                 "zero", "refused", "retry_at")
+
+    def __init__(self, budget: BodyBudget, files: SegmentFiles, segment_size: int = SEGMENT_SIZE,
+                 defer: bool = True) -> None:
+        self.budget = budget
+        self.files = files
+        self.segment_size = segment_size
+        self.defer = defer  # segments wait for the commit before they are deleted (undo journal)
+        self.seg = 0  # the segment new bodies are written to
+        self.end = 0  # its size
+        self.live: dict[int, int] = {}  # segment -> live references (only segments with any)
+        self.live_bytes = 0  # the bodies' bytes of all live references
+        # Segments with no live reference, not deleted yet: -> the record number stamped by
+        # `trimmed` (None: not stamped yet).
+        self.zero: dict[int, int | None] = {}
+        self.refused: str | None = None  # the reason, while the disk refuses writes
+        self.retry_at: float | None = None
+
+    # ------------------------------------------------------------------ storing
+    def keep(self, data: str | int) -> str | int:
+        """What a store keeps for a body it stores: the `str` itself while it fits the budget
+        (or the disk refuses), else a reference to it on disk; a reference stays one."""
+        if type(data) is int:
+            self._up(data)
+            return data
+        if self.budget.take(len(data)):
+            return data
+        return self._spill([data])[0]
+
+    def keep_many(self, datas: list[str]) -> tuple[list[str | int], int]:
+        """keep() of each of new bodies (a produce's `str`s); and how many went to disk."""
+        budget = self.budget
+        total = sum(map(len, datas))
+        if budget.take(total):
+            return datas, 0
+        out: list[str | int] = []
+        spill: list[int] = []
+        for i, d in enumerate(datas):
+            if budget.take(len(d)):
+                out.append(d)
+            else:
+                out.append(d)
+                spill.append(i)
+        refs = self._spill([datas[i] for i in spill])
+        n = 0
+        for i, r in zip(spill, refs):
+            if type(r) is int:
+                out[i] = r
+                n += 1
+        return out, n
+
+    def _spill(self, bodies: list[str]) -> list[str | int]:
+        """Write `bodies` to the current segment (a new one when it is full), one write per
+        segment; their references. If the disk refuses, the bodies not written stay in memory
+        (counted held: nothing is lost) and produces that need the disk are refused until it is
+        tried again (`refuses`)."""
+        out: list[str | int] = list(bodies)
+        raws = [b.encode() for b in bodies]
+        records = [HEADER.pack(len(raw), zlib.crc32(raw)) + raw for raw in raws]
+        size = self.segment_size
+        i, n = 0, len(bodies)
+        while i < n:
+            if self.end and self.end + len(records[i]) > size:
+                self._rotate()
+            start = end = self.end
+            j = i
+            while j < n and (end == start or end + len(records[j]) <= size):
+                end += len(records[j])
+                j += 1
+            try:
+                self.files.write(self.seg, start, b"".join(records[i:j]))
+            except OSError as exc:
+                where = self.files.where
+                self.refused = (f"overflow disk full: {where}" if exc.errno == errno.ENOSPC
+                                else f"overflow disk unwritable: {where} ({exc.strerror or exc})")
+                self.retry_at = None
+                self.budget.hold(sum(map(len, bodies[i:])))
+                return out
+            pos = start
+            for k in range(i, j):
+                r = out[k] = ref(self.seg, pos, len(raws[k]))
+                self._up(r)
+                pos += len(records[k])
+            self.end = end
+            i = j
+        self.refused = None
+        return out
+
+    def _rotate(self) -> None:
+        """Start a new segment; the full one goes when it holds nothing."""
+        old = self.seg
+        self.seg += 1
+        self.end = 0
+        if old not in self.live:
+            self._dead(old)
+
+    def refuses(self, size: int, now: float) -> str | None:
+        """Why a produce of `size` (bodies' length) must be refused: while the disk refuses
+        writes, a produce that would need it (None: it may go). The disk is tried again every
+        RETRY_DISK seconds: that produce goes, and if the disk still refuses, its bodies stay
+        in memory."""
+        if self.refused is None or self.budget.fits(size):
+            return None
+        if self.retry_at is None:
+            self.retry_at = now + RETRY_DISK
+        elif now >= self.retry_at:
+            self.retry_at = None
+            return None
+        return self.refused
+
+    # ------------------------------------------------------------------ reading
+    def read(self, r: int) -> str:
+        """The body a reference names (BodyUnreadable if its record does not match)."""
+        seg, offset, size = unpack(r)
+        record = self.files.read(seg, offset, HEADER.size + size)
+        if len(record) != HEADER.size + size:
+            raise BodyUnreadable(f"overflow segment {seg}: record at {offset} is cut short")
+        length, crc = HEADER.unpack_from(record)
+        body = record[HEADER.size:]
+        if length != size or zlib.crc32(body) != crc:
+            raise BodyUnreadable(f"overflow segment {seg}: record at {offset} does not match")
+        return body.decode()
+
+    def read_many(self, datas: list[str | int]) -> list[str]:
+        """The bodies of store slots (`str` as it is, references read back)."""
+        read = self.read
+        return [read(d) if type(d) is int else d for d in datas]
+
+    # ------------------------------------------------------------------ dropping
+    def drop(self, data: str | int) -> None:
+        """A store no longer holds this slot (its message was deleted or moved)."""
+        if type(data) is int:
+            self._down(data)
+        else:
+            self.budget.free(len(data))
+
+    def drop_many(self, datas: Iterable[str | int]) -> None:
+        """drop() of each slot."""
+        held = 0
+        for d in datas:
+            if type(d) is int:
+                self._down(d)
+            else:
+                held += len(d)
+        self.budget.free(held)
+
+    def hold_again(self, datas: Iterable[str | int]) -> None:
+        """Slots a store held and dropped (a purge or delete_queue taken back) count again,
+        where they are: no body moves."""
+        held = 0
+        for d in datas:
+            if type(d) is int:
+                self._up(d)
+            else:
+                held += len(d)
+        self.budget.hold(held)
+
+    def _up(self, r: int) -> None:
+        seg = r >> _SEG_SHIFT
+        live = self.live
+        n = live.get(seg, 0)
+        if not n:
+            self.zero.pop(seg, None)
+        live[seg] = n + 1
+        self.live_bytes += r & _LOW
+
+    def _down(self, r: int) -> None:
+        seg = r >> _SEG_SHIFT
+        live = self.live
+        n = live[seg] - 1
+        self.live_bytes -= r & _LOW
+        if n:
+            live[seg] = n
+            return
+        del live[seg]
+        if seg != self.seg:
+            self._dead(seg)
+
+    def _dead(self, seg: int) -> None:
+        if self.defer:
+            self.zero[seg] = None
+        else:
+            self.files.delete(seg)
+
+    def trimmed(self, committed: int, seq: int) -> None:
+        """The undo journal was trimmed through record `committed`; `seq` is the newest record.
+        Delete the segments emptied by committed records."""
+        zero = self.zero
+        if not zero:
+            return
+        for seg, stamp in list(zero.items()):
+            if stamp is None:
+                zero[seg] = seq
+            elif stamp <= committed:
+                del zero[seg]
+                self.files.delete(seg)
+
+    def rolled_back(self, keep_through: int) -> None:
+        """The records after `keep_through` were undone: a segment still empty was emptied by
+        a record kept (or by the undo itself), so it may go once `keep_through` is committed."""
+        zero = self.zero
+        for seg, stamp in zero.items():
+            if stamp is not None and stamp > keep_through:
+                zero[seg] = keep_through
+
+    def reset(self) -> None:
+        """Forget every body on disk and in memory (the stores are replaced, by a load)."""
+        self.files.delete_all()
+        self.seg += 1
+        self.end = 0
+        self.live.clear()
+        self.live_bytes = 0
+        self.zero.clear()
+        self.budget.held = 0
+
+    # ------------------------------------------------------------------ figures
+    @property
+    def segments(self) -> int:
+        """Segments on disk (the current one included)."""
+        return len(self.live) + len(self.zero) + (self.seg not in self.live)
