@@ -23,8 +23,11 @@ from queue_server.server.snapshot_child import exit_reason, fork_writer, part_na
 from queue_server.server.metrics import WorkerMetrics
 from queue_server.server.reply_counts import count_replies
 from queue_server.server.node_memory import NodeMemory
+from queue_server.server.overflow_files import DiskSegments, worker_dir
 from queue_server.server.queue_metrics import QueueMetrics
 from queue_server.workers import undo
+from queue_server.workers.body_budget import BodyBudget, worker_share
+from queue_server.workers.overflow import Overflow
 from queue_server.workers.service import PartitionService
 
 
@@ -284,6 +287,12 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of a worker process."""
     ctx_info = start("worker", argv)
     cfg = ctx_info.config
+    overflow = None
+    if cfg.overflow_path is not None:
+        # The queues are rebuilt from snapshot and log: segments of an earlier run hold nothing.
+        files = DiskSegments(worker_dir(cfg.overflow_path, ctx_info.index))
+        files.clear()
+        overflow = Overflow(BodyBudget(worker_share(cfg.overflow_mb, cfg.workers)), files)
     service = PartitionService(
         node_id=cfg.node_id,
         queue_size=cfg.queue_size,
@@ -296,6 +305,7 @@ def main(argv: list[str] | None = None) -> None:
         queue_share=limits.queue_share(cfg.max_queues, cfg.workers),
         max_memory_mb=cfg.max_memory_mb,
         undo_limit=undo.UNDO_LIMIT,
+        overflow=overflow,
     )
     ctx = zmq.Context()
     inbox = ipc.inbox(ctx, ctx_info.run_dir, ipc.worker_name(ctx_info.index))

@@ -34,6 +34,9 @@ SEGMENT_SIZE = 64 << 20
 _OFF_BITS = 32
 _SEG_SHIFT = 64
 _LOW = (1 << 32) - 1
+# The current segment, once it holds no body, is closed (and goes) if it is at least this large;
+# a smaller one is written on (a queue that drains as fast as it overflows makes no file per body).
+ROTATE_EMPTY = 1 << 20
 # While the disk refuses writes, produces that need it are refused; the disk is tried again at
 # most this often (s).
 RETRY_DISK = 1.0
@@ -74,14 +77,15 @@ def unpack(r: int) -> tuple[int, int, int]:
 class Overflow:
     """Where one worker's bodies are: its budget, its segments and their live references."""
 
-    __slots__ = ("budget", "files", "segment_size", "defer", "seg", "end", "live", "live_bytes",
+    __slots__ = ("budget", "files", "segment_size", "rotate_empty", "defer", "seg", "end", "live", "live_bytes",
                  "zero", "refused", "retry_at")
 
     def __init__(self, budget: BodyBudget, files: SegmentFiles, segment_size: int = SEGMENT_SIZE,
-                 defer: bool = True) -> None:
+                 defer: bool = True, rotate_empty: int = ROTATE_EMPTY) -> None:
         self.budget = budget
         self.files = files
         self.segment_size = segment_size
+        self.rotate_empty = rotate_empty
         self.defer = defer  # segments wait for the commit before they are deleted (undo journal)
         self.seg = 0  # the segment new bodies are written to
         self.end = 0  # its size
@@ -252,6 +256,8 @@ class Overflow:
         del live[seg]
         if seg != self.seg:
             self._dead(seg)
+        elif self.end >= self.rotate_empty:  # the current one, emptied: its space goes too
+            self._rotate()
 
     def _dead(self, seg: int) -> None:
         if self.defer:
@@ -267,8 +273,8 @@ class Overflow:
             return
         for seg, stamp in list(zero.items()):
             if stamp is None:
-                zero[seg] = seq
-            elif stamp <= committed:
+                stamp = zero[seg] = seq
+            if stamp <= committed:
                 del zero[seg]
                 self.files.delete(seg)
 

@@ -57,8 +57,9 @@ class FakeFiles:
         self.segs.clear()
 
 
-def overflowing(share: int, segment_size: int, run: Run) -> tuple[PartitionService, Overflow]:
-    ov = Overflow(BodyBudget(share), FakeFiles(), segment_size)
+def overflowing(share: int, segment_size: int, rotate_empty: int,
+                run: Run) -> tuple[PartitionService, Overflow]:
+    ov = Overflow(BodyBudget(share), FakeFiles(), segment_size, rotate_empty=rotate_empty)
     s = service(10**6, run.restore_cache, run.suffix, run.queue_class)
     s.overflow = ov
     ov.defer = True
@@ -105,7 +106,7 @@ def run_seed(seed: int) -> int:
     rng = run.rng
     plain = run.leader
     share = rng.choice((0, 8, 40, 200))
-    over, ov = overflowing(share, rng.choice((64, 300, 4096)), run)
+    over, ov = overflowing(share, rng.choice((64, 300, 4096)), rng.choice((0, 100, 1 << 20)), run)
     spilled = 0
     for phase in range(rng.randint(2, 4)):
         for i in range(rng.randint(20, 150)):
