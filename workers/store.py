@@ -340,18 +340,14 @@ class MessageStore:
     def add(self, msg_id: int, data: str | int, state: tuple) -> None:
         """Store a message under a msg_id not stored (ValueError if it is). `data`: its body,
         or a slot `pop` gave (with overflow on, maybe a reference)."""
-        if self.ov is not None:
-            if msg_id in self:
-                raise ValueError(f"msg_id {msg_id} is stored already")
-            data = self.ov.keep(data)
-            if type(data) is int:
-                self.spilled += 1
         n = msg_id >> BITS
         c = self.chunks.get(n)
         if c is None:
             if n <= self.top:  # its chunk was freed (or never made): keep it aside
                 if msg_id in self.side:
                     raise ValueError(f"msg_id {msg_id} is stored already")
+                if self.ov is not None:
+                    data = self._kept(data)
                 self.side[msg_id] = (data, state)
                 self.n += 1
                 return
@@ -361,10 +357,24 @@ class MessageStore:
             c.reach(p + 1)
         elif c.states[p] is not None:
             raise ValueError(f"msg_id {msg_id} is stored already")
+        ov = self.ov
+        if ov is not None:
+            budget = ov.budget
+            if type(data) is str and budget.held + len(data) <= budget.share:
+                budget.held += len(data)
+            else:
+                data = self._kept(data)
         c.data[p] = data
         c.states[p] = state
         c.live += 1
         self.n += 1
+
+    def _kept(self, data: str | int) -> str | int:
+        """What the overflow keeps for a slot stored (Overflow.keep), counted."""
+        data = self.ov.keep(data)
+        if type(data) is int:
+            self.spilled += 1
+        return data
 
     def add_run(self, first: int, datas: list[str], states: list[tuple]) -> None:
         """Store messages under consecutive msg_ids from `first`, every one above all stored
@@ -436,9 +446,19 @@ class MessageStore:
 
     def _dropped(self, data: str | int) -> None:
         """The overflow's count of a slot taken out."""
-        self.ov.drop(data)
         if type(data) is int:
             self.spilled -= 1
+            self.ov.drop(data)
+        else:
+            self.ov.budget.held -= len(data)
+
+    def _dropped_many(self, datas: list[str | int]) -> None:
+        """_dropped() of each slot."""
+        if not self.spilled:  # every slot a str
+            self.ov.budget.held -= sum(map(len, datas))
+            return
+        self.ov.drop_many(datas)
+        self.spilled -= sum(type(d) is int for d in datas)
 
     def set_states(self, ids: list[int], states: list[tuple]) -> None:
         """set_state() of each stored msg_id."""
@@ -465,17 +485,13 @@ class MessageStore:
     def delete_many(self, ids: list[int]) -> None:
         """Take out stored messages: distinct msg_ids, every one stored (the caller has
         checked: a msg_id not stored may leave the others half deleted)."""
-        if self.ov is not None:
-            datas = self._columns(ids, True)[0]
-            if None in datas:
-                raise KeyError(ids[datas.index(None)])
-            self.ov.drop_many(datas)
-            self.spilled -= sum(type(d) is int for d in datas)
         run = self._run(ids) if ids else None
         if run is not None:
             for c, p, k in run:
                 if None in c.states[p:p + k]:
                     raise KeyError(f"msg_ids from {ids[0]}: not all stored")
+            if self.ov is not None:
+                self._dropped_many([d for c, p, k in run for d in c.data[p:p + k]])
             for c, p, k in run:
                 c.data[p:p + k] = c.states[p:p + k] = [None] * k
                 c.live -= k
@@ -491,6 +507,11 @@ class MessageStore:
         c = None
         touched = []
         k = 0
+        if self.ov is not None:
+            datas = self._columns(ids, True)[0]
+            if None in datas:
+                raise KeyError(ids[datas.index(None)])
+            self._dropped_many(datas)
         for i in ids:
             k += 1
             n = i >> BITS
