@@ -639,6 +639,10 @@ class Queue:
         entry = self._dedupe.get((producer, sequence))
         return None if entry is None else (entry[0], entry[1])
 
+    def overflowed(self) -> int:
+        """Messages whose body is on disk (workers/overflow.py)."""
+        return self._index.spilled
+
     def stats(self, now: float) -> dict:
         """Counts as a consume at `now` would see them.
 

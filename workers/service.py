@@ -23,6 +23,7 @@ from queue_server.workers import admin, subscriptions, undo
 from queue_server.workers.bad_request import BadRequest, Refused
 from queue_server.protocol.snapshot_frames import Frame
 from queue_server.protocol.records import Confirm, Consume, DeleteQueue, Noop, Purge, Record, Release, Restore, count
+from queue_server.workers.body_budget import PER_MESSAGE
 from queue_server.workers.overflow import Overflow
 from queue_server.workers.queue import Message, Queue
 from queue_server.workers.store import delivered_once
@@ -657,6 +658,7 @@ class PartitionService:
                     part = q.stats(now) if q is not None else _empty_stats(self.queue_size)
                     part["waiters"] = len(self.waiters.get(name, ()))
                     part["paused"] = q is not None and q.paused
+                    part["overflowed"] = q.overflowed() if q is not None else 0
                     dlq = self.queues.get(admin.dead_letter_name(name, self.dead_letter_suffix) or "")
                     part["dead"] = len(dlq) if dlq is not None else 0
                     counts = q.counts if q is not None else {}
@@ -685,6 +687,11 @@ class PartitionService:
                 total[key] += s[key]
         total["waiters"] = sum(len(w) for w in self.waiters.values())
         total["queue_count"] = len(self.queues)
+        ov = self.overflow
+        if ov is not None:
+            total["overflowed"] = sum(q.overflowed() for q in self.queues.values())
+            total["overflow_bytes"] = ov.live_bytes
+            total["memory_bytes"] = ov.budget.held + PER_MESSAGE * total["size"]
         return total
 
     # ----------------------------------------------------------------------------- modes
