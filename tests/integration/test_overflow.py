@@ -4,8 +4,10 @@ messages are consumed; a full overflow disk refuses the produces that need it, n
 and loses nothing; an overflow_dir that cannot be made stops the start in one line."""
 from __future__ import annotations
 
+import glob
 import os
 import random
+import re
 import subprocess
 import sys
 
@@ -68,20 +70,30 @@ def test_bodies_overflow_to_disk_and_come_back_in_order(tmp_path):
         node.stop()
 
 
-@pytest.mark.parametrize("how", ["restart", "kill -9"])
+@pytest.mark.parametrize("how", ["restart", "kill -9", "from a snapshot"])
 def test_overflowed_bodies_survive_a_restart(tmp_path, how):
-    node = NodeProcess(str(tmp_path), {"overflow_mb": 1, "workers": 1, "fsync": "always"}).start(serving=True)
+    config = {"overflow_mb": 1, "workers": 1, "fsync": "always"}
+    if how == "from a snapshot":  # the workers' snapshot writers read the overflowed bodies back
+        config["snapshot_every"] = 100
+    node = NodeProcess(str(tmp_path), config).start(serving=True)
     data = bodies(2)
     try:
         produce_all(node, "big", data)
         assert segments(node)
+        if how == "from a snapshot":
+            wait_for(lambda: glob.glob(str(tmp_path / "node-data/snapshots/*.snap")), 10, "a snapshot")
     finally:
-        if how == "restart":
-            node.stop()
-        else:
+        if how == "kill -9":
             kill_all(node)
+        else:
+            node.stop()
     node.start(serving=True)
     try:
+        if how == "from a snapshot":
+            assert re.search(r"from a snapshot at trans_id [1-9]", node.log()), node.log()
+        # The restarted node applies its budget again: most bodies are on disk.
+        monitor = node.connect().call({"action": "monitor", "queue": "big"})
+        assert monitor["size"] == N and monitor["overflowed"] > N // 2, monitor
         assert consume_all(node, "big", N) == data
     finally:
         node.stop()
