@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.harness import NodeProcess, free_port, kill_all, wait_for
+from tests.harness import Cluster, NodeProcess, free_port, kill_all, wait_for
 
 N = 300
 SIZE = 8000  # 300 x 8 KB: 2.4 MB, past a 1 MiB budget
@@ -143,3 +143,24 @@ def test_an_overflow_dir_that_cannot_be_made_stops_the_start_in_one_line(tmp_pat
     assert "Traceback" not in out
     assert out.strip().splitlines() == [
         f"queue-server: config key 'overflow_dir': cannot create '{blocker / 'ov'}': Not a directory"]
+
+
+def test_a_cluster_overflows_on_every_node_and_a_new_leader_delivers_every_body(tmp_path):
+    """Followers apply the same rule with their own budget; the leader is killed (-9) with most
+    bodies on disk, and the new one delivers them all, in order."""
+    c = Cluster(str(tmp_path), overflow_mb=1, workers=1, fsync="always").start()
+    try:
+        leader = c.wait_leader()
+        data = bodies(4)
+        produce_all(c.nodes[leader], "big", data)
+
+        def overflowed(i: int) -> int:
+            reply = c.ask(i, {"action": 104, "queue": "big"})
+            return reply.get("overflowed", 0) if reply and reply.get("size") == N else 0
+        for i in c.nodes:
+            wait_for(lambda: overflowed(i) > N // 2, 20, f"node {i} to overflow its copy")
+        kill_all(c.nodes[leader])
+        new = c.wait_leader(timeout=30, among=[i for i in c.nodes if i != leader], exclude=leader)
+        assert consume_all(c.nodes[new], "big", N) == data
+    finally:
+        c.stop()
