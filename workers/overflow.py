@@ -37,6 +37,8 @@ _LOW = (1 << 32) - 1
 # The current segment, once it holds no body, is closed (and goes) if it is at least this large;
 # a smaller one is written on (a queue that drains as fast as it overflows makes no file per body).
 ROTATE_EMPTY = 1 << 20
+# The most bytes one read of a run of consecutive bodies takes (read_many).
+READ_RUN = 4 << 20
 # While the disk refuses writes, produces that need it are refused; the disk is tried again at
 # most this often (s).
 RETRY_DISK = 1.0
@@ -62,6 +64,17 @@ class SegmentFiles(Protocol):
 
 class BodyUnreadable(ValueError):
     """A body read back does not match its record (torn or overwritten segment)."""
+
+
+def _body(seg: int, offset: int, blob: bytes, at: int, size: int) -> str:
+    """The body of the record at `at` of `blob` (read from `offset` of segment `seg`), checked."""
+    if len(blob) < at + HEADER.size + size:
+        raise BodyUnreadable(f"overflow segment {seg}: record at {offset} is cut short")
+    length, crc = HEADER.unpack_from(blob, at)
+    body = blob[at + HEADER.size:at + HEADER.size + size]
+    if length != size or zlib.crc32(body) != crc:
+        raise BodyUnreadable(f"overflow segment {seg}: record at {offset} does not match")
+    return body.decode()
 
 
 def ref(seg: int, offset: int, size: int) -> int:
@@ -193,19 +206,34 @@ class Overflow:
     def read(self, r: int) -> str:
         """The body a reference names (BodyUnreadable if its record does not match)."""
         seg, offset, size = unpack(r)
-        record = self.files.read(seg, offset, HEADER.size + size)
-        if len(record) != HEADER.size + size:
-            raise BodyUnreadable(f"overflow segment {seg}: record at {offset} is cut short")
-        length, crc = HEADER.unpack_from(record)
-        body = record[HEADER.size:]
-        if length != size or zlib.crc32(body) != crc:
-            raise BodyUnreadable(f"overflow segment {seg}: record at {offset} does not match")
-        return body.decode()
+        return _body(seg, offset, self.files.read(seg, offset, HEADER.size + size), 0, size)
 
     def read_many(self, datas: list[str | int]) -> list[str]:
-        """The bodies of store slots (`str` as it is, references read back)."""
-        read = self.read
-        return [read(d) if type(d) is int else d for d in datas]
+        """The bodies of store slots (`str` as it is, references read back): the references
+        that follow one another in a segment (a batch produced together, consumed together)
+        are read with one read each run, at most READ_RUN bytes."""
+        refs = sorted((d, k) for k, d in enumerate(datas) if type(d) is int)
+        if len(refs) < 2:
+            return [self.read(d) if type(d) is int else d for d in datas]
+        out: list = list(datas)
+        i, n = 0, len(refs)
+        while i < n:
+            seg, first, size = unpack(refs[i][0])
+            end = first + HEADER.size + size
+            j = i + 1
+            while j < n:
+                s2, o2, z2 = unpack(refs[j][0])
+                e2 = o2 + HEADER.size + z2
+                if s2 != seg or o2 > end or e2 - first > READ_RUN:
+                    break
+                end = max(end, e2)
+                j += 1
+            blob = self.files.read(seg, first, end - first)
+            for r, k in refs[i:j]:
+                _, offset, size = unpack(r)
+                out[k] = _body(seg, offset, blob, offset - first, size)
+            i = j
+        return out
 
     # ------------------------------------------------------------------ dropping
     def drop(self, data: str | int) -> None:

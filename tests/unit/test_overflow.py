@@ -38,6 +38,7 @@ class FakeFiles:
         self.segs: dict[int, bytearray] = {}
         self.full = False
         self.writes = 0
+        self.reads = 0
 
     def write(self, seg: int, offset: int, data: bytes) -> None:
         if self.full:
@@ -48,6 +49,7 @@ class FakeFiles:
         self.writes += 1
 
     def read(self, seg: int, offset: int, size: int) -> bytes:
+        self.reads += 1
         return bytes(self.segs[seg][offset:offset + size])
 
     def delete(self, seg: int) -> None:
@@ -198,6 +200,20 @@ def test_a_segment_goes_once_its_last_body_is_gone_and_committed():
     store.add(5, "eee", state)
     store.delete_many([3, 4])
     assert sorted(ov.files.segs) == [2]
+
+
+def test_a_batch_consume_reads_each_run_of_bodies_at_once():
+    ov = Overflow(BodyBudget(0), FakeFiles(), segment_size=10 * (HEADER.size + 5))
+    store = MessageStore(ov)
+    state = (0.0, 1.0, 0.0, 0, 0, None, None, None)
+    bodies = [f"b{i:04d}" for i in range(25)]  # segments 0 and 1 hold 10 each, 2 holds 5
+    store.add_run(1, bodies, [state] * 25)
+    store.pop(13)  # a gap in segment 1
+    ov.files.reads = 0
+    got = store.get_many([i for i in range(1, 26) if i != 13])
+    assert [m.data for m in got] == [b for i, b in enumerate(bodies, 1) if i != 13]
+    assert ov.files.reads == 4  # segment 0, segment 1 before and after the gap, segment 2
+    assert ov.read_many([store.chunks[0].data[5], "mem", store.chunks[0].data[2]]) == ["b0004", "mem", "b0001"]
 
 
 def test_a_torn_body_is_never_delivered():
