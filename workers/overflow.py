@@ -39,6 +39,8 @@ _LOW = (1 << 32) - 1
 ROTATE_EMPTY = 1 << 20
 # The most bytes one read of a run of consecutive bodies takes (read_many).
 READ_RUN = 4 << 20
+# How far a sequential read reads ahead (read).
+READ_AHEAD = 256 << 10
 # While the disk refuses writes, produces that need it are refused; the disk is tried again at
 # most this often (s).
 RETRY_DISK = 1.0
@@ -91,7 +93,7 @@ class Overflow:
     """Where one worker's bodies are: its budget, its segments and their live references."""
 
     __slots__ = ("budget", "files", "segment_size", "rotate_empty", "defer", "seg", "end", "live", "live_bytes",
-                 "zero", "refused", "retry_at")
+                 "zero", "refused", "retry_at", "ahead", "after")
 
     def __init__(self, budget: BodyBudget, files: SegmentFiles, segment_size: int = SEGMENT_SIZE,
                  defer: bool = True, rotate_empty: int = ROTATE_EMPTY) -> None:
@@ -109,6 +111,8 @@ class Overflow:
         self.zero: dict[int, int | None] = {}
         self.refused: str | None = None  # the reason, while the disk refuses writes
         self.retry_at: float | None = None
+        self.ahead: tuple[int, int, bytes] | None = None  # read ahead: segment, offset, bytes
+        self.after: tuple[int, int] | None = None  # where the last read ended
 
     # ------------------------------------------------------------------ storing
     def keep(self, data: str | int) -> str | int:
@@ -204,9 +208,26 @@ class Overflow:
 
     # ------------------------------------------------------------------ reading
     def read(self, r: int) -> str:
-        """The body a reference names (BodyUnreadable if its record does not match)."""
+        """The body a reference names (BodyUnreadable if its record does not match). A read
+        that starts where the one before ended (single consumes of a FIFO queue) reads up to
+        READ_AHEAD bytes ahead, and the next reads inside them are served from memory."""
         seg, offset, size = unpack(r)
-        return _body(seg, offset, self.files.read(seg, offset, HEADER.size + size), 0, size)
+        need = HEADER.size + size
+        ahead = self.ahead
+        if ahead is not None and ahead[0] == seg and ahead[1] <= offset:
+            at = offset - ahead[1]
+            if at + need <= len(ahead[2]):
+                self.after = (seg, offset + need)
+                return _body(seg, offset, ahead[2], at, size)
+        length = need
+        if self.after == (seg, offset):
+            # Only what is written: the current segment grows past self.end later.
+            limit = self.end if seg == self.seg else self.segment_size
+            length = max(need, min(READ_AHEAD, limit - offset))
+        blob = self.files.read(seg, offset, length)
+        self.ahead = (seg, offset, blob) if length > need else None
+        self.after = (seg, offset + need)
+        return _body(seg, offset, blob, 0, size)
 
     def read_many(self, datas: list[str | int]) -> list[str]:
         """The bodies of store slots (`str` as it is, references read back): the references
@@ -291,7 +312,12 @@ class Overflow:
         if self.defer:
             self.zero[seg] = None
         else:
-            self.files.delete(seg)
+            self._delete(seg)
+
+    def _delete(self, seg: int) -> None:
+        if self.ahead is not None and self.ahead[0] == seg:
+            self.ahead = None
+        self.files.delete(seg)
 
     def trimmed(self, committed: int, seq: int) -> None:
         """The undo journal was trimmed through record `committed`; `seq` is the newest record.
@@ -304,7 +330,7 @@ class Overflow:
                 stamp = zero[seg] = seq
             if stamp <= committed:
                 del zero[seg]
-                self.files.delete(seg)
+                self._delete(seg)
 
     def rolled_back(self, keep_through: int) -> None:
         """The records after `keep_through` were undone: a segment still empty was emptied by
@@ -317,6 +343,7 @@ class Overflow:
     def reset(self) -> None:
         """Forget every body on disk and in memory (the stores are replaced, by a load)."""
         self.files.delete_all()
+        self.ahead = self.after = None
         self.seg += 1
         self.end = 0
         self.live.clear()

@@ -17,13 +17,10 @@ freed, so a few long-lived messages cannot pin whole chunks; a msg_id whose chun
 (a restore of an old message) goes to the side dict too. A msg_id is in its chunk or in the
 side dict, never both: a chunk is only made for msg_ids above every chunk made before.
 
-With overflow on (issue 26, docs/plans/overflow.md), a store has the worker's `Overflow`
-(workers/overflow.py) in `ov`: a payload slot holds the `str` or a reference (an `int`) to the
-body on disk, as `ov.keep` decides when the message is stored. The reads that hand a message
-out (get, get_many, entries) read such a body back; the raw slot (what `pop`, `data` and
-`_columns` give, for the undo journal's before-images and moves between queues) stays a
-reference, so a dead letter moves its reference, not its body. Without overflow `ov` is None
-and every slot is a `str`.
+With overflow on (issue 26), `ov` is the worker's `Overflow` (workers/overflow.py): a payload
+slot holds the `str` or a reference (an `int`) to the body on disk, as `ov.keep` decides. The
+reads that hand a message out (get, get_many, entries) read it back; the raw slot (`pop`,
+`data`, `_columns`: undo images, dead letters) stays a reference. Else `ov` is None.
 
 Pure logic: no I/O.
 """

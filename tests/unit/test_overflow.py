@@ -216,6 +216,22 @@ def test_a_batch_consume_reads_each_run_of_bodies_at_once():
     assert ov.read_many([store.chunks[0].data[5], "mem", store.chunks[0].data[2]]) == ["b0004", "mem", "b0001"]
 
 
+def test_single_consumes_of_a_fifo_queue_read_ahead():
+    ov = Overflow(BodyBudget(0), FakeFiles())
+    store = MessageStore(ov)
+    state = (0.0, 1.0, 0.0, 0, 0, None, None, None)
+    store.add_run(1, [f"b{i:04d}" for i in range(200)], [state] * 100 + [state] * 100)
+    ov.files.reads = 0
+    got = [store.get(i).data for i in range(1, 101)]
+    store.add_run(201, ["late"], [state])  # written after the read ahead began
+    got += [store.get(i).data for i in range(101, 202)]
+    assert got == [f"b{i:04d}" for i in range(200)] + ["late"]
+    assert ov.files.reads == 3  # the first, the one that starts reading ahead, "late"
+    ov.files.reads = 0
+    assert [store.get(i).data for i in (150, 20, 90)] == ["b0149", "b0019", "b0089"]
+    assert ov.files.reads == 3  # out of order: no read ahead
+
+
 def test_a_torn_body_is_never_delivered():
     ov = Overflow(BodyBudget(0), FakeFiles())
     store = MessageStore(ov)
