@@ -22,6 +22,9 @@ slot holds the `str` or a reference (an `int`) to the body on disk, as `ov.keep`
 reads that hand a message out (get, get_many, entries) read it back; the raw slot (`pop`,
 `data`, `_columns`: undo images, dead letters) stays a reference. Else `ov` is None.
 
+One file, over 600 lines, because every method reads or writes the chunk layout (positions,
+sparse chunks, the side dict) and the overflow's counts of what it holds, which must not drift.
+
 Pure logic: no I/O.
 """
 
@@ -569,12 +572,23 @@ class MessageStore:
         """The overflow no longer counts this store's bodies (a purge swapped it out, or its
         queue was deleted: the undo journal may still hold it); `reattach` undoes it."""
         if self.ov is not None and self.n:
-            self.ov.drop_many(self._slots())
+            if self.spilled:
+                self.ov.drop_many(self._slots())
+            else:  # every body in memory: one sum, at C speed
+                self.ov.budget.free(self._held())
 
     def reattach(self) -> None:
         """The overflow counts this store's bodies again, where they are (undo of detach)."""
         if self.ov is not None and self.n:
-            self.ov.hold_again(self._slots())
+            if self.spilled:
+                self.ov.hold_again(self._slots())
+            else:
+                self.ov.budget.hold(self._held())
+
+    def _held(self) -> int:
+        """The length of every body (all in memory)."""
+        return (sum(sum(map(len, filter(None, c.data))) for c in self.chunks.values())
+                + sum(len(d) for d, _ in self.side.values()))
 
     def attach(self, ov: Overflow | None) -> None:
         """Count this store's bodies in `ov` from now on, as if each were stored now (a store
