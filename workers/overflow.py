@@ -24,6 +24,7 @@ from __future__ import annotations
 import errno
 import struct
 import zlib
+from collections import Counter
 from collections.abc import Iterable
 from typing import Protocol
 
@@ -66,6 +67,18 @@ class SegmentFiles(Protocol):
 
 class BodyUnreadable(ValueError):
     """A body read back does not match its record (torn or overwritten segment)."""
+
+
+def _split(datas: Iterable[str | int]) -> tuple[int, list[int]]:
+    """The length of the in-memory bodies among store slots, and the references."""
+    held = 0
+    refs = []
+    for d in datas:
+        if type(d) is int:
+            refs.append(d)
+        else:
+            held += len(d)
+    return held, refs
 
 
 def _body(seg: int, offset: int, blob: bytes, at: int, size: int) -> str:
@@ -175,10 +188,15 @@ class Overflow:
                 self.budget.hold(sum(map(len, bodies[i:])))
                 return out
             pos = start
+            base = self.seg << _SEG_SHIFT
             for k in range(i, j):
-                r = out[k] = ref(self.seg, pos, len(raws[k]))
-                self._up(r)
+                out[k] = base | (pos << _OFF_BITS) | len(raws[k])
                 pos += len(records[k])
+            live = self.live.get(self.seg, 0)
+            if not live:
+                self.zero.pop(self.seg, None)
+            self.live[self.seg] = live + j - i
+            self.live_bytes += pos - start - (j - i) * HEADER.size
             self.end = end
             i = j
         self.refused = None
@@ -233,26 +251,35 @@ class Overflow:
         """The bodies of store slots (`str` as it is, references read back): the references
         that follow one another in a segment (a batch produced together, consumed together)
         are read with one read each run, at most READ_RUN bytes."""
-        refs = sorted((d, k) for k, d in enumerate(datas) if type(d) is int)
+        refs = sorted((d >> _SEG_SHIFT, (d >> _OFF_BITS) & _LOW, d & _LOW, k)
+                      for k, d in enumerate(datas) if type(d) is int)
         if len(refs) < 2:
             return [self.read(d) if type(d) is int else d for d in datas]
         out: list = list(datas)
+        head = HEADER.size
+        unpack_from = HEADER.unpack_from
+        crc32 = zlib.crc32
         i, n = 0, len(refs)
         while i < n:
-            seg, first, size = unpack(refs[i][0])
-            end = first + HEADER.size + size
+            seg, first, size, _ = refs[i]
+            end = first + head + size
             j = i + 1
             while j < n:
-                s2, o2, z2 = unpack(refs[j][0])
-                e2 = o2 + HEADER.size + z2
+                s2, o2, z2, _ = refs[j]
+                e2 = o2 + head + z2
                 if s2 != seg or o2 > end or e2 - first > READ_RUN:
                     break
-                end = max(end, e2)
+                if e2 > end:
+                    end = e2
                 j += 1
             blob = self.files.read(seg, first, end - first)
-            for r, k in refs[i:j]:
-                _, offset, size = unpack(r)
-                out[k] = _body(seg, offset, blob, offset - first, size)
+            for _, offset, size, k in refs[i:j]:  # _body, inlined
+                at = offset - first
+                body = blob[at + head:at + head + size]
+                length, crc = unpack_from(blob, at)
+                if length != size or len(body) != size or crc32(body) != crc:
+                    _body(seg, offset, blob, at, size)  # raises BodyUnreadable
+                out[k] = body.decode()
             i = j
         return out
 
@@ -266,24 +293,20 @@ class Overflow:
 
     def drop_many(self, datas: Iterable[str | int]) -> None:
         """drop() of each slot."""
-        held = 0
-        for d in datas:
-            if type(d) is int:
-                self._down(d)
-            else:
-                held += len(d)
+        held, refs = _split(datas)
         self.budget.free(held)
+        if refs:
+            self.live_bytes -= sum(r & _LOW for r in refs)
+            for seg, k in Counter(r >> _SEG_SHIFT for r in refs).items():
+                self._release(seg, k)
 
     def hold_again(self, datas: Iterable[str | int]) -> None:
         """Slots a store held and dropped (a purge or delete_queue taken back) count again,
         where they are: no body moves."""
-        held = 0
-        for d in datas:
-            if type(d) is int:
-                self._up(d)
-            else:
-                held += len(d)
+        held, refs = _split(datas)
         self.budget.hold(held)
+        for r in refs:
+            self._up(r)
 
     def _up(self, r: int) -> None:
         seg = r >> _SEG_SHIFT
@@ -295,10 +318,13 @@ class Overflow:
         self.live_bytes += r & _LOW
 
     def _down(self, r: int) -> None:
-        seg = r >> _SEG_SHIFT
-        live = self.live
-        n = live[seg] - 1
         self.live_bytes -= r & _LOW
+        self._release(r >> _SEG_SHIFT, 1)
+
+    def _release(self, seg: int, k: int) -> None:
+        """`k` references into segment `seg` are gone."""
+        live = self.live
+        n = live[seg] - k
         if n:
             live[seg] = n
             return
