@@ -330,7 +330,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("udp_amplification_limit", 3, _int(0, 1000), "on a non-loopback UDP address: a reply to an unauthenticated datagram is at most this many times its size; 0 = off"),
     # issue 26: message bodies past a budget overflow to disk
     _Key("overflow_mb", 1024, _int(0), "MiB of message bodies the node holds in memory (each worker overflow_mb / workers); past it the bodies of new messages go to overflow_dir; 0 = off (also with in_memory)"),
-    _Key("overflow_dir", "", _string(False), "directory of the overflowed bodies (one folder per worker, emptied at start: each node needs its own); '' = <queue_data_dir>/overflow"),
+    _Key("overflow_dir", "", _string(False), "directory of the overflowed bodies (one folder per worker, emptied at start and locked: each node needs its own); '' = <queue_data_dir>/overflow"),
 )
 
 _BY_NAME: dict[str, _Key] = {k.name: k for k in _KEYS}

@@ -12,7 +12,7 @@ from typing import Any, Callable
 from queue_server.config.loader import NodeConfig
 from queue_server.replication import datadir
 from queue_server.server.auth import read_token_file
-from queue_server.server import tls
+from queue_server.server import overflow_files, tls
 from queue_server.server.secret_file import read_secrets
 
 
@@ -56,6 +56,9 @@ def check(config: NodeConfig) -> list[str]:
             raise StartError(f"config key 'queue_data_dir': {exc}; give each node its own (--data-dir)") from None
     if config.overflow_path is not None:
         _writable_dir("overflow_dir", config.overflow_path)
+        busy = overflow_files.in_use(config.overflow_path, config.workers)
+        if busy:
+            raise StartError(f"config key 'overflow_dir': {busy}; give each node its own")
     if config.auth_token_file:
         _loads(read_token_file, config.auth_token_file)
     _loads(tls.server_context, config)

@@ -51,7 +51,8 @@ def consume_all(node: NodeProcess, queue: str, n: int) -> list[str]:
 
 def segments(node: NodeProcess) -> dict[str, int]:
     where = os.path.join(node.config["queue_data_dir"], "overflow", "worker-0")
-    return {name: os.path.getsize(os.path.join(where, name)) for name in os.listdir(where)}
+    return {name: os.path.getsize(os.path.join(where, name)) for name in os.listdir(where)
+            if name.startswith("seg-")}
 
 
 def test_bodies_overflow_to_disk_and_come_back_in_order(tmp_path):
@@ -130,18 +131,22 @@ def test_a_full_overflow_disk_refuses_produces_naming_it_and_loses_nothing(tmp_p
         subprocess.run(["umount", str(where)], capture_output=True)
 
 
-def test_an_overflow_dir_that_cannot_be_made_stops_the_start_in_one_line(tmp_path):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    config = tmp_path / "node.json"
-    config.write_text(f'{{"port": {free_port()}, "http_port": 0, "queue_data_dir": "{tmp_path / "data"}", '
-                      f'"overflow_dir": "{blocker / "ov"}"}}')
+def start_error(tmp_path, overflow_dir) -> list[str]:
+    """The lines a node with `overflow_dir` that cannot start prints (exit status 1)."""
+    config = tmp_path / "refused.json"
+    config.write_text(f'{{"port": {free_port()}, "http_port": 0, "workers": 1, '
+                      f'"queue_data_dir": "{tmp_path / "refused-data"}", "overflow_dir": "{overflow_dir}"}}')
     proc = subprocess.run([sys.executable, "-P", "-m", "queue_server.server.main", "--config", str(config)],
                           capture_output=True, text=True, timeout=30)
     out = proc.stdout + proc.stderr
-    assert proc.returncode == 1
-    assert "Traceback" not in out
-    assert out.strip().splitlines() == [
+    assert proc.returncode == 1 and "Traceback" not in out, out
+    return out.strip().splitlines()
+
+
+def test_an_overflow_dir_that_cannot_be_made_stops_the_start_in_one_line(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert start_error(tmp_path, blocker / "ov") == [
         f"queue-server: config key 'overflow_dir': cannot create '{blocker / 'ov'}': Not a directory"]
 
 
@@ -164,3 +169,15 @@ def test_a_cluster_overflows_on_every_node_and_a_new_leader_delivers_every_body(
         assert consume_all(c.nodes[new], "big", N) == data
     finally:
         c.stop()
+
+
+def test_two_nodes_cannot_share_an_overflow_dir(tmp_path):
+    shared = tmp_path / "shared-overflow"
+    first = NodeProcess(str(tmp_path), {"overflow_dir": str(shared), "workers": 1}, name="first").start(serving=True)
+    try:
+        worker = first.child_pid("worker")
+        assert start_error(tmp_path, shared) == [
+            f"queue-server: config key 'overflow_dir': {shared / 'worker-0'} is in use by another node "
+            f"(pid {worker}); give each node its own"]
+    finally:
+        first.stop()
