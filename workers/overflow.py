@@ -15,7 +15,8 @@ hold its reference until the record is committed, and a rollback stores it again
 whose last reference went is deleted only once the records that took its references away are
 committed: `trimmed` (called when the journal is trimmed) stamps it with the newest record
 number then, and deletes it at a later trim that commits that number. A service without a
-journal (`defer` False) deletes it at once.
+journal calls `trimmed` after each record it replays: never at once, since a record may take a
+message's reference out of one queue and give it to another (a dead letter).
 
 Pure logic: no I/O (the SegmentFiles does it).
 """
@@ -105,16 +106,15 @@ def unpack(r: int) -> tuple[int, int, int]:
 class Overflow:
     """Where one worker's bodies are: its budget, its segments and their live references."""
 
-    __slots__ = ("budget", "files", "segment_size", "rotate_empty", "defer", "seg", "end", "live", "live_bytes",
+    __slots__ = ("budget", "files", "segment_size", "rotate_empty", "seg", "end", "live", "live_bytes",
                  "zero", "refused", "retry_at", "ahead", "after")
 
     def __init__(self, budget: BodyBudget, files: SegmentFiles, segment_size: int = SEGMENT_SIZE,
-                 defer: bool = True, rotate_empty: int = ROTATE_EMPTY) -> None:
+                 rotate_empty: int = ROTATE_EMPTY) -> None:
         self.budget = budget
         self.files = files
         self.segment_size = segment_size
         self.rotate_empty = rotate_empty
-        self.defer = defer  # segments wait for the commit before they are deleted (undo journal)
         self.seg = 0  # the segment new bodies are written to
         self.end = 0  # its size
         self.live: dict[int, int] = {}  # segment -> live references (only segments with any)
@@ -335,10 +335,7 @@ class Overflow:
             self._rotate()
 
     def _dead(self, seg: int) -> None:
-        if self.defer:
-            self.zero[seg] = None
-        else:
-            self._delete(seg)
+        self.zero[seg] = None
 
     def _delete(self, seg: int) -> None:
         if self.ahead is not None and self.ahead[0] == seg:

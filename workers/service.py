@@ -242,8 +242,6 @@ class PartitionService:
         self.undo_limit = undo_limit
         self.journal = undo.UndoJournal() if undo_limit is not None else None
         self.overflow = overflow
-        if overflow is not None:
-            overflow.defer = self.journal is not None
         self._next_sweep = 0.0
         self._handlers: dict[int, Callable[[dict, Origin, int, float], dict | None]] = {
             p.PRODUCE: self._produce,
@@ -832,6 +830,8 @@ class PartitionService:
         if type(record) is not Noop:
             self._apply(record)
             self.seq += 1
+            if self.journal is None and self.overflow is not None:  # no undo: emptied segments go
+                self.overflow.trimmed(self.seq, self.seq)
 
     def _apply(self, record: Record) -> None:
         """apply, not counted in seq (a delete_queue this service decides is counted as a

@@ -64,7 +64,6 @@ def overflowing(share: int, segment_size: int, rotate_empty: int,
     ov = Overflow(BodyBudget(share), FakeFiles(), segment_size, rotate_empty=rotate_empty)
     s = service(10**6, run.restore_cache, run.suffix, run.queue_class)
     s.overflow = ov
-    ov.defer = True
     return s, ov
 
 
@@ -138,6 +137,15 @@ def run_seed(seed: int) -> int:
     assert not ov.zero
     check_counts(over, ov, f"seed {seed}, all committed")
     assert set(ov.files.segs) <= set(ov.live) | {ov.seg}
+    # A replica (no undo journal: segments go at once) replays the log with its own budget.
+    replica = service(None, run.restore_cache, run.suffix, run.queue_class)
+    rov = replica.overflow = Overflow(BodyBudget(rng.choice((0, 30))), FakeFiles(), 128, rotate_empty=0)
+    for record in run.log:
+        replica.apply(record)
+    where = f"seed {seed}, a replica"
+    check_counts(replica, rov, where)
+    assert set(rov.files.segs) <= set(rov.live) | {rov.seg}, where
+    assert_same(run.replay(len(run.log)), replica, run.now, where)
     return spilled
 
 
@@ -195,10 +203,10 @@ def test_a_segment_goes_once_its_last_body_is_gone_and_committed():
     assert 0 in ov.files.segs
     ov.trimmed(committed=7, seq=9)
     assert sorted(ov.files.segs) == [1]
-    ov.defer = False  # no undo journal: at once
     store.add(4, "ddd", state)
     store.add(5, "eee", state)
     store.delete_many([3, 4])
+    ov.trimmed(committed=9, seq=9)  # everything committed (or no journal): at once
     assert sorted(ov.files.segs) == [2]
 
 
