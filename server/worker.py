@@ -60,6 +60,7 @@ class Worker:
         self.queue_metrics = queue_metrics
         self.memory = memory
         self.next_memory_check = 0.0
+        self.overflow_refused: str | None = None  # the overflow disk's refusal last logged
         self.undone = 0  # records the last MODE rolled back
         self.rollbacks = 0  # MODEs that rolled records back
         self.owns = owns
@@ -102,6 +103,13 @@ class Worker:
                 self.log.warning("node memory %d MiB is %s max_memory_mb (%d): produces are %s",
                                  resident >> 20, "over" if full else "back under",
                                  self.service.max_memory_mb, "refused" if full else "served again")
+        overflow = self.service.overflow
+        if overflow is not None and overflow.refused != self.overflow_refused:
+            self.overflow_refused = overflow.refused
+            if overflow.refused is not None:
+                self.log.warning("%s: produces that need it are refused until it takes writes again", overflow.refused)
+            else:
+                self.log.warning("overflow disk %s takes writes again", overflow.files.where)
         if self.metrics.due(clock):
             self.metrics.fold(lambda: self.service._totals(now), self.service.limit_refusals)
             if self.queue_metrics is not None:

@@ -123,6 +123,7 @@ def test_a_full_overflow_disk_refuses_produces_naming_it_and_loses_nothing(tmp_p
         assert set(refused) == {f"overflow disk full: {where / 'worker-0'}"}
         c.close()
         assert consume_all(node, "big", len(stored)) == stored  # every acknowledged body, whole
+        assert f"overflow disk full: {where / 'worker-0'}: produces that need it are refused" in node.log()
         # Room again: produces go.
         produce_all(node, "big", data[:50])
         assert consume_all(node, "big", 50) == data[:50]
