@@ -3,7 +3,7 @@ store's reference slot), differentially: the same random traffic (test_rollback'
 single, batch and idempotent, consume at most once and leased, confirm, release, extend, ttl
 and lease expiry, priorities, dead letters and their replay, purge, delete_queue, pause,
 subscribe, virtual queues, undeliver; with commits and rollbacks of the undo journal) on a
-service whose bodies overflow past a budget of a few bytes to an in-memory fake of the segment
+service whose bodies overflow past a budget of 0 B to 2 KB to an in-memory fake of the segment
 files, and on one without overflow: the same replies and records, the same state, and the
 overflow's counts always equal to what the stores hold. OVERFLOW_SEEDS (default 300) sets how
 many runs."""
@@ -106,7 +106,7 @@ def run_seed(seed: int) -> int:
     run = BodiesRun(seed)
     rng = run.rng
     plain = run.leader
-    share = rng.choice((0, 8, 40, 200))
+    share = rng.choice((0, 8, 40, 200, 1000, 2048))  # bytes: every body, some, a few KB
     over, ov = overflowing(share, rng.choice((64, 300, 4096)), rng.choice((0, 100, 1 << 20)), run)
     spilled = 0
     for phase in range(rng.randint(2, 4)):
