@@ -302,7 +302,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("max_wait", 30, _positive_number, "longest long-poll wait a consume may ask for, seconds"),
     _Key("replication", "quorum", _choice("quorum", "async"), "reply after a quorum has the write, or at once"),
     _Key("fsync", "everysec", _choice("always", "everysec", "no"), "when the change log is synced to disk"),
-    _Key("in_memory", False, _bool, "true: keep nothing on disk"),
+    _Key("in_memory", False, _bool, "true: no data dir (a snapshot for a follower goes through the run dir)"),
     _Key("snapshot_every", 100000, _int(1), "write a snapshot after this many committed records"),
     _Key("repair", False, _bool, "true: cut a log corrupt in the middle at the damage (losing what follows)"),
     _Key("metrics_port", 0, _int(0, 65535), "HTTP metrics port; 0 = off"),
@@ -631,7 +631,7 @@ DEFAULT_CONFIG_TEXT = """\
     "max_wait" : 30,                // longest long-poll wait, seconds
     "replication" : "quorum",       // "quorum": reply once a majority has the write; "async"
     "fsync" : "everysec",           // "always", "everysec" or "no"
-    "in_memory" : false,            // true: keep nothing on disk
+    "in_memory" : false,            // true: no data dir (a snapshot for a follower goes through the run dir)
     "snapshot_every" : 100000,      // write a snapshot after this many committed records
     "repair" : false,               // true: cut a log corrupt in the middle at the damage (losing what follows)
     "metrics_port" : 0,             // HTTP metrics port; 0 = off

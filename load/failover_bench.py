@@ -1,8 +1,12 @@
 """Cluster timings on a real 3-node loopback cluster: time to a new leader after kill -9 of the
 leader and after pausing it (SIGSTOP), and a follower's catch-up rate over the change log.
+With --behind N, only a follower's catch-up past the leader's log window instead: N messages
+produced while it is down on nodes with a disk whose log keeps BEHIND_LOG records, so that it
+gets the leader's snapshot on disk, streamed in chunks, and then the log after it.
 A benchmark, not a test; prints its figures and the machine.
 
     python load/failover_bench.py --records 1000000
+    python load/failover_bench.py --behind 1000000
 """
 from __future__ import annotations
 
@@ -18,6 +22,8 @@ from queue_server.client import QueueClient  # noqa: E402
 from load.bench import print_machine  # noqa: E402
 from load.options import parse_numbers  # noqa: E402
 from tests.harness import Cluster, NodeProcess, RawTcp, wait_for  # noqa: E402
+
+BEHIND_LOG = 10_000  # queue_log_size of --behind: far fewer records than the follower lacks
 
 
 def time_to_new_leader(workdir: str, sig: int, rounds: int) -> list[float]:
@@ -39,11 +45,13 @@ def time_to_new_leader(workdir: str, sig: int, rounds: int) -> list[float]:
     return times
 
 
-def catch_up(workdir: str, records: int, batch: int) -> tuple[float, float]:
-    """Produce `records` messages while a follower is down, restart it, time its catch-up.
+def catch_up(workdir: str, records: int, batch: int, behind: bool = False) -> tuple[float, float]:
+    """Produce `records` messages while a follower is down, restart it, time its catch-up:
+    over the log (in_memory nodes whose log keeps them all), or, `behind`, past the log (nodes
+    with a disk whose log keeps BEHIND_LOG records: a streamed snapshot, then the log).
     Returns (seconds to produce, seconds to catch up)."""
-    c = Cluster(os.path.join(workdir, "catchup"), queue_log_size=records + 1000, queue_size=records + 1000,
-                in_memory=True).start()
+    where = {"queue_log_size": BEHIND_LOG} if behind else {"queue_log_size": records + 1000, "in_memory": True}
+    c = Cluster(os.path.join(workdir, "catchup"), queue_size=records + 1000, **where).start()
     try:
         leader = c.wait_leader()
         follower = next(i for i in c.nodes if i != leader)
@@ -71,9 +79,16 @@ def catch_up(workdir: str, records: int, batch: int) -> tuple[float, float]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_numbers(__doc__, argv, records=1_000_000, batch=1000, rounds=5)
+    args = parse_numbers(__doc__, argv, records=1_000_000, batch=1000, rounds=5,
+                         behind=(0, "only time a follower's catch-up past the log, this many messages behind"))
     print_machine()
     with tempfile.TemporaryDirectory() as tmp:
+        if args.behind:
+            produced, caught = catch_up(tmp, args.behind, args.batch, behind=True)
+            print(f"produced {args.behind:,} messages in {produced:.1f} s with a follower down")
+            print(f"follower catch-up past a log of {BEHIND_LOG:,} records: {args.behind:,} messages in {caught:.1f} s "
+                  f"(a snapshot streamed from the leader's disk, then the log; including its start-up)")
+            return
         kill = time_to_new_leader(tmp, signal.SIGKILL, args.rounds)
         print(f"new leader after kill -9: min {min(kill):.3f} s, max {max(kill):.3f} s over {len(kill)} rounds", flush=True)
         pause = time_to_new_leader(tmp, signal.SIGSTOP, args.rounds)

@@ -16,9 +16,14 @@ from queue_server.replication.messages import (
     Discarded,
     InstallSnapshot,
     Pull,
+    SnapshotAck,
+    SnapshotChunk,
+    SnapshotStaged,
+    WriteChunk,
 )
+from queue_server.replication.transfer import MANIFEST, SnapshotReceive
 
-Action = Send | Commit | Discarded | ApplySnapshot
+Action = Send | Commit | Discarded | ApplySnapshot | WriteChunk | SnapshotStaged
 
 
 class Follower:
@@ -33,10 +38,12 @@ class Follower:
         self._match = 0  # the highest position acked to this leader
         self._prev_hb: Heartbeat | None = None
         self._progress_at_hb: tuple[int, int] = (-1, -1)  # (last_trans_id, _match) then
-        self._on = {AppendEntries: self.on_append, Heartbeat: self.on_heartbeat, InstallSnapshot: self.on_snapshot}
+        self.receiving: SnapshotReceive | None = None  # a snapshot being streamed from the leader
+        self._on = {AppendEntries: self.on_append, Heartbeat: self.on_heartbeat, InstallSnapshot: self.on_snapshot,
+                    SnapshotChunk: self.on_snapshot_chunk}
 
     def on_message(self, msg: object, now: float) -> list[Action]:
-        """Dispatch AppendEntries, Heartbeat and InstallSnapshot; others are ignored."""
+        """Dispatch AppendEntries, Heartbeat, InstallSnapshot and SnapshotChunk; others are ignored."""
         on = self._on.get(type(msg))
         return [] if on is None else on(msg, now)
 
@@ -101,6 +108,46 @@ class Follower:
         match = max(m.trans_id, log.commit_trans_id)
         self._match = max(self._match, match)
         actions.append(Send(m.src, AppendAck(m.vote_id, self.node_id, match)))
+        return actions
+
+    def on_snapshot_chunk(self, m: SnapshotChunk, now: float) -> list[Action]:
+        """A chunk of the leader's snapshot on disk: write it (WriteChunk, before the SnapshotAck
+        that follows), and once every file is written have it checked and installed
+        (SnapshotStaged; then installed()). A chunk of another snapshot than the one being
+        received starts again from its beginning. When this log already holds the snapshot's
+        point it only commits up to there and acks it, as on_snapshot does."""
+        log = self.log
+        actions: list[Action] = []
+        if m.trans_id <= log.commit_trans_id or log.term_at(m.trans_id) == m.trans_vote_id:
+            return self.on_snapshot(m, now)  # nothing to replace
+        recv = self.receiving
+        if recv is None or (recv.trans_id, recv.vote_id) != (m.trans_id, m.trans_vote_id):
+            if (m.part, m.offset) != (MANIFEST, 0):
+                actions.append(Send(m.src, SnapshotAck(m.vote_id, self.node_id, m.trans_id, MANIFEST, 0)))
+                return actions  # from the start, please
+            recv = self.receiving = SnapshotReceive(m.trans_id, m.trans_vote_id)
+        if recv.take(m):
+            actions.append(WriteChunk(m.trans_id, m.part, m.offset, m.data))  # type: ignore[arg-type]
+        actions.append(Send(m.src, SnapshotAck(m.vote_id, self.node_id, m.trans_id, *recv.at)))
+        if recv.complete:
+            self.receiving = None
+            actions.append(SnapshotStaged(recv.trans_id, recv.vote_id, recv.manifest))  # type: ignore[arg-type]
+        self._pulled = None
+        return actions
+
+    def installed(self, trans_id: int, vote_id: int, leader_id: int | None, term: int) -> list[Action]:
+        """The snapshot at (trans_id, vote_id) is checked and installed (the node's state and
+        disk hold it): the log restarts after it; the leader `leader_id` of term `term` hears
+        so (AppendAck). Nothing is done if the log holds that point committed already."""
+        log = self.log
+        actions: list[Action] = []
+        if trans_id <= log.commit_trans_id:
+            return actions
+        log.reset(trans_id, vote_id)
+        self._pulled = None
+        self._match = max(self._match, trans_id)
+        if leader_id is not None:
+            actions.append(Send(leader_id, AppendAck(term, self.node_id, trans_id)))
         return actions
 
     def reset(self) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 from queue_server.election.messages import PeerMessage, Send
 from queue_server.protocol.snapshot_frames import Frame
@@ -30,7 +30,12 @@ __all__ = [
     "Pull",
     "Recovered",
     "Send",
+    "SendChunk",
     "SendSnapshot",
+    "SnapshotAck",
+    "SnapshotChunk",
+    "SnapshotStaged",
+    "WriteChunk",
 ]
 
 
@@ -80,6 +85,41 @@ class InstallSnapshot(PeerMessage):
     data: object
 
 
+@dataclass(frozen=True, slots=True)
+class SnapshotChunk(PeerMessage):
+    """Leader -> follower: `data` is the bytes at `offset` of one file of the leader's snapshot
+    on disk as of (trans_id, trans_vote_id), a committed point: part -1 is its manifest, part i
+    its i-th part file, `total` that file's size. While the leader decides, `data` is a FileRange
+    (what to read); the coordinator reads the bytes when it encodes the message."""
+
+    SENDER: ClassVar[str] = "leader"
+    trans_id: int
+    trans_vote_id: int
+    part: int
+    offset: int
+    total: int
+    data: bytes | FileRange
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotAck(PeerMessage):
+    """Follower -> leader: every chunk of the snapshot at trans_id before (part, offset) is
+    written to its disk."""
+
+    SENDER: ClassVar[str] = "follower"
+    trans_id: int
+    part: int
+    offset: int
+
+
+class FileRange(NamedTuple):
+    """`length` bytes at `offset` of the file at `path`: a chunk not read yet."""
+
+    path: str
+    offset: int
+    length: int
+
+
 # ------------------------------------------------------------------ actions
 
 
@@ -99,6 +139,39 @@ class SendSnapshot:
     of the state at a committed point (at or after log.base_trans_id)."""
 
     to: int
+
+
+@dataclass(frozen=True, slots=True)
+class SendChunk:
+    """Leader: send follower `to` the chunk (part, offset, length) of the snapshot being streamed
+    to it (replication/transfer.py SnapshotSend has the files)."""
+
+    to: int
+    trans_id: int
+    part: int
+    offset: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class WriteChunk:
+    """Follower: write `data` at `offset` of file `part` (-1: the manifest) of the snapshot at
+    trans_id being received, before the SnapshotAck that follows leaves."""
+
+    trans_id: int
+    part: int
+    offset: int
+    data: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotStaged:
+    """Follower: every file of the snapshot at (trans_id, vote_id) is written (`manifest`: the
+    leader's). Check and install it; then ClusterNode.on_snapshot_installed."""
+
+    trans_id: int
+    vote_id: int
+    manifest: dict
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,12 @@ on BecomeLeader, drop it on BecomeFollower. Each follower is in one of three sta
   (queue_sync_rate records/s, one token bucket for the whole leader).
 * REPLICATE: the follower is up to date; new entries are pushed as they are appended, up to
   max_inflight unanswered pushes, with no rate limit.
-* SNAPSHOT: it needs entries older than the log keeps; a SendSnapshot action was returned and the
-  leader waits for the follower's ack (or snapshot_timeout, then tries again).
+* SNAPSHOT: it needs entries older than the log keeps. With a snapshot on disk whose point the
+  log still follows (`source`), the leader streams its files in chunks (replication/transfer.py
+  SnapshotSend: a window of chunks, SnapshotAck answers); otherwise a SendSnapshot action is
+  returned (the node makes one: an InstallSnapshot from memory, or a cut on disk that comes back
+  as set_source). Either way the leader waits for the follower's AppendAck of the snapshot's
+  point; with no progress for snapshot_timeout it starts again.
 
 Commit (Raft's rule): the highest trans_id held by a majority of the cluster, leader included,
 whose entry was written in the leader's own term.
@@ -25,7 +29,8 @@ from enum import Enum
 from queue_server.election.membership import membership
 from queue_server.election.messages import HeartbeatAck, Send
 from queue_server.replication.log import ChangeLog
-from queue_server.replication.messages import AppendAck, AppendEntries, Commit, Pull, SendSnapshot
+from queue_server.replication.messages import AppendAck, AppendEntries, Commit, Pull, SendSnapshot, SnapshotAck
+from queue_server.replication.transfer import CHUNK, WINDOW, SnapshotSend, SnapshotSource
 
 Action = Send | Commit | SendSnapshot
 
@@ -46,7 +51,8 @@ class Progress:
     inflight: deque = field(default_factory=deque)  # REPLICATE: last trans_id of each unacked push
     probe_prev: int = 0  # PROBE: prev_trans_id of the batch awaiting an answer
     probe_end: int | None = None  # PROBE: last trans_id of that batch (None: no batch out)
-    sent_at: float = float("-inf")  # PROBE / SNAPSHOT: when the batch or snapshot went out
+    sent_at: float = float("-inf")  # PROBE / SNAPSHOT: when the batch or snapshot went out (or last moved on)
+    transfer: SnapshotSend | None = None  # SNAPSHOT: the files being streamed to it
     waiting: bool = True  # PROBE: a batch is due (not sent yet, or held back by the rate limit)
 
 
@@ -78,21 +84,27 @@ class Flow:
     """How fast a leader feeds its followers. max_batch: entries per AppendEntries; max_inflight:
     batches unanswered per follower; sync_rate: catch-up entries per second (queue_sync_rate, <= 0
     for unlimited); resend_interval: a catch-up batch unanswered this long is sent again;
-    snapshot_timeout: an InstallSnapshot unanswered this long is sent again."""
+    snapshot_timeout: a snapshot transfer that made no progress this long starts again;
+    chunk_bytes, chunk_window: a streamed snapshot's chunk size and how many may be unacked;
+    chunk_resend: the oldest unacked chunk waits this long before the window is sent again."""
 
     max_batch: int = 1000
     max_inflight: int = 64
     sync_rate: float = 3000.0
     resend_interval: float = 0.5
     snapshot_timeout: float = 10.0
+    chunk_bytes: int = CHUNK
+    chunk_window: int = WINDOW
+    chunk_resend: float = 2.0
 
 
 class LeaderReplication:
     """Replication from this node, the leader of term vote_id, to its followers."""
 
     def __init__(self, node_id: int, members: Iterable[int], log: ChangeLog, vote_id: int, now: float,
-                 flow: Flow = Flow()) -> None:
-        """members: the whole cluster."""
+                 flow: Flow = Flow(), source: SnapshotSource | None = None) -> None:
+        """members: the whole cluster; source: the newest snapshot on this node's disk (None:
+        none, or no disk)."""
         self.node_id = node_id
         self.members, peers, self.quorum = membership(node_id, members)
         self.log = log
@@ -102,7 +114,9 @@ class LeaderReplication:
         self.progress: dict[int, Progress] = {
             p: Progress(next_trans_id=log.last_trans_id + 1) for p in peers
         }
-        self._on = {AppendAck: self.on_ack, Pull: self.on_pull, HeartbeatAck: self.on_heartbeat_ack}
+        self.source = source
+        self._on = {AppendAck: self.on_ack, Pull: self.on_pull, HeartbeatAck: self.on_heartbeat_ack,
+                    SnapshotAck: self.on_snapshot_ack}
         self._last_batch: AppendEntries | None = None  # the last one built (see _batch)
 
     # ----------------------------------------------------------------- inputs
@@ -125,10 +139,33 @@ class LeaderReplication:
                     self._probe(pr, max(pr.probe_prev, pr.match_trans_id))
                 if pr.waiting:
                     self._send(peer, pr, now, actions)
-            elif pr.state is FollowerState.SNAPSHOT and now - pr.sent_at >= self.flow.snapshot_timeout:
-                self._probe(pr, pr.match_trans_id)
-                self._send(peer, pr, now, actions)
+            elif pr.state is FollowerState.SNAPSHOT:
+                if now - pr.sent_at >= self.flow.snapshot_timeout:
+                    self._probe(pr, pr.match_trans_id)
+                    self._send(peer, pr, now, actions)
+                elif pr.transfer is not None and pr.transfer.tick(now):
+                    actions.extend(self._chunks(peer, pr, now))
         return actions
+
+    def set_source(self, source: SnapshotSource, now: float) -> list[Action]:
+        """A newer snapshot is on disk: stream it to the followers that wait for one."""
+        self.source = source
+        actions: list[Action] = []
+        for peer, pr in self.progress.items():
+            if pr.state is FollowerState.SNAPSHOT and pr.transfer is None:
+                self._snapshot(peer, pr, now, actions)
+        return actions
+
+    def on_snapshot_ack(self, m: SnapshotAck, now: float) -> list[Action]:
+        """The follower wrote the streamed snapshot up to (m.part, m.offset): send what the
+        window lets out."""
+        pr = self.progress[m.src]
+        transfer = pr.transfer
+        if pr.state is not FollowerState.SNAPSHOT or transfer is None or transfer.source.trans_id != m.trans_id:
+            return []
+        if transfer.on_ack(m.part, m.offset):
+            pr.sent_at = now
+        return self._chunks(m.src, pr, now)
 
     def on_message(self, msg: object, now: float) -> list[Action]:
         """Dispatch AppendAck, Pull and HeartbeatAck of this term; others are ignored."""
@@ -211,6 +248,7 @@ class LeaderReplication:
     def _probe(self, pr: Progress, after: int) -> None:
         """Restart catch-up for this follower from entry after+1."""
         pr.state = FollowerState.PROBE
+        pr.transfer = None
         pr.next_trans_id = after + 1
         pr.inflight.clear()
         pr.probe_end = None
@@ -281,12 +319,29 @@ class LeaderReplication:
             pr.inflight.clear()
             pr.probe_end = None
             pr.waiting = False
-            pr.sent_at = now
-            actions.append(SendSnapshot(peer))
+            self._snapshot(peer, pr, now, actions)
             return None
         self._last_batch = AppendEntries(self.vote_id, self.node_id, prev, prev_vote, tuple(entries),
                                          log.commit_trans_id)
         return self._last_batch
+
+    def _snapshot(self, peer: int, pr: Progress, now: float, actions: list[Action]) -> None:
+        """Start sending this follower a snapshot: the one on disk if the log follows its point,
+        else ask the node for one (SendSnapshot)."""
+        pr.sent_at = now
+        source = self.source
+        if source is None or source.trans_id < self.log.base_trans_id:
+            pr.transfer = None
+            actions.append(SendSnapshot(peer))
+            return
+        flow = self.flow
+        pr.transfer = SnapshotSend(source, chunk=flow.chunk_bytes, window=flow.chunk_window,
+                                   resend_after=flow.chunk_resend)
+        actions.extend(self._chunks(peer, pr, now))
+
+    def _chunks(self, peer: int, pr: Progress, now: float) -> list[Action]:
+        assert pr.transfer is not None
+        return [Send(peer, c) for c in pr.transfer.chunks(self.vote_id, self.node_id, now)]
 
     def _maybe_commit(self, actions: list[Action]) -> None:
         log = self.log

@@ -294,6 +294,19 @@ def read_manifest(path: str) -> Manifest:
     return snapshot
 
 
+def manifest_files(path: str) -> tuple[int, int, tuple[tuple[str, int], ...]]:
+    """(trans_id, vote_id, files) of the v2 snapshot whose manifest is at path, unchecked: files
+    are the manifest and then each part, as (path, bytes). ValueError or OSError says what is
+    wrong (a v1 snapshot has no files to give)."""
+    manifest = _parse_manifest(path)
+    try:
+        parts = tuple((os.path.join(os.path.dirname(path), *e["file"].split("/")), e["bytes"])
+                      for e in manifest["parts"])
+        return manifest["trans_id"], manifest["vote_id"], ((path, os.path.getsize(path)),) + parts
+    except (KeyError, TypeError, AttributeError):
+        raise ValueError("manifest lacks trans_id, vote_id or parts") from None
+
+
 def read_parts(snapshot: Manifest) -> Iterator[Frame]:
     """The QUEUE and ROWS frames of every part of `snapshot`, read as they are consumed
     (ValueError at a damaged part: see iter_frames)."""

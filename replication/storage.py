@@ -6,6 +6,7 @@ plus the log after it. Used by the coordinator only."""
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -14,7 +15,10 @@ from collections.abc import Callable
 from queue_server.replication.datadir import DataDir
 from queue_server.replication.log import ChangeLog, Entry
 from queue_server.replication.messages import Recovered
-from queue_server.replication.snapshot import clean, latest_manifest, publish, read_parts, snapshot_trans_ids
+from queue_server.replication.snapshot import (
+    clean, latest_manifest, manifest_files, publish, read_parts, snapshot_name, snapshot_trans_ids,
+)
+from queue_server.replication.transfer import SnapshotSource
 from queue_server.replication.wal import Opener, StorageError, SyncPolicy, WalWriter, read_wal
 from queue_server.protocol.records import Record, decode
 
@@ -138,6 +142,17 @@ class Storage:
         self.log.info("snapshot at trans_id %d written (%d parts, %d messages%s); %d old log segments removed",
                       trans_id, len(parts), sum(p.get("messages", 0) for p in parts), f"; {how}" if how else "",
                       removed)
+
+    def snapshot_source(self) -> SnapshotSource | None:
+        """The newest snapshot known valid as files to stream to a follower (None: none, or a
+        v1 one, or it cannot be read)."""
+        if not self.valid_at:
+            return None
+        try:
+            return SnapshotSource(*manifest_files(os.path.join(self.snapshot_dir, snapshot_name(self.valid_at))))
+        except (OSError, ValueError) as exc:
+            self.log.warning("cannot stream the snapshot at trans_id %d to followers: %s", self.valid_at, exc)
+            return None
 
     def abort_snapshot(self, tmp: str) -> None:
         """Delete what a cut that will not be published wrote."""

@@ -1,5 +1,6 @@
 """The peer wire: election and replication messages (and forwarded client requests) to and from
-protobuf bytes (replication/peer.proto). Records and snapshots travel as their JSON inside it."""
+protobuf bytes (replication/peer.proto). Records and InstallSnapshot's state travel as their JSON
+inside it, a SnapshotChunk's bytes as they are."""
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -13,7 +14,7 @@ from queue_server.replication import peer_pb2 as pb
 from queue_server.replication.log import Entry
 from queue_server.protocol.records import decode_many, each_encoded, join_encoded
 from queue_server.replication.messages import (
-    AppendAck, AppendEntries, Forward, ForwardReply, GiveBack, InstallSnapshot, Pull,
+    AppendAck, AppendEntries, Forward, ForwardReply, GiveBack, InstallSnapshot, Pull, SnapshotAck, SnapshotChunk,
 )
 
 
@@ -43,6 +44,8 @@ _BODIES: dict[type, str] = {
     ForwardReply: "forward_reply",
     GiveBack: "give_back",
     TimeoutNow: "timeout_now",
+    SnapshotChunk: "snapshot_chunk",
+    SnapshotAck: "snapshot_ack",
 }
 _CLASSES = {name: cls for cls, name in _BODIES.items()}
 # The fields of each class but PeerMessage's, which the envelope carries.
@@ -66,7 +69,7 @@ def encode(msg: object, client_host: str = "", client_port: int = 0, cluster_id:
             body.vote_ids.extend([e.vote_id for e in value])
             body.records = join_encoded([e.encoded() for e in value])
         elif field == "data":
-            body.data = dumps(value)
+            body.data = value if type(msg) is SnapshotChunk else dumps(value)
         elif field == "requests":
             body.requests.extend(pb.ForwardedRequest(forward_id=i, request=r, udp=u) for i, r, u in value)
         elif field == "replies":
@@ -98,7 +101,7 @@ def decode(data: bytes) -> Envelope:
                 value = tuple(map(Entry, range(first, first + len(records)), body.vote_ids, records,
                                   each_encoded(body.records) if records else ()))
             elif field == "data":
-                value = loads(value)
+                value = value if cls is SnapshotChunk else loads(value)
             elif field == "requests":
                 value = tuple((r.forward_id, r.request, r.udp) for r in value)
             elif field == "replies":

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
+from collections.abc import Iterable
 
 import orjson
 
@@ -39,10 +40,14 @@ from queue_server.replication.messages import (
     InstallSnapshot,
     Recovered,
     SendSnapshot,
+    SnapshotStaged,
+    WriteChunk,
 )
 from queue_server.replication.progress import Flow, LeaderReplication
+from queue_server.replication.transfer import SnapshotSource
 from queue_server.server import gather
 from queue_server.protocol import ipc_frames, replies
+from queue_server.protocol.snapshot_frames import Frame
 from queue_server.server.forwarding import Deliver, Forwarding, Undeliver, Work
 from queue_server.protocol.origin import Origin
 from queue_server.server.ready import Ready
@@ -71,7 +76,8 @@ class ClusterNode:
     def __init__(self, config: NodeConfig, now: float, *, recovered: Recovered | None = None,
                  rng: random.Random | None = None, snapshot_dir: str | None = None) -> None:
         """recovered: what the node's disk held (None: start empty, as an in-memory node does);
-        snapshot_dir: where the workers write snapshot parts (None: no snapshots)."""
+        snapshot_dir: where the workers write snapshot parts (None: no snapshots; on an
+        in-memory node only those a follower needs)."""
         self.config = config
         self.node_id = config.node_id
         self.members = [n.node_id for n in config.cluster_node_list] or [config.node_id]
@@ -129,6 +135,11 @@ class ClusterNode:
         self._vote: tuple[int, int | None] | None = None
         self._truncate_after: int | None = None  # the log on disk must drop what follows this
         self._snapshot_now = False  # a snapshot must be written at once (the log was replaced)
+        # A snapshot streamed from the leader: chunks to write, then the whole to check and install
+        # (on_snapshot_installed). And the newest snapshot on this node's disk, to stream to followers.
+        self._chunk_writes: list[WriteChunk] = []
+        self._staged: list[SnapshotStaged] = []
+        self.snapshot_source: SnapshotSource | None = None
         self._stable_through = self.log.last_trans_id  # the log up to here is on disk
         self._reported_role: Role | None = None  # the role the last Ready carried
         # A hand-off of leadership (begin_handoff) holds client requests until this time, or
@@ -144,7 +155,8 @@ class ClusterNode:
         # The workers' replies _refuse replaced, by REFUSALS label, until take_refused().
         self.refused: dict[str, int] = {}
         # Snapshots made by the workers (server/snapshots.py).
-        self.cuts = SnapshotCut(config.workers, config.snapshot_every, snapshot_dir, last=found.trans_id)
+        self.cuts = SnapshotCut(config.workers, config.snapshot_every if recovered is not None else None,
+                                snapshot_dir, last=found.trans_id)
         if found.frames is not None:
             self.state.load_frames(found.frames)  # streamed from the snapshot's parts
             for index in range(config.workers):  # each worker reads the parts itself
@@ -280,6 +292,7 @@ class ClusterNode:
     def _more_than_replies(self) -> bool:
         """Whether anything but messages to the acceptor waits for a Ready."""
         return bool(self._to_workers or self._to_peers or self._vote is not None or self.cuts.done
+                    or self._chunk_writes or self._staged
                     or self._truncate_after is not None or self._snapshot_now
                     or self.log.last_trans_id != self._stable_through or self.role != self._reported_role)
 
@@ -303,7 +316,8 @@ class ClusterNode:
             to_workers=tuple(self._to_workers), to_acceptor=tuple(self._to_acceptor),
             to_peers=tuple(self._to_peers), committed_trans_id=tid,
             committed_vote_id=self.log.term_at(tid) or 0, snapshot_now=self._snapshot_now,
-            role=role if role != self._reported_role else None, snapshots=tuple(self.cuts.done))
+            role=role if role != self._reported_role else None, snapshots=tuple(self.cuts.done),
+            chunk_writes=tuple(self._chunk_writes), staged=tuple(self._staged))
 
     def advance(self, ready: Ready, *, durable_trans_id: int | None = None, log_stored: bool = True) -> None:
         """`ready` is carried out: its messages are sent, its vote stored (or given up on: the
@@ -315,6 +329,8 @@ class ClusterNode:
         del self._to_acceptor[:len(ready.to_acceptor)]
         del self._to_peers[:len(ready.to_peers)]
         del self.cuts.done[:len(ready.snapshots)]
+        del self._chunk_writes[:len(ready.chunk_writes)]
+        del self._staged[:len(ready.staged)]
         if self._vote == ready.vote:
             self._vote = None
         if ready.snapshot_now:
@@ -470,6 +486,12 @@ class ClusterNode:
                 self._stop_leading(now)
                 if kind is BecomeFollower and a.leader_id is not None:
                     self._run(self.follower.pull(a.leader_id, a.vote_id, now), now)
+            elif kind is WriteChunk:
+                self._chunk_writes.append(a)
+            elif kind is SnapshotStaged:
+                self._staged.append(a)
+            elif kind is SendSnapshot and self.cuts.snapshot_dir is not None:
+                self.cuts.want()  # streamed once it is on disk (on_snapshot_source)
             elif kind is SendSnapshot:
                 self._to_peers.append((a.to, InstallSnapshot(
                     self.election.vote_id, self.node_id, self.state_trans_id,
@@ -498,7 +520,8 @@ class ClusterNode:
         committed with this term's first), then let them accept writes."""
         self.follower.reset()
         self.forwarding.orphan(now)
-        self.leader = LeaderReplication(self.node_id, self.members, self.log, vote_id, now, self._flow)
+        self.leader = LeaderReplication(self.node_id, self.members, self.log, vote_id, now, self._flow,
+                                        self.snapshot_source)
         self._apply_to_workers(self.log.entries_after(self.workers_trans_id, 1 << 62) or [],
                                committed=False)
         self.log.append(vote_id, [NOOP])
@@ -632,6 +655,42 @@ class ClusterNode:
             point = self.log.last_trans_id if leading else self.workers_trans_id
             self._to_workers.extend(cuts.start(self.epoch, now, min(commit, point), hold=leading, point=point,
                                                term_at=self.log.term_at))
+
+    def on_snapshot_source(self, source: SnapshotSource, now: float) -> None:
+        """A snapshot is on this node's disk (found at start, written, or received): the one to
+        stream to a follower that needs one."""
+        self.snapshot_source = source
+        if self.leader is not None:
+            self._run(self.leader.set_source(source, now), now)
+
+    def needs_snapshot(self, trans_id: int) -> bool:
+        """Whether a snapshot at trans_id streamed from the leader would move this node on."""
+        return self.leader is None and trans_id > self.log.commit_trans_id
+
+    def on_snapshot_installed(self, staged: SnapshotStaged, parts: list[str], now: float) -> bool:
+        """The snapshot streamed from the leader is checked and installed on disk as `parts`: the
+        workers (LOAD) and the log restart from it, and the leader hears so; the committed state
+        follows in load_installed (after the workers were sent their LOAD, so that both load at
+        once). False if this node no longer needs it."""
+        if not self.needs_snapshot(staged.trans_id):
+            return False
+        self._to_workers.extend(self.cuts.abort("a snapshot was installed"))
+        self.workers_trans_id = staged.trans_id
+        for index in range(self.config.workers):
+            self._to_workers.append((index, ipc_frames.load_frames(staged.trans_id, parts)))
+        self.seqs.reset()
+        self.cuts.last = staged.trans_id
+        self._truncate_after = -1  # the log on disk restarts after the snapshot
+        self._run(self.follower.installed(staged.trans_id, staged.vote_id, self.election.leader_id,
+                                          self.election.vote_id), now)
+        return True
+
+    def load_installed(self, trans_id: int, frames: Iterable[Frame]) -> None:
+        """The committed state becomes the installed snapshot at trans_id (`frames`: its parts'
+        frames, read as consumed). Call before any other event once on_snapshot_installed said True."""
+        self.state.load_frames(frames)
+        self.state.replies.clear()
+        self.state_trans_id = trans_id
 
     # ----------------------------------------------------------------- replies
     def _release(self, header: bytes, blob: bytes) -> None:

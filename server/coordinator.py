@@ -15,6 +15,7 @@ import zmq
 from queue_server.config.loader import NodeConfig
 from queue_server.replication import wire
 from queue_server.replication.datadir import DamagedVoteState, DataDirLocked
+from queue_server.replication.messages import SnapshotAck
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog
 from queue_server.server import batching, ipc, peer_keys
@@ -27,6 +28,7 @@ from queue_server.server.peer_check import BAD_KEY, peer_rejection
 from queue_server.server.ready import Ready
 from queue_server.server.snapshots import Clear, Failed, Publish
 from queue_server.server.reachability import Reachability
+from queue_server.server.transfers import Transfers
 
 # Messages queued for a peer that is not answering are dropped past this many: the election and
 # replication resend what matters.
@@ -51,8 +53,10 @@ class Coordinator:
         self.storage = storage
         started = time.monotonic()
         recovered = storage.recover() if storage is not None else None
-        self.node = ClusterNode(config, time.time(), recovered=recovered,
-                                snapshot_dir=storage.snapshot_dir if storage is not None else None)
+        # An in_memory node cuts snapshots only for a follower that needs one, into the run dir.
+        snapshot_dir = storage.snapshot_dir if storage is not None else os.path.join(run_dir, "snapshots")
+        self.node = ClusterNode(config, time.time(), recovered=recovered, snapshot_dir=snapshot_dir)
+        self.transfers = Transfers(self.node, storage, snapshot_dir, log)  # snapshots streamed to and from peers
         # Until the recovery line is logged (_log_recovery): when recovery began, and what the disk held.
         self.recovery = None if recovered is None else (started, recovered.trans_id, len(recovered.entries))
         self.inbox = ipc.inbox(ctx, run_dir, "coordinator")
@@ -260,6 +264,7 @@ class Coordinator:
             if not node.has_ready():
                 break
             written = ready.log_through
+        self.transfers.load_installed()  # after the workers' LOAD went out
         if time.monotonic() >= self.next_observe:
             self.next_observe = time.monotonic() + OBSERVE_INTERVAL
             self.observe()
@@ -283,6 +288,7 @@ class Coordinator:
                 except StorageError as exc:
                     self.log.error("could not store the vote: %s", exc)
                     vote_stored = False
+        chunks_written = self.transfers.write(ready.chunk_writes) if ready.chunk_writes else True
         if ready.to_workers:
             for index, message in batching.for_workers(ready.to_workers):
                 self.workers[index].send_multipart(message)
@@ -294,11 +300,14 @@ class Coordinator:
             sent: dict[int, bytes] = {}  # id of a message -> its bytes: one batch for several followers
             for target, msg in ready.peer_messages(log_stored, vote_stored):
                 link = self.peers.get(target)
-                if link is None:
+                if link is None or (not chunks_written and type(msg) is SnapshotAck):
                     continue
                 data = sent.get(id(msg))
                 if data is None:
-                    data = sent[id(msg)] = wire.encode(msg, *self.client)
+                    filled = self.transfers.filled(msg)
+                    if filled is None:
+                        continue
+                    data = sent[id(msg)] = wire.encode(filled, *self.client)
                 try:
                     link.send(data)
                 except zmq.Again:  # not connected yet, or too far behind
@@ -308,11 +317,15 @@ class Coordinator:
             self._log_recovery()
         for msg in unsent:
             node.on_unsent(msg, time.time())
+        for staged in ready.staged:
+            self.transfers.install(staged, time.time())
         if ready.snapshot_now:
             self.log.info("installed a snapshot from the leader at trans_id %d", ready.committed_trans_id)
-        if storage is not None:
-            for cut in ready.snapshots:
+        for cut in ready.snapshots:
+            if storage is not None:
                 self.snapshot(storage, cut)
+            else:
+                self.transfers.transient(cut, time.time())
         if ready.role is not None:
             self.log.info("role: %s (vote_id %d, leader %s, trans_id %d)", ready.role, node.election.vote_id,
                           node.election.leader_id, ready.log_through)
@@ -328,6 +341,7 @@ class Coordinator:
                 storage.finish_snapshot(cut.trans_id, cut.vote_id, cut.tmp, list(cut.parts),
                                         f"workers held {cut.held * 1000:.0f} ms, written in {cut.took:.1f} s")
                 self.metrics.snapshot("written")
+                self.transfers.source_changed(time.time())
                 return
             except StorageError as exc:
                 cut = Failed(cut.trans_id, cut.tmp, str(exc))
@@ -414,6 +428,8 @@ def main(argv: list[str] | None = None) -> None:
     finally:
         if coordinator is not None and coordinator.zap is not None:
             coordinator.zap.stop()
+        if coordinator is not None:
+            coordinator.transfers.close()
         ctx.destroy(linger=0)
         if storage is not None:
             storage.close()

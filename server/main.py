@@ -51,7 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data-dir", help="queue_data_dir")
     parser.add_argument("--metrics-port", type=int, help="metrics_port: /metrics, /healthz, /readyz over HTTP")
     parser.add_argument("--http-port", type=int, help="http_port: the HTTP API and status page (default 8111; 0 = off)")
-    parser.add_argument("--in-memory", action="store_true", default=None, help="keep nothing on disk")
+    parser.add_argument("--in-memory", action="store_true", default=None, help="no data dir (a snapshot for a follower goes through the run dir)")
     parser.add_argument("--repair", action="store_true", default=None,
                         help="cut a change log that is corrupt in the middle at the damage, losing what follows")
     return parser.parse_args(argv)

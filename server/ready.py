@@ -31,6 +31,10 @@ class Ready(NamedTuple):
     snapshot_now: bool  # the log was replaced by a snapshot: write one at once
     role: Role | None  # the node's role when it changed since the last Ready, else None
     snapshots: tuple = ()  # server/snapshots.py Publish / Failed / Clear: cuts to publish or clear away
+    # A snapshot streamed from the leader: WriteChunks to write before the SnapshotAcks in
+    # to_peers leave, then SnapshotStaged (every file written) to check and install.
+    chunk_writes: tuple = ()
+    staged: tuple = ()
 
     def needs_write(self, written_through: int | None) -> bool:
         """Whether carrying it out must write to disk, after this flush wrote the log up to

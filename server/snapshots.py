@@ -57,9 +57,10 @@ class SnapshotCut:
     """The cuts of one node, one at a time. Methods return the frames to send to the workers,
     [(worker index, frames)]; what the coordinator must do on disk gathers in `done`."""
 
-    def __init__(self, workers: int, every: int, snapshot_dir: str | None, last: int = 0,
+    def __init__(self, workers: int, every: int | None, snapshot_dir: str | None, last: int = 0,
                  hold_timeout: float = SNAP_HOLD_TIMEOUT) -> None:
-        """snapshot_dir: where the parts go (None: a node without a disk, which makes no cuts);
+        """every: committed records between two cuts (None: cuts only when a follower needs one,
+        as on an in_memory node); snapshot_dir: where the parts go (None: no cuts at all);
         last: the trans_id of the snapshot the node started from."""
         self.workers = workers
         self.every = every
@@ -68,7 +69,7 @@ class SnapshotCut:
         self.last = last  # where the last cut started (or the snapshot at start)
         self.cut_id = 0
         self.running = False
-        self.urgent = False  # a cut is wanted now (the log was replaced by an installed snapshot)
+        self.urgent = False  # a cut is wanted now (the log was replaced by an installed snapshot, or a follower needs one)
         self.retry_at = 0.0
         self.done: list[Publish | Failed | Clear] = []
         self.aborts = 0
@@ -97,13 +98,21 @@ class SnapshotCut:
             return False
         if self.urgent:
             return now >= self.retry_at
-        return commit - self.last >= self.every
+        return self.every is not None and commit - self.last >= self.every
 
     def request(self) -> list[tuple[int, list[bytes]]]:
-        """A cut is wanted at once (the state was replaced): the running one, if any, ends."""
-        self.urgent = True
+        """A cut is wanted at once (the state was replaced) on a node that keeps snapshots: the
+        running one, if any, ends."""
+        self.urgent = self.every is not None
         self.retry_at = 0.0
         return self.abort("a snapshot was installed")
+
+    def want(self) -> None:
+        """A cut is wanted soon (a follower needs a snapshot to be streamed): unless one runs
+        already, the next one starts at once, and again after a failure."""
+        if not self.running and not self.urgent:
+            self.urgent = True
+            self.retry_at = 0.0
 
     def start(self, epoch: int, now: float, commit: int, *, hold: bool, point: int,
               term_at: TermAt) -> list[tuple[int, list[bytes]]]:

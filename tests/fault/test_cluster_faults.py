@@ -4,6 +4,7 @@ the workload's history (tests/fault/history.py)."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import time
 import urllib.request
@@ -177,6 +178,29 @@ def test_follower_far_behind_catches_up_by_snapshot(cluster):
     with QueueClient(c.nodes[new_leader].hosts) as q:
         got = q.consume_batch("behind", 1000)
     assert len(got) == 1000 and got[0].data == "m0-0"
+
+
+def test_an_in_memory_follower_far_behind_gets_a_snapshot_its_leader_cuts_for_it(cluster):
+    """An in_memory leader keeps no snapshots: it has its workers cut one into its run dir for
+    the follower, and streams that."""
+    c = cluster(queue_log_size=200, in_memory=True)
+    leader = c.wait_leader()
+    follower = next(i for i in c.nodes if i != leader)
+    c.nodes[follower].stop()
+    with QueueClient(c.nodes[leader].hosts) as q:
+        for i in range(5):
+            q.produce_batch("far", [f"{i}-{j}" for j in range(100)])
+    c.nodes[follower].start()
+
+    def size() -> int | None:
+        conn = RawTcp(*c.nodes[follower].address)
+        try:
+            return conn.call({"action": 104, "queue": "far"}).get("size")
+        finally:
+            conn.close()
+    wait_for(lambda: size() == 500, 30, "the restarted follower to catch up")
+    with open(c.nodes[follower].log_path) as f:
+        assert re.search(r"installed a snapshot from the leader at trans_id \d+ \(2 parts, 500 messages\)", f.read())
 
 
 def test_no_majority_answers_no_leader(cluster):

@@ -13,6 +13,9 @@ from queue_server.config.loader import parse_config
 from queue_server.election.messages import Heartbeat, HeartbeatAck, TimeoutNow, VoteReply, VoteRequest
 from queue_server.replication.log import Entry
 from queue_server.replication.messages import AppendAck, AppendEntries, Recovered
+from queue_server.replication.messages import FileRange, InstallSnapshot, Pull, SnapshotAck, SnapshotChunk
+from queue_server.replication.snapshot import write_part
+from queue_server.replication.transfer import SnapshotSource
 from queue_server.replication.messages import Forward, ForwardReply, GiveBack
 from queue_server.protocol import vocabulary as p
 from queue_server.protocol import ipc_frames, replies
@@ -22,6 +25,7 @@ from queue_server.protocol.origin import Origin
 from queue_server.protocol.records import decode, encode
 from queue_server.server.ready import Ready
 from queue_server.server.snapshots import SNAP_HOLD_TIMEOUT, Clear, Failed, Publish
+from queue_server.workers.service import PartitionService
 
 T0 = 1_000_000.0
 NODE2 = ("127.0.0.1", 2222)  # node 2's client address, as its peer messages carry it
@@ -826,3 +830,85 @@ def test_a_node_without_a_disk_makes_no_cuts():
         _batch(node, node.epoch, [dict(PRODUCE, msg_id=n + 1)], seq=n)
     node.tick(T0 + 3)
     assert ipc_frames.SNAP not in [f[0] for _, f in _drain(node)[1]]
+
+
+# ---------------------------------------------------------------------- snapshots streamed to a follower
+def _leader_with_node_3_behind(snapshot_dir: str | None) -> tuple[ClusterNode, float]:
+    """Node 1 of three, leading; node 2 holds its log, node 3 asks for what follows trans_id 0,
+    which the log no longer keeps."""
+    node, now = _elected(_config(3, queue_log_size=2, snapshot_every=1_000_000))
+    node.cuts.snapshot_dir = snapshot_dir
+    vote = node.election.vote_id
+    for n in range(5):
+        _batch(node, node.epoch, [dict(PRODUCE, msg_id=n + 1)], seq=n)
+        _drain(node)
+        node.on_peer(AppendAck(vote, 2, node.log.last_trans_id), NODE2, now)
+        _drain(node)
+    assert node.log.base_trans_id > 0
+    node.on_peer(Pull(vote, 3, 0, 0, 0), ("127.0.0.1", 3333), now + 1)  # after the probe's resend interval
+    return node, now
+
+
+def test_a_leader_with_a_disk_streams_a_follower_behind_its_log_the_snapshot_it_cuts():
+    node, now = _leader_with_node_3_behind(SNAPS)
+    vote = node.election.vote_id
+    assert not [m for _, m in _drain(node)[2] if type(m) in (InstallSnapshot, SnapshotChunk)]  # none in memory
+    _cutting(node, now + 1.01)  # a cut starts at once
+    t = node.log.commit_trans_id
+    source = SnapshotSource(t, vote, ((SNAPS + "/m", 10), (SNAPS + "/p0", 5)))
+    node.on_snapshot_source(source, now + 1.5)  # published
+    chunks = [(to, m) for to, m in _drain(node)[2] if type(m) is SnapshotChunk]
+    assert [(to, m.trans_id, m.part, m.data) for to, m in chunks] == [
+        (3, t, -1, FileRange(SNAPS + "/m", 0, 10)), (3, t, 0, FileRange(SNAPS + "/p0", 0, 5))]
+
+
+def test_a_node_without_a_disk_sends_its_state_in_memory():
+    node, _ = _leader_with_node_3_behind(None)
+    (snap,) = [m for _, m in _drain(node)[2] if type(m) is InstallSnapshot]
+    assert snap.data["q"]["next_id"] == 6
+
+
+def test_a_follower_writes_the_streamed_chunks_then_installs_and_loads_the_snapshot(tmp_path):
+    node = _follower()
+    frames = list(_service_frames())
+    part = str(tmp_path / "part-0.qsp")
+    entry = write_part(part, frames, 9)
+    manifest = orjson.dumps({"format": 2, "trans_id": 9, "vote_id": 1, "parts": [entry]})
+    data = open(part, "rb").read()
+    node.on_peer(SnapshotChunk(1, 2, 9, 1, -1, 0, len(manifest), manifest), NODE2, T0 + 0.1)
+    node.on_peer(SnapshotChunk(1, 2, 9, 1, 0, 0, len(data), data), NODE2, T0 + 0.1)
+    ready = node.ready()
+    assert [(w.part, w.offset) for w in ready.chunk_writes] == [(-1, 0), (0, 0)]
+    assert [m for _, m in ready.to_peers] == [SnapshotAck(1, 1, 9, 0, 0), SnapshotAck(1, 1, 9, 1, 0)]
+    (staged,) = ready.staged
+    node.advance(ready, durable_trans_id=ready.log_through)
+    assert node.needs_snapshot(9) and node.log.last_trans_id == 0  # nothing replaced before it is installed
+    assert node.on_snapshot_installed(staged, [part], T0 + 0.2)
+    ready = node.ready()
+    assert ready.truncate_after == -1
+    assert [(i, f) for i, f in ready.to_workers if f[0] == ipc_frames.LOAD] == [
+        (i, ipc_frames.load_frames(9, [part])) for i in range(2)]
+    assert [m for _, m in ready.to_peers] == [AppendAck(1, 1, 9)]
+    assert (node.log.base_trans_id, node.log.commit_trans_id, node.workers_trans_id) == (9, 9, 9)
+    node.load_installed(9, iter(frames))  # once the LOAD went out
+    assert node.state_trans_id == 9 and set(node.state.queues) == {"a", "b"}
+    assert not node.needs_snapshot(9)
+
+
+def _service_frames():
+    """The snapshot frames of two queues of one message each."""
+    s = PartitionService(1, 100)
+    s.handle({"action": 1, "queue": "a", "data": "x"}, Origin(7), 1, T0)
+    s.handle({"action": 1, "queue": "b", "data": "y"}, Origin(7), 2, T0)
+    return s.snapshot_frames()
+
+
+def test_an_in_memory_node_cuts_a_snapshot_only_when_a_follower_needs_one():
+    node = ClusterNode(_config(1, snapshot_every=1), T0, recovered=None, rng=random.Random(1), snapshot_dir=SNAPS)
+    node.tick(T0 + 1)
+    for n in range(3):
+        _batch(node, node.epoch, [dict(PRODUCE, msg_id=n + 1)], seq=n)
+    node.tick(T0 + 3)
+    assert ipc_frames.SNAP not in [f[0] for _, f in _drain(node)[1]]
+    node.cuts.want()  # what SendSnapshot does
+    _cutting(node, T0 + 4)

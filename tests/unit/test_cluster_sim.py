@@ -14,6 +14,11 @@ Checked on every seed:
 * after the faults heal: a leader exists, every node has the same log end, commit point and
   applied state, and every write a leader acknowledged is in it at its trans_id.
 
+On half the seeds (2 and 3 mod 4) a leader answers SendSnapshot by "cutting" its applied prefix
+into files of a shared fake disk and streaming them in small chunks (replication/transfer.py),
+as a node does; on the others it sends one InstallSnapshot, as a ClusterNode with no snapshot
+dir does.
+
 SIM_SEEDS=<n> runs more seeds; a failing seed is printed with its first violation.
 """
 
@@ -24,8 +29,11 @@ from tests.unit import simulation
 
 import heapq
 import os
+import pickle
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+
+import orjson
 
 from queue_server.election.messages import (
     BecomeCandidate,
@@ -44,11 +52,17 @@ from queue_server.replication.messages import (
     ApplySnapshot,
     Commit,
     Discarded,
+    FileRange,
     InstallSnapshot,
     Pull,
     SendSnapshot,
+    SnapshotAck,
+    SnapshotChunk,
+    SnapshotStaged,
+    WriteChunk,
 )
 from queue_server.replication.progress import Flow, LeaderReplication
+from queue_server.replication.transfer import MANIFEST, SnapshotSource
 from queue_server.protocol.records import Confirm, Noop
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "200"))
@@ -67,7 +81,7 @@ def _rid(record: Confirm | Noop) -> int | None:
     """The id of the client write a log record stands for (None: a leader's noop)."""
     return getattr(record, "msg_id", None)
 
-REPLICATION_TYPES = (AppendEntries, AppendAck, Pull, InstallSnapshot, HeartbeatAck)
+REPLICATION_TYPES = (AppendEntries, AppendAck, Pull, InstallSnapshot, SnapshotChunk, SnapshotAck, HeartbeatAck)
 
 
 class Violation(AssertionError):
@@ -104,6 +118,7 @@ class SimNode:
         self.follower = Follower(node_id, self.log, pull_interval=HEARTBEAT)
         self.leader: LeaderReplication | None = None
         self.pending_writes: dict[int, int] = {}  # trans_id -> record id, awaiting commit
+        self.staging: dict[int, bytearray] = {}  # part -> bytes of a snapshot being received
 
     # ------------------------------------------------------------- inputs
 
@@ -144,7 +159,8 @@ class SimNode:
                 self.follower.reset()
                 self.leader = LeaderReplication(self.node_id, self.members, self.log, a.vote_id, now,
                                                 Flow(max_batch=8, max_inflight=4, sync_rate=400,
-                                                     resend_interval=2 * HEARTBEAT, snapshot_timeout=0.5))
+                                                     resend_interval=2 * HEARTBEAT, snapshot_timeout=0.5,
+                                                     chunk_bytes=512, chunk_window=3, chunk_resend=2 * HEARTBEAT))
                 self.log.append(a.vote_id, [NOOP])
                 self.run(self.leader.replicate(now), now)
             elif isinstance(a, (BecomeFollower, BecomeCandidate)):
@@ -153,6 +169,24 @@ class SimNode:
                 self.follower.reset()
             elif isinstance(a, Commit):
                 self.apply(a)
+            elif isinstance(a, SendSnapshot) and self.sim.chunked:
+                tid = len(self.applied)
+                self.run(self.leader.set_source(self.sim.publish(tid, self.log.term_at(tid), self.applied), now), now)
+            elif isinstance(a, WriteChunk):
+                if (a.part, a.offset) == (MANIFEST, 0):
+                    self.staging = {}
+                buf = self.staging.setdefault(a.part, bytearray())
+                if a.offset != len(buf):
+                    raise Violation(f"node {self.node_id} writes chunk {a.part}@{a.offset} after {len(buf)} bytes")
+                buf += a.data
+            elif isinstance(a, SnapshotStaged):
+                data = pickle.loads(bytes(self.staging[0]))
+                self.sim.check_prefix(self, data)
+                if a.trans_id > self.log.commit_trans_id:
+                    self.applied = list(data)
+                    assert len(self.applied) == a.trans_id
+                self.run(self.follower.installed(a.trans_id, a.vote_id, self.election.leader_id,
+                                                 self.election.vote_id), now)
             elif isinstance(a, SendSnapshot):
                 tid = len(self.applied)
                 snap = InstallSnapshot(self.election.vote_id, self.node_id, tid, self.log.term_at(tid),
@@ -209,6 +243,8 @@ class Sim:
         self.committed: dict[int, tuple[int, object]] = {}  # trans_id -> (vote_id, rid)
         self.acked: dict[int, int] = {}  # rid -> trans_id
         self.cut: set[tuple[int, int]] = set()
+        self.chunked = seed % 4 >= 2  # half of the seeds of each log capacity
+        self.disk: dict[str, bytes] = {}  # the snapshot files leaders "cut" (chunked seeds)
         self.loss = self.rng.choice([0.0, 0.05, 0.2])
         self.dup = 0.02
         self.max_delay = self.rng.choice([0.002, 0.01, 0.04])
@@ -235,7 +271,18 @@ class Sim:
             self.durable[i] = node.save()
             self.nodes[i] = None
 
+    def publish(self, trans_id: int, vote_id: int, applied: list) -> SnapshotSource:
+        """A snapshot of `applied` as files: its manifest and one part."""
+        part = pickle.dumps(tuple(applied))
+        manifest = orjson.dumps({"trans_id": trans_id, "vote_id": vote_id, "parts": [{"bytes": len(part)}]})
+        name = f"snap-{len(self.disk)}"
+        self.disk[name + "/manifest"], self.disk[name + "/part-0"] = manifest, part
+        return SnapshotSource(trans_id, vote_id, ((name + "/manifest", len(manifest)), (name + "/part-0", len(part))))
+
     def send(self, src: int, dst: int, msg: object, now: float) -> None:
+        if isinstance(msg, SnapshotChunk) and isinstance(msg.data, FileRange):  # read as the coordinator does
+            r = msg.data
+            msg = replace(msg, data=self.disk[r.path][r.offset:r.offset + r.length])
         assert wire.decode(wire.encode(msg)).msg == msg or isinstance(msg, InstallSnapshot)
         if (src, dst) in self.cut:
             return

@@ -7,6 +7,7 @@ import logging
 from queue_server.replication import wire
 from queue_server.replication.messages import AppendAck, AppendEntries
 from queue_server.server.coordinator import Coordinator
+from queue_server.server.transfers import Transfers
 from tests.unit.test_cluster_node import NODE2, PRODUCE, _batch, _drain, _elected, _config
 
 NODE3 = ("127.0.0.1", 3333)
@@ -25,7 +26,7 @@ class Outbox:
         self.sent.append(frames)
 
 
-def test_a_batch_for_two_followers_is_encoded_once(monkeypatch):
+def test_a_batch_for_two_followers_is_encoded_once(monkeypatch, tmp_path):
     node, now = _elected(_config(3))
     for peer, client in ((2, NODE2), (3, NODE3)):  # both hold the whole log: pushes from now on
         node.on_peer(AppendAck(node.election.vote_id, peer, node.log.last_trans_id), client, now)
@@ -38,6 +39,7 @@ def test_a_batch_for_two_followers_is_encoded_once(monkeypatch):
     coordinator.workers = [Outbox() for _ in range(node.config.workers)]
     coordinator.acceptor = Outbox()
     coordinator.peers = {2: Outbox(), 3: Outbox()}
+    coordinator.transfers = Transfers(node, None, str(tmp_path), coordinator.log)
     encoded = []
 
     def encode(msg: object, *client) -> bytes:

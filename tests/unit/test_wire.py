@@ -24,6 +24,10 @@ MESSAGES = [
     messages.Forward(3, 2, ((1, b'{"action":1}', False), (2, b"{}", True))),
     messages.GiveBack(3, 2, "q", (1, 5, 2**63 - 1), (1, 2, 3)),
     messages.ForwardReply(3, 1, ((1, b'{"code":0}\n'),)),
+    messages.SnapshotChunk(3, 1, 9, 3, -1, 0, 100, b"\x00\xff{"),
+    messages.SnapshotChunk(3, 1, 9, 3, 2, 1 << 40, 1 << 41, b"x" * 1000),
+    messages.SnapshotAck(3, 2, 9, -1, 0),
+    messages.SnapshotAck(3, 2, 9, 1, 1 << 20),
 ]
 
 
@@ -44,6 +48,13 @@ def test_the_envelope_carries_the_senders_http_port():
 def test_garbage_is_a_value_error(data):
     with pytest.raises(ValueError):
         wire.decode(data)
+
+
+def test_a_chunk_travels_as_its_bytes_and_must_be_read_first():
+    chunk = messages.SnapshotChunk(3, 1, 9, 3, 0, 0, 4, b"\x00\x01\x02\x03")
+    assert b"\x00\x01\x02\x03" in wire.encode(chunk)  # raw, not JSON
+    with pytest.raises(TypeError):
+        wire.encode(messages.SnapshotChunk(3, 1, 9, 3, 0, 0, 4, messages.FileRange("/p", 0, 4)))
 
 
 def test_not_a_peer_message():

@@ -1,0 +1,147 @@
+"""The coordinator's file I/O of streamed snapshots (server/transfers.py): a leader reads chunks
+of files it holds open, a follower stages chunks, checks the parts and installs them as its own
+newest snapshot."""
+import logging
+import os
+
+import pytest
+
+from queue_server.replication.messages import FileRange, SnapshotChunk, SnapshotStaged, WriteChunk
+from queue_server.replication.snapshot import read_manifest, snapshot_trans_ids, write_part
+from queue_server.replication.storage import Storage
+from queue_server.replication.transfer import MANIFEST, SnapshotSource
+from queue_server.server.snapshots import Failed, Publish
+from queue_server.server.transfers import RECV_PREFIX, ChunkReader, Staging, Transfers
+from queue_server.workers.service import PartitionService
+from queue_server.protocol.origin import Origin
+
+T = 9
+
+
+def _part(path: str, queues: int = 2) -> tuple[dict, bytes]:
+    s = PartitionService(1, 100)
+    for i in range(queues):
+        s.handle({"action": 1, "queue": f"q{i}", "data": "x" * i}, Origin(7), i, 1.0)
+    entry = write_part(path, s.snapshot_frames(), T)
+    with open(path, "rb") as f:
+        return entry, f.read()
+
+
+def _stage(staging: Staging, parts: list[bytes], chunk: int = 100) -> None:
+    staging.write(WriteChunk(T, MANIFEST, 0, b"{}"))
+    for i, data in enumerate(parts):
+        for offset in range(0, len(data), chunk):
+            staging.write(WriteChunk(T, i, offset, data[offset:offset + chunk]))
+
+
+def test_a_chunk_is_read_from_a_file_held_open_even_once_deleted(tmp_path):
+    path = str(tmp_path / "p")
+    with open(path, "wb") as f:
+        f.write(b"0123456789")
+    reader = ChunkReader()
+    reader.hold(SnapshotSource(T, 1, ((path, 10),)))
+    os.remove(path)  # pruned meanwhile
+    chunk = reader.filled(SnapshotChunk(3, 1, T, 1, 0, 4, 10, FileRange(path, 4, 3)))
+    assert chunk.data == b"456"
+    with pytest.raises(OSError):
+        reader.filled(SnapshotChunk(3, 1, T, 1, 0, 8, 10, FileRange(path, 8, 3)))  # past its end
+    reader.close()
+
+
+def test_staged_parts_are_checked_and_a_new_snapshot_starts_the_staging_again(tmp_path):
+    entry, data = _part(str(tmp_path / "src.qsp"))
+    staging = Staging(str(tmp_path / "snaps"))
+    _stage(staging, [data])
+    staged = SnapshotStaged(T, 1, {"trans_id": T, "parts": [entry]})
+    assert staging.check(staged) == [dict(entry, file="part-0.qsp")]
+    first = staging.path
+    staging.write(WriteChunk(T + 1, MANIFEST, 0, b"{}"))  # another snapshot: what was staged goes
+    assert not os.path.exists(first) and os.listdir(tmp_path / "snaps") == [f"{RECV_PREFIX}{T + 1:020d}"]
+    _stage(staging, [data[:50] + bytes([data[50] ^ 1]) + data[51:]])  # one bit flipped
+    with pytest.raises(ValueError, match="checksum"):
+        staging.check(staged)
+
+
+class _Node:
+    """What Transfers asks of ClusterNode."""
+
+    def __init__(self, needs: bool = True) -> None:
+        self.needs = needs
+        self.installed: list = []
+        self.sources: list = []
+
+    def needs_snapshot(self, trans_id: int) -> bool:
+        return self.needs
+
+    def on_snapshot_installed(self, staged, parts, now) -> bool:
+        self.installed.append((staged.trans_id, parts))
+        return True
+
+    def load_installed(self, trans_id, frames) -> None:
+        self.loaded = (trans_id, list(frames))
+
+    def on_snapshot_source(self, source, now) -> None:
+        self.sources.append(source)
+
+
+def test_a_received_snapshot_becomes_the_node_s_own_newest_one(tmp_path):
+    entries, datas = zip(*(_part(str(tmp_path / f"src{i}.qsp"), queues=i + 1) for i in range(2)))
+    storage = Storage(str(tmp_path / "data"))
+    storage.recover()
+    node = _Node()
+    transfers = Transfers(node, storage, storage.snapshot_dir, logging.getLogger("t"))
+    _stage(transfers.staging, list(datas))
+    transfers.install(SnapshotStaged(T, 1, {"trans_id": T, "parts": list(entries)}), 1.0)
+    assert snapshot_trans_ids(storage.snapshot_dir) == [T] and storage.valid_at == T
+    snapshot = read_manifest(os.path.join(storage.snapshot_dir, f"snapshot-{T:020d}.snap"))  # every part checked
+    ((trans_id, parts),) = node.installed
+    assert (trans_id, tuple(parts)) == (T, snapshot.parts)
+    transfers.load_installed()
+    trans_id, frames = node.loaded
+    assert trans_id == T and [name for kind, name, _ in frames if kind == 1] == ["q0", "q0", "q1"]
+    assert node.sources[-1].trans_id == T and [p for p, _ in node.sources[-1].files[1:]] == list(snapshot.parts)
+    assert not [n for n in os.listdir(storage.snapshot_dir) if n.startswith(RECV_PREFIX)]
+    transfers.close()
+    storage.close()
+
+
+def test_an_in_memory_node_loads_the_received_parts_from_its_run_dir(tmp_path):
+    entry, data = _part(str(tmp_path / "src.qsp"))
+    node = _Node()
+    transfers = Transfers(node, None, str(tmp_path / "run" / "snapshots"), logging.getLogger("t"))
+    _stage(transfers.staging, [data])
+    transfers.install(SnapshotStaged(T, 1, {"trans_id": T, "parts": [entry]}), 1.0)
+    ((_, parts),) = node.installed
+    assert parts == [str(tmp_path / "run" / "snapshots" / f"{RECV_PREFIX}{T:020d}" / "part-0.qsp")]
+    assert os.path.exists(parts[0]) and node.sources == []
+
+
+def test_a_damaged_or_unneeded_snapshot_is_not_installed(tmp_path):
+    entry, data = _part(str(tmp_path / "src.qsp"))
+    storage = Storage(str(tmp_path / "data"))
+    storage.recover()
+    for node, part in ((_Node(), data[:-1] + b"\0"), (_Node(needs=False), data)):
+        transfers = Transfers(node, storage, storage.snapshot_dir, logging.getLogger("t"))
+        _stage(transfers.staging, [part])
+        transfers.install(SnapshotStaged(T, 1, {"trans_id": T, "parts": [entry]}), 1.0)
+        assert node.installed == [] and snapshot_trans_ids(storage.snapshot_dir) == []
+    storage.close()
+
+
+def test_an_in_memory_leader_s_cut_is_streamed_from_files_deleted_once_open(tmp_path):
+    run = tmp_path / "run" / "snapshots"
+    tmp = run / "tmp-cut-1"
+    os.makedirs(tmp)
+    entry, data = _part(str(tmp / "part-0.qsp"))
+    node = _Node()
+    transfers = Transfers(node, None, str(run), logging.getLogger("t"))
+    transfers.transient(Publish(T, 1, str(tmp), (entry,)), 1.0)
+    (source,) = node.sources
+    assert source.trans_id == T and os.listdir(run) == []  # deleted at once
+    path, size = source.files[1]
+    chunk = transfers.filled(SnapshotChunk(3, 1, T, 1, 0, 0, size, FileRange(path, 0, size)))
+    assert chunk.data == data  # still readable through the open descriptor
+    os.makedirs(tmp)
+    transfers.transient(Failed(None, str(tmp), "not every worker forked within 0.5 s"), 2.0)
+    assert os.listdir(run) == [] and len(node.sources) == 1
+    transfers.close()
