@@ -182,3 +182,27 @@ def test_two_nodes_cannot_share_an_overflow_dir(tmp_path):
             f"(pid {worker}); give each node its own"]
     finally:
         first.stop()
+
+
+def test_a_follower_far_behind_gets_a_snapshot_and_overflows_what_it_loads(tmp_path):
+    """The leader's snapshot carries the bodies (its writers read the overflowed ones back); the
+    follower that LOADs it applies its own budget, and can lead with every body."""
+    c = Cluster(str(tmp_path), overflow_mb=1, workers=1, queue_log_size=100, snapshot_every=100).start()
+    try:
+        leader = c.wait_leader()
+        follower = next(i for i in c.nodes if i != leader)
+        c.nodes[follower].stop()
+        data = bodies(5)
+        produce_all(c.nodes[leader], "big", data)  # 300 records: past the 100 of the log
+        c.nodes[follower].start()
+
+        def overflowed() -> int:
+            reply = c.ask(follower, {"action": 104, "queue": "big"})
+            return reply.get("overflowed", 0) if reply and reply.get("size") == N else 0
+        wait_for(lambda: overflowed() > N // 2, 30, "the follower to load the snapshot and overflow it")
+        assert "installed a snapshot" in c.nodes[follower].log()
+        kill_all(c.nodes[leader])
+        new = c.wait_leader(timeout=30, among=[i for i in c.nodes if i != leader], exclude=leader)
+        assert consume_all(c.nodes[new], "big", N) == data
+    finally:
+        c.stop()
