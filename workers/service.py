@@ -830,8 +830,8 @@ class PartitionService:
         if type(record) is not Noop:
             self._apply(record)
             self.seq += 1
-            if self.journal is None and self.overflow is not None:  # no undo: emptied segments go
-                self.overflow.trimmed(self.seq, self.seq)
+            if self.undo_limit is None and self.overflow is not None:  # never undone: emptied
+                self.overflow.trimmed(self.seq, self.seq)  # segments go (a journal's trim does it)
 
     def _apply(self, record: Record) -> None:
         """apply, not counted in seq (a delete_queue this service decides is counted as a
