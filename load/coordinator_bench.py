@@ -2,12 +2,15 @@
 processes or ZeroMQ's wake-ups: a real Coordinator (server/coordinator.py) with its Storage in a
 temporary data dir, whose sends to the workers and the acceptor go nowhere, is fed the BATCH
 messages a real PartitionService makes for produce -> consume -> confirm cycles, and carries each
-out (dispatch, then flush: the change log, the WAL, the commit, the replies). A benchmark tool,
+out (dispatch, then flush: the change log, the WAL, the commit, the replies); with --drain N, N
+batches at a time, as the coordinator's loop takes the batches it drains together
+(Coordinator.dispatch_batches). A benchmark tool,
 not a test: it measures what the machine's noise hides in load/bench.py's CPU us/op.
 
     python load/coordinator_bench.py                        # 1 message per request, fsync everysec
     python load/coordinator_bench.py --count 100 --rounds 3 # 100 messages per request (batched)
     python load/coordinator_bench.py --requests 16          # 16 requests per worker batch (pipelined)
+    python load/coordinator_bench.py --requests 2 --drain 2 # 2 batches taken per wake-up, as at 8 connections
     python load/coordinator_bench.py --profile 20           # and cProfile's top 20 by own time
     PYTHONPATH=/tmp/old-pkg python load/coordinator_bench.py  # another version (a package tree)
 
@@ -96,7 +99,8 @@ def batches(cycles: int, count: int, per_batch: int) -> list[list[bytes]]:
 def main(argv: list[str] | None = None) -> None:
     parser = number_options(__doc__, cycles=(3000, "produce/consume/confirm cycles per round"),
                             count=(1, "messages per request"), requests=(1, "requests per worker batch"),
-                            rounds=(5, "rounds, each on a fresh node; the median is printed"))
+                            rounds=(5, "rounds, each on a fresh node; the median is printed"),
+                            drain=(1, "worker batches taken per wake-up (flush)"))
     parser.add_argument("--fsync", default="everysec", help="the node's fsync (default everysec)")
     parser.add_argument("--in-memory", action="store_true", help="no data dir (no WAL)")
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print cProfile's top N functions by own time")
@@ -135,8 +139,13 @@ def main(argv: list[str] | None = None) -> None:
                 if profiler:
                     profiler.enable()
                 started = time.process_time()
-                for m in msgs:
-                    c.dispatch(m, now)
+                for i in range(0, len(msgs), args.drain):
+                    drained = msgs[i:i + args.drain]
+                    if len(drained) > 1 and hasattr(c, "dispatch_batches"):  # an older version has not
+                        c.dispatch_batches(drained, now)
+                    else:
+                        for m in drained:
+                            c.dispatch(m, now)
                     c.flush()
                 used = time.process_time() - started
                 if profiler:
@@ -149,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
                 if storage is not None:
                     storage.close()
     per_batch = statistics.median(results) * 1e6
-    print(f"{len(work)} batches a round, {args.requests} request(s) of {args.count} message(s) each, "
+    print(f"{len(work)} batches a round, {args.drain} per flush, {args.requests} request(s) of {args.count} message(s) each, "
           f"fsync {'(in memory)' if args.in_memory else args.fsync}")
     print(f"CPU us per batch: median {per_batch:.2f} (rounds: {', '.join(f'{r * 1e6:.2f}' for r in results)}); "
           f"per request {per_batch / args.requests:.2f}")

@@ -8,7 +8,9 @@ a test.
     python load/queue_memory.py --baseline /tmp/queue_before.py   # the same, before and after
     python load/queue_memory.py --messages --undo             # speed with and without an undo journal
 
-Payload strings are made inside the measured window, one per message as orjson makes them in a
+The timings run with the garbage collector's thresholds the server's processes set
+(server/child.py), so that young collections are as rare as in a worker. Payload strings are made
+inside the measured window, one per message as orjson makes them in a
 worker, so a queue that keeps them is charged for them. `--baseline` loads another queue.py (it
 must import only modules this checkout has) and measures it alternately with this one.
 """
@@ -26,6 +28,9 @@ from collections import deque
 from types import ModuleType
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from queue_server.server.child import GC_THRESHOLDS  # noqa: E402
+from queue_server.workers.service import PartitionService  # noqa: E402
 
 T0 = 1_700_000_000.0
 BATCH = 1000
@@ -128,16 +133,18 @@ def timings(module: ModuleType, size: int, rounds: int, out: dict[str, list[floa
         timed("consume(100, lease) + release_many", consume_release_many, 200)
 
         # A replica (a follower's worker) applying a leader's records: produces, then leased
-        # batch consumes and their confirms.
+        # batch consumes and their confirms, committed (an APPLY as a follower's worker gets it:
+        # PartitionService.apply_committed, which keeps no undo entries for them).
         leader = Queue("q", 10**9)
         stream = [r for _ in range(10) for r in leader.produce_many(leased_items, T0)]
         for _ in range(100):
             msgs, recs = leader.consume(T0, 100, lease=30.0)
             stream += recs
             stream.append(leader.confirm_many([(m.msg_id, None, None) for m in msgs]))
-        replica = Queue("q", 10**9)
+        replica = PartitionService(1, 10**9, queue_class=module.Queue,
+                                   undo_limit=10**6 if undo else None)
         timed("apply(21,000 records) on a replica",
-              lambda: [replica.apply(r) for r in stream], 1)
+              lambda: replica.apply_committed(stream), 1)
 
 
 def main() -> None:
@@ -152,6 +159,7 @@ def main() -> None:
     ap.add_argument("--undo", action="store_true",
                     help="time this checkout with an undo journal too (the baseline: without)")
     args = ap.parse_args()
+    gc.set_threshold(*GC_THRESHOLDS)
     this = load(None)
     variants = {"baseline": load(args.baseline)} if args.baseline else {}
     if args.undo:

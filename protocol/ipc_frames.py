@@ -24,7 +24,7 @@ CLOSE = b"close"  # acceptor -> worker: [CLOSE, json conn] (a TCP connection id)
 UNDELIVER = b"undeliver"  # acceptor -> coordinator -> leader's worker: [UNDELIVER, json [queue, [[msg_id, delivery_count], ...]]]
 APPLY = b"apply"  # coordinator -> worker: [APPLY, json [record, ...], committed] (replay of the log)
 BATCH = b"batch"  # worker -> coordinator: [BATCH, records json, reply header json, reply blob, partials json, epoch, worker index]
-REP = b"rep"  # coordinator, worker -> acceptor: [REP, reply header, reply blob] (protocol/replies.py)
+REP = b"rep"  # coordinator, worker -> acceptor: [REP, reply header, reply blob, ...] (protocol/replies.py batches)
 STATUS = b"status"  # coordinator -> acceptor: [STATUS, json {role, leader_node_id, leader_host, leader_port, epoch, http_ports}]
 FORWARD = b"forward"  # acceptor -> coordinator: [FORWARD, json [[origin, req_no, request], ...]] for the leader
 MODE = b"mode"  # coordinator -> worker: [MODE, json [accepting, epoch, keep_through, trans_id]] whether to accept queue requests
@@ -41,11 +41,16 @@ FENCED = b"fenced"  # worker -> coordinator: [FENCED, epoch, worker index]
 # Worker-made snapshots (server/snapshots.py SnapshotCut): each worker forks a child that writes
 # its part; a leading worker sends nothing more to the coordinator between SNAPPED and the end of
 # the cut (RELEASE, or the next MODE), so that the log up to T holds exactly its pre-fork records.
+# A leader's cut first makes a round trip (SYNC, SYNCED), so that its hold starts only once every
+# worker has handled what it was sent before (a long replay would make the hold time out).
+SYNC = b"sync"  # coordinator -> worker: [SYNC, json [epoch, cut id]] answer SYNCED
+SYNCED = b"synced"  # worker -> coordinator: [SYNCED, json [epoch, cut id, worker index]]
 SNAP = b"snap"  # coordinator -> worker: [SNAP, json [epoch, cut id, tmp dir, hold]]
 SNAPPED = b"snapped"  # worker -> coordinator: [SNAPPED, json [epoch, cut id, worker index]] right after the fork
 RELEASE = b"release"  # coordinator -> worker: [RELEASE, cut id] the cut needs no more holding
 PART_DONE = b"part_done"  # worker -> coordinator: [PART_DONE, json [cut id, worker index, ok, part entry]]
 LOAD = b"load"  # coordinator -> worker: [LOAD, json [trans_id, [part path, ...]]] replace all queues
+WAKE = b"wake"  # coordinator -> itself: [WAKE] a signal's handler ends the wait for the next message
 FROM_ACCEPTOR = b"acceptor"
 FROM_COORDINATOR = b"coordinator"
 FENCE_SENDERS = frozenset({FROM_ACCEPTOR, FROM_COORDINATOR})
@@ -182,6 +187,27 @@ def read_reset(frames: list[bytes]) -> dict[str, Any]:
     return _LOADS(frames[1])
 
 
+def sync_frames(epoch: int, cut_id: int) -> list[bytes]:
+    """A SYNC: answer SYNCED once this (and so everything sent before it) is handled."""
+    return [SYNC, _DUMPS([epoch, cut_id])]
+
+
+def read_sync(frames: list[bytes]) -> tuple[int, int]:
+    """The (epoch, cut id) of a SYNC."""
+    epoch, cut_id = _LOADS(frames[1])
+    return epoch, cut_id
+
+
+def synced_frames(epoch: int, cut_id: int, index: int) -> list[bytes]:
+    """A SYNCED: worker `index` has handled the SYNC of cut `cut_id`."""
+    return [SYNCED, _DUMPS([epoch, cut_id, index])]
+
+
+def read_synced(frames: list[bytes]) -> tuple[int, int, int]:
+    """The (epoch, cut id, worker index) of a SYNCED."""
+    return read_snapped(frames)
+
+
 def snap_frames(epoch: int, cut_id: int, tmp: str, hold: bool) -> list[bytes]:
     """A SNAP: flush, fork a child that writes this worker's part into directory `tmp`, answer
     SNAPPED; with `hold`, send nothing more to the coordinator until RELEASE (or MODE)."""
@@ -217,6 +243,7 @@ def read_load(frames: list[bytes]) -> tuple[int, list[str]]:
 
 
 DRAIN_FRAMES = [DRAIN]  # the whole DRAIN message: it carries nothing
+WAKE_FRAMES = [WAKE]  # the whole WAKE message: it carries nothing
 
 
 # ----------------------------------------------------------------- to the acceptor
@@ -226,10 +253,15 @@ def rep_frames(header: bytes, blob: bytes) -> list[bytes]:
     return [REP, header, blob]
 
 
-def read_rep(frames: list[bytes]) -> tuple[bytes, bytes]:
-    """The (header, blob) reply batch of a REP."""
-    _, header, blob = frames
-    return header, blob
+def join_reps(reps: list[list[bytes]]) -> list[bytes]:
+    """REPs as one, their reply batches side by side in order (never decoded): [REP, header,
+    blob, header, blob, ...]."""
+    return [REP, *[part for frames in reps for part in frames[1:]]]
+
+
+def read_rep(frames: list[bytes]) -> list[tuple[bytes, bytes]]:
+    """The (header, blob) reply batches of a REP, in order."""
+    return list(zip(frames[1::2], frames[2::2]))
 
 
 def status_frames(status: dict[str, Any]) -> list[bytes]:

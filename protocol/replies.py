@@ -17,15 +17,23 @@ _NEWLINE = orjson.OPT_APPEND_NEWLINE
 
 def encode(replies: Iterable[tuple[Origin, int, dict]]) -> tuple[bytes, bytes]:
     """(origin, req_no, reply dict) triples as a header and a blob."""
-    return encode_raw((origin, req_no, _DUMPS(reply, option=_NEWLINE)) for origin, req_no, reply in replies)
+    return _batch(replies, True)
 
 
 def encode_raw(replies: Iterable[tuple[Origin, int, bytes]]) -> tuple[bytes, bytes]:
     """(origin, req_no, encoded reply) triples as a header and a blob."""
+    return _batch(replies, False)
+
+
+def _batch(replies: Iterable[tuple[Origin, int, Any]], dump: bool) -> tuple[bytes, bytes]:
+    """The header and blob of replies given as dicts (`dump`) or as their encoded bytes (one
+    loop, no generator between: this is every reply's path)."""
     header = []
     chunks = []
     end = 0
     for (conn, udp, node), req_no, data in replies:
+        if dump:
+            data = _DUMPS(data, option=_NEWLINE)
         end += len(data)
         chunks.append(data)
         header.append((conn, udp, node, req_no, end))
@@ -38,16 +46,6 @@ def decode(header: bytes, blob: Any) -> Iterator[tuple[Origin, int, Any]]:
     for conn, udp, node, req_no, end in orjson.loads(header):
         yield Origin(conn, udp, node), req_no, blob[start:end]
         start = end
-
-
-def join(batches: list[tuple[bytes, bytes]]) -> tuple[bytes, bytes]:
-    """Several (header, blob) batches as one."""
-    header: list = []
-    offset = 0
-    for head, blob in batches:
-        header.extend((conn, udp, node, req_no, end + offset) for conn, udp, node, req_no, end in orjson.loads(head))
-        offset += len(blob)
-    return _DUMPS(header), b"".join(blob for _, blob in batches)
 
 
 def decoded(data: Any) -> Any:

@@ -417,11 +417,11 @@ class Acceptor(Dispatch):
             received += 1
             if frames[0] == ipc_frames.REP:
                 probe_no = metrics.probe_no
-                header, blob = ipc_frames.read_rep(frames)
-                for origin, req_no, data in replies.decode(header, memoryview(blob)):
-                    deliver(origin, req_no, data)
-                    if req_no == probe_no:
-                        metrics.end_probe(origin.conn)
+                for header, blob in ipc_frames.read_rep(frames):
+                    for origin, req_no, data in replies.decode(header, memoryview(blob)):
+                        deliver(origin, req_no, data)
+                        if req_no == probe_no:
+                            metrics.end_probe(origin.conn)
             elif frames[0] == ipc_frames.STATUS:
                 self.on_status(ipc_frames.read_status(frames))
                 self.ready.set()

@@ -3,18 +3,27 @@ per destination as the order the receiver relies on allows (each send wakes two 
 Pure: frames in, frames out."""
 from __future__ import annotations
 
-from queue_server.protocol import ipc_frames, replies
+from queue_server.protocol import ipc_frames
+
+# Most REPs joined into one message: a message has at most 255 parts (server/ipc.py pack),
+# and each reply batch is two.
+MAX_JOINED_REPS = 127
 
 
 def for_acceptor(messages: tuple[list[bytes], ...] | list[list[bytes]]) -> list[list[bytes]]:
-    """The messages for the acceptor: status first, then all reply batches joined into one.
-    Status first, so that the acceptor knows of a change of role before a client can read a
-    reply caused by it (and send its next request to a role that is over)."""
+    """The messages for the acceptor: status first, then the reply batches side by side in one
+    REP (MAX_JOINED_REPS at most: more take more), as they are: the acceptor reads a REP's
+    batches one after another, so nothing is decoded to join them. Status first, so that the
+    acceptor knows of a change of role before a client can read a reply caused by it (and send
+    its next request to a role that is over)."""
+    if len(messages) == 1:
+        return list(messages)  # the common case: one reply batch, or one status
     others = [m for m in messages if m[0] != ipc_frames.REP]
     reps = [m for m in messages if m[0] == ipc_frames.REP]
     if len(reps) < 2:
         return others + reps
-    return others + [ipc_frames.rep_frames(*replies.join([ipc_frames.read_rep(m) for m in reps]))]
+    return others + [ipc_frames.join_reps(reps[i:i + MAX_JOINED_REPS])
+                     for i in range(0, len(reps), MAX_JOINED_REPS)]
 
 
 def for_workers(messages: tuple[tuple[int, list[bytes]], ...] | list[tuple[int, list[bytes]]]

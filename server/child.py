@@ -19,6 +19,9 @@ CONFIG_FILE = "config.json"
 # there was nothing to hand over): the supervisor then lets the acceptor drain.
 HANDOFF_DONE = "handoff-done"
 _PR_SET_PDEATHSIG = 1
+# A full collection walks every live object: with a million stored messages that is a pause longer
+# than an election timeout. Young cycles are still collected; old ones are rare here.
+GC_THRESHOLDS = (100_000, 50, 100_000)
 
 
 @dataclass(frozen=True)
@@ -49,9 +52,7 @@ def start(process: str, argv: list[str] | None = None) -> ChildContext:
     parser.add_argument("--parent", type=int, default=0, help="supervisor pid; exit if it is gone")
     args = parser.parse_args(argv)
     die_with_parent()
-    # A full collection walks every live object: with a million stored messages that is a pause
-    # longer than an election timeout. Young cycles are still collected; old ones are rare here.
-    gc.set_threshold(100_000, 50, 100_000)
+    gc.set_threshold(*GC_THRESHOLDS)
     if args.parent and os.getppid() != args.parent:
         sys.exit(0)  # the supervisor died before we could ask to die with it
     with open(os.path.join(args.run_dir, CONFIG_FILE), encoding="utf-8") as f:

@@ -69,7 +69,7 @@ LEADER, FOLLOWER, NONE = Role.LEADER, Role.FOLLOWER, Role.NONE
 
 
 class ClusterNode:
-    """One node's coordinator state. Events are methods (tick, on_peer, on_batch,
+    """One node's coordinator state. Events are methods (tick, on_peer, on_batch, on_batches,
     on_forward_requests, on_undelivered, on_fenced, on_unsent, begin_handoff); what they decide is
     taken as one Ready (ready(), has_ready()), and advance() is told once it is persisted and sent."""
 
@@ -157,8 +157,10 @@ class ClusterNode:
         # Snapshots made by the workers (server/snapshots.py).
         self.cuts = SnapshotCut(config.workers, config.snapshot_every if recovered is not None else None,
                                 snapshot_dir, last=found.trans_id)
+        # The snapshot's frames, streamed into the state only once the workers were sent LOAD
+        # (load_state): they read their parts meanwhile, so the node serves sooner.
+        self._state_frames = found.frames
         if found.frames is not None:
-            self.state.load_frames(found.frames)  # streamed from the snapshot's parts
             for index in range(config.workers):  # each worker reads the parts itself
                 self._to_workers.append((index, ipc_frames.load_frames(found.trans_id, list(found.parts))))
         elif found.state:
@@ -170,6 +172,14 @@ class ClusterNode:
         # take_replayed.
         self._replay_through: int | None = None if recovered is None else self.log.last_trans_id
         self._replayed: tuple[int, int, int] | None = None
+
+    def load_state(self) -> None:
+        """Stream the recovered snapshot's frames into the committed state, once. Called by
+        whatever reads the state first (a commit, take_replayed, a snapshot sent to a follower),
+        which comes after the first Ready, and so the workers' LOAD, has gone out."""
+        frames, self._state_frames = self._state_frames, None
+        if frames is not None:
+            self.state.load_frames(frames)
 
     # ----------------------------------------------------------------- roles
     @property
@@ -415,6 +425,23 @@ class ClusterNode:
         A reply leaves once everything the worker had applied when it made it is committed and on
         disk: its own records, and on a leader every record logged before it (a reply without
         records of its own, such as an idempotent produce's "duplicate", may rest on them)."""
+        if self._take_batch(records, header, blob, partials, epoch, index) and self.leader is not None:
+            self._run(self.leader.replicate(now), now)
+
+    def on_batches(self, batches: list[tuple[bytes, bytes, bytes, bytes, int, int]], now: float) -> None:
+        """Several workers' batches received together, (records, header, blob, partials, epoch,
+        index) each, in the order they came: as on_batch one after another, with the new
+        records replicated (and on a node alone, committed) once for all of them."""
+        appended = False
+        for records, header, blob, partials, epoch, index in batches:
+            appended = self._take_batch(records, header, blob, partials, epoch, index) or appended
+        if appended and self.leader is not None:
+            self._run(self.leader.replicate(now), now)
+
+    def _take_batch(self, records: bytes, header: bytes, blob: bytes, partials: bytes, epoch: int,
+                    index: int) -> bool:
+        """on_batch but the replication of its records; whether it appended any to the log."""
+        appended = False
         if epoch != self.epoch:
             # Decided under a mode that is over: since then this node stopped leading (and
             # maybe leads again), or its workers were reset. The reset that ended that mode
@@ -435,7 +462,7 @@ class ClusterNode:
                 first, last = self.log.append(self.election.vote_id, decode_many(records), each_encoded(records))
                 self.seqs.logged(index, first, last - first + 1)
                 self.workers_trans_id = last
-                self._run(self.leader.replicate(now), now)
+                appended = True
         if header != ipc_frames.EMPTY_LIST:
             need = self.log.last_trans_id if self.leader is not None else 0
             if need > self._releasable():
@@ -444,6 +471,7 @@ class ClusterNode:
                 self._release(header, blob)
         if partials != ipc_frames.EMPTY_LIST:
             self._gather(orjson.loads(partials))
+        return appended
 
     def on_forward_requests(self, items: list, now: float) -> None:
         """Client requests this follower's acceptor could not serve ((origin, req_no, request),
@@ -493,10 +521,12 @@ class ClusterNode:
             elif kind is SendSnapshot and self.cuts.snapshot_dir is not None:
                 self.cuts.want()  # streamed once it is on disk (on_snapshot_source)
             elif kind is SendSnapshot:
+                self.load_state()
                 self._to_peers.append((a.to, InstallSnapshot(
                     self.election.vote_id, self.node_id, self.state_trans_id,
                     self.log.term_at(self.state_trans_id) or 0, self.state.snapshot())))
             elif kind is ApplySnapshot:
+                self._state_frames = None  # replaced, never read
                 self.state.load_snapshot(a.data)
                 self.state.replies.clear()
                 self.state_trans_id = self.workers_trans_id = a.trans_id
@@ -548,6 +578,7 @@ class ClusterNode:
     def _commit(self, c: Commit) -> None:
         """Entries are committed: replay them into the committed state (and on a follower into
         the workers); release the replies that waited for them."""
+        self.load_state()
         apply = self.state.apply
         fresh = [e for e in c.entries if e.trans_id > self.state_trans_id]
         rest = fresh if self._replay_through is None else self._replay(fresh)
@@ -632,6 +663,10 @@ class ClusterNode:
             self._fence_workers()  # reset during a hand-off: the new mode is fenced too
 
     # ----------------------------------------------------------------- snapshots
+    def on_synced(self, epoch: int, cut_id: int, index: int, now: float) -> None:
+        """Worker `index` has handled all it was sent before cut `cut_id`'s SYNC."""
+        self._to_workers.extend(self.cuts.on_synced(epoch, cut_id, index, now))
+
     def on_snapped(self, epoch: int, cut_id: int, index: int, now: float) -> None:
         """Worker `index` forked the writer of its part of cut `cut_id` in mode `epoch`; every batch
         it decided before is logged (the pipe is FIFO), and it holds the later ones (SnapshotCut)."""
@@ -688,6 +723,7 @@ class ClusterNode:
     def load_installed(self, trans_id: int, frames: Iterable[Frame]) -> None:
         """The committed state becomes the installed snapshot at trans_id (`frames`: its parts'
         frames, read as consumed). Call before any other event once on_snapshot_installed said True."""
+        self._state_frames = None  # the snapshot recovered at start is replaced, never to be read
         self.state.load_frames(frames)
         self.state.replies.clear()
         self.state_trans_id = trans_id
@@ -725,6 +761,7 @@ class ClusterNode:
     def _note_replayed(self) -> None:
         through = self._replay_through
         if through is not None and self.state_trans_id >= through:
+            self.load_state()
             self._replay_through = None
             queues = self.state.queues
             self._replayed = (len(queues), sum(len(q) for q in queues.values()), self.state_trans_id)

@@ -26,7 +26,7 @@ from queue_server.server.cluster import ClusterNode
 from queue_server.server.metrics import CoordinatorMetrics
 from queue_server.server.peer_check import BAD_KEY, peer_rejection
 from queue_server.server.ready import Ready
-from queue_server.server.snapshots import Clear, Failed, Publish
+from queue_server.server.snapshots import STOP_WAIT, Clear, Failed, Publish
 from queue_server.server.reachability import Reachability
 from queue_server.server.transfers import Transfers
 
@@ -43,11 +43,14 @@ class Coordinator:
     def __init__(self, config: NodeConfig, ctx: zmq.Context, run_dir: str, log, storage: Storage | None) -> None:
         self.config = config
         self.run_dir = run_dir
+        self.ctx = ctx
+        self.waker: zmq.Socket | None = None  # a node alone's PUSH to its own inbox, for _wake
         self.handoff_asked = False  # SIGUSR1: the node is stopping, hand leadership over
         # SIGTERM: leave the loop between two iterations. Exiting from inside the handler could
         # interrupt a write to the log after the OS took the bytes but before the writer counted
         # them; closing the log then wrote those records a second time (a corrupt log).
         self.stop_asked = False
+        self.stop_by: float | None = None  # after SIGTERM: until when a running cut may finish
         self.handoff_started: float | None = None
         self.log = log
         self.storage = storage
@@ -110,29 +113,45 @@ class Coordinator:
         poller.register(self.inbox, zmq.POLLIN)
         inbox_poller = ipc.poller_of(self.inbox)
         router_poller = ipc.poller_of(self.router) if self.router is not None else None
-        # SIGUSR1 (the supervisor got SIGTERM: hand over) and SIGTERM (stop) only set flags; they
-        # wake the poll through this pipe.
-        wake_r, wake_w = os.pipe()
-        os.set_blocking(wake_r, False)
-        os.set_blocking(wake_w, False)
-        signal.set_wakeup_fd(wake_w)
+        # SIGUSR1 (the supervisor got SIGTERM: hand over) and SIGTERM (stop) only set flags.
+        # A node alone waits in a receive on its inbox (ipc.Waiter: fewer system calls per
+        # wake-up than a poll), which a signal's handler ends with a WAKE of its own (_wake);
+        # a node of a cluster polls its inbox and its peers' socket, and this pipe that
+        # the signals write to.
+        wait = ipc.Waiter(self.inbox) if self.router is None else None
+        wake_r = None
+        if wait is None:
+            wake_r, wake_w = os.pipe()
+            os.set_blocking(wake_r, False)
+            os.set_blocking(wake_w, False)
+            signal.set_wakeup_fd(wake_w)
+            poller.register(wake_r, zmq.POLLIN)
+            poller.register(self.router, zmq.POLLIN)
+        else:
+            self.waker = ipc.outbox(self.ctx, self.run_dir, "coordinator")
         signal.signal(signal.SIGUSR1, self._ask_handoff)
         signal.signal(signal.SIGTERM, self._ask_stop)
-        poller.register(wake_r, zmq.POLLIN)
-        if self.router is not None:
-            poller.register(self.router, zmq.POLLIN)
         node = self.node
+        # The first Ready holds the workers' LOAD: out before the first tick, which may commit (a
+        # single node elects itself at once) and so stream the snapshot into the node's own copy
+        # (ClusterNode.load_state); the workers read their parts meanwhile.
+        self.flush()
         node.tick(time.time())
         self.flush()
-        while not self.stop_asked:
+        while not self.stop_asked or self._finishing_cut():
             wake = node.wake_at()
             if self.storage is not None:
                 sync_at = self.storage.sync_deadline()
                 if sync_at is not None:
                     wake = min(wake, sync_at)
             timeout = max(0.0, min(wake - time.time(), 1.0))
-            events = dict(poller.poll(timeout * 1000 + 0.5))
-            if wake_r in events:
+            first = None
+            if wait is not None:
+                first = wait(timeout)
+                events = {}
+            else:
+                events = dict(poller.poll(timeout * 1000 + 0.5))
+            if wake_r is not None and wake_r in events:
                 while True:
                     try:
                         if not os.read(wake_r, 64):
@@ -163,10 +182,25 @@ class Coordinator:
                     if now >= node.wake_at():
                         node.tick(now)
                         self.flush()
-            if self.inbox in events:
-                for frames in ipc.drain(self.inbox, inbox_poller):
+            if first is not None or self.inbox in events:
+                # The workers' batches that come one after another are taken together
+                # (ClusterNode.on_batches: their records replicated, and committed, once).
+                batches: list[list[bytes]] = []
+                for frames in ipc.drain(self.inbox, inbox_poller, first=first):
+                    if frames[0] == ipc_frames.BATCH:
+                        batches.append(frames)
+                        continue
                     now = time.time()
+                    if batches:
+                        self.dispatch_batches(batches, now)
+                        batches = []
                     self.dispatch(frames, now)
+                    if now >= node.wake_at():
+                        node.tick(now)
+                        self.flush()
+                if batches:
+                    now = time.time()
+                    self.dispatch_batches(batches, now)
                     if now >= node.wake_at():
                         node.tick(now)
                         self.flush()
@@ -201,9 +235,27 @@ class Coordinator:
 
     def _ask_handoff(self, signum: int, frame: object) -> None:
         self.handoff_asked = True
+        self._wake()
 
     def _ask_stop(self, signum: int, frame: object) -> None:
         self.stop_asked = True
+        self._wake()
+
+    def _wake(self) -> None:
+        """End the loop's wait on the inbox (a node alone; see run): a signal interrupts the
+        receive, but its retry would go on waiting."""
+        if self.waker is not None:
+            try:
+                self.waker.send_multipart(ipc_frames.WAKE_FRAMES, zmq.NOBLOCK)
+            except zmq.ZMQError:  # the wait ends within a second anyway
+                pass
+
+    def _finishing_cut(self) -> bool:
+        """After SIGTERM: whether to go on serving, so that a cut whose T is set is published
+        rather than lost; for at most STOP_WAIT (the workers let their writers finish as long)."""
+        if self.stop_by is None:
+            self.stop_by = time.monotonic() + STOP_WAIT
+        return self.node.cuts.writing and time.monotonic() < self.stop_by
 
     def hand_off(self, now: float) -> None:
         """The node is stopping: hand leadership to an up-to-date follower (for up to half of
@@ -227,6 +279,11 @@ class Coordinator:
         with open(os.path.join(self.run_dir, HANDOFF_DONE), "w"):
             pass
 
+    def dispatch_batches(self, batches: list[list[bytes]], now: float) -> None:
+        """Handle BATCH messages from the workers that came one after another."""
+        self.node.on_batches([(*ipc_frames.read_batch(frames), ipc_frames.batch_index(frames)) for frames in batches],
+                             now)
+
     def dispatch(self, frames: list[bytes], now: float) -> None:
         """Handle one message from the acceptor or a worker."""
         kind = frames[0]
@@ -238,10 +295,14 @@ class Coordinator:
             self.node.on_undelivered(*ipc_frames.read_undeliver(frames))
         elif kind == ipc_frames.FENCED:
             self.node.on_fenced(*ipc_frames.read_fenced(frames), now)
+        elif kind == ipc_frames.SYNCED:
+            self.node.on_synced(*ipc_frames.read_synced(frames), now)
         elif kind == ipc_frames.SNAPPED:
             self.node.on_snapped(*ipc_frames.read_snapped(frames), now)
         elif kind == ipc_frames.PART_DONE:
             self.node.on_part_done(*ipc_frames.read_part_done(frames), now)
+        elif kind == ipc_frames.WAKE:
+            pass  # it has ended the wait: the loop reads the flags the signal set
         else:
             self.log.warning("unknown message kind %r", kind)
 

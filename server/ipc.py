@@ -85,17 +85,19 @@ def poller_of(sock: zmq.Socket) -> zmq.Poller:
 
 
 def drain(sock: zmq.Socket, poller: zmq.Poller, limit: int = MAX_DRAIN, *,
-          copy: bool = True) -> Iterator[list[Any]]:
+          copy: bool = True, first: list[Any] | None = None) -> Iterator[list[Any]]:
     """The messages waiting on `sock`, at most `limit`, for a caller told that one is there (if
-    none is, a zmq.Again ends it). `poller` polls `sock` alone (poller_of): asking it whether
-    another message waits costs less than a receive that raises zmq.Again. Each message is a
-    list of bytes, or with copy=False of zmq.Frame (which carry the sender's ZAP User-Id)."""
+    none is, a zmq.Again ends it), or that received `first` already. `poller` polls `sock` alone
+    (poller_of): asking it whether another message waits costs less than a receive that raises
+    zmq.Again. Each message is a list of bytes, or with copy=False of zmq.Frame (which carry the
+    sender's ZAP User-Id)."""
     recv = sock.recv_multipart
-    try:
-        frames = recv(zmq.NOBLOCK, copy=copy)
-    except zmq.Again:
-        return
-    yield frames
+    if first is None:
+        try:
+            first = recv(zmq.NOBLOCK, copy=copy)
+        except zmq.Again:
+            return
+    yield first
     poll = poller.poll
     for _ in range(limit - 1):
         if not poll(0):
@@ -108,10 +110,33 @@ def serve(sock: zmq.Socket, dispatch: Callable[[list[bytes]], None], idle: Calla
     hand each to `dispatch` (at most MAX_DRAIN before `after` runs, so output is never held back
     by a flood of input), then call `after`."""
     poller = poller_of(sock)
+    wait = Waiter(sock)
     while True:
         timeout = idle()
-        timeout = 1.0 if timeout is None else min(max(timeout, 0.0), 1.0)
-        if poller.poll(timeout * 1000 + 0.5):
-            for frames in drain(sock, poller):
+        frames = wait(1.0 if timeout is None else timeout)
+        if frames is not None:
+            for frames in drain(sock, poller, first=frames):
                 dispatch(frames)
         after()
+
+
+class Waiter:
+    """Waits for the next message on one socket for up to a given time: in a receive with a
+    timeout (RCVTIMEO), not in a poll followed by a receive, which costs a system call and a
+    pass through the poller's Python more per wake-up."""
+
+    def __init__(self, sock: zmq.Socket) -> None:
+        self.sock = sock
+        self.recv = sock.recv_multipart
+        self.timeout = -1  # the RCVTIMEO set now (ms)
+
+    def __call__(self, seconds: float) -> list[bytes] | None:
+        """The next message, or None if none came within `seconds` (at most 1 s)."""
+        timeout = int(min(max(seconds, 0.0), 1.0) * 1000 + 0.5)
+        if timeout != self.timeout:
+            self.sock.setsockopt(zmq.RCVTIMEO, timeout)
+            self.timeout = timeout
+        try:
+            return self.recv()
+        except zmq.Again:
+            return None

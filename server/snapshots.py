@@ -1,6 +1,8 @@
 """When and how a node's workers make a snapshot, free of I/O: SnapshotCut, owned by ClusterNode.
 
-A cut sends SNAP to every worker; each flushes, forks a child that writes its queues as one part
+A cut sends SNAP to every worker (on a leader, only once every worker has answered a first round
+trip, SYNC -> SYNCED: a worker still busy with what it was sent earlier, such as the replay of a
+long log, would otherwise make the hold below time out); each flushes, forks a child that writes its queues as one part
 file (server/snapshot_child.py), and answers SNAPPED at once. On a leader the workers keep deciding
 meanwhile, so a worker that has snapped holds what it sends the coordinator until every worker has
 snapped (RELEASE): the pipes are FIFO, so the log then holds every record decided before a fork
@@ -21,8 +23,16 @@ from queue_server.protocol import ipc_frames
 # How long the first SNAPPED may wait for the last: a worker busy with a long request makes the
 # cut fail (and the held batches go on) rather than hold the others' replies.
 SNAP_HOLD_TIMEOUT = 0.5
+# How long a graceful stop (SIGTERM) lets a cut whose T is set finish (its workers' writers, then the
+# publish), so that it is not lost: under the supervisor's STOP_GRACE (server/main.py), after which
+# it kills what is left.
+STOP_WAIT = 4.0
 # After a failed cut that was asked for at once (a snapshot was installed), the next try waits this long.
 RETRY_AFTER = 1.0
+# After a cut whose hold timed out (a worker busy with something long, as right after a replay), the
+# next is tried RETRY_AFTER later, then twice as long after each further timeout, up to this; or
+# once snapshot_every more records are committed, if that comes first.
+RETRY_MAX = 60.0
 
 TermAt = Callable[[int], "int | None"]
 
@@ -71,6 +81,7 @@ class SnapshotCut:
         self.running = False
         self.urgent = False  # a cut is wanted now (the log was replaced by an installed snapshot, or a follower needs one)
         self.retry_at = 0.0
+        self.timeouts = 0  # holds timed out in a row (the retry waits longer after each)
         self.done: list[Publish | Failed | Clear] = []
         self.aborts = 0
         # Cuts that ended before every writer did: cut id -> [tmp dir, PART_DONEs still to come].
@@ -84,6 +95,7 @@ class SnapshotCut:
         self.hold = False
         self.tmp = ""
         self.deadline = 0.0
+        self.syncing: set[int] | None = None  # the workers that answered SYNC; None: none asked
         self.snapped: set[int] = set()
         self.parts: dict[int, dict] = {}
         self.trans_id: int | None = None
@@ -93,12 +105,13 @@ class SnapshotCut:
     # ----------------------------------------------------------------- starting
     def due(self, commit: int, now: float) -> bool:
         """Whether a cut should start: `every` records committed since the last one started, or
-        one is wanted at once; never without a disk or while one runs."""
+        one is wanted at once, or the last one's hold timed out a while ago (RETRY_AFTER, doubled
+        after each further timeout); never without a disk or while one runs."""
         if self.snapshot_dir is None or self.running:
             return False
-        if self.urgent:
-            return now >= self.retry_at
-        return self.every is not None and commit - self.last >= self.every
+        if (self.urgent or self.timeouts) and now >= self.retry_at:
+            return True
+        return not self.urgent and self.every is not None and commit - self.last >= self.every
 
     def request(self) -> list[tuple[int, list[bytes]]]:
         """A cut is wanted at once (the state was replaced) on a node that keeps snapshots: the
@@ -117,7 +130,8 @@ class SnapshotCut:
     def start(self, epoch: int, now: float, commit: int, *, hold: bool, point: int,
               term_at: TermAt) -> list[tuple[int, list[bytes]]]:
         """Start a cut in the workers' mode `epoch`. hold: the workers decide (a leader), T is set
-        once all have snapped; else T is `point`, what the workers were sent."""
+        once all have snapped, and the SNAPs go once all have answered a SYNC (on_synced); else T
+        is `point`, what the workers were sent."""
         self.cut_id += 1
         self.running = True
         self.epoch = epoch
@@ -125,22 +139,40 @@ class SnapshotCut:
         self.last = commit
         # clean() deletes a tmp- directory a crash (or an abandoned cut) left.
         self.tmp = os.path.join(self.snapshot_dir or "", f"tmp-cut-{int(now * 1e6):x}-{self.cut_id}")
+        self.started = now
+        if hold:  # no deadline before the SNAPs
+            self.syncing = set()
+            return [(i, ipc_frames.sync_frames(epoch, self.cut_id)) for i in range(self.workers)]
+        self._set_point(point, term_at)
+        return self._snaps(now)
+
+    def _snaps(self, now: float) -> list[tuple[int, list[bytes]]]:
         self.deadline = now + self.hold_timeout
         self.started = now
-        if not hold:
-            self._set_point(point, term_at)
-        return [(i, ipc_frames.snap_frames(epoch, self.cut_id, self.tmp, hold)) for i in range(self.workers)]
+        return [(i, ipc_frames.snap_frames(self.epoch, self.cut_id, self.tmp, self.hold))
+                for i in range(self.workers)]
 
     def _set_point(self, trans_id: int, term_at: TermAt) -> None:
         self.trans_id = trans_id
         self.term = term_at(trans_id)
 
     # ----------------------------------------------------------------- the workers' answers
+    def on_synced(self, epoch: int, cut_id: int, index: int, now: float) -> list[tuple[int, list[bytes]]]:
+        """Worker `index` has handled everything sent before the SYNC; once every worker has,
+        the SNAPs go (and the hold's deadline starts)."""
+        if not self.running or cut_id != self.cut_id or epoch != self.epoch or self.syncing is None:
+            return []
+        self.syncing.add(index)
+        if len(self.syncing) < self.workers:
+            return []
+        self.syncing = None
+        return self._snaps(now)
+
     def on_snapped(self, epoch: int, cut_id: int, index: int, last_logged: int,
                    term_at: TermAt, now: float) -> list[tuple[int, list[bytes]]]:
         """Worker `index` forked (in mode `epoch`). Once every worker has, T is the last logged
         trans_id and the workers stop holding."""
-        if not self.running or cut_id != self.cut_id or epoch != self.epoch:
+        if not self.running or cut_id != self.cut_id or epoch != self.epoch or self.syncing is not None:
             return []
         self.snapped.add(index)
         if len(self.snapped) < self.workers or self.trans_id is not None:
@@ -172,8 +204,12 @@ class SnapshotCut:
         if not self.running:
             return []
         if self.trans_id is None:
-            if now is not None and now >= self.deadline:
-                return self.abort(f"not every worker forked within {self.hold_timeout:g} s")
+            if now is not None and self.syncing is None and now >= self.deadline:
+                releases = self.abort(f"not every worker forked within {self.hold_timeout:g} s")
+                if not self.urgent:
+                    self.retry_at = now + min(RETRY_AFTER * 2 ** self.timeouts, RETRY_MAX)
+                self.timeouts += 1
+                return releases
             return []
         if not self.committed and commit >= self.trans_id:
             if term_at(self.trans_id) != self.term:
@@ -184,6 +220,7 @@ class SnapshotCut:
                                      tuple(self.parts[i] for i in range(self.workers)), self.held,
                                      now - self.started if now is not None else 0.0))
             self.urgent = False
+            self.timeouts = 0
             self._reset()
         return []
 
@@ -191,22 +228,30 @@ class SnapshotCut:
         """End the running cut unpublished (a mode change, a timeout, a failed part)."""
         if not self.running:
             return []
-        releases = self._releases() if self.hold and self.trans_id is None else []
+        syncing = self.syncing is not None  # no SNAP sent: no writer, nothing held
+        releases = self._releases() if self.hold and self.trans_id is None and not syncing else []
         self.done.append(Failed(self.trans_id, self.tmp, reason))
-        if len(self.parts) < self.workers:
+        if len(self.parts) < self.workers and not syncing:
             self.abandoned[self.cut_id] = [self.tmp, self.workers - len(self.parts)]
         self.aborts += 1
         if self.urgent:
-            self.retry_at = self.deadline - self.hold_timeout + RETRY_AFTER
+            self.retry_at = self.started + RETRY_AFTER
         self._reset()
         return releases
 
     def _releases(self) -> list[tuple[int, list[bytes]]]:
         return [(i, ipc_frames.release_frames(self.cut_id)) for i in range(self.workers)]
 
+    @property
+    def writing(self) -> bool:
+        """A cut's T is set and its parts are being written (or wait for T's commit)."""
+        return self.running and self.trans_id is not None
+
     def wake_at(self) -> float:
         """When poll() next has something to do on its own (the hold's deadline)."""
-        return self.deadline if self.running and self.trans_id is None else float("inf")
+        if self.running and self.trans_id is None and self.syncing is None:
+            return self.deadline
+        return float("inf")
 
     def take_done(self) -> list[Publish | Failed | Clear]:
         """What to carry out on disk since the last call."""

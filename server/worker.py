@@ -20,6 +20,7 @@ from queue_server.replication.snapshot import iter_frames, read_end
 from queue_server.server.child import start
 from queue_server.server.router import Router
 from queue_server.server.snapshot_child import exit_reason, fork_writer, part_name
+from queue_server.server.snapshots import STOP_WAIT
 from queue_server.server.metrics import WorkerMetrics
 from queue_server.server.reply_counts import count_replies
 from queue_server.server.node_memory import NodeMemory
@@ -83,7 +84,8 @@ class Worker:
     def idle(self) -> float:
         """How long the loop may wait for a message: until the service's next deadline, and
         while a snapshot writer runs, no longer than WRITER_POLL (to reap it)."""
-        wait = self.service.next_deadline(time.time()) - time.time()
+        now = time.time()
+        wait = self.service.next_deadline(now) - now
         return wait if self.writer is None else min(wait, WRITER_POLL)
 
     def after(self) -> None:
@@ -146,10 +148,12 @@ class Worker:
             queue, given = ipc_frames.read_undeliver(frames)
             service.undeliver(queue, given, now)
         elif kind == ipc_frames.APPLY:
-            for record in ipc_frames.read_apply(frames):
-                service.apply(record)
+            records = ipc_frames.read_apply(frames)
             if ipc_frames.apply_committed(frames):
-                service.trim(service.seq)  # committed: never undone
+                service.apply_committed(records)  # never undone: no undo entries
+            else:
+                for record in records:
+                    service.apply(record)
         elif kind == ipc_frames.COMMITTED:
             epoch, seq = ipc_frames.read_committed(frames)
             if epoch == self.epoch:
@@ -170,6 +174,8 @@ class Worker:
                 self.dispatch(message, now)
         elif kind == ipc_frames.RESET:
             service.load_snapshot(ipc_frames.read_reset(frames))
+        elif kind == ipc_frames.SYNC:
+            self.send(ipc_frames.synced_frames(*ipc_frames.read_sync(frames), self.index))
         elif kind == ipc_frames.SNAP:
             self.snap(*ipc_frames.read_snap(frames))
         elif kind == ipc_frames.RELEASE:
@@ -186,12 +192,17 @@ class Worker:
         """Replace the queues with those of the snapshot parts at trans_id that this worker owns.
         A part that cannot be read now (it was checked at start) stops the worker, and so the node,
         in one line: the next start checks the parts again and falls back to an older snapshot."""
+        started = time.monotonic()
         frames = itertools.chain.from_iterable(iter_frames(path, trans_id) for path in parts)
         try:
             self.service.load_frames(frames, self.owns)
         except (OSError, ValueError) as exc:
             self.log.error("cannot load the snapshot at trans_id %d: %s; stopping", trans_id, exc)
             sys.exit(4)
+        queues = self.service.queues
+        self.log.info("worker %d loaded %d queues holding %d messages from the snapshot at trans_id %d in %.2f s",
+                      self.index, len(queues), sum(map(len, queues.values())), trans_id,
+                      time.monotonic() - started)
 
     def fence(self, epoch: int, sender: bytes) -> None:
         """A sender of requests sends none more in mode `epoch`. Once both have said so (the
@@ -262,6 +273,22 @@ class Worker:
         for frames in held or ():
             self.coordinator.send_multipart(frames)
 
+    def finish_writer(self, timeout: float) -> bool:
+        """On a graceful stop: let a running writer finish its part, for up to `timeout` seconds,
+        and send its PART_DONE; not while the cut holds this worker's output (its T is not set,
+        so it cannot be published). Whether a PART_DONE went out."""
+        if self.writer is None or self.out_held is not None:
+            return False
+        deadline = time.monotonic() + timeout
+        while True:
+            pid, status = os.waitpid(self.writer[0], os.WNOHANG)
+            if pid:
+                self._part_done(status)
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(WRITER_POLL)
+
     def reap(self) -> None:
         """If the writer child has ended, tell the coordinator how (PART_DONE)."""
         assert self.writer is not None
@@ -322,17 +349,24 @@ def main(argv: list[str] | None = None) -> None:
     service.accepting = False  # until the coordinator has restored the queues and leads
     router = Router(cfg.workers, [(v.name, v.queue_list) for v in cfg.virtual_queue_list], cfg.dead_letter_suffix)
     ctx_info.log.info("worker %d ready", ctx_info.index)
+    linger = 0
     try:
         # Each worker gives its share of queue_metrics_max queues series of their own.
         share = -(-cfg.queue_metrics_max // cfg.workers)
-        Worker(service, inbox, coordinator, ctx_info.log, ctx_info.index,
-               queue_metrics=QueueMetrics(share),
-               memory=NodeMemory(os.getppid()) if cfg.max_memory_mb else None,
-               acceptor=acceptor, owns=lambda name: router.worker_for(name) == ctx_info.index).run()
+        worker = Worker(service, inbox, coordinator, ctx_info.log, ctx_info.index,
+                        queue_metrics=QueueMetrics(share),
+                        memory=NodeMemory(os.getppid()) if cfg.max_memory_mb else None,
+                        acceptor=acceptor, owns=lambda name: router.worker_for(name) == ctx_info.index)
+        try:
+            worker.run()
+        except SystemExit:  # SIGTERM: a running cut's part is finished first, so it is not lost
+            if worker.finish_writer(STOP_WAIT):
+                linger = 1000  # the PART_DONE must reach the coordinator
+            raise
     except KeyboardInterrupt:
         pass
     finally:
-        ctx.destroy(linger=0)
+        ctx.destroy(linger=linger)
 
 
 if __name__ == "__main__":

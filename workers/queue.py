@@ -818,9 +818,11 @@ class Queue:
                 raise KeyError(f"consume record names msg_ids not stored in {self.name!r}")
         journal = self.journal
         if journal is not None and journal_each:
-            datas = index._columns(ids, True)[0] if None in leases else repeat(None)
-            journal.extend([(undo.undo_lease, self, i, None if lease is not None else d, s, dc, lease)
-                            for i, d, s, dc, lease in zip(ids, datas, states, counts, leases)])
+            # One entry for the run, standing once for each of its records (undo.undo_consumed):
+            # no tuple per message.
+            datas = index._columns(ids, True)[0] if None in leases else None
+            n = len(ids)
+            journal.extend(repeat((undo.undo_consumed, self, ids, datas, states, counts, leases, [n]), n))
         if None in leases:
             for i, lease, token in zip(ids, leases, tokens):
                 if lease is None and token is not None:
@@ -884,11 +886,11 @@ class Queue:
             s = index.state(msg_id)
             if s is None:
                 raise KeyError(msg_id)
-        if journal and self.journal is not None:
-            if lease is None and data is None:
+        entries = self.journal
+        if entries is not None and journal:
+            if data is None and lease is None:
                 data = index.data(msg_id)  # deleted: its image needs it
-            self.journal.append((undo.undo_lease, self, msg_id, data if lease is None else None,
-                                 s, delivery_count, lease))
+            entries.append((undo.undo_lease, self, msg_id, data, s, delivery_count, lease))
         if delivery_count > s[_DELIVERY_COUNT]:
             self.counts["consumed"] += 1
         self._unlink(msg_id, s)
@@ -929,7 +931,7 @@ class Queue:
             msg_id = record.msg_id
             data, s = index.pop(msg_id)
             if journal is not None:  # the deleted message's image
-                journal.append((undo.undo_delete, self, counter, self.counts[counter], (msg_id, data, s)))
+                journal.append((undo.undo_delete_one, self, counter, msg_id, data, s))
             self._unlink(msg_id, s)
             if s[_TOKEN] is not None:
                 self._unbind(msg_id, s[_TOKEN])
@@ -1034,7 +1036,7 @@ class Queue:
                 s = self._index.state(record.msg_id)
                 if s is None:
                     raise KeyError(record.msg_id)
-                journal.append((undo.undo_restate, self, record, (record.msg_id,), (s,), None, 0))
+                journal.append((undo.undo_restate_one, self, record.msg_id, s))
             else:
                 journal.append((undo.undo_restate, self, record, ids, self._states(ids), None, 0))
         if ids is None:

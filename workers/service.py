@@ -241,6 +241,9 @@ class PartitionService:
         self.seq = 0
         self.undo_limit = undo_limit
         self.journal = undo.UndoJournal() if undo_limit is not None else None
+        # The deque every queue pushes its undo entries to (None: no journal); kept apart from
+        # `journal`, which apply_committed turns off for its records.
+        self._journal_entries = self.journal.entries if self.journal is not None else None
         self.overflow = overflow
         self._next_sweep = 0.0
         self._handlers: dict[int, Callable[[dict, Origin, int, float], dict | None]] = {
@@ -335,7 +338,7 @@ class PartitionService:
         is_dlq = bool(suffix) and q.name.endswith(suffix)
         q.dead_letters_to(admin.dead_letter_name(q.name, suffix), self._queue,
                           0 if is_dlq else self.max_deliveries)
-        q.journal = self.journal.entries if self.journal is not None else None
+        q.journal = self._journal_entries
         if self.overflow is not None:
             q._index.attach(self.overflow)
 
@@ -713,6 +716,8 @@ class PartitionService:
         worker that is not accepting (its node does not lead) decides nothing: its polls are
         answered empty and its subscriptions end, and so do they while the node shuts down
         (draining); while it is fenced they wait (only a poll's own deadline answers it)."""
+        if not (self.waiters or self.subs) and now < self._next_sweep:
+            return  # nothing parked, no sweep due: the common wake-up has nothing to do here
         made = len(self.records)
         self._tick(now)
         self.seq += len(self.records) - made
@@ -833,6 +838,42 @@ class PartitionService:
             if self.undo_limit is None and self.overflow is not None:  # never undone: emptied
                 self.overflow.trimmed(self.seq, self.seq)  # segments go (a journal's trim does it)
 
+    def apply_committed(self, records: Iterable[Record]) -> None:
+        """apply each of `records`, which the log has committed (a follower's APPLY): they are
+        never undone, so they get no undo entries (no before-image is built); the journal starts
+        after them. Every record applied before them is committed too: it is earlier in the log."""
+        journal = self.journal
+        if journal is None:
+            for record in records:
+                self.apply(record)
+            return
+        journal.trim(self.seq)
+        entries = self._journal_entries
+        quiet: list[Queue] = []  # the queues whose hooks are off until the end
+        self.journal = None  # the service's own hooks (side entries, delete_queue) are off
+        queues = self.queues
+        try:
+            for record in records:
+                kind = type(record)
+                if kind is Noop:
+                    continue
+                if kind is not DeleteQueue:
+                    q = queues.get(record.queue)
+                    if q is None:
+                        q = self._queue(record.queue)
+                    if q.journal is not None:
+                        q.journal = None
+                        quiet.append(q)
+                self._apply(record)
+                self.seq += 1
+        finally:
+            for q in quiet:
+                q.journal = entries
+            self.journal = journal
+            journal.base = self.seq
+            if self.overflow is not None:  # nothing can be undone: emptied segments go
+                self.overflow.trimmed(self.seq, self.seq)
+
     def _apply(self, record: Record) -> None:
         """apply, not counted in seq (a delete_queue this service decides is counted as a
         record it made)."""
@@ -929,6 +970,7 @@ class PartitionService:
         self.seq = 0
         if self.journal is not None:
             self.journal = undo.UndoJournal()
+            self._journal_entries = self.journal.entries
         if self.overflow is not None:
             self.overflow.reset()
         self.queues = queues

@@ -7,7 +7,10 @@ Every record a worker applies, decided by it or replayed, gets the next number o
 pushed by a hook in the Queue._apply_* method (or in PartitionService for delete_queue) before the
 record changes anything: a tuple whose first item is its undo function, called with the entry
 and the service; or, for a produce that took the queue's next id and names no producer (most
-records), the record itself. Besides a queue's counters, next_id, paused flag and dedupe window,
+records), the record itself. A consume(n)'s run of single-form records pushes one entry that
+stands once for each of them (undo_consumed), so that no tuple is built per message. Records the
+log has committed (a follower's, PartitionService.apply_committed) get no entry at all: the
+journal just starts after them. Besides a queue's counters, next_id, paused flag and dedupe window,
 the before-images go through a few Queue methods: `_finals` (images of the messages a record
 deletes), `_states` (the states of messages it changes in place), and back through `_put_back`,
 `_restate` and `_swap_contents` (a purge swaps its containers: O(1)).
@@ -185,14 +188,28 @@ def _undo_produce(entry: tuple, service: Any) -> None:
 
 def undo_lease(entry: tuple, service: Any) -> None:
     """Undo of a consume record of one message; its entry, pushed by Queue._lease (or
-    Queue._consume_ids for each record of a batch): (undo_lease, queue, msg_id, data when it was
-    deleted (else None), state before, delivery_count and lease of the record)."""
+    Queue._consume_ids for each record of a batch): (undo_lease, queue, msg_id, its data (None:
+    the stored one; it is needed when the record deleted the message), state before,
+    delivery_count and lease of the record)."""
     _, q, msg_id, data, state, delivery_count, lease = entry
     q._restate(msg_id, data, state)
     if delivery_count > q._delivery_count(state):
         q.counts["consumed"] -= 1
     if lease is None:  # delivered at most once: no longer a delivery to restore
         service._restorable.pop((q.name, msg_id), None)
+
+
+def undo_consumed(entry: tuple, service: Any) -> None:
+    """Undo of the newest record not undone yet of a run of single-form consume records (a
+    consume(n)'s, pushed by Queue._consume_ids): one entry stands for each record of the run,
+    (undo_consumed, queue, msg_ids, their data (None: none was deleted), states before,
+    delivery_counts, leases, [records of the run not undone]). Rollbacks go newest first and
+    trims oldest first, so the records not undone are always the run's first ones."""
+    _, q, ids, datas, states, counts, leases, left = entry
+    i = left[0] = left[0] - 1
+    lease = leases[i]
+    undo_lease((undo_lease, q, ids[i], datas[i] if lease is None else None, states[i], counts[i], lease),
+               service)
 
 
 def undo_restate(entry: tuple, service: Any) -> None:
@@ -205,6 +222,20 @@ def undo_restate(entry: tuple, service: Any) -> None:
         restate(ids[i], None, states[i])
     if counter is not None:
         q.counts[counter] = value
+
+
+def undo_restate_one(entry: tuple, service: Any) -> None:
+    """Undo of a single-form release; its entry: (undo_restate_one, queue, msg_id, its state
+    before)."""
+    entry[1]._restate(entry[2], None, entry[3])
+
+
+def undo_delete_one(entry: tuple, service: Any) -> None:
+    """Undo of a single-form confirm or expire, which added one to `counter`; its entry, pushed
+    by Queue._apply_delete: (undo_delete_one, queue, counter, msg_id, data, state before)."""
+    _, q, counter, msg_id, data, state = entry
+    q._put_back((msg_id, data, state))
+    q.counts[counter] -= 1
 
 
 def undo_delete(entry: tuple, service: Any) -> None:

@@ -100,12 +100,23 @@ def test_short_http_benchmark_run(tmp_path):
 def test_the_coordinator_bench_runs(tmp_path):
     """load/coordinator_bench.py keeps up with the Coordinator it drives: a tiny run of each shape
     answers every batch (it exits non-zero if a reply batch is left pending) and prints its figure."""
-    for extra in ([], ["--requests", "4", "--profile", "3"], ["--count", "10", "--in-memory"]):
+    for extra in ([], ["--requests", "4", "--profile", "3"], ["--count", "10", "--in-memory"], ["--requests", "2", "--drain", "3"]):
         proc = subprocess.run([sys.executable, os.path.join(REPO, "load", "coordinator_bench.py"), "--cycles", "20", "--rounds", "1", *extra],
                               cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""}, capture_output=True, text=True,
                               timeout=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
         assert "CPU us per batch: median" in proc.stdout, proc.stdout
+
+
+def test_the_worker_bench_runs(tmp_path):
+    """load/worker_bench.py drives a Worker through whole cycles (a confirm needs the msg_id its
+    consume got) at one and at several requests per REQ, and prints its figure."""
+    for extra in (["--conns", "1"], ["--conns", "3", "--profile", "3"]):
+        proc = subprocess.run([sys.executable, os.path.join(REPO, "load", "worker_bench.py"), "--cycles", "20", "--rounds", "1", *extra],
+                              cwd=tmp_path, env={**os.environ, "PYTHONPATH": ""}, capture_output=True, text=True,
+                              timeout=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "CPU us per request: median" in proc.stdout, proc.stdout
 
 
 def test_the_replicated_brokers_give_figures_side_by_side(tmp_path):

@@ -422,3 +422,26 @@ def test_a_snapshot_that_does_not_fit_fails_in_one_line_and_writes_go_on(tmp_pat
         if node is not None:
             node.stop()
         subprocess.run(["umount", "-l", str(snapshots)], check=False)
+
+
+def test_a_stop_during_a_snapshot_lets_it_finish_and_the_restart_reads_it(tmp_path):
+    """SIGTERM while the workers' writers run: the workers wait for them (STOP_WAIT) and the
+    coordinator publishes the cut before it exits, instead of losing it with its writers."""
+    messages = 150_000
+    node = NodeProcess(str(tmp_path), {"queue_size": messages + 1, "snapshot_every": messages}).start()
+    try:
+        with QueueClient(node.hosts, timeout=60) as q:
+            for i in range(0, messages, 5000):
+                q.produce_batch("stored", ["x" * 100] * 5000)
+        # (On a fast machine the writers may be done before they are seen: then so is the cut.)
+        wait_for(lambda: _writer_of(node) or _WRITTEN.search(node.log()), 60, "a worker writing a snapshot part")
+    finally:
+        node.stop()
+    assert _WRITTEN.search(node.log()), node.log()[-2000:]
+    node = _restart(node)
+    try:
+        assert re.search(r"from a snapshot at trans_id \d+ and 0 log records after it", node.log())
+        with QueueClient(node.hosts, timeout=30) as q:
+            assert q.monitor("stored")["size"] == messages
+    finally:
+        node.stop()

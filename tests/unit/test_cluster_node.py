@@ -24,7 +24,7 @@ from queue_server.server.forwarding import FORWARD_GRACE
 from queue_server.protocol.origin import Origin
 from queue_server.protocol.records import decode, encode
 from queue_server.server.ready import Ready
-from queue_server.server.snapshots import SNAP_HOLD_TIMEOUT, Clear, Failed, Publish
+from queue_server.server.snapshots import RETRY_AFTER, SNAP_HOLD_TIMEOUT, Clear, Failed, Publish
 from queue_server.workers.service import PartitionService
 
 T0 = 1_000_000.0
@@ -126,6 +126,29 @@ def test_a_batch_s_records_are_logged_as_the_bytes_the_worker_sent():
     node.on_batch(b'[ %s ]' % orjson.dumps(PRODUCE), *replies.encode([]), ipc_frames.EMPTY_LIST, node.epoch, T0 + 2)
     entry = node.log.entry_at(node.log.last_trans_id)
     assert bytes(entry.encoded()) == orjson.dumps(PRODUCE) != encode(entry.record)
+
+
+def test_batches_taken_together_are_logged_in_order_replicated_once_and_answered_in_order():
+    """on_batches: as on_batch one after another (an old mode's batch among them is refused on
+    its own), with one AppendEntries per follower for all the new records."""
+    node, now = _elected(_config(3))
+    last = node.log.last_trans_id
+    node.on_peer(AppendAck(node.election.vote_id, 2, last), NODE2, now)  # node 2 has the log so far
+    _drain(node)
+
+    def batch(seq: int, epoch: int, index: int) -> tuple:
+        header, blob = replies.encode([(Origin(7), seq, {"action": 1, "queue": "q", "seq": seq, "code": 0})])
+        return orjson.dumps([dict(PRODUCE, msg_id=seq)]), header, blob, ipc_frames.EMPTY_LIST, epoch, index
+
+    node.on_batches([batch(1, node.epoch, 0), batch(2, node.epoch - 1, 1), batch(3, node.epoch, 1)], now + 0.01)
+    assert [node.log.entry_at(t).record.msg_id for t in (last + 1, last + 2)] == [1, 3]
+    assert node.log.last_trans_id == last + 2
+    to_acceptor, _, to_peers = _drain(node)
+    assert [(n, r["code"]) for _, n, r in _replies(to_acceptor)] == [(2, -1)]  # the old mode's, at once
+    pushed = [m for to, m in to_peers if to == 2 and type(m) is AppendEntries]
+    assert len(pushed) == 1 and [e.trans_id for e in pushed[0].entries] == [last + 1, last + 2]
+    node.on_peer(AppendAck(node.election.vote_id, 2, last + 2), NODE2, now + 0.02)
+    assert [(n, r["code"]) for _, n, r in _replies(_drain(node)[0])] == [(1, 0), (3, 0)]
 
 
 def test_a_batch_from_an_old_mode_is_refused_and_not_logged():
@@ -653,14 +676,31 @@ def test_a_recovered_v2_snapshot_is_streamed_into_the_state_and_loaded_by_the_wo
     snapshot = ClusterNode(_config(1), T0, recovered=_recovered_log("a", "b", "b"), rng=random.Random(1))
     snapshot.tick(T0 + 1)
     _drain(snapshot)
-    frames = snapshot.state.snapshot_frames()  # a generator, as Storage.recover gives from the parts
+    taken = []  # the frames streamed so far
+    frames = (taken.append(f) or f for f in snapshot.state.snapshot_frames())  # as Storage.recover gives them
     node = ClusterNode(_config(3), T0, recovered=Recovered(trans_id=4, vote_id=1, frames=frames,
                                                            parts=("/d/p0", "/d/p1")), rng=random.Random(1))
-    assert node.state.snapshot() == snapshot.state.snapshot()
-    assert node.take_replayed() == (2, 3, 4)
-    # Each worker reads the parts itself (keeping the queues its Router gives it): no RESET.
+    # Each worker reads the parts itself (keeping the queues its Router gives it): no RESET. The
+    # LOADs go out before the coordinator streams its own copy, so that the workers load meanwhile.
     assert [(i, f[0], ipc_frames.read_load(f)) for i, f in node.ready().to_workers] == [
         (0, ipc_frames.LOAD, (4, ["/d/p0", "/d/p1"])), (1, ipc_frames.LOAD, (4, ["/d/p0", "/d/p1"]))]
+    assert taken == []
+    assert node.take_replayed() == (2, 3, 4)  # read once the recovery line needs it
+    assert node.state.snapshot() == snapshot.state.snapshot()
+
+
+def test_a_recovered_v2_snapshot_is_in_the_state_before_the_log_after_it_is_applied():
+    snapshot = ClusterNode(_config(1), T0, recovered=_recovered_log("a", "b", "b"), rng=random.Random(1))
+    snapshot.tick(T0 + 1)
+    _drain(snapshot)
+    entries = [Entry(5, 1, decode(orjson.dumps(dict(PRODUCE, queue="c", msg_id=1))))]
+    node = ClusterNode(_config(1), T0, recovered=Recovered(
+        trans_id=4, vote_id=1, frames=snapshot.state.snapshot_frames(), parts=("/d/p0",), entries=entries),
+        rng=random.Random(1))
+    node.tick(T0 + 1)
+    _drain(node)
+    assert node.take_replayed() == (3, 4, 5)
+    assert sorted(node.state.queues) == ["a", "b", "c"]
 
 
 def test_a_node_without_a_disk_reports_no_recovery():
@@ -696,9 +736,15 @@ PART = {"file": "part-0.qsp", "bytes": 100, "queues": 1, "messages": 1}
 
 
 def _cutting(node: ClusterNode, now: float) -> tuple[int, int, str, list]:
-    """Tick the node into a cut: (epoch, cut id, tmp dir, the SNAPs' hold flags)."""
+    """Tick the node into a cut, every worker answering a leader's SYNC at once: (epoch, cut id,
+    tmp dir, the SNAPs' hold flags)."""
     node.tick(now)
-    snaps = [(i, ipc_frames.read_snap(f)) for i, f in _drain(node)[1] if f[0] == ipc_frames.SNAP]
+    sent = _drain(node)[1]
+    for i, f in sent:
+        if f[0] == ipc_frames.SYNC:
+            node.on_synced(*ipc_frames.read_sync(f), i, now)
+            sent += _drain(node)[1]
+    snaps = [(i, ipc_frames.read_snap(f)) for i, f in sent if f[0] == ipc_frames.SNAP]
     assert [i for i, _ in snaps] == [0, 1]
     epoch, cut_id, tmp, _ = snaps[0][1]
     assert tmp.startswith(SNAPS + "/tmp-")
@@ -760,13 +806,15 @@ def test_a_cut_whose_workers_do_not_all_fork_in_time_is_abandoned_and_releases_t
     assert (type(failed), failed.trans_id, failed.tmp) == (Failed, None, tmp)
     assert "within 0.5 s" in failed.reason
     node.advance(ready, durable_trans_id=ready.log_through)
-    node.on_snapped(epoch, cut_id, 1, T0 + 3)  # too late: that cut is over
-    node.on_part_done(cut_id, 0, True, PART, T0 + 5)
+    node.on_snapped(epoch, cut_id, 1, T0 + 2.8)  # too late: that cut is over
+    node.on_part_done(cut_id, 0, True, PART, T0 + 2.9)
     ready = node.ready()
     assert (ready.to_workers, ready.snapshots) == ((), (Clear(tmp),))  # what it wrote goes, nothing else
     node.advance(ready, durable_trans_id=ready.log_through)
-    node.tick(T0 + 3)  # no new cut before snapshot_every more records
+    node.tick(T0 + 3)  # the workers were busy: the next try comes RETRY_AFTER after the timeout
     assert not node.cuts.running
+    node.tick(T0 + 2 + SNAP_HOLD_TIMEOUT + RETRY_AFTER)
+    assert node.cuts.running
 
 
 def test_a_cut_ends_at_a_mode_change_and_publishes_only_what_is_committed():

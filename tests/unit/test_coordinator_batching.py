@@ -23,9 +23,24 @@ def test_the_acceptor_gets_status_first_and_one_reply_batch():
     status = ipc_frames.status_frames({"role": "leader"})
     out = batching.for_acceptor([_rep(1, 1), status, _rep(2, 2)])
     assert out[0] == status and len(out) == 2
-    assert [(o.conn, n) for o, n, _ in replies.decode(*out[1][1:])] == [(1, 1), (2, 2)]
+    assert _delivered(out[1]) == [(1, 1), (2, 2)]
     assert batching.for_acceptor([_rep(1, 1)]) == [_rep(1, 1)]
+    assert batching.for_acceptor([status]) == [status]
     assert batching.for_acceptor([]) == []
+
+
+def _delivered(frames: list[bytes]) -> list[tuple[int, int]]:
+    return [(o.conn, n) for header, blob in ipc_frames.read_rep(frames) for o, n, _ in replies.decode(header, blob)]
+
+
+def test_reply_batches_are_joined_undecoded_within_the_frame_limit():
+    """A message holds at most 255 parts: past MAX_JOINED_REPS batches, another REP."""
+    many = [_rep(conn, conn) for conn in range(batching.MAX_JOINED_REPS + 3)]
+    out = batching.for_acceptor(many)
+    assert [len(m) for m in out] == [1 + 2 * batching.MAX_JOINED_REPS, 1 + 2 * 3]
+    assert max(len(m) for m in out) <= 255
+    assert [x for m in out for x in _delivered(m)] == [(conn, conn) for conn in range(len(many))]
+    assert out[0][1:3] == many[0][1:]  # the batches as they came: never decoded
 
 
 def test_requests_that_follow_one_another_to_a_worker_become_one():

@@ -150,8 +150,9 @@ class SimAcceptor(Dispatch):
 
     def on_inbox(self, frames: list[bytes]) -> None:
         if frames[0] == ipc_frames.REP:
-            for origin, req_no, data in replies.decode(*ipc_frames.read_rep(frames)):
-                self.deliver(origin, req_no, data)
+            for header, blob in ipc_frames.read_rep(frames):
+                for origin, req_no, data in replies.decode(header, blob):
+                    self.deliver(origin, req_no, data)
         elif frames[0] == ipc_frames.STATUS:
             self.on_status(ipc_frames.read_status(frames))
 

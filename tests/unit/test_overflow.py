@@ -137,14 +137,23 @@ def run_seed(seed: int) -> int:
     assert not ov.zero
     check_counts(over, ov, f"seed {seed}, all committed")
     assert set(ov.files.segs) <= set(ov.live) | {ov.seg}
-    # A replica (no undo journal: segments go at once) replays the log with its own budget.
-    replica = service(None, run.restore_cache, run.suffix, run.queue_class)
+    # A replica replays the log with its own budget: with no undo journal, or as a follower's
+    # worker does (a journal, the committed records in batches that journal nothing).
+    committed = rng.random() < 0.5
+    replica = service(10**6 if committed else None, run.restore_cache, run.suffix, run.queue_class)
     rov = replica.overflow = Overflow(BodyBudget(rng.choice((0, 30))), FakeFiles(), 128, rotate_empty=0)
-    for record in run.log:
-        replica.apply(record)
-    where = f"seed {seed}, a replica"
+    done = 0
+    while done < len(run.log):
+        n = rng.randint(1, 20)
+        if committed:
+            replica.apply_committed(run.log[done:done + n])
+        else:
+            for record in run.log[done:done + n]:
+                replica.apply(record)
+        done += n
+    where = f"seed {seed}, a replica ({'apply_committed' if committed else 'no journal'})"
     check_counts(replica, rov, where)
-    assert set(rov.files.segs) <= set(rov.live) | {rov.seg}, where
+    assert set(rov.files.segs) <= set(rov.live) | {rov.seg}, where  # emptied segments went
     assert_same(run.replay(len(run.log)), replica, run.now, where)
     return spilled
 

@@ -364,3 +364,38 @@ def test_past_the_undo_limit_the_tick_decides_nothing():
     s.trim(1)
     s.handle({"action": "consume", "queue": "a"}, Origin(1), 3, T0 + 10)
     assert s.seq == 2
+
+
+@pytest.mark.parametrize("chunk", range(5))
+def test_committed_applies_journal_nothing_and_later_records_still_roll_back(chunk):
+    """A follower's worker replays committed records (apply_committed) with no undo entry at
+    all; the records applied after them (a new leader's uncommitted APPLY, then its own) are
+    journalled, and a rollback to any point from the committed one on equals the replay."""
+    for seed in range(chunk, SEEDS, 10):
+        run = Run(seed)
+        rng = run.rng
+        run.lead(rng.randint(20, 150))
+        follower = service(10**6, run.restore_cache, run.suffix, run.queue_class)
+        committed = rng.randint(0, len(run.log))
+        done = 0
+        while done < committed:  # in APPLY-sized pieces
+            n = min(committed - done, rng.randint(1, 30))
+            follower.apply_committed(run.log[done:done + n])
+            done += n
+            where = f"seed {seed}, committed through {done}"
+            assert len(follower.journal) == 0 and not follower.journal.side, where
+            assert follower.journal.base == follower.seq == done, where
+        assert not follower.errors
+        for record in run.log[committed:]:  # applied, not committed yet
+            follower.apply(record)
+        assert follower.journal.base + len(follower.journal) == follower.seq == len(run.log)
+        k = rng.randint(committed, len(run.log))
+        where = f"seed {seed}, rollback to {k} of {len(run.log)}, committed {committed}"
+        assert follower.rollback(k) == len(run.log) - k, where
+        follower._end_waiting()
+        follower.subs.end_all()
+        take_replies(follower)
+        assert_same(follower, run.replay(k), run.now, where)
+        if committed:
+            with pytest.raises(ValueError):
+                follower.rollback(committed - 1)  # committed records are never undone

@@ -146,7 +146,7 @@ def test_the_worker_sends_direct_replies_to_the_acceptor_and_the_rest_to_the_coo
     w.dispatch(ipc_frames.req_frames(items, 1), NOW)
     w.flush()
     [rep] = w.acceptor.sent
-    assert [(n, orjson.loads(d)["code"]) for _, n, d in replies.decode(*ipc_frames.read_rep(rep))] == [(1, 0), (2, -1)]
+    assert [(n, orjson.loads(d)["code"]) for _, n, d in replies.decode(*ipc_frames.read_rep(rep)[0])] == [(1, 0), (2, -1)]
     [batch] = w.coordinator.sent
     _records, header, blob, _partials, epoch = ipc_frames.read_batch(batch)
     assert [n for _, n, _ in replies.decode(header, blob)] == [0] and epoch == 1

@@ -42,6 +42,9 @@ class Log:
     def error(self, *args, **kwargs) -> None:
         self.lines.append(("error",) + args)
 
+    def info(self, *args, **kwargs) -> None:
+        self.lines.append(("info",) + args)
+
 
 @pytest.fixture
 def worker() -> Worker:
@@ -329,6 +332,13 @@ def test_snap_forks_a_writer_of_the_workers_part_and_holds_later_batches_until_r
     assert [m[1] for m in loaded.snapshot()["q"]["messages"]] == ["a", "b"]
 
 
+def test_sync_is_answered_once_what_came_before_it_is_handled(worker):
+    worker.dispatch(ipc_frames.apply_frames([], committed=False), NOW)
+    worker.dispatch(ipc_frames.sync_frames(3, 9), NOW)
+    assert worker.coordinator.sent == [ipc_frames.synced_frames(3, 9, 0)]
+    assert ipc_frames.read_synced(worker.coordinator.sent[0]) == (3, 9, 0)
+
+
 def test_a_mode_change_ends_the_hold_and_a_follower_s_snap_holds_nothing(worker, tmp_path):
     worker.dispatch(mode(True, 1), NOW)
     worker.dispatch(ipc_frames.snap_frames(1, 1, str(tmp_path / "a"), True), NOW)
@@ -364,6 +374,29 @@ def test_a_killed_writer_gives_part_done_not_ok(worker, tmp_path, monkeypatch):
         3, 0, False, {"error": "its writer was killed by signal 9"})
 
 
+def test_a_graceful_stop_lets_the_writer_finish_unless_the_cut_still_holds(worker, tmp_path, monkeypatch):
+    import queue_server.server.worker as worker_module
+    go_r, go_w = os.pipe()
+
+    def slow(*args, **kwargs):  # the child writes once told to
+        return fork_writer(*args, **kwargs, before_write=lambda: os.read(go_r, 1))
+
+    monkeypatch.setattr(worker_module, "fork_writer", slow)
+    assert not worker.finish_writer(5.0)  # no writer: nothing to wait for
+    worker.dispatch(mode(True, 1), NOW)
+    worker.dispatch(req([(5, 1, produce("q", "a"))], 1), NOW)
+    worker.dispatch(ipc_frames.snap_frames(1, 3, str(tmp_path / "tmp-cut-3"), True), NOW)
+    assert not worker.finish_writer(5.0)  # still held: T is not set, the cut cannot be published
+    worker.dispatch(ipc_frames.release_frames(3), NOW)
+    assert not worker.finish_writer(0.1) and worker.writer is not None  # not done within the time
+    os.write(go_w, b"!")
+    assert worker.finish_writer(10.0) and worker.writer is None
+    cut_id, index, ok, part = ipc_frames.read_part_done(worker.coordinator.sent[-1])
+    assert (cut_id, index, ok, part["messages"]) == (3, 0, True, 1)
+    os.close(go_r)
+    os.close(go_w)
+
+
 def test_a_writer_that_cannot_write_gives_part_done_not_ok(worker, tmp_path):
     (tmp_path / "file").write_text("")
     worker.dispatch(ipc_frames.snap_frames(0, 4, str(tmp_path / "file" / "tmp-cut-4"), False), NOW)
@@ -381,6 +414,9 @@ def test_load_keeps_the_queues_the_worker_owns(worker, tmp_path):
     worker.owns = lambda name: name == "mine"
     worker.dispatch(ipc_frames.load_frames(9, [path]), NOW)
     assert list(worker.service.queues) == ["mine"]
+    (level, line, *args), = worker.log.lines
+    assert level == "info" and (line % tuple(args)).startswith(
+        "worker 0 loaded 1 queues holding 1 messages from the snapshot at trans_id 9 in ")
 
 
 def test_a_part_that_cannot_be_loaded_stops_the_worker_in_one_line(worker, tmp_path):
