@@ -28,6 +28,7 @@ class Row(NamedTuple):
     in_per_s: float
     out_per_s: float
     paused: bool
+    overflowed: int = 0  # messages whose body is on disk (the node's overflow_mb)
 
 
 def rates(before: dict[str, dict], after: dict[str, dict], seconds: float, limit: int = DEFAULT_LIMIT) -> list[Row]:
@@ -40,7 +41,8 @@ def rates(before: dict[str, dict], after: dict[str, dict], seconds: float, limit
         came = max(0, _int(now, "max_id") - _int(then, "max_id"))
         went = max(0, came - (_int(now, "size") - _int(then, "size")))
         rows.append(Row(name, _int(now, "size"), _int(now, "ready"), _int(now, "in_flight"), _int(now, "delayed"),
-                        _int(now, "waiters"), came / span, went / span, bool(now.get("paused"))))
+                        _int(now, "waiters"), came / span, went / span, bool(now.get("paused")),
+                        _int(now, "overflowed")))
     rows.sort(key=lambda r: (-(r.in_per_s + r.out_per_s), r.queue))
     return rows[:max(0, limit)]
 
@@ -56,14 +58,14 @@ def table(rows: list[Row], node: dict[str, Any], seconds: float) -> Table:
              f"- {node.get('queue_count', len(rows))} queues - rates over {seconds:.1f} s")
     t = Table(title=title, title_justify="left")
     t.add_column("queue", overflow="fold")
-    for header in ("in/s", "out/s", "size", "ready", "in flight", "delayed", "waiters"):
+    for header in ("in/s", "out/s", "size", "ready", "in flight", "delayed", "waiters", "on disk"):
         t.add_column(header, justify="right")
     t.add_column("state")
     for r in rows:
         t.add_row(r.queue, f"{r.in_per_s:.1f}", f"{r.out_per_s:.1f}", str(r.size), str(r.ready), str(r.in_flight),
-                  str(r.delayed), str(r.waiters), "paused" if r.paused else "")
+                  str(r.delayed), str(r.waiters), str(r.overflowed), "paused" if r.paused else "")
     if not rows:
-        t.add_row("(no queue)", "", "", "", "", "", "", "", "")
+        t.add_row("(no queue)", "", "", "", "", "", "", "", "", "")
     return t
 
 

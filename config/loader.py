@@ -290,6 +290,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("port", 1111, _int(1, 65535), "client TCP/UDP port"),
     _Key("queue_size", 100000, _int(1), "max messages per queue"),
     _Key("queue_log_size", 100000, _int(1), "change-log records kept for replication"),
+    _Key("queue_log_bytes", 8 << 20, _int(1024), "bytes of change-log records kept for replication (older records fall off past this or queue_log_size)"),
     _Key("queue_sync_rate", 1000000, _int(1), "max records/s sent to a catching-up follower"),
     _Key("forward_request", 1, _flag, "1: a follower forwards requests to the leader; 0: redirect"),
     _Key("cluster_node_list", [], _cluster_nodes, "cluster members' internal addresses (and http_port, optional); [] = single node"),
@@ -328,6 +329,9 @@ _KEYS: tuple[_Key, ...] = (
     _Key("group_replicas", 0, _int(0, 255), "nodes that replicate each queue group (odd); 0 = every node"),
     _Key("queue_group_list", [], _group_rules, 'placement rules: [{"pattern": "orders.*", "group": 2, "nodes": [1, 4, 5]}], first match wins'),
     _Key("udp_amplification_limit", 3, _int(0, 1000), "on a non-loopback UDP address: a reply to an unauthenticated datagram is at most this many times its size; 0 = off"),
+    # issue 26: message bodies past a budget overflow to disk
+    _Key("overflow_mb", 1024, _int(0), "MiB of message bodies the node holds in memory (each worker overflow_mb / workers); past it the bodies of new messages go to overflow_dir; 0 = off (also with in_memory)"),
+    _Key("overflow_dir", "", _string(False), "directory of the overflowed bodies (one folder per worker, emptied at start and locked: each node needs its own); '' = <queue_data_dir>/overflow"),
 )
 
 _BY_NAME: dict[str, _Key] = {k.name: k for k in _KEYS}
@@ -345,6 +349,7 @@ class NodeConfig:
     port: int
     queue_size: int
     queue_log_size: int
+    queue_log_bytes: int
     queue_sync_rate: int
     forward_request: bool
     cluster_node_list: tuple[ClusterNode, ...]
@@ -382,6 +387,16 @@ class NodeConfig:
     group_replicas: int
     queue_group_list: tuple[GroupRule, ...]
     udp_amplification_limit: int
+    overflow_mb: int
+    overflow_dir: str
+
+    @property
+    def overflow_path(self) -> str | None:
+        """Where bodies overflow to (overflow_dir, or its default in queue_data_dir); None when
+        overflow is off (overflow_mb 0, or in_memory)."""
+        if not self.overflow_mb or self.in_memory:
+            return None
+        return self.overflow_dir or self.queue_data_dir.rstrip("/") + "/overflow"
 
     @property
     def is_cluster(self) -> bool:
@@ -605,6 +620,7 @@ DEFAULT_CONFIG_TEXT = """\
 
     "queue_size" : 100000,          // max messages per queue
     "queue_log_size" : 100000,      // change-log records kept for replication
+    "queue_log_bytes" : 8388608,    // bytes of change-log records kept for replication
     "queue_sync_rate" : 1000000,    // max records/s sent to a catching-up follower
     "forward_request" : 1,          // 1: a follower forwards requests to the leader; 0: redirect
 
@@ -643,6 +659,8 @@ DEFAULT_CONFIG_TEXT = """\
     "queue_groups" : 1,             // queue groups, each with its own leader (only 1 is built yet: issue 28)
     "group_replicas" : 0,           // nodes that replicate each group (odd); 0 = every node
     "queue_group_list" : [],        // [{"pattern": "orders.*", "group": 2, "nodes": [1, 4, 5]}], first match wins
-    "udp_amplification_limit" : 3   // non-loopback UDP: a reply is at most 3x an unauthenticated request; 0 = off
+    "udp_amplification_limit" : 3,  // non-loopback UDP: a reply is at most 3x an unauthenticated request; 0 = off
+    "overflow_mb" : 1024,           // MiB of message bodies held in memory; past it new bodies go to disk; 0 = off
+    "overflow_dir" : ""             // where they go; "" = <queue_data_dir>/overflow
 }
 """

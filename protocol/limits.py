@@ -14,8 +14,9 @@ UDP_AMPLIFICATION_LIMIT = "udp_amplification_limit"
 MAX_QUEUES = "max_queues"
 MAX_MEMORY_MB = "max_memory_mb"
 UNCOMMITTED = "uncommitted"
+OVERFLOW_MB = "overflow_mb"  # a produce past it while the overflow disk refuses writes
 LIMITS = (MAX_CONNECTIONS, MAX_PENDING_REQUESTS, IDLE_TIMEOUT, UDP_AMPLIFICATION_LIMIT, MAX_QUEUES, MAX_MEMORY_MB,
-          UNCOMMITTED)
+          UNCOMMITTED, OVERFLOW_MB)
 
 
 def too_many_connections(limit: int) -> str:

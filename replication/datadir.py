@@ -36,18 +36,27 @@ def _locked(path: str, fd: int) -> DataDirLocked:
     return DataDirLocked(f"queue data dir {path} is in use by another node (pid {holder})")
 
 
-def check_free(path: str) -> None:
-    """Raise DataDirLocked if a node holds the directory now; takes and keeps nothing."""
+def holder(path: str) -> str | None:
+    """The pid (as it wrote it) of the process that holds `path`/LOCK now, or None; takes and
+    keeps nothing."""
     try:
         fd = os.open(os.path.join(path, "LOCK"), os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
-        return
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise _locked(path, fd) from None
+        return os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
     finally:
         os.close(fd)  # releases the flock if it was taken
+    return None
+
+
+def check_free(path: str) -> None:
+    """Raise DataDirLocked if a node holds the directory now; takes and keeps nothing."""
+    pid = holder(path)
+    if pid is not None:
+        raise DataDirLocked(f"queue data dir {path} is in use by another node (pid {pid})")
 
 
 class DataDir:

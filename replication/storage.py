@@ -92,11 +92,11 @@ class Storage:
                 elif truncated_to < wal.last_trans_id:
                     wal.truncate_after(truncated_to)
             if log.last_trans_id > wal.last_trans_id:
-                entries = log.entries_after(wal.last_trans_id, 1 << 62)
+                entries = log.encoded_after(wal.last_trans_id, 1 << 62)
                 if entries is None:  # what the disk lacks fell off the log: start after a snapshot
                     wal.reset(log.base_trans_id)
-                    entries = log.entries_after(log.base_trans_id, 1 << 62) or []
-                wal.append((e.trans_id, e.vote_id, e.encoded()) for e in entries)
+                    entries = log.encoded_after(log.base_trans_id, 1 << 62) or []
+                wal.append(entries)
                 sync = self.policy.after_append(now)
             else:
                 sync = self.policy.due(now)

@@ -83,7 +83,9 @@ class ClusterNode:
         self.quorum_writes = config.replication == "quorum"
         rng = rng or random.Random()
         found = recovered or Recovered()
-        self.log = ChangeLog(config.queue_log_size, found.trans_id, found.vote_id)
+        # Entries fall off the log only once they are on disk too (advance: mark_stable).
+        self.log = ChangeLog(config.queue_log_size, found.trans_id, found.vote_id,
+                             max_bytes=config.queue_log_bytes, stable_trans_id=found.trans_id)
         if found.entries:
             self.log.accept(found.trans_id, found.vote_id, found.entries)
         vote = found.vote
@@ -136,6 +138,7 @@ class ClusterNode:
         self._staged: list[SnapshotStaged] = []
         self.snapshot_source: SnapshotSource | None = None
         self._stable_through = self.log.last_trans_id  # the log up to here is on disk
+        self.log.mark_stable(self._stable_through)
         self._reported_role: Role | None = None  # the role the last Ready carried
         # A hand-off of leadership (begin_handoff) holds client requests until this time, or
         # until the node knows where they can go.
@@ -333,6 +336,7 @@ class ClusterNode:
         if self._truncate_after == ready.truncate_after:
             self._truncate_after = None
         self._stable_through = ready.log_through
+        self.log.mark_stable(ready.log_through)
         if durable_trans_id is not None:
             self.durable_trans_id = durable_trans_id
             self.storage_ok = True

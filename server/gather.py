@@ -9,7 +9,7 @@ from queue_server.protocol import vocabulary as p
 from queue_server.protocol.origin import Origin
 
 _SUMMED = ("size", "ready", "delayed", "in_flight", "waiters", "queue_count", "max_id",
-           "dead", "produced", "consumed")
+           "dead", "produced", "consumed", "overflowed", "overflow_bytes", "memory_bytes")
 
 
 @dataclass(slots=True)

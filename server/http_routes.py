@@ -56,7 +56,7 @@ ROUTES: tuple[Route, ...] = (
     Route("POST", MESSAGE + "/extend", "extend", "Move a lease's end to now + `retry` seconds.",
           body=True, query=("retry",) + _SELECT),
     Route("GET", "/v1/queues", "list", "The queue names (`pattern`: keep names containing it).", query=("pattern",)),
-    Route("GET", QUEUE, "monitor", "A queue's counts: ready, delayed, in_flight, dead, produced, consumed."),
+    Route("GET", QUEUE, "monitor", "A queue's counts: ready, delayed, in_flight, dead, produced, consumed, overflowed."),
     Route("DELETE", QUEUE, "delete_queue", "Remove a queue and its messages."),
     Route("GET", QUEUE + "/peek", "peek", "Look at messages without taking them.",
           query=("count", "state", "after")),

@@ -334,6 +334,10 @@ class WorkerMetrics(_Metrics):
         self.messages = self._gauge("messages", "Stored messages, by state (ready, delayed, in_flight).", ("state",))
         self.queues = self._gauge("queues", "Queues that exist.")
         self.waiters = self._gauge("long_poll_waiters", "Consume requests parked in a long poll.")
+        self.overflowed = self._gauge("overflowed_messages", "Stored messages whose body is on disk (overflow_mb).")
+        self.overflow_bytes = self._gauge("overflow_bytes", "Bytes of the bodies on disk that stored messages need.")
+        self.memory_bytes = self._gauge("memory_bytes", "What the workers hold for their messages, an estimate "
+                                        "(bodies in memory plus their metadata); with overflow on.")
         self.limit_counter = _limit_counter(self)
         self.next_sizes = 0.0
 
@@ -379,6 +383,9 @@ class WorkerMetrics(_Metrics):
             self.messages.labels(state=state).set(sizes.get(state, 0))
         self.queues.set(sizes.get("queue_count", 0))
         self.waiters.set(sizes.get("waiters", 0))
+        self.overflowed.set(sizes.get("overflowed", 0))
+        self.overflow_bytes.set(sizes.get("overflow_bytes", 0))
+        self.memory_bytes.set(sizes.get("memory_bytes", 0))
 
 
 class CoordinatorMetrics(_Metrics):

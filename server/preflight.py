@@ -1,6 +1,6 @@
 """What the supervisor checks before it starts a node's processes, so that the usual mistakes end
 in one line a person can act on (and exit status 1) instead of a child's traceback: a host name
-that does not resolve, a port already in use, a data directory that cannot be written."""
+that does not resolve, a port already in use, a data (or overflow) directory that cannot be written."""
 from __future__ import annotations
 
 import errno
@@ -12,7 +12,7 @@ from typing import Any, Callable
 from queue_server.config.loader import NodeConfig
 from queue_server.replication import datadir
 from queue_server.server.auth import read_token_file
-from queue_server.server import tls
+from queue_server.server import overflow_files, tls
 from queue_server.server.secret_file import read_secrets
 
 
@@ -54,6 +54,11 @@ def check(config: NodeConfig) -> list[str]:
             datadir.check_free(config.queue_data_dir)
         except datadir.DataDirLocked as exc:
             raise StartError(f"config key 'queue_data_dir': {exc}; give each node its own (--data-dir)") from None
+    if config.overflow_path is not None:
+        _writable_dir("overflow_dir", config.overflow_path)
+        busy = overflow_files.in_use(config.overflow_path, config.workers)
+        if busy:
+            raise StartError(f"config key 'overflow_dir': {busy}; give each node its own")
     if config.auth_token_file:
         _loads(read_token_file, config.auth_token_file)
     _loads(tls.server_context, config)

@@ -24,8 +24,11 @@ from queue_server.server.snapshots import STOP_WAIT
 from queue_server.server.metrics import WorkerMetrics
 from queue_server.server.reply_counts import count_replies
 from queue_server.server.node_memory import NodeMemory
+from queue_server.server.overflow_files import DiskSegments, worker_dir
 from queue_server.server.queue_metrics import QueueMetrics
 from queue_server.workers import undo
+from queue_server.workers.body_budget import BodyBudget, worker_share
+from queue_server.workers.overflow import Overflow
 from queue_server.workers.service import PartitionService
 
 
@@ -61,6 +64,7 @@ class Worker:
         self.queue_metrics = queue_metrics
         self.memory = memory
         self.next_memory_check = 0.0
+        self.overflow_refused: str | None = None  # the overflow disk's refusal last logged
         self.undone = 0  # records the last MODE rolled back
         self.rollbacks = 0  # MODEs that rolled records back
         self.owns = owns
@@ -105,6 +109,13 @@ class Worker:
                 self.log.warning("node memory %d MiB is %s max_memory_mb (%d): produces are %s",
                                  resident >> 20, "over" if full else "back under",
                                  self.service.max_memory_mb, "refused" if full else "served again")
+        overflow = self.service.overflow
+        if overflow is not None and overflow.refused != self.overflow_refused:
+            self.overflow_refused = overflow.refused
+            if overflow.refused is not None:
+                self.log.warning("%s: produces that need it are refused until it takes writes again", overflow.refused)
+            else:
+                self.log.warning("overflow disk %s takes writes again", overflow.files.where)
         if self.metrics.due(clock):
             self.metrics.fold(lambda: self.service._totals(now), self.service.limit_refusals)
             if self.queue_metrics is not None:
@@ -324,6 +335,12 @@ def main(argv: list[str] | None = None) -> None:
     """Entry point of a worker process."""
     ctx_info = start("worker", argv)
     cfg = ctx_info.config
+    overflow = None
+    if cfg.overflow_path is not None:
+        # The queues are rebuilt from snapshot and log: segments of an earlier run hold nothing.
+        files = DiskSegments(worker_dir(cfg.overflow_path, ctx_info.index))
+        files.clear()
+        overflow = Overflow(BodyBudget(worker_share(cfg.overflow_mb, cfg.workers)), files)
     service = PartitionService(
         node_id=cfg.node_id,
         queue_size=cfg.queue_size,
@@ -336,6 +353,7 @@ def main(argv: list[str] | None = None) -> None:
         queue_share=limits.queue_share(cfg.max_queues, cfg.workers),
         max_memory_mb=cfg.max_memory_mb,
         undo_limit=undo.UNDO_LIMIT,
+        overflow=overflow,
     )
     ctx = zmq.Context()
     inbox = ipc.inbox(ctx, ctx_info.run_dir, ipc.worker_name(ctx_info.index))

@@ -222,6 +222,8 @@ class Queue:
                 m.msg_id = i
                 m.data = c.data[i & _MASK]
                 m._state = c.states[i & _MASK]
+                if type(m.data) is int:  # its body overflowed to disk (workers/overflow.py)
+                    m.data = self._index.ov.read(m.data)
             s = m._state
             delivery_count = s[_DELIVERY_COUNT] + 1
             if lease is not None:
@@ -636,6 +638,10 @@ class Queue:
         """(first msg_id, count) of the idempotent produce (producer, sequence), if remembered."""
         entry = self._dedupe.get((producer, sequence))
         return None if entry is None else (entry[0], entry[1])
+
+    def overflowed(self) -> int:
+        """Messages whose body is on disk (workers/overflow.py)."""
+        return self._index.spilled
 
     def stats(self, now: float) -> dict:
         """Counts as a consume at `now` would see them.
@@ -1165,8 +1171,11 @@ class Queue:
         their orderings, leases and tokens, and return those (so purge is undone in O(1))."""
         old = (self._index, self._delayed, self._ready, self._leased, self._n_leased, self._tokens)
         if contents is None:
-            contents = (MessageStore(), type(self._delayed)(), type(self._ready)(), SortedDict(), 0,
-                        SortedDict())
+            contents = (MessageStore(self._index.ov), type(self._delayed)(), type(self._ready)(),
+                        SortedDict(), 0, SortedDict())
+        else:
+            contents[0].reattach()
+        self._index.detach()
         (self._index, self._delayed, self._ready, self._leased, self._n_leased,
          self._tokens) = contents
         return old

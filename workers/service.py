@@ -23,6 +23,8 @@ from queue_server.workers import admin, subscriptions, undo
 from queue_server.workers.bad_request import BadRequest, Refused
 from queue_server.protocol.snapshot_frames import Frame
 from queue_server.protocol.records import Confirm, Consume, DeleteQueue, Noop, Purge, Record, Release, Restore, count
+from queue_server.workers.body_budget import PER_MESSAGE
+from queue_server.workers.overflow import Overflow
 from queue_server.workers.queue import Message, Queue
 from queue_server.workers.store import delivered_once
 
@@ -192,6 +194,7 @@ class PartitionService:
         max_memory_mb: int = 0,
         restore_cache: int = RESTORE_CACHE_SIZE,
         undo_limit: int | None = None,
+        overflow: Overflow | None = None,
     ) -> None:
         """queue_class: StateQueue for a copy that only replays records and takes snapshots
         (restore_cache 0: it keeps no at-most-once deliveries to restore, see RESTORE_CACHE_SIZE).
@@ -203,7 +206,8 @@ class PartitionService:
         protocol/limits.py queue_share); a request that would create a queue past the share is
         refused. max_memory_mb: named in the refusal of a produce while `memory_full` (the worker
         sets it from the node's resident memory). undo_limit: keep an undo journal (rollback)
-        of at most this many records (None: keep none)."""
+        of at most this many records (None: keep none). overflow: where bodies past the worker's
+        share of overflow_mb go (workers/overflow.py; None: every body stays in memory)."""
         self.node_id = node_id
         self.restore_cache = restore_cache
         self.max_queues = max_queues
@@ -240,6 +244,7 @@ class PartitionService:
         # The deque every queue pushes its undo entries to (None: no journal); kept apart from
         # `journal`, which apply_committed turns off for its records.
         self._journal_entries = self.journal.entries if self.journal is not None else None
+        self.overflow = overflow
         self._next_sweep = 0.0
         self._handlers: dict[int, Callable[[dict, Origin, int, float], dict | None]] = {
             p.PRODUCE: self._produce,
@@ -334,6 +339,8 @@ class PartitionService:
         q.dead_letters_to(admin.dead_letter_name(q.name, suffix), self._queue,
                           0 if is_dlq else self.max_deliveries)
         q.journal = self._journal_entries
+        if self.overflow is not None:
+            q._index.attach(self.overflow)
 
     def forget_restorable(self, queue: str) -> None:
         """Forget the at-most-once deliveries of `queue` kept for restoring (it was purged or
@@ -395,6 +402,12 @@ class PartitionService:
         if self.memory_full:
             self._refused(limits.MAX_MEMORY_MB)
             raise BadRequest(limits.memory_full(self.max_memory_mb))
+        if self.overflow is not None:
+            size = len(data) if batch is None else sum(map(len, batch))
+            refused = self.overflow.refuses(size * len(targets), now)
+            if refused is not None:
+                self._refused(limits.OVERFLOW_MB)
+                raise Refused(refused)
         # Checked before any queue is made: a refused produce makes none (no record would).
         existing = self.queues
         if any((existing[t].free() if t in existing else self.queue_size) < n for t in targets):
@@ -646,6 +659,7 @@ class PartitionService:
                     part = q.stats(now) if q is not None else _empty_stats(self.queue_size)
                     part["waiters"] = len(self.waiters.get(name, ()))
                     part["paused"] = q is not None and q.paused
+                    part["overflowed"] = q.overflowed() if q is not None else 0
                     dlq = self.queues.get(admin.dead_letter_name(name, self.dead_letter_suffix) or "")
                     part["dead"] = len(dlq) if dlq is not None else 0
                     counts = q.counts if q is not None else {}
@@ -674,6 +688,11 @@ class PartitionService:
                 total[key] += s[key]
         total["waiters"] = sum(len(w) for w in self.waiters.values())
         total["queue_count"] = len(self.queues)
+        ov = self.overflow
+        if ov is not None:
+            total["overflowed"] = sum(q.overflowed() for q in self.queues.values())
+            total["overflow_bytes"] = ov.live_bytes
+            total["memory_bytes"] = ov.budget.held + PER_MESSAGE * total["size"]
         return total
 
     # ----------------------------------------------------------------------------- modes
@@ -816,6 +835,8 @@ class PartitionService:
         if type(record) is not Noop:
             self._apply(record)
             self.seq += 1
+            if self.undo_limit is None and self.overflow is not None:  # never undone: emptied
+                self.overflow.trimmed(self.seq, self.seq)  # segments go (a journal's trim does it)
 
     def apply_committed(self, records: Iterable[Record]) -> None:
         """apply each of `records`, which the log has committed (a follower's APPLY): they are
@@ -850,6 +871,8 @@ class PartitionService:
                 q.journal = entries
             self.journal = journal
             journal.base = self.seq
+            if self.overflow is not None:  # nothing can be undone: emptied segments go
+                self.overflow.trimmed(self.seq, self.seq)
 
     def _apply(self, record: Record) -> None:
         """apply, not counted in seq (a delete_queue this service decides is counted as a
@@ -857,6 +880,8 @@ class PartitionService:
         kind = type(record)
         if kind is DeleteQueue:
             q = self.queues.pop(record.queue, None)
+            if q is not None:
+                q._index.detach()
             if self.journal is not None:
                 undo.deleted_queue(self.journal, record, q)
             self.forget_restorable(record.queue)
@@ -886,6 +911,8 @@ class PartitionService:
             raise ValueError("rollback: this service keeps no undo journal")
         undone = self.journal.rollback(self, keep_through)
         self.seq = keep_through
+        if self.overflow is not None:
+            self.overflow.rolled_back(keep_through)
         cache = self._restorable
         while len(cache) > self.restore_cache:  # evictions of undone records came back too
             cache.popitem(last=False)
@@ -899,6 +926,8 @@ class PartitionService:
         the journal's start (an older watermark) changes nothing."""
         if self.journal is not None and committed_seq > self.journal.base:
             self.journal.trim(committed_seq)
+        if self.overflow is not None:
+            self.overflow.trimmed(committed_seq, self.seq)
 
     def _end_waiting(self) -> None:
         """Answer every parked long poll empty."""
@@ -942,6 +971,8 @@ class PartitionService:
         if self.journal is not None:
             self.journal = undo.UndoJournal()
             self._journal_entries = self.journal.entries
+        if self.overflow is not None:
+            self.overflow.reset()
         self.queues = queues
         for q in self.queues.values():
             self._configure(q)

@@ -17,6 +17,14 @@ freed, so a few long-lived messages cannot pin whole chunks; a msg_id whose chun
 (a restore of an old message) goes to the side dict too. A msg_id is in its chunk or in the
 side dict, never both: a chunk is only made for msg_ids above every chunk made before.
 
+With overflow on (issue 26), `ov` is the worker's `Overflow` (workers/overflow.py): a payload
+slot holds the `str` or a reference (an `int`) to the body on disk, as `ov.keep` decides. The
+reads that hand a message out (get, get_many, entries) read it back; the raw slot (`pop`,
+`data`, `_columns`: undo images, dead letters) stays a reference. Else `ov` is None.
+
+One file, over 600 lines, because every method reads or writes the chunk layout (positions,
+sparse chunks, the side dict) and the overflow's counts of what it holds, which must not drift.
+
 Pure logic: no I/O.
 """
 
@@ -24,6 +32,10 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from queue_server.workers.overflow import Overflow
 
 BITS = 8
 CHUNK = 1 << BITS  # msg_ids per chunk
@@ -138,13 +150,15 @@ class MessageStore:
     Queue.consume reads `chunks` directly for one message (a call saved on the hottest read);
     every change goes through the methods."""
 
-    __slots__ = ("chunks", "side", "top", "n")
+    __slots__ = ("chunks", "side", "top", "n", "ov", "spilled")
 
-    def __init__(self) -> None:
+    def __init__(self, ov: Overflow | None = None) -> None:
         self.chunks: dict[int, Chunk] = {}  # chunk number (msg_id >> BITS) -> Chunk
         self.side: dict[int, tuple[str, tuple]] = {}  # msg_id -> (data, state): ids with no chunk
         self.top = -1  # the highest chunk number made since the last clear; never freed
         self.n = 0
+        self.ov = ov  # the worker's Overflow (None: overflow off, every payload a str)
+        self.spilled = 0  # payload slots that are references to a body on disk
 
     def __len__(self) -> int:
         return self.n
@@ -248,15 +262,22 @@ class MessageStore:
             m.msg_id = msg_id
             m.data = c.data[p]
             m._state = s
-            return m
-        entry = self.side.get(msg_id)
-        return None if entry is None else message(msg_id, *entry)
+        else:
+            entry = self.side.get(msg_id)
+            if entry is None:
+                return None
+            m = message(msg_id, *entry)
+        if type(m.data) is int:
+            m.data = self.ov.read(m.data)
+        return m
 
     def get_many(self, ids: list[int]) -> list[Message]:
         """The messages (copies) of stored msg_ids, in order (KeyError if one is not stored)."""
         datas, states = self._columns(ids, True)
         if None in states:
             raise KeyError(ids[states.index(None)])
+        if self.spilled:
+            datas = self.ov.read_many(datas)
         out = []
         append = out.append
         new = _new_message
@@ -295,9 +316,12 @@ class MessageStore:
         """(msg_id, data, state) of every stored message, msg_id ascending."""
         side = self.side
         chunked = self._chunk_entries()
-        if not side:
+        if side:
+            chunked = heapq.merge(chunked, ((i, *side[i]) for i in sorted(side)))
+        if not self.spilled:
             return chunked
-        return heapq.merge(chunked, ((i, *side[i]) for i in sorted(side)))
+        read = self.ov.read
+        return ((i, read(d) if type(d) is int else d, s) for i, d, s in chunked)
 
     def _chunk_entries(self) -> Iterator[tuple[int, str, tuple]]:
         chunks = self.chunks
@@ -313,14 +337,17 @@ class MessageStore:
         get = self.get
         return ((i, get(i)) for i in self)
 
-    def add(self, msg_id: int, data: str, state: tuple) -> None:
-        """Store a message under a msg_id not stored (ValueError if it is)."""
+    def add(self, msg_id: int, data: str | int, state: tuple) -> None:
+        """Store a message under a msg_id not stored (ValueError if it is). `data`: its body,
+        or a slot `pop` gave (with overflow on, maybe a reference)."""
         n = msg_id >> BITS
         c = self.chunks.get(n)
         if c is None:
             if n <= self.top:  # its chunk was freed (or never made): keep it aside
                 if msg_id in self.side:
                     raise ValueError(f"msg_id {msg_id} is stored already")
+                if self.ov is not None:
+                    data = self._kept(data)
                 self.side[msg_id] = (data, state)
                 self.n += 1
                 return
@@ -330,14 +357,31 @@ class MessageStore:
             c.reach(p + 1)
         elif c.states[p] is not None:
             raise ValueError(f"msg_id {msg_id} is stored already")
+        ov = self.ov
+        if ov is not None:
+            budget = ov.budget
+            if type(data) is str and budget.held + len(data) <= budget.share:
+                budget.held += len(data)
+            else:
+                data = self._kept(data)
         c.data[p] = data
         c.states[p] = state
         c.live += 1
         self.n += 1
 
+    def _kept(self, data: str | int) -> str | int:
+        """What the overflow keeps for a slot stored (Overflow.keep), counted."""
+        data = self.ov.keep(data)
+        if type(data) is int:
+            self.spilled += 1
+        return data
+
     def add_run(self, first: int, datas: list[str], states: list[tuple]) -> None:
         """Store messages under consecutive msg_ids from `first`, every one above all stored
         (so none is stored: a produce's new ids)."""
+        if self.ov is not None:
+            datas, spilled = self.ov.keep_many(datas)
+            self.spilled += spilled
         chunks = self.chunks
         i = 0
         total = len(datas)
@@ -381,6 +425,8 @@ class MessageStore:
         if c is None:
             entry = self.side.pop(msg_id)
             self.n -= 1
+            if self.ov is not None:
+                self._dropped(entry[0])
             return entry
         p = msg_id & MASK
         states = c.states
@@ -394,7 +440,25 @@ class MessageStore:
         live = c.live = c.live - 1
         if live < SPARSE and n != self.top:
             self.thin(n)
+        if self.ov is not None:
+            self._dropped(data)
         return data, s
+
+    def _dropped(self, data: str | int) -> None:
+        """The overflow's count of a slot taken out."""
+        if type(data) is int:
+            self.spilled -= 1
+            self.ov.drop(data)
+        else:
+            self.ov.budget.held -= len(data)
+
+    def _dropped_many(self, datas: list[str | int]) -> None:
+        """_dropped() of each slot."""
+        if not self.spilled:  # every slot a str
+            self.ov.budget.held -= sum(map(len, datas))
+            return
+        self.ov.drop_many(datas)
+        self.spilled -= sum(type(d) is int for d in datas)
 
     def set_states(self, ids: list[int], states: list[tuple]) -> None:
         """set_state() of each stored msg_id."""
@@ -426,6 +490,8 @@ class MessageStore:
             for c, p, k in run:
                 if None in c.states[p:p + k]:
                     raise KeyError(f"msg_ids from {ids[0]}: not all stored")
+            if self.ov is not None:
+                self._dropped_many([d for c, p, k in run for d in c.data[p:p + k]])
             for c, p, k in run:
                 c.data[p:p + k] = c.states[p:p + k] = [None] * k
                 c.live -= k
@@ -441,6 +507,11 @@ class MessageStore:
         c = None
         touched = []
         k = 0
+        if self.ov is not None:
+            datas = self._columns(ids, True)[0]
+            if None in datas:
+                raise KeyError(ids[datas.index(None)])
+            self._dropped_many(datas)
         for i in ids:
             k += 1
             n = i >> BITS
@@ -482,7 +553,61 @@ class MessageStore:
 
     def clear(self) -> None:
         """Take every message out."""
+        self.detach()
         self.chunks = {}
         self.side = {}
         self.top = -1
         self.n = 0
+
+    def _slots(self) -> Iterator[str | int]:
+        """The payload slot of every stored message."""
+        for c in self.chunks.values():
+            for d in c.data:
+                if d is not None:
+                    yield d
+        for d, _ in self.side.values():
+            yield d
+
+    def detach(self) -> None:
+        """The overflow no longer counts this store's bodies (a purge swapped it out, or its
+        queue was deleted: the undo journal may still hold it); `reattach` undoes it."""
+        if self.ov is not None and self.n:
+            if self.spilled:
+                self.ov.drop_many(self._slots())
+            else:  # every body in memory: one sum, at C speed
+                self.ov.budget.free(self._held())
+
+    def reattach(self) -> None:
+        """The overflow counts this store's bodies again, where they are (undo of detach)."""
+        if self.ov is not None and self.n:
+            if self.spilled:
+                self.ov.hold_again(self._slots())
+            else:
+                self.ov.budget.hold(self._held())
+
+    def _held(self) -> int:
+        """The length of every body (all in memory)."""
+        return (sum(sum(map(len, filter(None, c.data))) for c in self.chunks.values())
+                + sum(len(d) for d, _ in self.side.values()))
+
+    def attach(self, ov: Overflow | None) -> None:
+        """Count this store's bodies in `ov` from now on, as if each were stored now (a store
+        filled by a load, before the overflow was given: bodies past the budget go to disk)."""
+        if ov is self.ov:
+            return
+        self.detach()
+        self.ov = ov
+        self.spilled = 0
+        if ov is None or not self.n:
+            return
+        for c in self.chunks.values():
+            data = c.data
+            for p, d in enumerate(data):
+                if d is not None:
+                    d = data[p] = ov.keep(d)
+                    self.spilled += type(d) is int
+        side = self.side
+        for i, (d, s) in side.items():
+            d = ov.keep(d)
+            side[i] = (d, s)
+            self.spilled += type(d) is int

@@ -281,6 +281,7 @@ def _undo_delete_queue(entry: tuple, service: Any) -> None:
     _, q, name = entry
     if q is not None:
         service.queues[name] = q
+        q._index.reattach()  # its bodies count in the overflow again (detached when deleted)
 
 
 def undo_create(service: Any, name: str, q: Queue) -> None:

@@ -65,6 +65,7 @@ function drawQueues(rows, t) {
     cell(row, m.delayed, "delayed");
     cell(row, m.in_flight, "leased");
     cell(row, m.dead, "dead");
+    cell(row, m.overflowed || 0, "overflowed");
     cell(row, p.toFixed(1), "produced-rate");
     cell(row, c.toFixed(1), "consumed-rate");
   }

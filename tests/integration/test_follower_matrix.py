@@ -30,7 +30,7 @@ _VOLATILE = frozenset({"node_id", "msg_id", "msg_ids", "ready", "ttl", "lease_un
                        "role", "vote_id", "followers", "confirmed_ids", "produced", "consumed"})
 # A node-wide monitor sums every queue of the cluster, which other rows change meanwhile.
 _NODE_TOTALS = frozenset({"size", "ready", "delayed", "in_flight", "waiters", "queue_count",
-                          "wait_status", "max_id", "dead"})
+                          "wait_status", "max_id", "dead", "overflowed", "overflow_bytes", "memory_bytes"})
 
 Q = "{q}"  # stands for the queue of the run, so that the leader's and the follower's runs share no state
 

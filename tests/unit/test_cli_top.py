@@ -58,7 +58,7 @@ def test_top_once_renders_the_table_at_a_fixed_width(monkeypatch, capsys):
     lines = text.splitlines()
     assert max(len(line) for line in lines) <= 100
     assert "node 2 (leader, leader 2) - 2 queues" in text
-    for header in ("queue", "in/s", "out/s", "size", "ready", "in flight", "delayed", "waiters"):
+    for header in ("queue", "in/s", "out/s", "size", "ready", "in flight", "delayed", "waiters", "on disk"):
         assert header in text
     busy = next(line for line in lines if "busy" in line)
     idle = next(line for line in lines if "idle" in line)

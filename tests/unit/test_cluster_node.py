@@ -123,6 +123,20 @@ def test_a_batch_from_the_current_mode_is_logged_and_answered():
     assert (origin, seq, reply["code"]) == (Origin(7), 1, 0)
 
 
+def test_the_log_window_keeps_what_the_disk_has_not_taken():
+    """Entries fall off the log's window only once committed and on disk: while the disk refuses
+    the log, a single node's committed entries all stay (the WAL must still get them)."""
+    node = ClusterNode(_config(1, queue_log_size=2), T0, recovered=Recovered(), rng=random.Random(1))
+    node.tick(T0 + 1)
+    _drain(node)
+    _batch(node, node.epoch, [dict(PRODUCE, msg_id=i) for i in range(1, 6)])
+    assert node.log.commit_trans_id == node.log.last_trans_id == 6  # the noop, then 5
+    _disk_refuses(node)
+    assert (len(node.log), node.log.first_trans_id) == (5, 2)  # only the noop was on disk
+    _drain(node)  # the disk takes it
+    assert (len(node.log), node.log.first_trans_id) == (2, 5)
+
+
 def test_a_batch_s_records_are_logged_as_the_bytes_the_worker_sent():
     """The log (and so the WAL and the peers) gets each record's bytes from the worker's array,
     not the record encoded again (which here would write "retry":0.0 for the worker's 0)."""

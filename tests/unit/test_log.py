@@ -1,16 +1,21 @@
 """Unit tests for replication/log.py (the change log)."""
 
 import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from queue_server.protocol.records import DeleteQueue, decode, encode
+from queue_server.replication import log as log_module
 from queue_server.replication.log import ChangeLog, Entry
 
 
-def recs(n: int, tag: str = "r") -> list[dict]:
-    return [{"op": "produce", "tag": f"{tag}{i}"} for i in range(n)]
+def recs(n: int, tag: str = "r") -> list[DeleteQueue]:
+    return [DeleteQueue(queue=f"{tag}{i}") for i in range(n)]
 
 
 def entries(first: int, vote_id: int, n: int, tag: str = "e") -> list[Entry]:
-    return [Entry(first + i, vote_id, {"tag": f"{tag}{first + i}"}) for i in range(n)]
+    return [Entry(first + i, vote_id, DeleteQueue(queue=f"{tag}{first + i}")) for i in range(n)]
 
 
 # ------------------------------------------------------------------ empty log and base
@@ -56,7 +61,7 @@ def test_append_assigns_consecutive_trans_ids():
     assert len(log) == 6
     assert log.last_trans_id == 6 and log.last_vote_id == 2
     assert [log.term_at(t) for t in range(7)] == [0, 1, 1, 1, 1, 1, 2]
-    assert log.entry_at(4).record == {"op": "produce", "tag": "r0"}
+    assert log.entry_at(4).record == DeleteQueue(queue="r0")
 
 
 def test_append_empty_batch():
@@ -120,12 +125,12 @@ def test_capacity_drops_committed_entries_from_the_front():
 def test_capacity_long_run_stays_bounded_and_indexable():
     log = ChangeLog(50)
     for i in range(1, 5001):
-        log.append(1 + i // 1000, [{"i": i}])
+        log.append(1 + i // 1000, [DeleteQueue(queue=f"{i}")])
         log.commit_to(i)
         assert len(log) <= 50
     assert log.first_trans_id == 4951
-    assert log.entry_at(4951).record == {"i": 4951}
-    assert [e.record["i"] for e in log.entries_after(4990, 100)] == list(range(4991, 5001))
+    assert log.entry_at(4951).record == DeleteQueue(queue="4951")
+    assert [int(e.record.queue) for e in log.entries_after(4990, 100)] == list(range(4991, 5001))
     assert log.term_at(4950) == 5
 
 
@@ -167,7 +172,7 @@ def test_accept_truncates_conflicting_suffix():
     assert log.accept(2, 1, new)
     assert log.last_trans_id == 4
     assert [log.term_at(t) for t in (1, 2, 3, 4)] == [1, 1, 3, 3]
-    assert log.entry_at(3).record == {"tag": "new3"}
+    assert log.entry_at(3).record == DeleteQueue(queue="new3")
     assert log.entry_at(5) is None
 
 
@@ -189,7 +194,7 @@ def test_accept_before_commit_point_skips_committed_part():
     # a retransmission that starts before our window
     assert log.accept(1, 1, entries(2, 1, 7))
     assert log.last_trans_id == 8
-    assert log.entry_at(8).record == {"tag": "e8"}
+    assert log.entry_at(8).record == DeleteQueue(queue="e8")
     # entirely old: accepted as a no-op
     assert log.accept(0, 0, entries(1, 1, 3))
     assert log.last_trans_id == 8
@@ -198,9 +203,9 @@ def test_accept_before_commit_point_skips_committed_part():
 def test_accept_validates_batches():
     log = ChangeLog(100)
     with pytest.raises(ValueError):
-        log.accept(0, 0, [Entry(2, 1, {})])
+        log.accept(0, 0, [Entry(2, 1, DeleteQueue(queue="q"))])
     with pytest.raises(ValueError):
-        log.accept(0, 0, [Entry(1, 2, {}), Entry(2, 1, {})])
+        log.accept(0, 0, [Entry(1, 2, DeleteQueue(queue="q")), Entry(2, 1, DeleteQueue(queue="q"))])
 
 
 def test_accept_copies_entries():
@@ -292,7 +297,7 @@ def test_the_end_after_a_truncate_of_every_kept_entry_is_the_base():
 def test_the_end_after_compaction_of_the_backing_list():
     log = ChangeLog(3)
     for i in range(1, 3001):  # past _COMPACT_MIN dropped entries: the backing list is compacted
-        log.append(1 + i // 1000, [{"i": i}])
+        log.append(1 + i // 1000, [DeleteQueue(queue=f"{i}")])
         log.commit_to(i - 1)
         assert _end(log) == (i, 1 + i // 1000)
     log.truncate_after(2999)
@@ -321,25 +326,224 @@ def test_append_keeps_each_records_bytes_and_refuses_a_count_mismatch():
     log = ChangeLog(100)
     log.append(1, recs(2), [b'{"a":1}', b'{"b":2}'])
     log.append(1, recs(1))
-    assert [e.data for e in log.entries_after(0, 10)] == [b'{"a":1}', b'{"b":2}', None]
+    assert [e.data for e in log.entries_after(0, 10)] == [b'{"a":1}', b'{"b":2}', encode(recs(1)[0])]
     with pytest.raises(ValueError, match="differ in number"):
         log.append(1, recs(2), [b"{}"])
     assert _end(log) == (3, 1) and len(log) == 3
 
 
-def test_only_the_newest_entries_keep_their_bytes():
-    """Bytes kept for the log's whole capacity would cost the coordinator tens of bytes per stored
-    message: only the newest keep_bytes entries hold them, whatever path changed the log."""
-    log = ChangeLog(100, keep_bytes=3)
-    data = [f'{{"n":{i}}}'.encode() for i in range(1, 8)]
-    log.append(1, recs(5), data[:5])
-    assert [e.data for e in log.entries_after(0, 10)] == [None, None, *data[2:5]]
+# ------------------------------------------------------------------ the compact window
+
+
+def test_records_are_decoded_once_and_committed_ones_only_when_read(monkeypatch):
+    """Entries not both committed and on disk keep the record they came with (a commit hands it
+    on without decoding again); the others are kept as bytes, and decode when read."""
+    monkeypatch.setattr(log_module, "_RUN", 1)  # move each settled entry at once
+    log = ChangeLog(100, stable_trans_id=0)
+    given = recs(3)
+    log.append(1, given)
+    assert all(e._record is r for e, r in zip(log.entries_after(0, 3), given))
+    log.commit_to(2)
+    assert all(e._record is r for e, r in zip(log.entries_after(0, 3), given))  # not on disk
+    log.mark_stable(3)
+    got = log.entries_after(0, 3)
+    assert [e._record for e in got[:2]] == [None, None] and got[2]._record is given[2]
+    assert [e.record for e in got] == given  # decoded from the bytes
+    log.append(1, None, [encode(DeleteQueue(queue="bare"))])  # bytes only
+    assert log.entry_at(4).record == DeleteQueue(queue="bare")
+    with pytest.raises(ValueError):
+        log.append(1, None)
+
+
+def test_entries_read_back_across_chunks():
+    """Committed entries are kept as bytes in chunks (an entry's in one; many committed at once
+    are cut into several chunks); reads that span chunks, the chunk still taking entries, and the
+    uncommitted tail give each entry's bytes exactly."""
+    log = ChangeLog(10_000, max_bytes=1 << 30)
+    big = [DeleteQueue(queue=f"{i}" + "x" * (i * 37 % 3000)) for i in range(400)]
+    log.append(1, big[:3])
     log.commit_to(3)
-    log.truncate_after(3)  # 4 and 5 go; 1..3 keep what they had
-    log.append(2, recs(2), data[5:7])  # 4 and 5 again: 3..5 are the newest three
-    assert [e.data for e in log.entries_after(0, 10)] == [None, None, data[2], *data[5:7]]
-    log.accept(5, 2, [Entry(6, 2, {"a": 6}, b"6"), Entry(7, 2, {"a": 7}, b"7")])
-    assert [e.data for e in log.entries_after(0, 10)] == [None] * 4 + [data[6], b"6", b"7"]
-    log.reset(20, 3)
-    log.append(3, recs(4), [b"21", b"22", b"23", b"24"])
-    assert [e.data for e in log.entries_after(20, 10)] == [None, b"22", b"23", b"24"]
+    log.append(1, big[3:])
+    log.commit_to(250)  # ~370 KB at once
+    assert len(log._chunks) > 3
+    assert [e.record for e in log.entries_after(0, 1000)] == big
+    assert [d for _, _, d in log.encoded_after(100, 1000)] == [encode(r) for r in big[100:]]
+    assert log.entry_at(250).record == big[249] and log.entry_at(251).record is big[250]
+    log.truncate_after(300)
+    log.append(2, big[:10])
+    log.commit_to(305)
+    assert [e.record for e in log.entries_after(240, 100)] == big[240:300] + big[:10]
+    assert log.byte_size == sum(len(encode(r)) for r in big[:300] + big[:10])
+
+
+def test_max_bytes_drops_committed_entries_from_the_front():
+    size = len(encode(DeleteQueue(queue="r0")))  # recs' records are all this long
+    log = ChangeLog(1000, max_bytes=3 * size)
+    log.append(1, recs(5))
+    assert len(log) == 5  # nothing committed: nothing may fall off
+    log.commit_to(4)
+    assert len(log) == 3 and log.first_trans_id == 3 and log.byte_size == 3 * size
+    assert log.entries_after(1, 10) is None and log.term_at(2) == 1
+    log.append(1, [DeleteQueue(queue="x" * 100)])  # one record over max_bytes on its own
+    log.commit_to(6)
+    assert len(log) == 0 and (log.base_trans_id, log.last_trans_id) == (6, 6)
+    assert log.entries_after(6, 10) == []
+    with pytest.raises(ValueError):
+        ChangeLog(10, max_bytes=0)
+
+
+def test_eviction_never_passes_commit_nor_what_the_disk_holds():
+    """Byte and count bounds alike: an entry falls off only once committed and, for a log that
+    waits for its disk, once mark_stable says it is there. A truncate or reset moves the stable
+    point back with the log."""
+    log = ChangeLog(2, max_bytes=1, stable_trans_id=0)
+    log.append(1, recs(6))
+    log.commit_to(5)
+    assert log.first_trans_id == 1  # committed, but not on disk
+    log.mark_stable(3)
+    assert (log.base_trans_id, log.stable_trans_id) == (3, 3)
+    log.mark_stable(9)  # never past the last entry
+    assert log.stable_trans_id == 6 and log.base_trans_id == 5  # commit stops it now
+    log.append(1, recs(3))  # 7..9
+    log.truncate_after(7)
+    log.mark_stable(7)
+    log.commit_to(7)
+    assert log.base_trans_id == 7
+    log.append(1, recs(2))  # 8..9 again: not on disk
+    log.truncate_after(8)
+    assert log.stable_trans_id == 7
+    log.commit_to(8)
+    assert log.base_trans_id == 7  # 8 is committed, but the disk has not had it
+    log.reset(20, 2)
+    assert log.stable_trans_id == 20
+    log.append(2, recs(2))
+    log.commit_to(22)
+    assert log.base_trans_id == 20
+    free = ChangeLog(2, max_bytes=1)  # no disk to wait for
+    free.append(1, recs(3))
+    free.commit_to(3)
+    free.mark_stable(1)
+    assert (free.base_trans_id, free.stable_trans_id) == (3, None)
+
+
+def test_a_long_run_keeps_memory_bounded():
+    """The arrays and the chunks shrink as entries fall off (no dead head kept)."""
+    log = ChangeLog(100_000, max_bytes=20_000)
+    for i in range(1, 20_001):
+        log.append(1, [DeleteQueue(queue=f"{i:08}")])
+        log.commit_to(i)
+    assert log.byte_size <= 20_000 and len(log._votes) < 2 * len(log) + 1024
+    assert sum(map(len, log._chunks)) < 20_000 + 2 * (1 << 16)
+    assert log.entry_at(20_000).record == DeleteQueue(queue="00020000")
+
+
+class LogModel(RuleBasedStateMachine):
+    """The compact log against a plain list of (trans_id, vote_id, bytes): the same answers to
+    every read after random appends, accepts, commits, truncates, resets and disk progress."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        # small chunks and runs: many chunks are closed and freed, many runs moved
+        self.saved = log_module._CHUNK, log_module._RUN
+        log_module._CHUNK, log_module._RUN = 128, 3
+        self.log = ChangeLog(7, max_bytes=400, stable_trans_id=0)
+        self.kept: list[tuple[int, int, bytes]] = []
+        self.base = (0, 0)
+        self.commit = self.stable = 0
+        self.n = 0
+
+    def last(self) -> tuple[int, int]:
+        return self.kept[-1][:2] if self.kept else self.base
+
+    def record(self, size: int) -> DeleteQueue:
+        self.n += 1
+        return DeleteQueue(queue=f"{self.n}" + "y" * size)
+
+    def evict(self) -> None:
+        while self.kept and (len(self.kept) > 7 or sum(len(d) for *_, d in self.kept) > 400) \
+                and self.kept[0][0] <= min(self.commit, self.stable):
+            self.base = self.kept.pop(0)[:2]
+
+    @rule(sizes=st.lists(st.integers(0, 150), max_size=6), bump=st.booleans(), bare=st.booleans())
+    def append(self, sizes: list[int], bump: bool, bare: bool) -> None:
+        vote = self.last()[1] + bump
+        records = [self.record(s) for s in sizes]
+        first, _ = self.log.append(vote, None if bare else records, [encode(r) for r in records])
+        assert first == self.last()[0] + 1
+        self.kept += [(first + i, vote, encode(r)) for i, r in enumerate(records)]
+        self.evict()
+
+    @rule(back=st.integers(0, 5), sizes=st.lists(st.integers(0, 150), min_size=1, max_size=5),
+          bump=st.integers(0, 1))
+    def accept(self, back: int, sizes: list[int], bump: int) -> None:
+        """A leader's batch that overwrites the uncommitted tail from some point."""
+        prev = max(self.commit, self.last()[0] - back)
+        prev_vote = self.log.term_at(prev)
+        vote = self.last()[1] + bump
+        batch = [Entry(prev + 1 + i, vote, self.record(s)) for i, s in enumerate(sizes)]
+        assert self.log.accept(prev, prev_vote, batch)
+        keep = [k for k in self.kept if k[0] <= prev]
+        tail = [k for k in self.kept if k[0] > prev]
+        new = [(e.trans_id, e.vote_id, encode(e.record)) for e in batch]
+        if tail and all(k[:2] == n[:2] for k, n in zip(tail, new)) and len(tail) >= len(new):
+            pass  # nothing conflicts: what is held stays
+        else:
+            same = 0
+            while same < min(len(tail), len(new)) and tail[same][:2] == new[same][:2]:
+                same += 1
+            self.kept = keep + tail[:same] + new[same:]
+            self.stable = min(self.stable, prev + same)
+        self.evict()
+
+    @rule(ahead=st.integers(0, 8))
+    def commit_to(self, ahead: int) -> None:
+        self.log.commit_to(self.commit + ahead)
+        self.commit = min(self.commit + ahead, self.last()[0])
+        self.evict()
+
+    @rule(ahead=st.integers(0, 8))
+    def mark_stable(self, ahead: int) -> None:
+        self.log.mark_stable(self.stable + ahead)
+        self.stable = max(self.stable, min(self.stable + ahead, self.last()[0]))
+        self.evict()
+
+    @rule(back=st.integers(0, 8))
+    def truncate(self, back: int) -> None:
+        point = max(self.commit, self.last()[0] - back)
+        dropped = self.log.truncate_after(point)
+        assert [(e.trans_id, e.vote_id, e.encoded()) for e in dropped] == [k for k in self.kept if k[0] > point]
+        self.kept = [k for k in self.kept if k[0] <= point]
+        self.stable = min(self.stable, point)
+
+    @rule(ahead=st.integers(0, 20), vote=st.integers(0, 3))
+    def reset(self, ahead: int, vote: int) -> None:
+        point = (self.last()[0] + ahead - 10 if self.last()[0] >= 10 else ahead, self.last()[1] + vote)
+        point = (max(point[0], 0), point[1])
+        self.log.reset(*point)
+        self.kept, self.base = [], point
+        self.commit = self.stable = point[0]
+
+    def teardown(self) -> None:
+        log_module._CHUNK, log_module._RUN = self.saved
+
+    @invariant()
+    def same(self) -> None:
+        log = self.log
+        assert (log.base_trans_id, log.base_vote_id) == self.base
+        assert (log.last_trans_id, log.last_vote_id) == self.last()
+        assert (log.commit_trans_id, log.stable_trans_id) == (self.commit, self.stable)
+        assert len(log) == len(self.kept) and log.byte_size == sum(len(d) for *_, d in self.kept)
+        got = log.entries_after(self.base[0], 1 << 30)
+        assert [(e.trans_id, e.vote_id, e.encoded()) for e in got] == self.kept
+        assert [e.record for e in got] == [decode(d) for *_, d in self.kept]
+        assert log.encoded_after(self.base[0], 1 << 30) == self.kept
+        for t in range(self.base[0] - 1, self.last()[0] + 2):
+            held = [k[1] for k in self.kept if k[0] == t]
+            assert log.term_at(t) == (self.base[1] if t == self.base[0] else held[0] if held else None)
+        if self.base[0] > 0:
+            assert log.entries_after(self.base[0] - 1, 1) is None
+
+
+TestLogModel = LogModel.TestCase
+TestLogModel.settings = settings(max_examples=150, stateful_step_count=40, deadline=None,
+                                 suppress_health_check=[HealthCheck.too_slow])

@@ -12,7 +12,10 @@ from queue_server.protocol import vocabulary as p
 from queue_server.server.cluster import ClusterNode
 from queue_server.server.gather import Gatherer, merge
 from tests.unit.test_cluster_node import _follower, _leader, _leader_of_three
+from tests.unit.test_overflow import FakeFiles
 from tests.unit.test_service import Svc
+from queue_server.workers.body_budget import BodyBudget
+from queue_server.workers.overflow import Overflow
 
 METRICS_MD = Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
 SECTION = "## The monitor action's fields"
@@ -39,7 +42,7 @@ def documented() -> dict[str, tuple[set[str], str]]:
 def _workers() -> list[Svc]:
     """Two workers: one holds queue "q" with a message in every state (ready, delayed, leased, a
     dead letter, a parked long poll; paused) and its dead-letter queue; the other holds neither."""
-    t = Svc(dead_letter_suffix=".dlq")
+    t = Svc(dead_letter_suffix=".dlq", overflow=Overflow(BodyBudget(8), FakeFiles()))
     t.call({"action": 1, "queue": "q", "data": ["a", "b", "c"], "retry": 10})
     t.call({"action": 1, "queue": "q", "data": "later", "delay": 60})
     t.call({"action": 1, "queue": "q", "data": "doomed", "retry": 1, "max_deliveries": 1})

@@ -628,11 +628,13 @@ class Sim:
         self.seq = 0
         nodes = [{"node_id": i, "host": "127.0.0.1", "port": 1100 + i} for i in self.members]
         capacity = self.rng.choice([50, 5000])
-        snapshot_every = random.Random(seed + 4_000_037).choice([20, 200, 100_000])
+        snapshot_every = random.Random(seed + 4_000_037).choice([50, 200, 100_000])  # 100k: cuts on demand only
+        log_bytes = 4096 if seed % 3 == 1 else 8 << 20  # (not drawn from rng: seeds replay as before)
         self.configs = {}
         for i in self.members:
             cfg, _ = parse_config(orjson.dumps({
                 "node_id": i, "port": 1110 + i, "workers": WORKERS, "queue_log_size": capacity,
+                "queue_log_bytes": log_bytes,
                 "cluster_node_list": nodes if n > 1 else [], "election_timeout_ms": 300,
                 "heartbeat_ms": 50, "forward_request": 1, "queue_sync_rate": 2000,
                 "snapshot_every": snapshot_every,

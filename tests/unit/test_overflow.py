@@ -1,0 +1,295 @@
+"""Bodies that overflow to disk (issue 26; workers/overflow.py, workers/body_budget.py, the
+store's reference slot), differentially: the same random traffic (test_rollback's: produce
+single, batch and idempotent, consume at most once and leased, confirm, release, extend, ttl
+and lease expiry, priorities, dead letters and their replay, purge, delete_queue, pause,
+subscribe, virtual queues, undeliver; with commits and rollbacks of the undo journal) on a
+service whose bodies overflow past a budget of 0 B to 2 KB to an in-memory fake of the segment
+files, and on one without overflow: the same replies and records, the same state, and the
+overflow's counts always equal to what the stores hold. OVERFLOW_SEEDS (default 300) sets how
+many runs."""
+from __future__ import annotations
+
+import errno
+import os
+from collections import Counter
+
+import pytest
+
+from queue_server.protocol import vocabulary as p
+from queue_server.protocol.origin import Origin
+from queue_server.workers.body_budget import BodyBudget, worker_share
+from queue_server.workers.overflow import HEADER, BodyUnreadable, Overflow, unpack
+from queue_server.workers.service import PartitionService
+from queue_server.workers.store import MessageStore
+from tests.unit.service_replies import take_replies
+from tests.unit.test_rollback import Run, assert_same, service
+
+SEEDS = int(os.environ.get("OVERFLOW_SEEDS", "300"))
+T0 = 1_700_000_000.0
+
+
+class FakeFiles:
+    """Segment files in memory; a deleted segment cannot be read (a KeyError shows a reference
+    that outlived its segment). `full`: every write fails as on a full disk."""
+
+    where = "/fake/overflow"
+
+    def __init__(self) -> None:
+        self.segs: dict[int, bytearray] = {}
+        self.full = False
+        self.writes = 0
+        self.reads = 0
+
+    def write(self, seg: int, offset: int, data: bytes) -> None:
+        if self.full:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        buf = self.segs.setdefault(seg, bytearray())
+        assert offset <= len(buf), "a write past the end of its segment"
+        buf[offset:offset + len(data)] = data
+        self.writes += 1
+
+    def read(self, seg: int, offset: int, size: int) -> bytes:
+        self.reads += 1
+        return bytes(self.segs[seg][offset:offset + size])
+
+    def delete(self, seg: int) -> None:
+        del self.segs[seg]
+
+    def delete_all(self) -> None:
+        self.segs.clear()
+
+
+def overflowing(share: int, segment_size: int, rotate_empty: int,
+                run: Run) -> tuple[PartitionService, Overflow]:
+    ov = Overflow(BodyBudget(share), FakeFiles(), segment_size, rotate_empty=rotate_empty)
+    s = service(10**6, run.restore_cache, run.suffix, run.queue_class)
+    s.overflow = ov
+    return s, ov
+
+
+class BodiesRun(Run):
+    """test_rollback's traffic with bodies of many sizes, some not ASCII."""
+
+    def request(self) -> dict:
+        req = super().request()
+        data = req.get("data")
+        if data is not None:
+            rng = self.rng
+            grow = (lambda d: d * rng.choice((1, 1, 3, 12)) + rng.choice(("", "", "é", "日本")))
+            req["data"] = [grow(d) for d in data] if type(data) is list else grow(data)
+        return req
+
+
+def check_counts(s: PartitionService, ov: Overflow, where: str) -> None:
+    """The overflow counts exactly what the service's stores hold."""
+    held = 0
+    live: Counter = Counter()
+    for q in s.queues.values():
+        store = q._index
+        assert store.ov is ov, where
+        slots = list(store._slots())
+        refs = [d for d in slots if type(d) is int]
+        assert store.spilled == len(refs), f"{where}: queue {q.name}"
+        held += sum(len(d) for d in slots if type(d) is str)
+        live.update(r >> 64 for r in refs)
+    assert ov.budget.held == held, where
+    assert ov.live == dict(live), where
+    assert ov.live_bytes == sum(unpack(r)[2] for q in s.queues.values()
+                                for r in q._index._slots() if type(r) is int), where
+    on_disk = set(ov.files.segs)
+    assert set(ov.live) <= on_disk, where
+    assert on_disk <= set(ov.live) | set(ov.zero) | {ov.seg}, f"{where}: a segment leaked"
+
+
+def run_seed(seed: int) -> int:
+    """One seed: the two services take the same traffic; how many bodies went to disk."""
+    run = BodiesRun(seed)
+    rng = run.rng
+    plain = run.leader
+    share = rng.choice((0, 8, 40, 200, 1000, 2048))  # bytes: every body, some, a few KB
+    over, ov = overflowing(share, rng.choice((64, 300, 4096)), rng.choice((0, 100, 1 << 20)), run)
+    spilled = 0
+    for phase in range(rng.randint(2, 4)):
+        for i in range(rng.randint(20, 150)):
+            before = ov.files.writes
+            (r1, rec1), (r2, rec2) = run.step([plain, over])
+            where = f"seed {seed}, phase {phase}, step {i}"
+            assert r1 == r2, where
+            assert rec1 == rec2, where
+            run.log.extend(rec1)
+            spilled += ov.files.writes - before
+            if rng.random() < 0.1:  # a commit watermark, the same on both
+                k = rng.randint(plain.journal.base, plain.seq)
+                plain.trim(k)
+                over.trim(k)
+            check_counts(over, ov, where)
+        where = f"seed {seed}, phase {phase}"
+        assert_same(plain, over, run.now, where)
+        k = rng.randint(plain.journal.base, plain.seq)
+        assert plain.rollback(k) == over.rollback(k), where
+        del run.log[k:]
+        assert take_replies(plain) == take_replies(over), where
+        check_counts(over, ov, where + ", rolled back")
+        assert_same(plain, over, run.now, where + ", rolled back")
+    # Everything committed: every segment left with no body is deleted.
+    over.trim(over.seq)
+    over.trim(over.seq)
+    assert not ov.zero
+    check_counts(over, ov, f"seed {seed}, all committed")
+    assert set(ov.files.segs) <= set(ov.live) | {ov.seg}
+    # A replica replays the log with its own budget: with no undo journal, or as a follower's
+    # worker does (a journal, the committed records in batches that journal nothing).
+    committed = rng.random() < 0.5
+    replica = service(10**6 if committed else None, run.restore_cache, run.suffix, run.queue_class)
+    rov = replica.overflow = Overflow(BodyBudget(rng.choice((0, 30))), FakeFiles(), 128, rotate_empty=0)
+    done = 0
+    while done < len(run.log):
+        n = rng.randint(1, 20)
+        if committed:
+            replica.apply_committed(run.log[done:done + n])
+        else:
+            for record in run.log[done:done + n]:
+                replica.apply(record)
+        done += n
+    where = f"seed {seed}, a replica ({'apply_committed' if committed else 'no journal'})"
+    check_counts(replica, rov, where)
+    assert set(rov.files.segs) <= set(rov.live) | {rov.seg}, where  # emptied segments went
+    assert_same(run.replay(len(run.log)), replica, run.now, where)
+    return spilled
+
+
+@pytest.mark.parametrize("chunk", range(10))
+def test_overflow_delivers_the_same_messages_as_memory(chunk):
+    spilled = sum(run_seed(seed) for seed in range(chunk, SEEDS, 10))
+    assert spilled > 0
+
+
+def test_the_differential_check_catches_a_wrong_body(monkeypatch):
+    real = Overflow.read
+
+    def off_by_one(self, r):
+        body = real(self, r)
+        return body[:-1] + "!" if body else body
+    monkeypatch.setattr(Overflow, "read", off_by_one)
+    with pytest.raises(AssertionError):
+        for seed in range(20):
+            run_seed(seed)
+
+
+def test_the_count_check_catches_a_lost_drop(monkeypatch):
+    monkeypatch.setattr(MessageStore, "detach", lambda self: None)  # a purge forgets its bodies
+    with pytest.raises(AssertionError):
+        for seed in range(40):
+            run_seed(seed)
+
+
+# ------------------------------------------------------------------------------- the rule
+
+def test_bodies_past_the_share_go_to_disk_and_memory_is_used_again_when_freed():
+    ov = Overflow(BodyBudget(10), FakeFiles())
+    store = MessageStore(ov)
+    state = (0.0, 1.0, 0.0, 0, 0, None, None, None)
+    store.add_run(1, ["aaaa", "bbbb", "cccc", "dd"], [state] * 4)
+    assert [type(d) for d in store.chunks[0].data[1:5]] == [str, str, int, str]
+    assert ov.budget.held == 10 and store.spilled == 1
+    assert store.get(3).data == "cccc"  # read back
+    store.pop(1)
+    store.add(5, "eeee", state)  # back under the share: in memory again
+    assert type(store.chunks[0].data[5]) is str
+    assert store.chunks[0].data[3] is not None and type(store.chunks[0].data[3]) is int  # no promotion
+    assert [m.data for m in store.get_many([2, 3, 4, 5])] == ["bbbb", "cccc", "dd", "eeee"]
+
+
+def test_a_segment_goes_once_its_last_body_is_gone_and_committed():
+    ov = Overflow(BodyBudget(0), FakeFiles(), segment_size=2 * (HEADER.size + 3))
+    store = MessageStore(ov)
+    state = (0.0, 1.0, 0.0, 0, 0, None, None, None)
+    store.add_run(1, ["aaa", "bbb", "ccc"], [state] * 3)  # segment 0 holds 2, segment 1 one
+    assert sorted(ov.files.segs) == [0, 1]
+    store.delete_many([1, 2])
+    assert 0 in ov.files.segs and ov.zero == {0: None}  # a rollback could want them back
+    ov.trimmed(committed=5, seq=7)
+    assert 0 in ov.files.segs
+    ov.trimmed(committed=7, seq=9)
+    assert sorted(ov.files.segs) == [1]
+    store.add(4, "ddd", state)
+    store.add(5, "eee", state)
+    store.delete_many([3, 4])
+    ov.trimmed(committed=9, seq=9)  # everything committed (or no journal): at once
+    assert sorted(ov.files.segs) == [2]
+
+
+def test_a_batch_consume_reads_each_run_of_bodies_at_once():
+    ov = Overflow(BodyBudget(0), FakeFiles(), segment_size=10 * (HEADER.size + 5))
+    store = MessageStore(ov)
+    state = (0.0, 1.0, 0.0, 0, 0, None, None, None)
+    bodies = [f"b{i:04d}" for i in range(25)]  # segments 0 and 1 hold 10 each, 2 holds 5
+    store.add_run(1, bodies, [state] * 25)
+    store.pop(13)  # a gap in segment 1
+    ov.files.reads = 0
+    got = store.get_many([i for i in range(1, 26) if i != 13])
+    assert [m.data for m in got] == [b for i, b in enumerate(bodies, 1) if i != 13]
+    assert ov.files.reads == 4  # segment 0, segment 1 before and after the gap, segment 2
+    assert ov.read_many([store.chunks[0].data[5], "mem", store.chunks[0].data[2]]) == ["b0004", "mem", "b0001"]
+
+
+def test_single_consumes_of_a_fifo_queue_read_ahead():
+    ov = Overflow(BodyBudget(0), FakeFiles())
+    store = MessageStore(ov)
+    state = (0.0, 1.0, 0.0, 0, 0, None, None, None)
+    store.add_run(1, [f"b{i:04d}" for i in range(200)], [state] * 100 + [state] * 100)
+    ov.files.reads = 0
+    got = [store.get(i).data for i in range(1, 101)]
+    store.add_run(201, ["late"], [state])  # written after the read ahead began
+    got += [store.get(i).data for i in range(101, 202)]
+    assert got == [f"b{i:04d}" for i in range(200)] + ["late"]
+    assert ov.files.reads == 3  # the first, the one that starts reading ahead, "late"
+    ov.files.reads = 0
+    assert [store.get(i).data for i in (150, 20, 90)] == ["b0149", "b0019", "b0089"]
+    assert ov.files.reads == 3  # out of order: no read ahead
+
+
+def test_a_torn_body_is_never_delivered():
+    ov = Overflow(BodyBudget(0), FakeFiles())
+    store = MessageStore(ov)
+    store.add(1, "hello", (0.0, 1.0, 0.0, 0, 0, None, None, None))
+    ov.files.segs[0][HEADER.size] ^= 1
+    with pytest.raises(BodyUnreadable):
+        store.get(1)
+
+
+def test_the_share_is_the_nodes_budget_split_over_its_workers():
+    assert worker_share(1024, 4) == 256 << 20
+    assert worker_share(1, 3) == (1 << 20) // 3
+
+
+# ------------------------------------------------------------------------------- disk full
+
+def produce(s: PartitionService, data: str, now: float) -> dict:
+    s.handle({"action": "produce", "queue": "q", "data": data}, Origin(1), 1, now)
+    (_, _, reply), = take_replies(s)
+    return reply
+
+
+def test_a_full_disk_refuses_produces_that_need_it_and_loses_nothing():
+    files = FakeFiles()
+    ov = Overflow(BodyBudget(10), files)
+    s = PartitionService(node_id=1, queue_size=100, overflow=ov, undo_limit=10**6)
+    assert produce(s, "x" * 8, T0)["code"] == p.CODE_OK  # in memory
+    assert produce(s, "on disk", T0)["code"] == p.CODE_OK
+    files.full = True
+    # Accepted before the disk was known full: kept in memory, nothing lost.
+    assert produce(s, "kept", T0)["code"] == p.CODE_OK
+    refused = produce(s, "refused", T0)
+    assert refused["code"] == -1 and refused["reason"] == "overflow disk full: /fake/overflow"
+    assert s.limit_refusals == {"overflow_mb": 1}
+    s.handle({"action": "consume", "queue": "q", "count": 10}, Origin(1), 2, T0)
+    (_, _, got), = take_replies(s)
+    assert [m["data"] for m in got["messages"]] == ["x" * 8, "on disk", "kept"]
+    # Room in memory again: produces that fit go, though the disk still refuses.
+    assert produce(s, "fits", T0)["code"] == p.CODE_OK
+    assert produce(s, "needs the disk", T0 + 0.5)["code"] == -1
+    files.full = False  # the disk is tried again after RETRY_DISK
+    assert produce(s, "needs the disk", T0 + 2)["code"] == p.CODE_OK
+    assert ov.refused is None and produce(s, "and again", T0 + 2)["code"] == p.CODE_OK
+    assert ov.live_bytes == len("needs the disk") + len("and again")
