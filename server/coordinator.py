@@ -485,7 +485,8 @@ def main(argv: list[str] | None = None) -> None:
     storage = None
     if not cfg.in_memory:
         try:
-            storage = Storage(cfg.queue_data_dir, cfg.fsync, repair=cfg.repair, log=info.log)
+            storage = Storage(cfg.queue_data_dir, cfg.fsync, repair=cfg.repair, log=info.log,
+                              segment_bytes=cfg.wal_segment_bytes)
         except DataDirLocked as exc:
             info.log.error("%s", exc)
             sys.exit(3)
