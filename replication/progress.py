@@ -10,7 +10,8 @@ on BecomeLeader, drop it on BecomeFollower. Each follower is in one of three sta
   max_inflight unanswered pushes, with no rate limit.
 * A PROBE follower behind the log but not behind the WAL (`wal_from`, which the node keeps up to
   date) gets its next batch read from disk: a ReadLog action, answered by on_log_read (still
-  one batch at a time, paced by the same token bucket).
+  one batch at a time, paced by the same token bucket); unless it is more than
+  Flow.snapshot_over records behind the newest snapshot on disk: it gets that first.
 * SNAPSHOT: it needs entries older than the log and the WAL keep. With a snapshot on disk whose point the
   log still follows (`source`), the leader streams its files in chunks (replication/transfer.py
   SnapshotSend: a window of chunks, SnapshotAck answers); otherwise a SendSnapshot action is
@@ -94,7 +95,9 @@ class Flow:
     snapshot_timeout: a snapshot transfer that made no progress this long starts again;
     chunk_bytes, chunk_window: a streamed snapshot's chunk size and how many may be unacked;
     chunk_resend: the oldest unacked chunk waits this long before the window is sent again;
-    read_bytes: how much one batch read from the WAL (ReadLog) may take."""
+    read_bytes: how much one batch read from the WAL (ReadLog) may take; snapshot_over: a
+    follower more records than this behind the newest snapshot on disk gets that snapshot (then
+    the log or the WAL after it) rather than that many records read from the WAL."""
 
     max_batch: int = 1000
     max_inflight: int = 64
@@ -105,6 +108,7 @@ class Flow:
     chunk_window: int = WINDOW
     chunk_resend: float = 2.0
     read_bytes: int = 1 << 20
+    snapshot_over: int = 100_000
 
 
 class LeaderReplication:
@@ -282,7 +286,7 @@ class LeaderReplication:
         """The follower holds our log up to `match`: move on, send more, commit."""
         self._matched(pr, match)
         if pr.state is FollowerState.SNAPSHOT:
-            if match >= self.log.base_trans_id:
+            if match >= self.log.base_trans_id or (self.wal_from is not None and match >= self.wal_from):
                 self._probe(pr, match)
         elif pr.state is FollowerState.PROBE and pr.probe_end is not None and match >= pr.probe_end:
             pr.probe_end = None
@@ -367,7 +371,10 @@ class LeaderReplication:
         prev_vote = log.term_at(prev)
         if entries is None or prev_vote is None:
             wal_from = self.wal_from
-            if wal_from is not None and prev >= wal_from:
+            source = self.source
+            if (wal_from is not None and prev >= wal_from
+                    and (source is None or source.trans_id - prev <= self.flow.snapshot_over
+                         or not self._continues(source.trans_id))):
                 if pr.state is not FollowerState.PROBE:
                     self._probe(pr, prev)  # a pushed-to follower the log left behind
                 pr.reading = True  # _send sends nothing more until on_log_read
@@ -394,11 +401,11 @@ class LeaderReplication:
         return actions
 
     def _snapshot(self, peer: int, pr: Progress, now: float, actions: list[Action]) -> None:
-        """Start sending this follower a snapshot: the one on disk if the log follows its point,
+        """Start sending this follower a snapshot: the one on disk if the log or the WAL follows its point,
         else ask the node for one (SendSnapshot)."""
         pr.sent_at = now
         source = self.source
-        if source is None or source.trans_id < self.log.base_trans_id:
+        if source is None or not self._continues(source.trans_id):
             pr.transfer = None
             actions.append(SendSnapshot(peer))
             return
@@ -406,6 +413,10 @@ class LeaderReplication:
         pr.transfer = SnapshotSend(source, chunk=flow.chunk_bytes, window=flow.chunk_window,
                                    resend_after=flow.chunk_resend)
         actions.extend(self._chunks(peer, pr, now))
+
+    def _continues(self, trans_id: int) -> bool:
+        """Whether a follower at trans_id can go on from the log or the WAL."""
+        return trans_id >= self.log.base_trans_id or (self.wal_from is not None and trans_id >= self.wal_from)
 
     def _chunks(self, peer: int, pr: Progress, now: float) -> list[Action]:
         assert pr.transfer is not None

@@ -18,8 +18,10 @@ from queue_server.replication.messages import (
     Pull,
     ReadLog,
     SendSnapshot,
+    SnapshotChunk,
 )
 from queue_server.replication.progress import Flow, FollowerState, LeaderReplication, TokenBucket
+from queue_server.replication.transfer import SnapshotSource
 from queue_server.protocol.records import DeleteQueue, encode
 
 
@@ -635,3 +637,19 @@ def test_a_wal_read_that_fails_or_comes_too_late_ends_in_a_snapshot_or_nothing()
     leader = LeaderReplication(1, [1, 2], log, 1, 0.0, wal_from=0)
     (read,) = of(leader.on_message(Pull(1, 2, 3, 1, 3), 0.0), ReadLog)
     assert leader.on_log_read(2, 3, _read(_wal_frames(written), read)[2:], 0.0) == [SendSnapshot(2)]
+
+
+def test_a_follower_far_behind_the_newest_snapshot_gets_it_then_reads_the_wal_after_it():
+    """More than Flow.snapshot_over records behind the newest snapshot on disk, the follower gets
+    that snapshot (even one older than the log, since the WAL follows it) rather than the records
+    read one by one; then the WAL after it. Closer than that, it reads the WAL."""
+    log = ChangeLog(5)
+    log.accept(0, 0, list(entries(1, 1, 600)))
+    log.commit_to(600)
+    source = SnapshotSource(500, 1, (("/s/m", 10), ("/s/p0", 5)))
+    leader = LeaderReplication(1, [1, 2, 3], log, 1, 0.0, Flow(snapshot_over=100), source=source, wal_from=0)
+    actions = leader.on_message(Pull(1, 2, 10, 1, 10), 0.0)
+    assert not of(actions, ReadLog) and not of(actions, SendSnapshot)
+    assert {(m.trans_id, m.part) for m in sent(actions, SnapshotChunk)} == {(500, -1), (500, 0)}
+    assert of(leader.on_message(AppendAck(1, 2, 500), 1.0), ReadLog) == [ReadLog(2, 500, 1000, 1 << 20)]
+    assert of(leader.on_message(Pull(1, 3, 450, 1, 450), 1.0), ReadLog) == [ReadLog(3, 450, 1000, 1 << 20)]
