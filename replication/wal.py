@@ -153,23 +153,24 @@ def _records_from(f: Any, offset: int, size: int, first: int, path: str) -> Iter
     `offset`, where record `first` starts, to `size`, each checked. Raises CorruptLog."""
     f.seek(offset)
     buf, pos, at, expected = b"", 0, offset, first  # `at`: the file offset of buf[pos]
+    view = memoryview(buf)
+    length_of = _TAIL.unpack_from
     while at < size:
-        need = HEADER_SIZE
-        while True:
-            if len(buf) - pos < need:
-                more = f.read(min(max(need - (len(buf) - pos), _READ_BLOCK), size - at - (len(buf) - pos)))
-                if not more:
-                    raise CorruptLog(path, at, "the file ends inside a record")
-                buf, pos = buf[pos:] + more, 0
-                continue
-            if need == HEADER_SIZE:
-                length = _TAIL.unpack_from(buf, pos + _CRC_FROM)[0]
-                if length > MAX_PAYLOAD:
-                    raise CorruptLog(path, at, f"a record of {length} bytes")
-                need += length
-                continue
-            break
-        view = memoryview(buf)
+        avail = len(buf) - pos
+        end = -1
+        if avail >= HEADER_SIZE:
+            length = length_of(buf, pos + _CRC_FROM)[0]
+            if length > MAX_PAYLOAD:
+                raise CorruptLog(path, at, f"a record of {length} bytes")
+            end = pos + HEADER_SIZE + length
+        if end < 0 or end > len(buf):  # read on: at least the header, then the whole record
+            need = HEADER_SIZE if end < 0 else end - pos
+            more = f.read(min(max(need - avail, _READ_BLOCK), size - at - avail))
+            if not more:
+                raise CorruptLog(path, at, "the file ends inside a record")
+            buf, pos = buf[pos:] + more, 0
+            view = memoryview(buf)
+            continue
         found = _parse(view, pos)
         if isinstance(found, str):
             raise CorruptLog(path, at, found)

@@ -663,3 +663,12 @@ def test_read_range_after_reopening_removal_and_truncation(tmp_path, every4):
     w.flush(sync=True)
     assert w.read_range(100, 1 << 20, 100) == records(101, 110)
     w.close()
+
+
+def test_read_range_reads_records_larger_than_its_reads(tmp_path, every4, monkeypatch):
+    monkeypatch.setattr(wal, "_READ_BLOCK", 7)  # every record takes several reads
+    frame = len(encode_record(1, 1, payload(1)))
+    with WalWriter(str(tmp_path), segment_bytes=10 * frame) as w:
+        w.append(records(1, 30))
+        w.flush(sync=False)
+        assert w.read_range(5, 1 << 20, 100) == records(5, 30)
