@@ -12,11 +12,11 @@ on BecomeLeader, drop it on BecomeFollower. Each follower is in one of three sta
   date) gets its next batch read from disk: a ReadLog action, answered by on_log_read (still
   one batch at a time, paced by the same token bucket); unless it is more than
   Flow.snapshot_over records behind the newest snapshot on disk: it gets that first.
-* SNAPSHOT: it needs entries older than the log and the WAL keep. With a snapshot on disk whose point the
-  log still follows (`source`), the leader streams its files in chunks (replication/transfer.py
-  SnapshotSend: a window of chunks, SnapshotAck answers); otherwise a SendSnapshot action is
-  returned (the node makes one: an InstallSnapshot from memory, or a cut on disk that comes back
-  as set_source). Either way the leader waits for the follower's AppendAck of the snapshot's
+* SNAPSHOT: it needs entries older than the log and the WAL keep. With a snapshot on disk whose
+  point the log or the WAL still follows (`source`), the leader streams its files in chunks
+  (replication/transfer.py SnapshotSend: a window of chunks, SnapshotAck answers); otherwise a
+  SendSnapshot action is returned (the node makes one: an InstallSnapshot from memory, or a cut
+  on disk that comes back as set_source). Either way the leader waits for the follower's AppendAck of the snapshot's
   point; with no progress for snapshot_timeout it starts again.
 
 Commit (Raft's rule): the highest trans_id held by a majority of the cluster, leader included,
@@ -32,8 +32,7 @@ from enum import Enum
 
 from queue_server.election.membership import membership
 from queue_server.election.messages import HeartbeatAck, Send
-from queue_server.replication.log import ChangeLog
-from queue_server.replication.log import Entry
+from queue_server.replication.log import ChangeLog, Entry
 from queue_server.replication.messages import (
     AppendAck, AppendEntries, Commit, Pull, ReadLog, SendSnapshot, SnapshotAck,
 )
@@ -401,8 +400,8 @@ class LeaderReplication:
         return actions
 
     def _snapshot(self, peer: int, pr: Progress, now: float, actions: list[Action]) -> None:
-        """Start sending this follower a snapshot: the one on disk if the log or the WAL follows its point,
-        else ask the node for one (SendSnapshot)."""
+        """Start sending this follower a snapshot: the one on disk if the log or the WAL follows
+        its point, else ask the node for one (SendSnapshot)."""
         pr.sent_at = now
         source = self.source
         if source is None or not self._continues(source.trans_id):
