@@ -305,6 +305,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("fsync", "everysec", _choice("always", "everysec", "no"), "when the change log is synced to disk"),
     _Key("in_memory", False, _bool, "true: no data dir (a snapshot for a follower goes through the run dir)"),
     _Key("snapshot_every", 100000, _int(1), "write a snapshot after this many committed records"),
+    _Key("wal_segment_bytes", 64 << 20, _int(4096), "bytes per change-log file on disk (a file goes once a snapshot covers it; a follower further behind than the files gets a snapshot)"),
     _Key("repair", False, _bool, "true: cut a log corrupt in the middle at the damage (losing what follows)"),
     _Key("metrics_port", 0, _int(0, 65535), "HTTP metrics port; 0 = off"),
     _Key("election_timeout_ms", 300, _int(10, 60000), "follower waits this long without a leader before voting"),
@@ -363,6 +364,7 @@ class NodeConfig:
     fsync: str
     in_memory: bool
     snapshot_every: int
+    wal_segment_bytes: int
     repair: bool
     metrics_port: int
     election_timeout_ms: int
@@ -636,6 +638,7 @@ DEFAULT_CONFIG_TEXT = """\
     "fsync" : "everysec",           // "always", "everysec" or "no"
     "in_memory" : false,            // true: no data dir (a snapshot for a follower goes through the run dir)
     "snapshot_every" : 100000,      // write a snapshot after this many committed records
+    "wal_segment_bytes" : 67108864, // bytes per change-log file (a follower older than the files gets a snapshot)
     "repair" : false,               // true: cut a log corrupt in the middle at the damage (losing what follows)
     "metrics_port" : 0,             // HTTP metrics port; 0 = off
     "election_timeout_ms" : 300,

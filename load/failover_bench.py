@@ -2,7 +2,9 @@
 leader and after pausing it (SIGSTOP), and a follower's catch-up rate over the change log.
 With --behind N, only a follower's catch-up past the leader's log window instead: N messages
 produced while it is down on nodes with a disk whose log keeps BEHIND_LOG records, so that it
-gets the leader's snapshot on disk, streamed in chunks, and then the log after it.
+gets the leader's snapshot on disk, streamed in chunks, and then the log after it (from the WAL
+where the log no longer reaches); with N below Flow.snapshot_over and no snapshot on disk yet,
+batches read from the WAL only.
 A benchmark, not a test; prints its figures and the machine.
 
     python load/failover_bench.py --records 1000000
@@ -87,7 +89,8 @@ def main(argv: list[str] | None = None) -> None:
             produced, caught = catch_up(tmp, args.behind, args.batch, behind=True)
             print(f"produced {args.behind:,} messages in {produced:.1f} s with a follower down")
             print(f"follower catch-up past a log of {BEHIND_LOG:,} records: {args.behind:,} messages in {caught:.1f} s "
-                  f"(a snapshot streamed from the leader's disk, then the log; including its start-up)")
+                  f"(a snapshot streamed from the leader's disk if it is that far behind one, then the log "
+                  f"or the WAL; including its start-up)")
             return
         kill = time_to_new_leader(tmp, signal.SIGKILL, args.rounds)
         print(f"new leader after kill -9: min {min(kill):.3f} s, max {max(kill):.3f} s over {len(kill)} rounds", flush=True)

@@ -33,6 +33,7 @@ MAX_DEPTH = 128
 TOO_DEEP = f"malformed JSON: nests deeper than {MAX_DEPTH} levels"
 
 _JSONDecodeError = orjson.JSONDecodeError
+_LOADS = orjson.loads
 _AFTER = "unexpected content after document"
 _INCOMPLETE = "unexpected end of data"
 _UTF8_TRUNCATED = "unexpected end of data"  # UnicodeDecodeError.reason for a cut character
@@ -85,6 +86,20 @@ class FrameDecoder:
         (without the terminating newline; surrounding blanks or ``\\r`` may remain). A value
         nested deeper than MAX_DEPTH is a (non-fatal) FramingError.
         """
+        if data and not self._pending and not self.closed and type(data) is bytes:
+            # The most common case, when a client waits for each reply: the chunk is one whole
+            # line (checked here, with its depth, without the general path's lists).
+            end = len(data) - 1
+            if data[end] == 10 and data.find(b"\n") == end and end < self.max_request_size:
+                line = data[:end]
+                try:
+                    value = _LOADS(line)
+                except _JSONDecodeError:
+                    pass
+                else:
+                    if end > MAX_DEPTH and too_deep(value, line):
+                        return [(FramingError(TOO_DEEP, False), line)]
+                    return [(value, line)]
         return _depth_checked(self._feed(data))
 
     def _feed(self, data: bytes) -> list[tuple[object, bytes]]:
@@ -94,17 +109,9 @@ class FrameDecoder:
             data = bytes(data)
         pending = self._pending
         if not pending:
-            # Common cases when a client waits for each reply: the chunk is one whole line,
-            # or (the original clients) exactly one bare object.
-            last = data[-1]
-            if last == 10:
-                if data.find(b"\n") == len(data) - 1 and len(data) <= self.max_request_size:
-                    line = data[:-1]
-                    try:
-                        return [(orjson.loads(line), line)]
-                    except _JSONDecodeError:
-                        pass
-            elif last == 125 and len(data) <= self.max_request_size and b"\n" not in data:
+            # Common case for the original clients: the chunk is exactly one bare object (one
+            # whole line is feed's).
+            if data[-1] == 125 and len(data) <= self.max_request_size and b"\n" not in data:
                 try:
                     value = orjson.loads(data)
                     if type(value) is dict:

@@ -13,6 +13,7 @@ from queue_server.protocol.origin import Origin
 
 _DUMPS = orjson.dumps
 _NEWLINE = orjson.OPT_APPEND_NEWLINE
+_LOADS = orjson.loads
 
 
 def encode(replies: Iterable[tuple[Origin, int, dict]]) -> tuple[bytes, bytes]:
@@ -40,10 +41,16 @@ def _batch(replies: Iterable[tuple[Origin, int, Any]], dump: bool) -> tuple[byte
     return _DUMPS(header), b"".join(chunks)
 
 
+def rows(header: bytes) -> list[list]:
+    """A header's rows, [conn, udp, node, req_no, end] per reply: decode's, for a reader that
+    slices the blob itself (a reply ends at `end` and starts where the one before it ended)."""
+    return _LOADS(header)
+
+
 def decode(header: bytes, blob: Any) -> Iterator[tuple[Origin, int, Any]]:
     """The (origin, req_no, encoded reply) triples of a header and blob (slices of `blob`)."""
     start = 0
-    for conn, udp, node, req_no, end in orjson.loads(header):
+    for conn, udp, node, req_no, end in rows(header):
         yield Origin(conn, udp, node), req_no, blob[start:end]
         start = end
 

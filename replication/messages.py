@@ -28,6 +28,7 @@ __all__ = [
     "GiveBack",
     "InstallSnapshot",
     "Pull",
+    "ReadLog",
     "Recovered",
     "Send",
     "SendChunk",
@@ -139,6 +140,18 @@ class SendSnapshot:
     of the state at a committed point (at or after log.base_trans_id)."""
 
     to: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReadLog:
+    """Leader: follower `to` needs entries after `after` that the log no longer keeps but the
+    WAL does. Read at most `limit` of them (and about `max_bytes`, at least one), with the frame
+    of `after` itself for its vote_id, and give them to ClusterNode.on_log_read."""
+
+    to: int
+    after: int
+    limit: int
+    max_bytes: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,11 +8,15 @@ on BecomeLeader, drop it on BecomeFollower. Each follower is in one of three sta
   (queue_sync_rate records/s, one token bucket for the whole leader).
 * REPLICATE: the follower is up to date; new entries are pushed as they are appended, up to
   max_inflight unanswered pushes, with no rate limit.
-* SNAPSHOT: it needs entries older than the log keeps. With a snapshot on disk whose point the
-  log still follows (`source`), the leader streams its files in chunks (replication/transfer.py
-  SnapshotSend: a window of chunks, SnapshotAck answers); otherwise a SendSnapshot action is
-  returned (the node makes one: an InstallSnapshot from memory, or a cut on disk that comes back
-  as set_source). Either way the leader waits for the follower's AppendAck of the snapshot's
+* A PROBE follower behind the log but not behind the WAL (`wal_from`, which the node keeps up to
+  date) gets its next batch read from disk: a ReadLog action, answered by on_log_read (still
+  one batch at a time, paced by the same token bucket); unless it is more than
+  Flow.snapshot_over records behind the newest snapshot on disk: it gets that first.
+* SNAPSHOT: it needs entries older than the log and the WAL keep. With a snapshot on disk whose
+  point the log or the WAL still follows (`source`), the leader streams its files in chunks
+  (replication/transfer.py SnapshotSend: a window of chunks, SnapshotAck answers); otherwise a
+  SendSnapshot action is returned (the node makes one: an InstallSnapshot from memory, or a cut
+  on disk that comes back as set_source). Either way the leader waits for the follower's AppendAck of the snapshot's
   point; with no progress for snapshot_timeout it starts again.
 
 Commit (Raft's rule): the highest trans_id held by a majority of the cluster, leader included,
@@ -28,11 +32,13 @@ from enum import Enum
 
 from queue_server.election.membership import membership
 from queue_server.election.messages import HeartbeatAck, Send
-from queue_server.replication.log import ChangeLog
-from queue_server.replication.messages import AppendAck, AppendEntries, Commit, Pull, SendSnapshot, SnapshotAck
+from queue_server.replication.log import ChangeLog, Entry
+from queue_server.replication.messages import (
+    AppendAck, AppendEntries, Commit, Pull, ReadLog, SendSnapshot, SnapshotAck,
+)
 from queue_server.replication.transfer import CHUNK, WINDOW, SnapshotSend, SnapshotSource
 
-Action = Send | Commit | SendSnapshot
+Action = Send | Commit | SendSnapshot | ReadLog
 
 
 class FollowerState(str, Enum):
@@ -54,6 +60,7 @@ class Progress:
     sent_at: float = float("-inf")  # PROBE / SNAPSHOT: when the batch or snapshot went out (or last moved on)
     transfer: SnapshotSend | None = None  # SNAPSHOT: the files being streamed to it
     waiting: bool = True  # PROBE: a batch is due (not sent yet, or held back by the rate limit)
+    reading: bool = False  # PROBE: a ReadLog for its next batch is out (answered by on_log_read)
 
 
 class TokenBucket:
@@ -86,7 +93,10 @@ class Flow:
     for unlimited); resend_interval: a catch-up batch unanswered this long is sent again;
     snapshot_timeout: a snapshot transfer that made no progress this long starts again;
     chunk_bytes, chunk_window: a streamed snapshot's chunk size and how many may be unacked;
-    chunk_resend: the oldest unacked chunk waits this long before the window is sent again."""
+    chunk_resend: the oldest unacked chunk waits this long before the window is sent again;
+    read_bytes: how much one batch read from the WAL (ReadLog) may take; snapshot_over: a
+    follower more records than this behind the newest snapshot on disk gets that snapshot (then
+    the log or the WAL after it) rather than that many records read from the WAL."""
 
     max_batch: int = 1000
     max_inflight: int = 64
@@ -96,15 +106,18 @@ class Flow:
     chunk_bytes: int = CHUNK
     chunk_window: int = WINDOW
     chunk_resend: float = 2.0
+    read_bytes: int = 1 << 20
+    snapshot_over: int = 100_000
 
 
 class LeaderReplication:
     """Replication from this node, the leader of term vote_id, to its followers."""
 
     def __init__(self, node_id: int, members: Iterable[int], log: ChangeLog, vote_id: int, now: float,
-                 flow: Flow = Flow(), source: SnapshotSource | None = None) -> None:
+                 flow: Flow = Flow(), source: SnapshotSource | None = None, wal_from: int | None = None) -> None:
         """members: the whole cluster; source: the newest snapshot on this node's disk (None:
-        none, or no disk)."""
+        none, or no disk); wal_from: the oldest prev_trans_id a batch can be read from the WAL
+        with (None: no WAL)."""
         self.node_id = node_id
         self.members, peers, self.quorum = membership(node_id, members)
         self.log = log
@@ -115,6 +128,7 @@ class LeaderReplication:
             p: Progress(next_trans_id=log.last_trans_id + 1) for p in peers
         }
         self.source = source
+        self.wal_from = wal_from  # the node moves it on as log segments are removed
         self._on = {AppendAck: self.on_ack, Pull: self.on_pull, HeartbeatAck: self.on_heartbeat_ack,
                     SnapshotAck: self.on_snapshot_ack}
         self._last_batch: AppendEntries | None = None  # the last one built (see _batch)
@@ -135,7 +149,7 @@ class LeaderReplication:
         actions: list[Action] = []
         for peer, pr in self.progress.items():
             if pr.state is FollowerState.PROBE:
-                if pr.probe_end is not None and now - pr.sent_at >= self.flow.resend_interval:
+                if (pr.probe_end is not None or pr.reading) and now - pr.sent_at >= self.flow.resend_interval:
                     self._probe(pr, max(pr.probe_prev, pr.match_trans_id))
                 if pr.waiting:
                     self._send(peer, pr, now, actions)
@@ -166,6 +180,40 @@ class LeaderReplication:
         if transfer.on_ack(m.part, m.offset):
             pr.sent_at = now
         return self._chunks(m.src, pr, now)
+
+    def on_log_read(self, peer: int, after: int, frames: list[tuple[int, int, bytes]],
+                    now: float) -> list[Action]:
+        """The WAL's frames a ReadLog asked for: (trans_id, vote_id, record JSON) from `after`
+        (its own frame first, for its vote_id; none for 0) on. Sends them as the follower's next
+        batch; a read that no longer fits (answered late, or cut short) is dropped, and the
+        follower is probed again."""
+        pr = self.progress.get(peer)
+        if pr is None or pr.state is not FollowerState.PROBE or not pr.reading or pr.next_trans_id != after + 1:
+            return []
+        pr.reading = False
+        actions: list[Action] = []
+        if frames and frames[0][0] == after:
+            prev_vote = frames[0][1]
+            frames = frames[1:]
+        elif after == 0:
+            prev_vote = 0
+        else:
+            prev_vote = None
+        if prev_vote is None or not frames or any(f[0] != after + i for i, f in enumerate(frames, 1)):
+            return self._snapshot_actions(peer, pr, now)
+        batch = AppendEntries(self.vote_id, self.node_id, after, prev_vote,
+                              tuple(Entry(t, v, None, data) for t, v, data in frames), self.log.commit_trans_id)
+        self._sent_probe(pr, batch, now)
+        actions.append(Send(peer, batch))
+        return actions
+
+    def on_log_unreadable(self, peer: int, now: float) -> list[Action]:
+        """The WAL could not be read for this follower: send it a snapshot instead."""
+        pr = self.progress.get(peer)
+        if pr is None or pr.state is not FollowerState.PROBE:
+            return []
+        pr.reading = False
+        return self._snapshot_actions(peer, pr, now)
 
     def on_message(self, msg: object, now: float) -> list[Action]:
         """Dispatch AppendAck, Pull and HeartbeatAck of this term; others are ignored."""
@@ -203,7 +251,7 @@ class LeaderReplication:
         # Trust what the follower says it has now, even below an earlier match: a node may have
         # lost the unsynced tail of its log in a crash. A lower match only delays commits.
         pr.match_trans_id = verified
-        if (pr.state is FollowerState.PROBE and pr.probe_end is not None and pr.probe_prev == start
+        if (pr.state is FollowerState.PROBE and (pr.probe_end is not None or pr.reading) and pr.probe_prev == start
                 and now - pr.sent_at < self.flow.resend_interval):
             return actions  # that batch is on its way
         self._probe(pr, start)
@@ -237,7 +285,7 @@ class LeaderReplication:
         """The follower holds our log up to `match`: move on, send more, commit."""
         self._matched(pr, match)
         if pr.state is FollowerState.SNAPSHOT:
-            if match >= self.log.base_trans_id:
+            if match >= self.log.base_trans_id or (self.wal_from is not None and match >= self.wal_from):
                 self._probe(pr, match)
             elif pr.transfer is not None and match >= pr.transfer.source.trans_id:
                 # It installed that snapshot, but the log moved past it meanwhile: the next one now,
@@ -258,6 +306,7 @@ class LeaderReplication:
         pr.inflight.clear()
         pr.probe_end = None
         pr.waiting = True
+        pr.reading = False
 
     def _matched(self, pr: Progress, match: int) -> None:
         pr.match_trans_id = max(pr.match_trans_id, match)
@@ -272,8 +321,8 @@ class LeaderReplication:
         if pr.state is FollowerState.SNAPSHOT:
             return
         if pr.state is FollowerState.PROBE:
-            if pr.probe_end is not None:
-                return  # a batch is out: wait for its answer
+            if pr.probe_end is not None or pr.reading:
+                return  # a batch is out (or being read): wait for its answer
             if pr.next_trans_id > log.last_trans_id and pr.match_trans_id >= pr.next_trans_id - 1:
                 pr.state = FollowerState.REPLICATE  # known to hold all we have: push from now on
                 pr.waiting = False
@@ -287,12 +336,7 @@ class LeaderReplication:
             batch = self._batch(peer, pr, limit, actions, now)
             if batch is None:
                 return
-            self.bucket.take(len(batch.entries))
-            pr.waiting = False
-            pr.probe_prev = batch.prev_trans_id
-            pr.probe_end = batch.prev_trans_id + len(batch.entries)
-            pr.sent_at = now
-            pr.next_trans_id = pr.probe_end + 1
+            self._sent_probe(pr, batch, now)
             actions.append(Send(peer, batch))
             return
         # REPLICATE
@@ -305,8 +349,18 @@ class LeaderReplication:
             pr.next_trans_id = end + 1
             actions.append(Send(peer, batch))
 
+    def _sent_probe(self, pr: Progress, batch: AppendEntries, now: float) -> None:
+        """A PROBE follower's batch goes out: wait for its answer."""
+        self.bucket.take(len(batch.entries))
+        pr.waiting = False
+        pr.probe_prev = batch.prev_trans_id
+        pr.probe_end = batch.prev_trans_id + len(batch.entries)
+        pr.sent_at = now
+        pr.next_trans_id = pr.probe_end + 1
+
     def _batch(self, peer: int, pr: Progress, limit: int, actions: list[Action], now: float) -> AppendEntries | None:
-        """The AppendEntries from pr.next_trans_id, or None after switching to SNAPSHOT. Followers
+        """The AppendEntries from pr.next_trans_id, or None after asking for a WAL read
+        (ReadLog) or switching to SNAPSHOT. Followers
         at the same place get the same object, so that it is encoded once for all of them."""
         prev = pr.next_trans_id - 1
         log = self.log
@@ -320,22 +374,42 @@ class LeaderReplication:
         entries = log.entries_after(prev, limit)
         prev_vote = log.term_at(prev)
         if entries is None or prev_vote is None:
-            pr.state = FollowerState.SNAPSHOT
-            pr.inflight.clear()
-            pr.probe_end = None
-            pr.waiting = False
-            self._snapshot(peer, pr, now, actions)
+            wal_from = self.wal_from
+            source = self.source
+            if (wal_from is not None and prev >= wal_from
+                    and (source is None or source.trans_id - prev <= self.flow.snapshot_over
+                         or not self._continues(source.trans_id))):
+                if pr.state is not FollowerState.PROBE:
+                    self._probe(pr, prev)  # a pushed-to follower the log left behind
+                pr.reading = True  # _send sends nothing more until on_log_read
+                pr.probe_prev = prev
+                pr.waiting = False
+                pr.sent_at = now
+                actions.append(ReadLog(peer, prev, max(1, limit), self.flow.read_bytes))
+                return None
+            actions.extend(self._snapshot_actions(peer, pr, now))
             return None
         self._last_batch = AppendEntries(self.vote_id, self.node_id, prev, prev_vote, tuple(entries),
                                          log.commit_trans_id)
         return self._last_batch
 
+    def _snapshot_actions(self, peer: int, pr: Progress, now: float) -> list[Action]:
+        """Switch this follower to SNAPSHOT and start sending it one."""
+        pr.state = FollowerState.SNAPSHOT
+        pr.inflight.clear()
+        pr.probe_end = None
+        pr.waiting = False
+        pr.reading = False
+        actions: list[Action] = []
+        self._snapshot(peer, pr, now, actions)
+        return actions
+
     def _snapshot(self, peer: int, pr: Progress, now: float, actions: list[Action]) -> None:
-        """Start sending this follower a snapshot: the one on disk if the log follows its point,
-        else ask the node for one (SendSnapshot)."""
+        """Start sending this follower a snapshot: the one on disk if the log or the WAL follows
+        its point, else ask the node for one (SendSnapshot)."""
         pr.sent_at = now
         source = self.source
-        if source is None or source.trans_id < self.log.base_trans_id:
+        if source is None or not self._continues(source.trans_id):
             pr.transfer = None
             actions.append(SendSnapshot(peer))
             return
@@ -343,6 +417,10 @@ class LeaderReplication:
         pr.transfer = SnapshotSend(source, chunk=flow.chunk_bytes, window=flow.chunk_window,
                                    resend_after=flow.chunk_resend)
         actions.extend(self._chunks(peer, pr, now))
+
+    def _continues(self, trans_id: int) -> bool:
+        """Whether a follower at trans_id can go on from the log or the WAL."""
+        return trans_id >= self.log.base_trans_id or (self.wal_from is not None and trans_id >= self.wal_from)
 
     def _chunks(self, peer: int, pr: Progress, now: float) -> list[Action]:
         assert pr.transfer is not None

@@ -19,7 +19,7 @@ from queue_server.replication.snapshot import (
     clean, latest_manifest, manifest_files, publish, read_parts, snapshot_name, snapshot_trans_ids,
 )
 from queue_server.replication.transfer import SnapshotSource
-from queue_server.replication.wal import Opener, StorageError, SyncPolicy, WalWriter, read_wal
+from queue_server.replication.wal import CorruptLog, Opener, StorageError, SyncPolicy, WalWriter, read_wal
 from queue_server.protocol.records import Record, decode
 
 __all__ = ["Recovered", "Storage", "StorageError"]
@@ -115,6 +115,26 @@ class Storage:
             self.log.warning("storage available again")
             self.failed = False
         return wal.synced_trans_id if self.policy.mode == "always" else wal.flushed_trans_id
+
+    def read_log(self, after: int, max_bytes: int, limit: int = 1 << 62) -> list[tuple[int, int, bytes]]:
+        """The log's records after `after` from disk as (trans_id, vote_id, record JSON), the
+        shape ChangeLog.encoded_after gives, preceded by the record `after` itself (for its
+        vote_id) when the log holds it: at most `limit` of them and about `max_bytes` (at least
+        one). For a follower the log in memory no longer reaches. Raises StorageError."""
+        assert self.wal is not None
+        try:
+            return self.wal.read_range(after, max_bytes, limit)
+        except CorruptLog as exc:
+            raise StorageError(f"reading the log: {exc}") from exc
+
+    @property
+    def wal_from(self) -> int | None:
+        """The oldest `after` for which read_log gives the record `after` (or 0: none needed),
+        so a batch from there can be sent; None before recover."""
+        if self.wal is None:
+            return None
+        first = self.wal.first_trans_id
+        return 0 if first <= 1 else first
 
     def sync_deadline(self) -> float | None:
         """When the log next needs an fsync if nothing else happens."""

@@ -9,7 +9,11 @@ trans_id comes next (what ``reset`` leaves behind). A record is a 25-byte header
 little-endian. The crc covers every byte after it (length, trans_id, vote_id, payload). It is
 zlib's crc32: the standard library has no crc32c, and zlib's is fast enough (it guards against
 torn and rotted writes, not against tampering). ``scan`` is the one walker over a segment's
-records; recovery (read_wal) and the writer both use it.
+records in memory; recovery (read_wal) and the writer both use it. ``WalWriter.read_range`` reads
+records back for a follower the change log in memory no longer reaches: each segment has a
+sparse index (the file offset of every ``INDEX_EVERY``-th record from its first), kept as the
+writer writes and rebuilt for the last segment when the writer opens; an older segment's index is
+built the first time a read needs it, by reading the segment once.
 
 One file, over 600 lines, because it is the one place the record format is written and read:
 encode_record, scan, read_wal and WalWriter (its group commit, segment roll and reset) must agree
@@ -54,6 +58,8 @@ _TAIL = struct.Struct("<IQQ")
 HEADER_SIZE = _FRAME.size
 _CRC_FROM = _HEAD.size  # the crc covers the frame from here to its end
 MAX_PAYLOAD = 1 << 30
+INDEX_EVERY = 1024  # a segment's sparse index holds the offset of every this-many-th record
+_READ_BLOCK = 1 << 20  # how much read_range reads from a file at a time (more for a larger record)
 _SEGMENT_RE = re.compile(r"wal-(\d{20})\.log")
 
 Opener = Callable[[str], Any]
@@ -139,6 +145,40 @@ def scan(data: bytes, first: int) -> Iterator[Frame | Damage]:
             yield Damage(pos, f"trans_id {trans_id} where {expected} was expected", True)
             return
         yield trans_id, vote_id, pos, end
+        pos, expected = end, expected + 1
+
+
+def _records_from(f: Any, offset: int, size: int, first: int, path: str) -> Iterator[tuple[int, int, int, memoryview]]:
+    """(trans_id, vote_id, offset, payload) of each record of the open segment file `f` from
+    `offset`, where record `first` starts, to `size`, each checked. Raises CorruptLog."""
+    f.seek(offset)
+    buf, pos, at, expected = b"", 0, offset, first  # `at`: the file offset of buf[pos]
+    view = memoryview(buf)
+    length_of = _TAIL.unpack_from
+    while at < size:
+        avail = len(buf) - pos
+        end = -1
+        if avail >= HEADER_SIZE:
+            length = length_of(buf, pos + _CRC_FROM)[0]
+            if length > MAX_PAYLOAD:
+                raise CorruptLog(path, at, f"a record of {length} bytes")
+            end = pos + HEADER_SIZE + length
+        if end < 0 or end > len(buf):  # read on: at least the header, then the whole record
+            need = HEADER_SIZE if end < 0 else end - pos
+            more = f.read(min(max(need - avail, _READ_BLOCK), size - at - avail))
+            if not more:
+                raise CorruptLog(path, at, "the file ends inside a record")
+            buf, pos = buf[pos:] + more, 0
+            view = memoryview(buf)
+            continue
+        found = _parse(view, pos)
+        if isinstance(found, str):
+            raise CorruptLog(path, at, found)
+        trans_id, vote_id, end = found
+        if trans_id != expected:
+            raise CorruptLog(path, at, f"trans_id {trans_id} where {expected} was expected")
+        yield trans_id, vote_id, at, view[pos + HEADER_SIZE:end]
+        at += end - pos
         pos, expected = end, expected + 1
 
 
@@ -274,18 +314,23 @@ class WalWriter:
         self._pending: list[tuple[int, bytes]] = []
         self._unsynced: list[tuple[int, bytes]] = []  # written since the current segment's fsync
         self._segments = [[first, path, os.path.getsize(path)] for first, path in list_segments(self._dir)]
+        # Each segment's sparse index by its first trans_id (see read_range); none yet: not built.
+        self._index: dict[int, list[int]] = {}
         self._torn = False  # the current segment may hold bytes past its recorded size
         self._dir_dirty = False
         last = 0
         if self._segments:
             first, path, size = self._segments[-1]
             last = first - 1
+            index = self._index[first] = []
             if size:
                 data = read_file(path)
                 for item in scan(data, first):
                     if isinstance(item, Damage):
                         raise CorruptLog(path, item.offset, f"{item.reason} (recover with read_wal before writing)")
                     last = item[0]
+                    if (last - first) % INDEX_EVERY == 0:
+                        index.append(item[2])
                 self._segments[-1][2] = len(data)
             self._file = self._opener(path)
             self._fsync(self._file.fileno())  # what a crashed process left in the page cache
@@ -403,6 +448,7 @@ class WalWriter:
                     done += len(frame)
                     k += 1
             if k:
+                self._note_written(segment, batch[:k])
                 self._unsynced.extend(batch[:k])
                 del self._pending[:k]
                 self._flushed = batch[k - 1][0]
@@ -416,6 +462,27 @@ class WalWriter:
                 except OSError:
                     pass
 
+    def _note_written(self, segment: list, written: list[tuple[int, bytes]]) -> None:
+        """Add the records just written at the end of `segment` to its index."""
+        index = self._index.get(segment[0])
+        if index is None:
+            return
+        target = segment[0] + len(index) * INDEX_EVERY
+        if target > written[-1][0]:
+            return
+        offset = segment[2]
+        for trans_id, frame in written:
+            if trans_id == target:
+                index.append(offset)
+                target += INDEX_EVERY
+            offset += len(frame)
+
+    def _trim_index(self, segment: list) -> None:
+        """Forget index points at or past the segment's end (it was cut)."""
+        index = self._index.get(segment[0])
+        while index and index[-1] >= segment[2]:
+            index.pop()
+
     def _sync(self) -> None:
         try:
             self._fsync(self._file.fileno())
@@ -424,6 +491,7 @@ class WalWriter:
             self._pending[:0] = self._unsynced
             self._unsynced = []
             self._segments[-1][2] = self._synced_size
+            self._trim_index(self._segments[-1])
             self._flushed = self._synced
             self._torn = True
             raise
@@ -448,6 +516,7 @@ class WalWriter:
             except OSError:
                 pass
         self._segments.append([first, path, 0])
+        self._index[first] = []
         self._synced_size = 0
         self._dir_dirty = True
 
@@ -467,7 +536,8 @@ class WalWriter:
         self._pending.clear()
         try:
             while self._segments[-1][0] > trans_id + 1:  # newest first
-                _, path, _ = self._segments.pop()
+                first, path, _ = self._segments.pop()
+                self._index.pop(first, None)
                 self._close_file()
                 os.remove(path)
             first, path, _ = self._segments[-1]
@@ -481,6 +551,7 @@ class WalWriter:
             self._reload = True
             raise StorageError(f"cutting the log in {self._dir} after {trans_id} failed: {e}") from e
         self._segments[-1][2] = self._synced_size = offset
+        self._trim_index(self._segments[-1])
         self._unsynced.clear()
         self._torn = self._dir_dirty = False
         self._last = self._flushed = self._synced = trans_id
@@ -504,7 +575,7 @@ class WalWriter:
         try:
             while len(self._segments) > 1 and self._segments[1][0] - 1 <= trans_id:
                 os.remove(self._segments[0][1])  # oldest first: what is left stays contiguous
-                self._segments.pop(0)
+                self._index.pop(self._segments.pop(0)[0], None)
                 removed += 1
             if removed:
                 fsync_dir(self._dir)
@@ -522,9 +593,11 @@ class WalWriter:
             self._close_file()
             while self._segments:  # newest first
                 os.remove(self._segments.pop()[1])
+            self._index.clear()
             path = os.path.join(self._dir, segment_name(trans_id + 1))
             self._file = self._opener(path)
             self._segments.append([trans_id + 1, path, 0])
+            self._index[trans_id + 1] = []
             fsync_dir(self._dir)
         except OSError as e:
             self._reload = True
@@ -533,6 +606,54 @@ class WalWriter:
         self._synced_size = 0
         self._torn = self._dir_dirty = False
         self._last = self._flushed = self._synced = trans_id
+
+    # ------------------------------------------------------------------ reading
+
+    def read_range(self, after: int, max_bytes: int, limit: int) -> list[tuple[int, int, bytes]]:
+        """(trans_id, vote_id, payload) of the written records after `after`, at most `limit` of
+        them and about `max_bytes` of payload (at least one), preceded by the record `after`
+        itself when the log holds it. Reads only what was handed to the OS. Raises StorageError
+        (or CorruptLog for a damaged record)."""
+        self._check()
+        start = max(after, self.first_trans_id)
+        stop = min(after + limit, self._flushed)
+        out: list[tuple[int, int, bytes]] = []
+        if start > stop:
+            return out
+        total = 0
+        try:
+            for i, (first, path, size) in enumerate(self._segments):
+                if i + 1 < len(self._segments) and self._segments[i + 1][0] <= start:
+                    continue  # every record of it is before start
+                if first > stop or total >= max_bytes:
+                    break
+                index = self._segment_index(first, path, size)
+                k = min((max(start, first) - first) // INDEX_EVERY, len(index) - 1)
+                t, offset = (first + k * INDEX_EVERY, index[k]) if k >= 0 else (first, 0)
+                with open(path, "rb") as f:
+                    for trans_id, vote_id, _, payload in _records_from(f, offset, size, t, path):
+                        if trans_id < start:
+                            continue
+                        if trans_id > stop:
+                            break
+                        out.append((trans_id, vote_id, bytes(payload)))
+                        if trans_id > after:
+                            total += len(payload)
+                            if total >= max_bytes:
+                                break
+        except OSError as e:
+            raise StorageError(f"reading the log in {self._dir} after {after} failed: {e}") from e
+        return out
+
+    def _segment_index(self, first: int, path: str, size: int) -> list[int]:
+        """The segment's sparse index, built by reading it if it has none yet."""
+        index = self._index.get(first)
+        if index is None:
+            with open(path, "rb") as f:
+                index = [offset for trans_id, _, offset, _ in _records_from(f, 0, size, first, path)
+                         if (trans_id - first) % INDEX_EVERY == 0]
+            self._index[first] = index
+        return index
 
     # ------------------------------------------------------------------ lifecycle
 

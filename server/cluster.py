@@ -36,6 +36,7 @@ from queue_server.replication.messages import (
     Forward,
     ForwardReply,
     GiveBack,
+    ReadLog,
     Recovered,
     SendSnapshot,
     SnapshotStaged,
@@ -137,6 +138,10 @@ class ClusterNode:
         self._chunk_writes: list[WriteChunk] = []
         self._staged: list[SnapshotStaged] = []
         self.snapshot_source: SnapshotSource | None = None
+        # WAL reads for followers the log left behind (ReadLog, see on_log_read), and the oldest
+        # prev_trans_id they can start from (None: no WAL): set_wal_from.
+        self._log_reads: list[ReadLog] = []
+        self.wal_from: int | None = None
         self._stable_through = self.log.last_trans_id  # the log up to here is on disk
         self.log.mark_stable(self._stable_through)
         self._reported_role: Role | None = None  # the role the last Ready carried
@@ -502,6 +507,8 @@ class ClusterNode:
                 self._chunk_writes.append(a)
             elif kind is SnapshotStaged:
                 self._staged.append(a)
+            elif kind is ReadLog:
+                self._log_reads.append(a)
             elif kind is SendSnapshot:
                 # Streamed once the workers' cut is on disk (on_snapshot_source); a node with no
                 # snapshot_dir has none to give.
@@ -533,7 +540,7 @@ class ClusterNode:
         self.follower.reset()
         self.forwarding.orphan(now)
         self.leader = LeaderReplication(self.node_id, self.members, self.log, vote_id, now, self._flow,
-                                        self.snapshot_source)
+                                        self.snapshot_source, self.wal_from)
         self._apply_to_workers(self.log.entries_after(self.workers_trans_id, 1 << 62) or [],
                                committed=False)
         self.log.append(vote_id, [NOOP])
@@ -663,6 +670,29 @@ class ClusterNode:
         self.snapshot_source = source
         if self.leader is not None:
             self._run(self.leader.set_source(source, now), now)
+
+    def set_wal_from(self, wal_from: int | None) -> None:
+        """The oldest prev_trans_id a batch can be read from this node's WAL with (Storage.wal_from;
+        it moves on as segments are removed)."""
+        self.wal_from = wal_from
+        if self.leader is not None:
+            self.leader.wal_from = wal_from
+
+    def take_log_reads(self) -> list[ReadLog]:
+        """The WAL reads to carry out (each answered by on_log_read or on_log_unreadable)."""
+        taken, self._log_reads = self._log_reads, []
+        return taken
+
+    def on_log_read(self, read: ReadLog, frames: list[tuple[int, int, bytes]], now: float) -> None:
+        """What the WAL holds for `read` (Storage.read_log): sent to the follower as an ordinary
+        AppendEntries, its records as they are (the leader decodes none of them)."""
+        if self.leader is not None:
+            self._run(self.leader.on_log_read(read.to, read.after, frames, now), now)
+
+    def on_log_unreadable(self, read: ReadLog, now: float) -> None:
+        """The WAL could not be read for `read`: the follower gets a snapshot instead."""
+        if self.leader is not None:
+            self._run(self.leader.on_log_unreadable(read.to, now), now)
 
     def needs_snapshot(self, trans_id: int) -> bool:
         """Whether a snapshot at trans_id streamed from the leader would move this node on."""

@@ -15,7 +15,7 @@ import zmq
 from queue_server.config.loader import NodeConfig
 from queue_server.replication import wire
 from queue_server.replication.datadir import DamagedVoteState, DataDirLocked
-from queue_server.replication.messages import SnapshotAck
+from queue_server.replication.messages import ReadLog, SnapshotAck
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog
 from queue_server.server import batching, ipc, peer_keys
@@ -61,6 +61,8 @@ class Coordinator:
         # An in_memory node cuts snapshots only for a follower that needs one, into the run dir.
         snapshot_dir = storage.snapshot_dir if storage is not None else os.path.join(run_dir, "snapshots")
         self.node = ClusterNode(config, time.time(), recovered=recovered, snapshot_dir=snapshot_dir)
+        if storage is not None:
+            self.node.set_wal_from(storage.wal_from)  # a follower behind the log is fed from the WAL
         self.transfers = Transfers(self.node, storage, snapshot_dir, log)  # snapshots streamed to and from peers
         # Until the recovery line is logged (_log_recovery): when recovery began, and what the disk held.
         self.recovery = None if recovered is None else (started, recovered.trans_id, len(recovered.entries))
@@ -343,6 +345,7 @@ class Coordinator:
                 durable = storage.write(node.log, ready.truncate_after, time.time())
             except StorageError:
                 log_stored = False
+            node.set_wal_from(storage.wal_from)
             if ready.vote is not None:
                 try:
                     storage.save_vote(*ready.vote)
@@ -378,6 +381,9 @@ class Coordinator:
             self._log_recovery()
         for msg in unsent:
             node.on_unsent(msg, time.time())
+        if storage is not None:
+            for read in node.take_log_reads():
+                self.read_log(storage, read)
         for staged in ready.staged:
             self.transfers.install(staged, time.time())
         for cut in ready.snapshots:
@@ -390,6 +396,18 @@ class Coordinator:
                           node.election.leader_id, ready.log_through)
         return log_stored
 
+    def read_log(self, storage: Storage, read: ReadLog) -> None:
+        """Read from the WAL the batch a follower behind the log needs (at most read.max_bytes,
+        1 MiB), or fall back to a snapshot for it when the disk fails to give it."""
+        try:
+            frames = storage.read_log(read.after, read.max_bytes, read.limit)
+        except StorageError as exc:
+            self.log.warning("cannot read the log after trans_id %d for node %d, sending it a snapshot: %s",
+                             read.after, read.to, exc)
+            self.node.on_log_unreadable(read, time.time())
+            return
+        self.node.on_log_read(read, frames, time.time())
+
     def snapshot(self, storage: Storage, cut: Publish | Failed | Clear) -> None:
         """Publish a cut the workers wrote, or clear one away, saying why in one line."""
         if type(cut) is Clear:
@@ -400,6 +418,7 @@ class Coordinator:
                 storage.finish_snapshot(cut.trans_id, cut.vote_id, cut.tmp, list(cut.parts),
                                         f"workers held {cut.held * 1000:.0f} ms, written in {cut.took:.1f} s")
                 self.metrics.snapshot("written")
+                self.node.set_wal_from(storage.wal_from)  # old segments may be gone
                 self.transfers.source_changed(time.time())
                 return
             except StorageError as exc:
@@ -464,7 +483,8 @@ def main(argv: list[str] | None = None) -> None:
     storage = None
     if not cfg.in_memory:
         try:
-            storage = Storage(cfg.queue_data_dir, cfg.fsync, repair=cfg.repair, log=info.log)
+            storage = Storage(cfg.queue_data_dir, cfg.fsync, repair=cfg.repair, log=info.log,
+                              segment_bytes=cfg.wal_segment_bytes)
         except DataDirLocked as exc:
             info.log.error("%s", exc)
             sys.exit(3)

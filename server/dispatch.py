@@ -87,6 +87,12 @@ class Dispatch:
         """Route one decoded request: to the workers (this node leads, or the action is local),
         to the leader (forwarded through the coordinator, or a code -2 redirect), or answer it
         here."""
+        if type(value) is dict and self.role == LEADER:
+            index = self.router.owner(value.get("action"), value)
+            if index is not None:  # the common case: a queue request, for the worker owning it
+                self.pending[index].append(ipc_frames.req_item(origin, req_no, value))
+                self.schedule_requests()
+                return
         if isinstance(value, FramingError):
             self.reply(origin, req_no, p.error_reply(None, value.reason, self.node_id))
             return

@@ -4,7 +4,7 @@ is served by one worker and can be all-or-none. A dead-letter queue `<q><suffix>
 key of `<q>`, so that moving a message into it or back is one worker's one replicated write."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable
 
 from queue_server.protocol import ipc_frames
 from queue_server.protocol.placement import RoutingKeys
@@ -39,6 +39,17 @@ class Router:
             if len(self._cache) < 1_000_000:
                 self._cache[queue] = index
         return index
+
+    def owner(self, action: Any, request: dict) -> int | None:
+        """The worker serving `request` if it is a well-formed queue request (an action of
+        QUEUE_ACTIONS, a queue named by a string): the common case, decided without a plan. None
+        for any other request: plan decides it, or says why it cannot be routed."""
+        if type(action) is int and action in p.QUEUE_ACTIONS:
+            queue = request.get("queue")
+            if type(queue) is str:
+                index = self._cache.get(queue)
+                return self.worker_for(queue) if index is None else index
+        return None
 
     def plan(self, action: int, request: dict, origin: Origin, req_no: int) -> list[tuple[int, tuple]] | str:
         """Where a queue or scatter request goes: (worker index, item for that worker's batch)

@@ -149,8 +149,9 @@ def test_leader_cut_off_from_both_followers(cluster):
     history.check()
 
 
-def test_follower_far_behind_catches_up_by_snapshot(cluster):
-    c = cluster(queue_log_size=500)
+def _behind_and_back(c: Cluster, how: str) -> tuple[int, int]:
+    """Stop a follower, produce 3000 messages (30 batches of 100) to queue "behind", start it
+    again and wait until it holds them all: (leader, follower)."""
     leader = c.wait_leader()
     follower = next(i for i in c.nodes if i != leader)
     c.nodes[follower].stop()
@@ -170,7 +171,22 @@ def test_follower_far_behind_catches_up_by_snapshot(cluster):
             conn.close()
         return r.get("size") == 3000
     wait_for(caught_up, 30, "the restarted follower to catch up")
-    print(f"follower {follower} caught up 3000 messages past a 500-record log in {time.monotonic() - started:.3f} s")
+    print(f"follower {follower} caught up 3000 messages past a 500-record log {how} in "
+          f"{time.monotonic() - started:.3f} s")
+    return leader, follower
+
+
+def _log_of(node) -> str:
+    with open(node.log_path) as f:
+        return f.read()
+
+
+def test_follower_far_behind_catches_up_by_snapshot(cluster):
+    """Behind the log and older than the WAL (snapshots every 500 records remove the small
+    segments they cover), the follower gets a snapshot."""
+    c = cluster(queue_log_size=500, snapshot_every=500, wal_segment_bytes=32768)
+    leader, follower = _behind_and_back(c, "by a snapshot")
+    assert "installed a snapshot from the leader" in _log_of(c.nodes[follower])
     # the follower's copy is a real one: it can lead
     c.nodes[leader].signal_all(signal.SIGKILL)
     rest = [i for i in c.nodes if i != leader]
@@ -178,6 +194,26 @@ def test_follower_far_behind_catches_up_by_snapshot(cluster):
     with QueueClient(c.nodes[new_leader].hosts) as q:
         got = q.consume_batch("behind", 1000)
     assert len(got) == 1000 and got[0].data == "m0-0"
+
+
+def test_follower_behind_the_log_but_within_the_wal_catches_up_from_the_wal(cluster):
+    """Behind the 500-record log but within the WAL (no snapshot yet), the follower is fed
+    batches the leader reads from its WAL: no snapshot is cut or installed, and every message
+    comes back as produced, in order, from a leader the caught-up follower could be."""
+    c = cluster(queue_log_size=500)
+    leader, follower = _behind_and_back(c, "from the WAL")
+    assert "installed a snapshot" not in _log_of(c.nodes[follower])
+    assert "snapshot at trans_id" not in _log_of(c.nodes[leader])  # none cut for it
+    c.nodes[leader].signal_all(signal.SIGKILL)
+    rest = [i for i in c.nodes if i != leader]
+    new_leader = c.wait_leader(among=rest, exclude=leader)
+    got = []
+    with QueueClient(c.nodes[new_leader].hosts) as q:
+        while len(got) < 3000:
+            batch = q.consume_batch("behind", 1000)
+            assert batch, f"only {len(got)} of 3000 messages came back"
+            got += [m.data for m in batch]
+    assert got == [f"m{i}-{j}" for i in range(30) for j in range(100)]
 
 
 def test_an_in_memory_follower_far_behind_gets_a_snapshot_its_leader_cuts_for_it(cluster):

@@ -87,6 +87,10 @@ def test_a_list_is_scattered_to_every_worker_with_one_even_gather_tag(leader):
     ({"action": 999}, None),
     ({"action": p.PRODUCE, "data": "x"}, "queue: missing"),
     ({"action": p.PRODUCE, "queue": 5}, "queue: must be a string"),
+    # Not actions, though equal to one (True == 1 == 1.0): the short way for queue requests
+    # (Router.owner) must not take them.
+    ({"action": True, "queue": "q"}, "action: unknown"),
+    ({"action": float(p.PRODUCE), "queue": "q"}, "action: unknown"),
 ])
 def test_a_bad_request_is_answered_here_with_one_error_naming_the_field(leader, value, reason):
     leader.submit(Origin(7), 4, value)
@@ -96,6 +100,15 @@ def test_a_bad_request_is_answered_here_with_one_error_naming_the_field(leader, 
     assert (origin, req_no, reply["code"]) == (Origin(7), 4, p.CODE_ERROR)
     if reason is not None:
         assert reply["reason"] == reason
+
+
+def test_an_action_named_by_a_string_goes_to_the_worker_as_its_number_would(leader):
+    leader.submit(Origin(7), 0, {"action": "produce", "queue": "a", "data": "x"})
+    leader.submit(Origin(7), 1, produce("a"))
+    leader.flush_requests()
+    [(index, frames)] = leader.sent
+    assert index == leader.router.worker_for("a") == leader.router.owner(p.PRODUCE, produce("a"))
+    assert [req_no for _, req_no, _, _ in ipc_frames.read_req(frames)] == [0, 1]
 
 
 def test_leader_and_auth_are_answered_here(leader):

@@ -958,11 +958,12 @@ def test_a_node_without_a_disk_makes_no_cuts():
 
 
 # ---------------------------------------------------------------------- snapshots streamed to a follower
-def _leader_with_node_3_behind(snapshot_dir: str | None) -> tuple[ClusterNode, float]:
+def _leader_with_node_3_behind(snapshot_dir: str | None, wal_from: int | None = None) -> tuple[ClusterNode, float]:
     """Node 1 of three, leading; node 2 holds its log, node 3 asks for what follows trans_id 0,
-    which the log no longer keeps."""
+    which the log no longer keeps (but the WAL does from wal_from on)."""
     node, now = _elected(_config(3, queue_log_size=2, snapshot_every=1_000_000))
     node.cuts.snapshot_dir = snapshot_dir
+    node.set_wal_from(wal_from)
     vote = node.election.vote_id
     for n in range(5):
         _batch(node, node.epoch, [dict(PRODUCE, msg_id=n + 1)], seq=n)
@@ -985,6 +986,33 @@ def test_a_leader_with_a_disk_streams_a_follower_behind_its_log_the_snapshot_it_
     chunks = [(to, m) for to, m in _drain(node)[2] if type(m) is SnapshotChunk]
     assert [(to, m.trans_id, m.part, m.data) for to, m in chunks] == [
         (3, t, -1, FileRange(SNAPS + "/m", 0, 10)), (3, t, 0, FileRange(SNAPS + "/p0", 0, 5))]
+
+
+def test_a_leader_feeds_a_follower_behind_its_log_from_the_wal_as_the_bytes_it_read():
+    """Within the WAL (wal_from) the follower gets ordinary AppendEntries of the bytes the disk
+    gave, decoded nowhere on the way, and no snapshot is cut; a read that fails falls back to
+    one."""
+    node, now = _leader_with_node_3_behind(SNAPS, wal_from=0)
+    vote = node.election.vote_id
+    assert node.log.base_trans_id > 3
+    assert not [m for _, m in _drain(node)[2] if type(m) in (InstallSnapshot, SnapshotChunk, AppendEntries)]
+    (read,) = node.take_log_reads()
+    assert (read.to, read.after, read.max_bytes) == (3, 0, 1 << 20) and node.take_log_reads() == []
+    wal = [(1, vote, encode(decode(b'{"op":"noop"}')))] + [
+        (t, vote, orjson.dumps(dict(PRODUCE, msg_id=t - 1))) for t in range(2, 7)]
+    node.on_log_read(read, wal, now + 1)
+    (batch,) = [m for to, m in _drain(node)[2] if to == 3 and type(m) is AppendEntries]
+    assert (batch.prev_trans_id, batch.prev_vote_id) == (0, 0)
+    assert [(e.trans_id, e.vote_id, e.data) for e in batch.entries] == wal
+    assert all(e._record is None for e in batch.entries)  # not decoded by the leader
+    assert not node.cuts.urgent
+    # the follower asks from 3 again; the disk fails this time: a snapshot is cut for it
+    node.on_peer(Pull(vote, 3, 3, vote, 0), ("127.0.0.1", 3333), now + 3)
+    _drain(node)
+    (read,) = node.take_log_reads()
+    assert read.after == 3
+    node.on_log_unreadable(read, now + 3)
+    assert node.cuts.urgent
 
 
 def test_a_node_without_a_snapshot_dir_has_no_snapshot_to_send():

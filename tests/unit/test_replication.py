@@ -16,10 +16,13 @@ from queue_server.replication.messages import (
     Discarded,
     InstallSnapshot,
     Pull,
+    ReadLog,
     SendSnapshot,
+    SnapshotChunk,
 )
 from queue_server.replication.progress import Flow, FollowerState, LeaderReplication, TokenBucket
-from queue_server.protocol.records import DeleteQueue
+from queue_server.replication.transfer import SnapshotSource
+from queue_server.protocol.records import DeleteQueue, encode
 
 
 def recs(n, tag="r"):
@@ -557,3 +560,96 @@ def test_wire_round_trip():
         assert wire.decode(wire.encode(m)).msg == m
     with pytest.raises(ValueError):
         wire.decode(b"\x08")
+
+
+# ================================================================== WAL reads (ReadLog)
+
+
+def _wal_frames(log_entries):
+    """A stand-in for the WAL: (trans_id, vote_id, JSON) of every entry ever written."""
+    return [(e.trans_id, e.vote_id, encode(e.record)) for e in log_entries]
+
+
+def _read(wal, read):
+    """What Storage.read_log gives for `read`: the frame of `after` when held, then the rest."""
+    frames = [f for f in wal if f[0] >= read.after]
+    return frames[:read.limit + (1 if frames and frames[0][0] == read.after else 0)]
+
+
+def test_a_follower_behind_the_log_but_within_the_wal_is_fed_from_it():
+    """A follower the log in memory no longer reaches, but whose position the WAL still holds,
+    gets its batches read from the WAL (ReadLog, paced like any catch-up batch) and no snapshot;
+    once it is inside the log it is fed from memory."""
+    log = ChangeLog(5)
+    written = entries(1, 1, 40)
+    log.accept(0, 0, list(written))
+    log.commit_to(40)
+    wal = _wal_frames(written)
+    assert log.base_trans_id > 20
+    leader = LeaderReplication(1, [1, 2], log, 1, 0.0, Flow(max_batch=8), wal_from=0)
+    follower = Follower(2, ChangeLog(1000), pull_interval=0.0)
+    actions = leader.on_message(Pull(1, 2, 0, 0, 0), 0.0)
+    reads = 0
+    for _ in range(100):
+        if not actions:
+            break
+        a = actions.pop(0)
+        assert not isinstance(a, SendSnapshot)
+        if isinstance(a, ReadLog):
+            reads += 1
+            assert a.to == 2 and a.limit <= 8 and a.max_bytes == 1 << 20
+            assert not of(leader.on_message(Pull(1, 2, a.after, 1 if a.after else 0, 0), 0.0), ReadLog)  # one at a time
+            actions += leader.on_log_read(2, a.after, _read(wal, a), 0.0)
+        elif isinstance(a, Send) and isinstance(a.msg, AppendEntries):
+            msg = wire.decode(wire.encode(a.msg)).msg  # records go out as the WAL's bytes
+            actions += [Send(1, m.msg) if isinstance(m, Send) else m for m in follower.on_message(msg, 0.0)]
+        elif isinstance(a, Send) and a.to == 1:
+            actions += leader.on_message(a.msg, 0.0)
+    assert follower.log.last_trans_id == 40 and reads >= 4
+    assert [e.record for e in follower.log.entries_after(0, 40)] == [e.record for e in written]
+    assert leader.progress[2].match_trans_id == 40
+
+
+def test_a_follower_older_than_the_wal_gets_a_snapshot():
+    log = ChangeLog(5)
+    log.accept(0, 0, list(entries(1, 1, 40)))
+    log.commit_to(40)
+    leader = LeaderReplication(1, [1, 2], log, 1, 0.0, wal_from=11)
+    assert of(leader.on_message(Pull(1, 2, 10, 1, 10), 0.0), SendSnapshot) == [SendSnapshot(2)]
+    leader = LeaderReplication(1, [1, 2], log, 1, 0.0, wal_from=11)
+    assert of(leader.on_message(Pull(1, 2, 11, 1, 11), 0.0), ReadLog) == [ReadLog(2, 11, 1000, 1 << 20)]
+    leader = LeaderReplication(1, [1, 2], log, 1, 0.0)  # in_memory: no WAL
+    assert of(leader.on_message(Pull(1, 2, 11, 1, 11), 0.0), SendSnapshot) == [SendSnapshot(2)]
+
+
+def test_a_wal_read_that_fails_or_comes_too_late_ends_in_a_snapshot_or_nothing():
+    log = ChangeLog(5)
+    written = entries(1, 1, 40)
+    log.accept(0, 0, list(written))
+    log.commit_to(40)
+    leader = LeaderReplication(1, [1, 2], log, 1, 0.0, wal_from=0)
+    (read,) = of(leader.on_message(Pull(1, 2, 3, 1, 3), 0.0), ReadLog)
+    assert leader.on_log_unreadable(2, 0.0) == [SendSnapshot(2)]
+    assert leader.progress[2].state is FollowerState.SNAPSHOT
+    # an answer for a read nobody waits for any more is dropped
+    assert leader.on_log_read(2, 3, _read(_wal_frames(written), read), 0.0) == []
+    # a read that does not reach the follower's position (the WAL moved on) falls back too
+    leader = LeaderReplication(1, [1, 2], log, 1, 0.0, wal_from=0)
+    (read,) = of(leader.on_message(Pull(1, 2, 3, 1, 3), 0.0), ReadLog)
+    assert leader.on_log_read(2, 3, _read(_wal_frames(written), read)[2:], 0.0) == [SendSnapshot(2)]
+
+
+def test_a_follower_far_behind_the_newest_snapshot_gets_it_then_reads_the_wal_after_it():
+    """More than Flow.snapshot_over records behind the newest snapshot on disk, the follower gets
+    that snapshot (even one older than the log, since the WAL follows it) rather than the records
+    read one by one; then the WAL after it. Closer than that, it reads the WAL."""
+    log = ChangeLog(5)
+    log.accept(0, 0, list(entries(1, 1, 600)))
+    log.commit_to(600)
+    source = SnapshotSource(500, 1, (("/s/m", 10), ("/s/p0", 5)))
+    leader = LeaderReplication(1, [1, 2, 3], log, 1, 0.0, Flow(snapshot_over=100), source=source, wal_from=0)
+    actions = leader.on_message(Pull(1, 2, 10, 1, 10), 0.0)
+    assert not of(actions, ReadLog) and not of(actions, SendSnapshot)
+    assert {(m.trans_id, m.part) for m in sent(actions, SnapshotChunk)} == {(500, -1), (500, 0)}
+    assert of(leader.on_message(AppendAck(1, 2, 500), 1.0), ReadLog) == [ReadLog(2, 500, 1000, 1 << 20)]
+    assert of(leader.on_message(Pull(1, 3, 450, 1, 450), 1.0), ReadLog) == [ReadLog(3, 450, 1000, 1 << 20)]

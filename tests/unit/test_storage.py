@@ -474,3 +474,37 @@ def test_an_entry_s_bytes_are_written_as_they_are(tmp_path):
     s = open_storage(tmp_path)
     assert s.recover().entries[0].record == record(2)
     s.close()
+
+
+# ---------------------------------------------------------------------- reading the log back
+
+
+def test_read_log_gives_what_the_window_gave_with_the_frame_before_across_segments(tmp_path):
+    """A follower the log in memory left behind is fed from the WAL: read_log gives the
+    (trans_id, vote_id, JSON) tuples ChangeLog.encoded_after gave, led by the record `after`
+    itself for its vote_id; wal_from follows the segments that are removed."""
+    s = open_storage(tmp_path, "always", segment_bytes=300)
+    s.recover()
+    assert s.wal_from == 0
+    log = ChangeLog(10, stable_trans_id=0)
+    everything = []
+    for vote_id, first in ((1, 1), (2, 31)):
+        log.append(vote_id, [record(n) for n in range(first, first + 30)])
+        everything += log.encoded_after(first - 1, 30)
+        s.write(log, None, 0.0)
+        log.mark_stable(log.last_trans_id)
+        log.commit_to(log.last_trans_id)
+    assert log.base_trans_id > 40 and len(list_segments(os.path.join(str(tmp_path), "wal"))) > 3
+    assert s.read_log(0, 1 << 20) == everything
+    assert s.read_log(25, 1 << 20, 10) == everything[24:35]  # 25's own frame, then 26..35
+    assert [t for t, _, _ in s.read_log(25, 1)] == [25, 26]  # at least one past `after`
+    removed = s.wal.remove_segments_before(30)
+    assert removed and s.wal_from == s.wal.first_trans_id > 1
+    after = s.wal_from
+    assert s.read_log(after, 1 << 20, 5) == everything[after - 1:after + 5]
+    with open(last_segment(tmp_path), "r+b") as f:  # rot the last byte of record 60
+        f.seek(-1, os.SEEK_END)
+        f.write(b"#")
+    with pytest.raises(StorageError):
+        s.read_log(55, 1 << 20)
+    s.close()

@@ -4,6 +4,7 @@ import os
 import orjson
 import pytest
 
+from queue_server.replication import wal
 from queue_server.replication.wal import (
     HEADER_SIZE,
     CorruptLog,
@@ -588,3 +589,86 @@ def test_an_exit_raised_during_a_write_never_writes_a_record_twice(tmp_path):
     w.append(records(7, 7))
     w.close()
     assert [r[0] for r in read(tmp_path)] == list(range(1, 8))
+
+
+# ---------------------------------------------------------------------- read_range
+
+
+@pytest.fixture
+def every4(monkeypatch):
+    """A sparse index of every 4th record, so that small logs have several index points."""
+    monkeypatch.setattr(wal, "INDEX_EVERY", 4)
+
+
+def test_read_range_across_segments_with_the_frame_before(tmp_path, every4):
+    frame = len(encode_record(1, 1, payload(1)))
+    w = WalWriter(str(tmp_path), segment_bytes=10 * frame)
+    w.append(records(1, 25))
+    w.append(records(26, 60, vote_id=2))
+    w.flush(sync=False)
+    assert len(list_segments(str(tmp_path))) > 4
+    assert w.read_range(0, 1 << 20, 1000) == records(1, 25) + records(26, 60, vote_id=2)
+    assert w.read_range(17, 1 << 20, 20) == records(17, 25) + records(26, 37, vote_id=2)
+    assert w.read_range(60, 1 << 20, 10) == [(60, 2, payload(60))]
+    # about max_bytes (at least one record after `after`), the frame of `after` not counted
+    assert [t for t, _, _ in w.read_range(30, 1, 100)] == [30, 31]
+    assert [t for t, _, _ in w.read_range(30, 3 * len(payload(31)) - 1, 100)] == [30, 31, 32, 33]
+    # what is only queued is not read
+    w.append(records(61, 62, vote_id=2))
+    assert w.read_range(58, 1 << 20, 100)[-1][0] == 60
+    w.close()
+
+
+def test_read_range_seeks_by_the_index(tmp_path, every4):
+    """A read starts at the index point before it: a damaged record earlier in the segment is
+    never read (and one inside the range is reported)."""
+    frame = len(encode_record(1, 1, payload(1)))
+    w = WalWriter(str(tmp_path), segment_bytes=100 * frame)
+    w.append(records(1, 30))
+    w.flush(sync=True)
+    path = only_segment(tmp_path)
+    index = w._index[1]
+    with open(path, "rb") as f:
+        data = f.read()
+    assert index == [data.index(encode_record(t, 1, payload(t))) for t in (1, 5, 9, 13, 17, 21, 25, 29)]
+    with open(path, "r+b") as f:  # rot the payload of record 3
+        f.seek(index[0] + 2 * frame + HEADER_SIZE)
+        f.write(b"#")
+    assert w.read_range(13, 1 << 20, 5) == records(13, 18)
+    with pytest.raises(CorruptLog):
+        w.read_range(2, 1 << 20, 5)
+    w.close()
+
+
+def test_read_range_after_reopening_removal_and_truncation(tmp_path, every4):
+    frame = len(encode_record(1, 1, payload(1)))
+    write(tmp_path, 1, 50, segment_bytes=10 * frame)
+    w = WalWriter(str(tmp_path), segment_bytes=10 * frame)
+    assert list(w._index) == [list_segments(str(tmp_path))[-1][0]]  # the last one, built at opening
+    assert w.read_range(3, 1 << 20, 45) == records(3, 48)  # older ones are indexed when read
+    sizes = [len(encode_record(t, 1, payload(t))) for t in range(1, 10)]
+    assert w._index[1][:3] == [0, sum(sizes[:4]), sum(sizes[:8])]
+    w.remove_segments_before(25)
+    first = w.first_trans_id
+    assert 1 < first <= 26 and 1 not in w._index
+    assert w.read_range(first - 1, 1 << 20, 3) == records(first, first + 2)
+    assert w.read_range(0, 1 << 20, first + 1) == records(first, first + 1)  # before the log: what it has
+    w.truncate_after(44)
+    w.append(records(45, 47, vote_id=3))
+    w.flush(sync=True)
+    assert w.read_range(40, 1 << 20, 100) == records(40, 44) + records(45, 47, vote_id=3)
+    w.reset(100)
+    assert w.read_range(99, 1 << 20, 100) == []
+    w.append(records(101, 110))
+    w.flush(sync=True)
+    assert w.read_range(100, 1 << 20, 100) == records(101, 110)
+    w.close()
+
+
+def test_read_range_reads_records_larger_than_its_reads(tmp_path, every4, monkeypatch):
+    monkeypatch.setattr(wal, "_READ_BLOCK", 7)  # every record takes several reads
+    frame = len(encode_record(1, 1, payload(1)))
+    with WalWriter(str(tmp_path), segment_bytes=10 * frame) as w:
+        w.append(records(1, 30))
+        w.flush(sync=False)
+        assert w.read_range(5, 1 << 20, 100) == records(5, 30)
