@@ -13,8 +13,10 @@ import signal
 import threading
 import time
 
+from load.procs import signal_each
 from queue_server.client import QueueClient, QueueError
-from tests.harness import Cluster, NodeProcess, RawTcp, wait_for
+from tests.harness import Cluster, NodeProcess, RawTcp, alive, kill_all, process_state, wait_for
+from tests.integration.test_durability import _restart, _writer_of
 
 
 def _local(node: NodeProcess, request: dict) -> dict | None:
@@ -53,6 +55,179 @@ def _drain(hosts: str, queue: str) -> list[tuple[int, str]]:
             if not batch:
                 return got
             got.extend((m.msg_id, m.data) for m in batch)
+
+
+# ------------------------------------------------------------ kill -9 while the workers write a cut
+_WRITTEN = re.compile(r"snapshot at trans_id (\d+) written")
+_RECOVERED = re.compile(r"from a snapshot at trans_id (\d+) and \d+ log records? after it")
+QUEUES = [f"q{n}" for n in range(6)]  # spread over both workers
+
+
+class Producers:
+    """Threads producing batches of 50 to QUEUES until stopped, noting every body attempted and
+    every (body, msg_id) acknowledged."""
+
+    def __init__(self, node: NodeProcess, threads: int = 3) -> None:
+        self.node = node
+        self.attempted: set[str] = set()
+        self.acked: list[tuple[str, int]] = []
+        self.highest: dict[str, int] = {}  # each queue's highest acknowledged msg_id
+        self.lock = threading.Lock()
+        self.stopping = threading.Event()
+        self.threads = [threading.Thread(target=self._run, args=(t,)) for t in range(threads)]
+
+    def fill(self, queue: str, n: int) -> "Producers":
+        """First `n` messages into `queue`, 1,000 a request (a state whose cut takes a while)."""
+        with QueueClient(self.node.hosts, timeout=60) as q:
+            for start in range(0, n, 1000):
+                data = [f"{queue}-{i}" for i in range(start, start + 1000)]
+                self.attempted.update(data)
+                ids = q.produce_batch(queue, data, retry=600)
+                self.acked.extend(zip(data, ids))
+                self.highest[queue] = max(ids)
+        return self
+
+    def start(self) -> "Producers":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def _run(self, t: int) -> None:
+        with QueueClient(self.node.hosts, timeout=5) as q:
+            i = 0
+            while not self.stopping.is_set():
+                data = [f"t{t}-{i}-{k}" for k in range(50)]
+                self.attempted.update(data)
+                try:
+                    queue = QUEUES[(t + i) % len(QUEUES)]
+                    ids = q.produce_batch(queue, data, retry=600)
+                except (QueueError, OSError):
+                    return
+                self.acked.extend(zip(data, ids))
+                with self.lock:
+                    self.highest[queue] = max(self.highest.get(queue, 0), *ids)
+                i += 1
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for t in self.threads:
+            if t.is_alive():
+                t.join()
+
+    def check(self, node: NodeProcess, queues: list[str]) -> None:
+        """Every acknowledged message is in `node` once, with the id it was acknowledged with, and
+        nothing is there that was never produced."""
+        got: dict[str, int] = {}
+        twice = []
+        for name in queues:
+            for msg_id, data in _drain(node.hosts, name):
+                if data in got:
+                    twice.append(data)
+                got[data] = msg_id
+        lost = [(d, i) for d, i in self.acked if d not in got]
+        assert not lost, f"{len(lost)} of {len(self.acked)} acknowledged messages lost: {lost[:5]}"
+        moved = [(d, i, got[d]) for d, i in self.acked if got[d] != i]
+        assert not moved, f"{len(moved)} messages came back with other ids (body, acked, now): {moved[:5]}"
+        assert not twice, f"{len(twice)} messages there twice: {twice[:5]}"
+        phantom = set(got) - self.attempted
+        assert not phantom, f"never produced: {sorted(phantom)[:5]}"
+
+
+def _writer_stopped(node: NodeProcess) -> tuple[int, int] | None:
+    """(worker pid, writer pid) of a snapshot writer child now stopped (SIGSTOP) in the middle of
+    its part: it cannot finish before the test kills something. None if no writer runs now."""
+    found = _writer_of(node)
+    if found is None:
+        return None
+    try:
+        os.kill(found[1], signal.SIGSTOP)
+        wait_for(lambda: process_state(found[1]) in ("T", "Z"), 5, "the writer to stop")
+        return found if process_state(found[1]) == "T" else None  # else it had just finished
+    except OSError:
+        return None
+
+
+def _node_with_a_cut_running(tmp_path) -> tuple[NodeProcess, Producers, tuple[int, int]]:
+    """A node (fsync always, a cut every 3,000 records) holding 100k messages while producers
+    go on, after its first snapshot, and one of its workers' writers stopped mid-part."""
+    node = NodeProcess(str(tmp_path), {"fsync": "always", "snapshot_every": 3000, "queue_size": 200000}).start()
+    work = Producers(node)
+    try:
+        work.fill("bulk", 100_000).start()
+        wait_for(lambda: _WRITTEN.search(node.log()), 120, "a first snapshot")
+        writer = wait_for(lambda: _writer_stopped(node), 120, "a worker writing a snapshot part")
+    except BaseException:
+        work.stop()
+        node.stop()
+        raise
+    return node, work, writer  # type: ignore[return-value]
+
+
+def _restart_and_check(node: NodeProcess, work: Producers, newest: int) -> None:
+    """kill -9 of the node, a restart, and every acknowledged message back, from the snapshot at
+    `newest` (or a newer one) and the log after it."""
+    cut_short = [p for p in os.listdir(os.path.join(node.config["queue_data_dir"], "snapshots")) if p.startswith("tmp-")]
+    earlier = len(node.log())
+    node = _restart(node)
+    try:
+        line = wait_for(lambda: _RECOVERED.search(node.log()[earlier:]) or "recovered in" in node.log()[earlier:],
+                        60, "the recovery line")
+        assert line is not True and int(line[1]) >= newest, node.log()[earlier:]
+        work.check(node, ["bulk", *QUEUES])
+        assert not [p for p in cut_short if os.path.exists(os.path.join(node.config["queue_data_dir"], "snapshots", p))]
+        with QueueClient(node.hosts) as q:  # ids go on after the highest acknowledged ones
+            for queue, highest in work.highest.items():
+                assert q.produce(queue, "after") > highest, queue
+    finally:
+        node.stop()
+
+
+def test_a_snapshot_writer_killed_fails_its_cut_in_one_line_the_node_goes_on_and_loses_nothing(tmp_path):
+    node, work, (worker, writer) = _node_with_a_cut_running(tmp_path)
+    try:
+        os.kill(writer, signal.SIGKILL)
+        failed = wait_for(lambda: re.search(
+            r"snapshot at trans_id \d+ failed: worker \d could not write its part: its writer was killed by "
+            r"signal 9; keeping the snapshot at trans_id (\d+) and the log", node.log()), 30, "the cut to fail")
+        assert int(failed[1]) == max(int(t) for t in _WRITTEN.findall(node.log()[:failed.start()]))
+        # the node goes on: the same worker, writes acknowledged, and the next cut written
+        written = len(_WRITTEN.findall(node.log()))
+        acked = len(work.acked)
+        wait_for(lambda: len(_WRITTEN.findall(node.log())) > written and len(work.acked) > acked + 1000, 120,
+                 "a later snapshot and more writes")
+        assert alive(worker) and node.proc.poll() is None
+    finally:
+        work.stop()
+        kill_all(node)
+    _restart_and_check(node, work, max(int(t) for t in _WRITTEN.findall(node.log())))
+
+
+def test_a_worker_killed_while_it_writes_a_cut_loses_nothing_the_older_snapshot_and_the_log_hold(tmp_path):
+    node, work, (worker, writer) = _node_with_a_cut_running(tmp_path)
+    newest = max(int(t) for t in _WRITTEN.findall(node.log()))
+    try:
+        os.kill(worker, signal.SIGKILL)
+        os.kill(writer, signal.SIGCONT)  # to die of the SIGTERM its worker's death sent it
+        wait_for(lambda: not alive(writer), 10, "the writer to die with its worker")
+    finally:
+        work.stop()
+        kill_all(node)
+    assert max(int(t) for t in _WRITTEN.findall(node.log())) == newest  # the cut was not published
+    _restart_and_check(node, work, newest)
+
+
+def test_a_node_killed_while_its_workers_write_a_cut_recovers_from_the_older_snapshot_and_the_log(tmp_path):
+    node, work, (_, writer) = _node_with_a_cut_running(tmp_path)
+    newest = max(int(t) for t in _WRITTEN.findall(node.log()))
+    try:
+        signal_each([writer, *node.pids()], signal.SIGKILL)  # the whole node, its writers with it
+        node.proc.wait(10)
+    finally:
+        work.stop()
+        kill_all(node)
+    assert any(p.startswith("tmp-") for p in os.listdir(os.path.join(node.config["queue_data_dir"], "snapshots")))
+    assert max(int(t) for t in _WRITTEN.findall(node.log())) == newest  # the cut was not published
+    _restart_and_check(node, work, newest)
 
 
 # --------------------------------------------------------------- a follower far behind, by snapshot
