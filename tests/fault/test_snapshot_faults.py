@@ -305,18 +305,19 @@ def test_a_leader_cut_off_rolls_back_what_it_never_committed_and_rejoins_with_th
         for (a, b), proxy in c.proxies.items():
             if old in (a, b):
                 proxy.cut()
-        # Writes its workers decide but no follower hears of: a batch of produces and an
-        # at-most-once consume of ten, each waiting for a quorum that never comes.
-        lost = [f"lost-{i}" for i in range(50)]
+        # Writes its workers decide but no follower hears of: a batch of produces (ids 101-180,
+        # more than the cluster will commit after them) and an at-most-once consume of ten, each
+        # waiting for a quorum that never comes.
+        lost = [f"lost-{i}" for i in range(80)]
         producing, consuming = node.connect(timeout=30), node.connect(timeout=30)
         try:
             producing.send({"action": "produce", "queue": "split", "data": lost})
             consuming.send({"action": "consume", "queue": "split", "count": 10})
-            wait_for(lambda: _local_size(node, "split") == 140 and c.role(old) == "leader", 10,
-                     "the cut-off leader's workers to hold the 50 produced and 10 consumed")
+            wait_for(lambda: _local_size(node, "split") == 170 and c.role(old) == "leader", 10,
+                     "the cut-off leader's workers to hold the 80 produced and 10 consumed")
             new = c.wait_leader(timeout=30, among=others, exclude=old)
             wait_for(lambda: c.role(old) not in (None, "leader"), 30, "the cut-off leader to step down")
-            # Its workers rolled back to the committed state: no 50 produced, no 10 consumed.
+            # Its workers rolled back to the committed state: no 80 produced, no 10 consumed.
             wait_for(lambda: _local_size(node, "split") == 100, 10, "the old leader's workers to roll back")
             answers = [_reply(producing), _reply(consuming)]
         finally:
@@ -342,5 +343,7 @@ def test_a_leader_cut_off_rolls_back_what_it_never_committed_and_rejoins_with_th
         got = _drain(node.hosts, "split")
         assert got == committed, [m for m in got if m not in committed][:10] or got[:10]
         assert [i for i, _ in got] == list(range(1, 151))
+        with QueueClient(node.hosts, timeout=10) as q:  # its ids go on from the committed ones
+            assert q.produce("split", "again") == 151
     finally:
         c.stop()
