@@ -241,7 +241,10 @@ def _body(queue: int, i: int) -> str:
 
 def test_a_follower_far_behind_catches_up_by_snapshot_and_serves_every_message_as_produced(tmp_path):
     per_queue = BEHIND // BEHIND_QUEUES
-    c = Cluster(str(tmp_path), queue_log_size=5000, queue_size=per_queue + 1).start()
+    # election_timeout_ms 3000: a drain of 300k at-most-once consumes on a loaded machine must
+    # not see a leader deposed by a late heartbeat (its replies would be lost with the messages)
+    c = Cluster(str(tmp_path), queue_log_size=5000, queue_size=per_queue + 2, election_timeout_ms=3000,
+                heartbeat_ms=100).start()
     try:
         leader = c.wait_serving(60)
         # the lower-id follower: the leader's hand-off picks it when both followers are level
@@ -274,6 +277,10 @@ def test_a_follower_far_behind_catches_up_by_snapshot_and_serves_every_message_a
             wait_for(lambda: _local_size(node, name) == len(messages), 180, f"node {behind} to hold all of {name}")
         print(f"node {behind} caught up {BEHIND} messages in {time.monotonic() - started:.1f} s")
         assert re.search(r"installed a snapshot from the leader at trans_id \d+", node.log()), node.log()[-3000:]
+        # the log goes on after the installed snapshot
+        with QueueClient(c.nodes[leader].hosts, timeout=30) as q:
+            produced["far0"].append((q.produce("far0", "after the snapshot"), "after the snapshot"))
+        wait_for(lambda: _local_size(node, "far0") == per_queue + 1, 30, f"node {behind} to replicate after the snapshot")
         # What it holds is its own: it leads and serves every message, ids and bodies as produced.
         _hand_over(c, leader, behind)
         for name, messages in produced.items():
@@ -323,6 +330,7 @@ def test_a_leader_cut_off_rolls_back_what_it_never_committed_and_rejoins_with_th
         finally:
             producing.close()
             consuming.close()
+        print(f"the cut-off leader answered its uncommitted produce and consume with {answers}")
         assert all(a is None or a.get("code") != 0 for a in answers), answers  # never acknowledged
         with QueueClient(c.nodes[new].hosts, timeout=10) as q:
             after = [f"after-{i}" for i in range(30)]
