@@ -4,7 +4,7 @@ every acknowledged message from the older snapshot and the log; a follower far b
 catches up by a chunked snapshot transfer and then serves every message exactly as produced; and
 a leader cut off with writes it never committed, whose workers roll them back, so that they
 appear nowhere once it rejoins and leads again. Everything is checked through the wire: client
-replies, local monitors and peeks on the node itself, processes and log lines."""
+replies, local monitors answered by the node itself, processes and log lines."""
 from __future__ import annotations
 
 import os
