@@ -29,7 +29,6 @@ STATUS = b"status"  # coordinator -> acceptor: [STATUS, json {role, leader_node_
 FORWARD = b"forward"  # acceptor -> coordinator: [FORWARD, json [[origin, req_no, request], ...]] for the leader
 MODE = b"mode"  # coordinator -> worker: [MODE, json [accepting, epoch, keep_through, trans_id]] whether to accept queue requests
 COMMITTED = b"committed"  # coordinator -> leading worker: [COMMITTED, epoch, seq] its records through seq are committed
-RESET = b"reset"  # coordinator -> worker: [RESET, json {queue: snapshot}] replace all queues
 DRAIN = b"drain"  # acceptor -> worker: [DRAIN] the node is shutting down: answer long polls now, park no more
 # The hand-off barrier (ClusterNode.begin_handoff): each sender of requests to a worker (the
 # acceptor and the coordinator) puts a FENCE behind the last request it sent under a leading mode;
@@ -175,16 +174,6 @@ def read_committed(frames: list[bytes]) -> tuple[int, int]:
     """The (epoch, seq) of a COMMITTED."""
     _, epoch, seq = frames
     return int(epoch), int(seq)
-
-
-def reset_frames(snapshots: dict[str, Any]) -> list[bytes]:
-    """A RESET: the worker's queues are replaced by these ({queue: snapshot})."""
-    return [RESET, _DUMPS(snapshots)]
-
-
-def read_reset(frames: list[bytes]) -> dict[str, Any]:
-    """The {queue: snapshot} of a RESET."""
-    return _LOADS(frames[1])
 
 
 def sync_frames(epoch: int, cut_id: int) -> list[bytes]:

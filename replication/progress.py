@@ -287,6 +287,11 @@ class LeaderReplication:
         if pr.state is FollowerState.SNAPSHOT:
             if match >= self.log.base_trans_id or (self.wal_from is not None and match >= self.wal_from):
                 self._probe(pr, match)
+            elif pr.transfer is not None and match >= pr.transfer.source.trans_id:
+                # It installed that snapshot, but the log moved past it meanwhile: the next one now,
+                # not after snapshot_timeout.
+                self._snapshot(peer, pr, now, actions)
+                return
         elif pr.state is FollowerState.PROBE and pr.probe_end is not None and match >= pr.probe_end:
             pr.probe_end = None
             pr.waiting = True

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from collections.abc import Iterable
 
 import orjson
 
@@ -37,7 +36,6 @@ from queue_server.replication.messages import (
     Forward,
     ForwardReply,
     GiveBack,
-    InstallSnapshot,
     ReadLog,
     Recovered,
     SendSnapshot,
@@ -48,7 +46,6 @@ from queue_server.replication.progress import Flow, LeaderReplication
 from queue_server.replication.transfer import SnapshotSource
 from queue_server.server import gather
 from queue_server.protocol import ipc_frames, replies
-from queue_server.protocol.snapshot_frames import Frame
 from queue_server.server.forwarding import Deliver, Forwarding, Undeliver, Work
 from queue_server.protocol.origin import Origin
 from queue_server.server.ready import Ready
@@ -59,14 +56,15 @@ from queue_server.protocol import vocabulary as p
 from queue_server.server.router import Router
 from queue_server.server.snapshots import SnapshotCut
 from queue_server.server.worker_seqs import WorkerSeqs
-from queue_server.workers.queue import StateQueue
-from queue_server.workers.service import PartitionService
 
 NOOP = Noop()
 # How many undeliverable consume replies a node holds, to give their messages back once a leader
 # is known (or its hand-off is over).
 HELD_GIVE_BACKS = 10_000
 LEADER, FOLLOWER, NONE = Role.LEADER, Role.FOLLOWER, Role.NONE
+# The origin of the monitor a recovered node gathers from its workers for its recovery line
+# (no client's: node -1 is no node).
+RECOVERY_ORIGIN = Origin(0, False, -1)
 
 
 class ClusterNode:
@@ -102,11 +100,6 @@ class ClusterNode:
         self.leader: LeaderReplication | None = None
         virtual = [(v.name, v.queue_list) for v in config.virtual_queue_list]
         self.router = Router(config.workers, virtual, config.dead_letter_suffix, first_gather=1)
-        # The committed state, replayed from the log: what a follower's snapshot is made of and
-        # what the workers are reset to when this node stops leading.
-        self.state = PartitionService(self.node_id, config.queue_size, dict((n, tuple(m)) for n, m in virtual),
-                                      queue_class=StateQueue, restore_cache=0)
-        self.state_trans_id = found.trans_id
         self.workers_trans_id = found.trans_id  # the workers reflect the log up to here
         # Each worker's count of the records it applied, and where its uncommitted ones are in
         # the log: a mode change rolls a worker back to a record of its own (workers/undo.py).
@@ -137,7 +130,9 @@ class ClusterNode:
         self._to_workers: list[tuple[int, list[bytes]]] = []
         self._vote: tuple[int, int | None] | None = None
         self._truncate_after: int | None = None  # the log on disk must drop what follows this
-        self._snapshot_now = False  # a snapshot must be written at once (the log was replaced)
+        # An old leader's InstallSnapshot (ApplySnapshot) waits for its files (on_whole_snapshot):
+        # until then the APPLY frames of later commits are kept here, to follow the workers' LOAD.
+        self._awaiting_load: list[tuple[int, list[bytes]]] | None = None
         # A snapshot streamed from the leader: chunks to write, then the whole to check and install
         # (on_snapshot_installed). And the newest snapshot on this node's disk, to stream to followers.
         self._chunk_writes: list[WriteChunk] = []
@@ -165,29 +160,18 @@ class ClusterNode:
         # Snapshots made by the workers (server/snapshots.py).
         self.cuts = SnapshotCut(config.workers, config.snapshot_every if recovered is not None else None,
                                 snapshot_dir, last=found.trans_id)
-        # The snapshot's frames, streamed into the state only once the workers were sent LOAD
-        # (load_state): they read their parts meanwhile, so the node serves sooner.
-        self._state_frames = found.frames
-        if found.frames is not None:
-            for index in range(config.workers):  # each worker reads the parts itself
+        if found.parts:  # each worker reads the snapshot's parts itself
+            for index in range(config.workers):
                 self._to_workers.append((index, ipc_frames.load_frames(found.trans_id, list(found.parts))))
-        elif found.state:
-            self.state.load_snapshot(found.state)
-        if self.state.queues and found.frames is None:
-            self._reset_workers()
-        # The log recovered from disk is replayed into the committed state as it commits, up to
-        # here (None: replayed, or no disk); what the node then holds waits in _replayed for
-        # take_replayed.
+        # The recovery line: once the workers were sent the log recovered from disk, up to here
+        # (None: counted, or no disk), they are asked what they hold (an internal monitor
+        # gathered from every worker, RECOVERY_ORIGIN); the counts wait in _replayed until that
+        # point is committed, for take_replayed.
         self._replay_through: int | None = None if recovered is None else self.log.last_trans_id
+        self._count_at: int | None = None  # where the workers were asked
+        self._counted: tuple[int, int, int] | None = None  # (queues, messages, trans_id) gathered
         self._replayed: tuple[int, int, int] | None = None
-
-    def load_state(self) -> None:
-        """Stream the recovered snapshot's frames into the committed state, once. Called by
-        whatever reads the state first (a commit, take_replayed, a snapshot sent to a follower),
-        which comes after the first Ready, and so the workers' LOAD, has gone out."""
-        frames, self._state_frames = self._state_frames, None
-        if frames is not None:
-            self.state.load_frames(frames)
+        self._count_if_replayed()
 
     # ----------------------------------------------------------------- roles
     @property
@@ -311,7 +295,7 @@ class ClusterNode:
         """Whether anything but messages to the acceptor waits for a Ready."""
         return bool(self._to_workers or self._to_peers or self._vote is not None or self.cuts.done
                     or self._chunk_writes or self._staged
-                    or self._truncate_after is not None or self._snapshot_now
+                    or self._truncate_after is not None
                     or self.log.last_trans_id != self._stable_through or self.role != self._reported_role)
 
     def take_replies(self) -> list[list[bytes]]:
@@ -328,13 +312,11 @@ class ClusterNode:
         """Everything decided since the last advance(): persist it (log, then vote), send it, then
         call advance(). Taking it changes nothing; an empty Ready when has_ready() is False."""
         role = self.role
-        tid = self.state_trans_id
         return Ready(
             log_through=self.log.last_trans_id, truncate_after=self._truncate_after, vote=self._vote,
             to_workers=tuple(self._to_workers), to_acceptor=tuple(self._to_acceptor),
-            to_peers=tuple(self._to_peers), committed_trans_id=tid,
-            committed_vote_id=self.log.term_at(tid) or 0, snapshot_now=self._snapshot_now,
-            role=role if role != self._reported_role else None, snapshots=tuple(self.cuts.done),
+            to_peers=tuple(self._to_peers), role=role if role != self._reported_role else None,
+            snapshots=tuple(self.cuts.done),
             chunk_writes=tuple(self._chunk_writes), staged=tuple(self._staged))
 
     def advance(self, ready: Ready, *, durable_trans_id: int | None = None, log_stored: bool = True) -> None:
@@ -351,8 +333,6 @@ class ClusterNode:
         del self._staged[:len(ready.staged)]
         if self._vote == ready.vote:
             self._vote = None
-        if ready.snapshot_now:
-            self._snapshot_now = False
         if ready.role is not None:
             self._reported_role = ready.role
         if not log_stored:
@@ -453,9 +433,9 @@ class ClusterNode:
         appended = False
         if epoch != self.epoch:
             # Decided under a mode that is over: since then this node stopped leading (and
-            # maybe leads again), or its workers were reset. The reset that ended that mode
-            # wiped those changes in the worker, so they must not enter the log, and no reply
-            # may promise what they did.
+            # maybe leads again), or its workers were rolled back or loaded a snapshot. What
+            # ended that mode undid those changes in the worker, so they must not enter the
+            # log, and no reply may promise what they did.
             if header != ipc_frames.EMPTY_LIST:
                 self._refuse(header, blob, p.LEADERSHIP_CHANGED
                              if self.leader is None else p.MODE_CHANGED)
@@ -529,22 +509,20 @@ class ClusterNode:
                 self._staged.append(a)
             elif kind is ReadLog:
                 self._log_reads.append(a)
-            elif kind is SendSnapshot and self.cuts.snapshot_dir is not None:
-                self.cuts.want()  # streamed once it is on disk (on_snapshot_source)
             elif kind is SendSnapshot:
-                self.load_state()
-                self._to_peers.append((a.to, InstallSnapshot(
-                    self.election.vote_id, self.node_id, self.state_trans_id,
-                    self.log.term_at(self.state_trans_id) or 0, self.state.snapshot())))
+                # Streamed once the workers' cut is on disk (on_snapshot_source); a node with no
+                # snapshot_dir has none to give.
+                self.cuts.want()
             elif kind is ApplySnapshot:
-                self._state_frames = None  # replaced, never read
-                self.state.load_snapshot(a.data)
-                self.state.replies.clear()
-                self.state_trans_id = self.workers_trans_id = a.trans_id
-                self._reset_workers()
+                # An old leader's whole snapshot (InstallSnapshot): the log was reset to it; the
+                # coordinator writes it as files (Transfers), then on_whole_snapshot LOADs them.
+                self._to_workers.extend(self.cuts.abort("a snapshot was installed"))
+                self.workers_trans_id = a.trans_id
+                self.seqs.reset()
+                self.cuts.last = a.trans_id
                 self._truncate_after = -1  # the log on disk restarts after the snapshot
-                self._snapshot_now = True
-                self._to_workers.extend(self.cuts.request())  # the workers write it at once
+                self._awaiting_load = []
+                self._staged.append(a)
             elif kind is TransferAborted:
                 self._resume_leading()  # held requests are then served here (_release_held)
             elif kind is Discarded:
@@ -587,18 +565,11 @@ class ClusterNode:
             self._refuse(header, blob, p.LEADERSHIP_LOST)
 
     def _commit(self, c: Commit) -> None:
-        """Entries are committed: replay them into the committed state (and on a follower into
-        the workers); release the replies that waited for them."""
-        self.load_state()
-        apply = self.state.apply
-        fresh = [e for e in c.entries if e.trans_id > self.state_trans_id]
-        rest = fresh if self._replay_through is None else self._replay(fresh)
-        for e in rest:
-            apply(e.record)
-        if rest:
-            self.state_trans_id = rest[-1].trans_id
+        """Entries are committed: on a follower the workers replay them; the replies that waited
+        for them are released."""
         if self.leader is None:
-            self._apply_to_workers([e for e in fresh if e.trans_id > self.workers_trans_id], committed=True)
+            self._apply_to_workers([e for e in c.entries if e.trans_id > self.workers_trans_id], committed=True)
+        self._note_replayed()
         self._release_pending()
         if self.cuts.running:
             self._snapshot_progress(None)  # a cut may wait for this commit
@@ -620,6 +591,11 @@ class ClusterNode:
         """Have the workers replay `entries` (`committed`: they keep no undo for them)."""
         if not entries:
             return
+        through = self._replay_through
+        if through is not None and self._counted is None and entries[0].trans_id <= through < entries[-1].trans_id:
+            split = through - entries[0].trans_id + 1  # the recovered log ends inside: count there
+            self._apply_to_workers(entries[:split], committed)
+            entries = entries[split:]
         per_worker: dict[int, tuple[list[Record], list[int]]] = {}
         worker_for = self.router.worker_for
         for e in entries:
@@ -628,26 +604,12 @@ class ClusterNode:
                 records, trans_ids = per_worker.setdefault(worker_for(record.queue), ([], []))
                 records.append(record)
                 trans_ids.append(e.trans_id)
+        out = self._to_workers if self._awaiting_load is None else self._awaiting_load
         for index, (records, trans_ids) in per_worker.items():
-            self._to_workers.append((index, ipc_frames.apply_frames(records, committed)))
+            out.append((index, ipc_frames.apply_frames(records, committed)))
             self.seqs.applied(index, trans_ids, committed)
         self.workers_trans_id = max(self.workers_trans_id, entries[-1].trans_id)
-
-    def _reset_workers(self) -> None:
-        """Replace every worker's queues with the committed state (at start, and when a snapshot
-        is installed) and, on a leader, the log after it: their record counts start again. A
-        leader's workers then start a new mode (epoch), so that batches they made before the
-        reset, on the state it wiped, are refused (on_batch)."""
-        parts: list[dict] = [{} for _ in range(self.config.workers)]
-        for name, snap in self.state.snapshot().items():
-            parts[self.router.worker_for(name)][name] = snap
-        for index, part in enumerate(parts):
-            self._to_workers.append((index, ipc_frames.reset_frames(part)))
-        self.seqs.reset()
-        self.workers_trans_id = self.state_trans_id
-        if self.leader is not None:
-            self._apply_to_workers(self.log.entries_after(self.state_trans_id, 1 << 62) or [])
-            self._set_mode(True, list(self.seqs.counts))
+        self._count_if_replayed()
 
     def _send_committed(self, now: float) -> None:
         """At most once a heartbeat, tell each leading worker how far its records are committed
@@ -671,7 +633,7 @@ class ClusterNode:
             self._to_workers.append((index, ipc_frames.mode_frames(
                 accepting, self.epoch, None if keep is None else keep[index], self.workers_trans_id)))
         if accepting and self.election.transfer_target is not None:
-            self._fence_workers()  # reset during a hand-off: the new mode is fenced too
+            self._fence_workers()  # a new mode during a hand-off is fenced too
 
     # ----------------------------------------------------------------- snapshots
     def on_synced(self, epoch: int, cut_id: int, index: int, now: float) -> None:
@@ -738,29 +700,36 @@ class ClusterNode:
 
     def on_snapshot_installed(self, staged: SnapshotStaged, parts: list[str], now: float) -> bool:
         """The snapshot streamed from the leader is checked and installed on disk as `parts`: the
-        workers (LOAD) and the log restart from it, and the leader hears so; the committed state
-        follows in load_installed (after the workers were sent their LOAD, so that both load at
-        once). False if this node no longer needs it."""
+        workers (LOAD) and the log restart from it, and the leader hears so. False if this node
+        no longer needs it."""
         if not self.needs_snapshot(staged.trans_id):
             return False
         self._to_workers.extend(self.cuts.abort("a snapshot was installed"))
         self.workers_trans_id = staged.trans_id
-        for index in range(self.config.workers):
-            self._to_workers.append((index, ipc_frames.load_frames(staged.trans_id, parts)))
-        self.seqs.reset()
+        self._load_workers(staged.trans_id, parts)
         self.cuts.last = staged.trans_id
         self._truncate_after = -1  # the log on disk restarts after the snapshot
         self._run(self.follower.installed(staged.trans_id, staged.vote_id, self.election.leader_id,
                                           self.election.vote_id), now)
         return True
 
-    def load_installed(self, trans_id: int, frames: Iterable[Frame]) -> None:
-        """The committed state becomes the installed snapshot at trans_id (`frames`: its parts'
-        frames, read as consumed). Call before any other event once on_snapshot_installed said True."""
-        self._state_frames = None  # the snapshot recovered at start is replaced, never to be read
-        self.state.load_frames(frames)
-        self.state.replies.clear()
-        self.state_trans_id = trans_id
+    def on_whole_snapshot(self, trans_id: int, parts: list[str] | None) -> None:
+        """The whole snapshot an old leader sent (ApplySnapshot) is written as `parts` (None: it
+        could not be; the node stops rather than go on with workers that lack it): the workers
+        LOAD them, then replay what was committed since."""
+        held, self._awaiting_load = self._awaiting_load or [], None
+        if parts is None:
+            raise SystemExit(f"cannot write the snapshot at trans_id {trans_id} the leader sent")
+        self._load_workers(trans_id, parts)
+        self._to_workers.extend(held)
+
+    def _load_workers(self, trans_id: int, parts: list[str]) -> None:
+        """Every worker replaces its queues with those of the snapshot `parts` it owns (LOAD):
+        their record counts start again."""
+        for index in range(self.config.workers):
+            self._to_workers.append((index, ipc_frames.load_frames(trans_id, parts)))
+        self.seqs.reset()
+        self._count_if_replayed()
 
     # ----------------------------------------------------------------- replies
     def _release(self, header: bytes, blob: bytes) -> None:
@@ -779,33 +748,30 @@ class ClusterNode:
         count_refused(self.refused, reason, sum(1 for row in rows if row[1] != p.PUSH_REQ_NO))
         self._reply_now(rows)
 
-    def _replay(self, fresh: list[Entry]) -> list[Entry]:
-        """While the log recovered from disk is being replayed: apply the committed entries up to
-        its end, note what the node holds there (_note_replayed), and return those after it."""
+    def _count_if_replayed(self) -> None:
+        """Once the workers were sent all the log recovered from disk: ask them what they hold
+        (a monitor gathered from every worker, behind what they were sent on the same pipe)."""
         through = self._replay_through
-        head = [e for e in fresh if e.trans_id <= through]  # type: ignore[operator]
-        apply = self.state.apply
-        for e in head:
-            apply(e.record)
-        if head:
-            self.state_trans_id = head[-1].trans_id
-        self._note_replayed()
-        return fresh[len(head):]
+        if through is None or self._count_at is not None or self.workers_trans_id < through:
+            return
+        self._count_at = self.workers_trans_id
+        items = self.router.plan(p.MONITOR, {"action": p.MONITOR}, RECOVERY_ORIGIN, 0)
+        assert not isinstance(items, str)
+        for index, item in items:
+            self._to_workers.append((index, ipc_frames.req_frames([item], self.epoch)))
 
     def _note_replayed(self) -> None:
-        through = self._replay_through
-        if through is not None and self.state_trans_id >= through:
-            self.load_state()
-            self._replay_through = None
-            queues = self.state.queues
-            self._replayed = (len(queues), sum(len(q) for q in queues.values()), self.state_trans_id)
+        counted = self._counted
+        if counted is not None and self.log.commit_trans_id >= counted[2]:
+            self._replay_through = self._counted = None
+            self._replayed = counted
 
     def take_replayed(self) -> tuple[int, int, int] | None:
-        """Once the committed state holds all a recovered node found on its disk (the snapshot
-        and the log after it, replayed as it commits): (queues, messages, trans_id) of the state at
-        the end of that log, for the recovery line. None before, after it was taken once, and on
-        a node without a disk."""
-        self._note_replayed()  # a snapshot alone, or one a leader installed, commits nothing
+        """Once the workers hold all a recovered node found on its disk (the snapshot and the
+        log after it, replayed as it commits) and have said what that is: (queues, messages,
+        trans_id) at the end of that log, for the recovery line. None before, after it was taken
+        once, and on a node without a disk."""
+        self._note_replayed()
         taken, self._replayed = self._replayed, None
         return taken
 
@@ -821,6 +787,11 @@ class ClusterNode:
             done = self.gatherer.add(tag, part)
             if done is not None:
                 origin, req_no, request, parts = done
+                if origin == RECOVERY_ORIGIN:
+                    merged = gather.merge(request, parts, {})
+                    self._counted = (merged.get("queue_count", 0), merged.get("size", 0), self._count_at or 0)
+                    self._note_replayed()
+                    continue
                 finished.append((origin, req_no, gather.merge(request, parts, self.node_fields())))
         self._reply_now(finished)
 

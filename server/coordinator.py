@@ -28,7 +28,7 @@ from queue_server.server.peer_check import BAD_KEY, peer_rejection
 from queue_server.server.ready import Ready
 from queue_server.server.snapshots import STOP_WAIT, Clear, Failed, Publish
 from queue_server.server.reachability import Reachability
-from queue_server.server.transfers import Transfers
+from queue_server.server.transfers import Transfers, convert_v1
 
 # Messages queued for a peer that is not answering are dropped past this many: the election and
 # replication resend what matters.
@@ -56,6 +56,8 @@ class Coordinator:
         self.storage = storage
         started = time.monotonic()
         recovered = storage.recover() if storage is not None else None
+        if storage is not None and recovered is not None and recovered.state:
+            convert_v1(storage, recovered)  # the workers LOAD v2 parts only
         # An in_memory node cuts snapshots only for a follower that needs one, into the run dir.
         snapshot_dir = storage.snapshot_dir if storage is not None else os.path.join(run_dir, "snapshots")
         self.node = ClusterNode(config, time.time(), recovered=recovered, snapshot_dir=snapshot_dir)
@@ -135,8 +137,7 @@ class Coordinator:
         signal.signal(signal.SIGTERM, self._ask_stop)
         node = self.node
         # The first Ready holds the workers' LOAD: out before the first tick, which may commit (a
-        # single node elects itself at once) and so stream the snapshot into the node's own copy
-        # (ClusterNode.load_state); the workers read their parts meanwhile.
+        # single node elects itself at once) and so send the log after the snapshot behind it.
         self.flush()
         node.tick(time.time())
         self.flush()
@@ -327,7 +328,6 @@ class Coordinator:
             if not node.has_ready():
                 break
             written = ready.log_through
-        self.transfers.load_installed()  # after the workers' LOAD went out
         if time.monotonic() >= self.next_observe:
             self.next_observe = time.monotonic() + OBSERVE_INTERVAL
             self.observe()
@@ -386,8 +386,6 @@ class Coordinator:
                 self.read_log(storage, read)
         for staged in ready.staged:
             self.transfers.install(staged, time.time())
-        if ready.snapshot_now:
-            self.log.info("installed a snapshot from the leader at trans_id %d", ready.committed_trans_id)
         for cut in ready.snapshots:
             if storage is not None:
                 self.snapshot(storage, cut)

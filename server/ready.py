@@ -26,13 +26,11 @@ class Ready(NamedTuple):
     to_workers: tuple[tuple[int, list[bytes]], ...]  # (worker index, frames), in order
     to_acceptor: tuple[list[bytes], ...]  # frames, in order
     to_peers: tuple[tuple[int, object], ...]  # (node id, peer message)
-    committed_trans_id: int  # the committed state holds the log up to here
-    committed_vote_id: int  # the term of that entry
-    snapshot_now: bool  # the log was replaced by a snapshot: write one at once
     role: Role | None  # the node's role when it changed since the last Ready, else None
     snapshots: tuple = ()  # server/snapshots.py Publish / Failed / Clear: cuts to publish or clear away
     # A snapshot streamed from the leader: WriteChunks to write before the SnapshotAcks in
-    # to_peers leave, then SnapshotStaged (every file written) to check and install.
+    # to_peers leave, then SnapshotStaged (every file written) to check and install; or an old
+    # leader's whole snapshot (ApplySnapshot) to write as files, then load.
     chunk_writes: tuple = ()
     staged: tuple = ()
 
@@ -41,7 +39,7 @@ class Ready(NamedTuple):
         written_through (None: nothing written yet, and the log may be due for an fsync). A Ready
         that only sends what the last write released needs none."""
         return (written_through is None or self.log_through != written_through or self.vote is not None
-                or self.truncate_after is not None or self.snapshot_now)
+                or self.truncate_after is not None)
 
     def peer_messages(self, log_stored: bool, vote_stored: bool) -> tuple[tuple[int, object], ...]:
         """The peer messages that may go once persisting is done: none if the vote could not be

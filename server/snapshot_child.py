@@ -40,8 +40,7 @@ def fork_writer(service: PartitionService, tmp: str, index: int,
         except (AttributeError, OSError):
             pass
         before_write()
-        os.makedirs(tmp, exist_ok=True)
-        write_part(os.path.join(tmp, part_name(index)), service.snapshot_frames())
+        write_part_inline(service, tmp, index)
         status = 0
     except OSError as exc:
         status = exc.errno if exc.errno and 1 < exc.errno < 126 else 1
@@ -49,6 +48,13 @@ def fork_writer(service: PartitionService, tmp: str, index: int,
         status = 1
     finally:
         os._exit(status)
+
+
+def write_part_inline(service: PartitionService, tmp: str, index: int) -> None:
+    """What the forked child writes, written in the calling process (Worker write_inline: the
+    node sim). Raises OSError."""
+    os.makedirs(tmp, exist_ok=True)
+    write_part(os.path.join(tmp, part_name(index)), service.snapshot_frames())
 
 
 def exit_reason(code: int) -> str:

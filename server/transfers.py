@@ -7,18 +7,24 @@ dir, where its workers load them). An in_memory leader's workers cut a snapshot 
 into the run dir too; it is deleted as soon as its files are open (transient)."""
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import shutil
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import replace
 
-from queue_server.replication.messages import FileRange, SnapshotChunk, SnapshotStaged, WriteChunk
-from queue_server.replication.snapshot import iter_frames, manifest_files, publish
+from queue_server.protocol.snapshot_frames import Frame
+from queue_server.replication.messages import (
+    ApplySnapshot, FileRange, Recovered, SnapshotChunk, SnapshotStaged, WriteChunk,
+)
+from queue_server.replication.snapshot import (
+    iter_frames, manifest_files, publish, read_manifest, write_part, write_snapshot,
+)
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.transfer import MANIFEST, SnapshotSource
 from queue_server.server.snapshots import Clear, Failed, Publish
+from queue_server.workers.queue import Queue
 
 RECV_PREFIX = "tmp-recv-"  # a tmp- name: deleted at start (snapshot.clean) if a transfer was cut short
 HELD_SOURCES = 2  # the sources whose files stay open: the newest, and the one before for transfers under way
@@ -78,7 +84,7 @@ class Staging:
         the staging again). Raises OSError."""
         if w.part == MANIFEST:
             if w.offset == 0:
-                self._restart(w.trans_id)
+                self.restart(w.trans_id)
             return
         fd = self._fds.get(w.part)
         if fd is None:
@@ -108,7 +114,8 @@ class Staging:
         self._close()
         self.path = None
 
-    def _restart(self, trans_id: int) -> None:
+    def restart(self, trans_id: int) -> None:
+        """Start staging the snapshot at trans_id in a fresh directory."""
         self._close()
         os.makedirs(self.directory, exist_ok=True)
         for name in os.listdir(self.directory):
@@ -121,6 +128,25 @@ class Staging:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+
+def v1_frames(state: dict) -> Iterator[Frame]:
+    """A v1 snapshot's state ({queue name: Queue.snapshot()}) as v2 frames, one queue at a time."""
+    for name, snap in state.items():
+        yield from Queue.from_snapshot({**snap, "name": name}).snapshot_frames()
+
+
+def convert_v1(storage: Storage, found: Recovered) -> None:
+    """A v1 snapshot found at start (one whole state) is written once as a v2 snapshot at the
+    same point, which replaces it; `found` then names its part, for the workers to LOAD. Raises
+    StorageError."""
+    path = write_snapshot(storage.snapshot_dir, found.trans_id, found.vote_id, v1_frames(found.state),
+                          keep_from=storage.valid_at)
+    try:
+        snapshot = read_manifest(path)
+    except (OSError, ValueError) as exc:
+        raise StorageError(f"cannot read {path} back: {exc}") from exc
+    found.state, found.parts, found.manifest = {}, snapshot.parts, snapshot.as_dict()
 
 
 def _part_name(index: int) -> str:
@@ -137,7 +163,6 @@ class Transfers:
         self.log = log
         self.reader = ChunkReader()
         self.staging = Staging(directory)
-        self._installed: tuple[int, list[str]] | None = None  # a snapshot whose state is still to load
         self.source_changed()
 
     def source_changed(self, now: float = 0.0) -> None:
@@ -193,10 +218,14 @@ class Transfers:
             self.log.warning("cannot read the snapshot at trans_id %d for node %d: %s", msg.trans_id, msg.src, exc)
             return None
 
-    def install(self, staged: SnapshotStaged, now: float) -> None:
+    def install(self, staged: SnapshotStaged | ApplySnapshot, now: float) -> None:
         """Check the received snapshot and make it this node's: published on its disk (an
-        in_memory node loads it from the run dir), then the node loads it."""
+        in_memory node loads it from the run dir), then the node loads it. An old leader's whole
+        snapshot (ApplySnapshot) is written as one part first."""
         node = self.node
+        if type(staged) is ApplySnapshot:
+            self._install_whole(staged)
+            return
         if not node.needs_snapshot(staged.trans_id):
             self.staging.drop()
             return
@@ -224,21 +253,35 @@ class Transfers:
                 return
             self.reader.hold(source)
             parts = [path for path, _ in source.files[1:]]
-        if node.on_snapshot_installed(staged, parts, now):
-            self._installed = (staged.trans_id, parts)
+        node.on_snapshot_installed(staged, parts, now)
         if source is not None:
             node.on_snapshot_source(source, now)
         self.log.info("installed a snapshot from the leader at trans_id %d (%d parts, %d messages)", staged.trans_id,
                       len(entries), sum(e.get("messages", 0) for e in entries))
 
-    def load_installed(self) -> None:
-        """Once the workers were sent the LOAD of an installed snapshot: the committed state
-        loads it too (meanwhile, on the other core)."""
-        if self._installed is not None:
-            trans_id, parts = self._installed
-            self._installed = None
-            self.node.load_installed(trans_id, itertools.chain.from_iterable(
-                iter_frames(path, trans_id) for path in parts))
+    def _install_whole(self, a: ApplySnapshot) -> None:
+        """Write an old leader's InstallSnapshot (its state as one v1 dict) as a part, publish it
+        as this node's snapshot (on an in_memory node, keep it in the run dir), and have the
+        workers load it (on_whole_snapshot)."""
+        parts: list[str] | None = None
+        try:
+            self.staging.restart(a.trans_id)
+            tmp = self.staging.path
+            assert tmp is not None
+            self.staging.drop()
+            entry = write_part(os.path.join(tmp, _part_name(0)), v1_frames(a.data), a.trans_id)
+            parts = [os.path.join(tmp, _part_name(0))]
+            if self.storage is not None:
+                self.storage.finish_snapshot(a.trans_id, a.vote_id, tmp, [entry], "sent whole by the leader")
+                source = self.storage.snapshot_source()
+                if source is not None:
+                    self.reader.hold(source)
+                    parts = [path for path, _ in source.files[1:]]
+                    self.node.on_snapshot_source(source, 0.0)
+        except (OSError, ValueError) as exc:  # StorageError is an OSError
+            self.log.error("cannot write the snapshot at trans_id %d the leader sent: %s", a.trans_id, exc)
+            parts = None
+        self.node.on_whole_snapshot(a.trans_id, parts)
 
     def close(self) -> None:
         self.reader.close()

@@ -42,12 +42,15 @@ class Worker:
     def __init__(self, service: PartitionService, inbox: zmq.Socket | None, coordinator: Any, log: Any,
                  index: int = 0, metrics: WorkerMetrics | None = None,
                  queue_metrics: QueueMetrics | None = None, memory: NodeMemory | None = None,
-                 acceptor: Any = None, owns: Callable[[str], bool] | None = None) -> None:
+                 acceptor: Any = None, owns: Callable[[str], bool] | None = None,
+                 write_inline: Callable[[PartitionService, str, int], None] | None = None) -> None:
         """coordinator, acceptor: anything with send_multipart (a ZeroMQ PUSH socket, or a test's
         pipe); with no acceptor every reply goes through the coordinator.
         memory: the node's memory, read every MEMORY_CHECK_INTERVAL to refuse produces past
         max_memory_mb (None: not read).
-        owns: whether a queue is this worker's (its Router's say), for LOAD (None: every queue)."""
+        owns: whether a queue is this worker's (its Router's say), for LOAD (None: every queue).
+        write_inline: writes a snapshot part in this process instead of a forked child
+        (snapshot_child.write_part_inline; the node sim), None: fork."""
         self.service = service
         self.inbox = inbox
         self.coordinator = coordinator
@@ -70,6 +73,7 @@ class Worker:
         self.writer: tuple[int, int, str] | None = None
         self.out_held: list[list[bytes]] | None = None
         self.hold_cut = 0
+        self.write_inline = write_inline
 
     def run(self) -> None:
         """Serve until terminated."""
@@ -172,8 +176,6 @@ class Worker:
             held, self.held = self.held, []
             for message in held:
                 self.dispatch(message, now)
-        elif kind == ipc_frames.RESET:
-            service.load_snapshot(ipc_frames.read_reset(frames))
         elif kind == ipc_frames.SYNC:
             self.send(ipc_frames.synced_frames(*ipc_frames.read_sync(frames), self.index))
         elif kind == ipc_frames.SNAP:
@@ -261,6 +263,17 @@ class Worker:
         self.release()
         if self.writer is not None:  # an older cut's writer: that cut is over (one runs at a time)
             self.end_writer(kill=True)
+        if self.write_inline is not None:
+            self.send(ipc_frames.snapped_frames(epoch, cut_id, self.index))
+            try:
+                self.write_inline(self.service, tmp, self.index)
+                part = read_end(os.path.join(tmp, part_name(self.index)))
+            except (OSError, ValueError) as exc:
+                part = {"error": str(exc)}
+            self.send(ipc_frames.part_done_frames(cut_id, self.index, "error" not in part, part))
+            if hold:
+                self.out_held, self.hold_cut = [], cut_id
+            return
         pid = fork_writer(self.service, tmp, self.index)
         self.writer = (pid, cut_id, tmp)
         self.send(ipc_frames.snapped_frames(epoch, cut_id, self.index))

@@ -22,7 +22,7 @@ class WorkerSeqs:
         self._runs: list[deque[tuple[int, int, int]]] = [deque() for _ in range(workers)]
 
     def reset(self) -> None:
-        """Every worker's queues were replaced (RESET): their counts start again at 0."""
+        """Every worker's queues were replaced (LOAD): their counts start again at 0."""
         for i in range(len(self.counts)):
             self.counts[i] = 0
             self._runs[i].clear()

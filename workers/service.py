@@ -196,8 +196,8 @@ class PartitionService:
         undo_limit: int | None = None,
         overflow: Overflow | None = None,
     ) -> None:
-        """queue_class: StateQueue for a copy that only replays records and takes snapshots
-        (restore_cache 0: it keeps no at-most-once deliveries to restore, see RESTORE_CACHE_SIZE).
+        """queue_class: the class of its queues (a test's subclass of Queue).
+        restore_cache: how many at-most-once deliveries it keeps to restore (RESTORE_CACHE_SIZE).
         udp_max_response: the largest reply (bytes, newline included) a UDP request may get; a
         UDP consume whose reply would be larger is refused before anything is taken.
         max_deliveries, dead_letter_suffix: the dead-letter policy (config keys of those names;

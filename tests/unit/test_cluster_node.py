@@ -25,6 +25,10 @@ from queue_server.protocol.origin import Origin
 from queue_server.protocol.records import decode, encode
 from queue_server.server.ready import Ready
 from queue_server.server.snapshots import RETRY_AFTER, SNAP_HOLD_TIMEOUT, Clear, Failed, Publish
+from prometheus_client import CollectorRegistry
+
+from queue_server.server.metrics import WorkerMetrics
+from queue_server.server.worker import Worker
 from queue_server.workers.service import PartitionService
 
 T0 = 1_000_000.0
@@ -403,7 +407,7 @@ def test_a_hand_off_that_times_out_leads_on_and_serves_what_it_held():
     kinds = [(i, f[0]) for i, f in to_workers]
     # the workers accept again (a new mode, nothing rolled back: fenced, each logged all it
     # decided); then the held request and the messages to give back reach them
-    assert ipc_frames.RESET not in [k for _, k in kinds]
+    assert ipc_frames.LOAD not in [k for _, k in kinds]
     assert [orjson.loads(f[1]) for _, f in to_workers if f[0] == ipc_frames.MODE] == [
         [True, epoch + 1, node.seqs.counts[i], node.log.last_trans_id] for i in (0, 1)]
     worker = node.router.worker_for("q")
@@ -575,7 +579,8 @@ def test_the_coordinators_scatter_requests_are_numbered_odd():
     """The acceptor numbers its own gathers even (from 0): the two never share a gather id."""
     node = _leader()
     plans = [node.router.plan(p.LIST, {"action": p.LIST}, Origin(1), n) for n in range(2)]
-    assert [plan[0][1][3][0] for plan in plans] == [1, 3]
+    ids = [plan[0][1][3][0] for plan in plans]
+    assert ids[0] % 2 == 1 and ids[1] == ids[0] + 2  # (its recovery line's monitor took one before)
 
 
 # ------------------------------------------------------------------ refused replies, counted
@@ -655,66 +660,124 @@ def _recovered_log(*queues: str) -> Recovered:
     return Recovered(trans_id=0, vote_id=0, entries=entries, vote=(1, 1))
 
 
+class _Pipe(list):
+    def send_multipart(self, frames: list[bytes]) -> None:
+        self.append(list(frames))
+
+
+def _workers(node: ClusterNode) -> list[Worker]:
+    """Real workers for `node` (each keeping the queues its Router gives it), whose output is
+    taken by _serve."""
+    workers = []
+    for i in range(node.config.workers):
+        w = Worker(PartitionService(1, 100), None, _Pipe(), _Quiet(), i,
+                   metrics=WorkerMetrics(CollectorRegistry()), owns=lambda q, i=i: node.router.worker_for(q) == i)
+        workers.append(w)
+    return workers
+
+
+class _Quiet:
+    def error(self, *a, **k) -> None:
+        raise AssertionError(a)
+
+    warning = error
+
+    def info(self, *a, **k) -> None:
+        pass
+
+
+def _serve(node: ClusterNode, workers: list[Worker], now: float) -> None:
+    """Carry out every Ready, the workers handling what it sends them and their batches going
+    back to the node, until nothing is left."""
+    while True:
+        to_workers = _drain(node)[1]
+        for index, frames in to_workers:
+            workers[index].dispatch(frames, now)
+        sent = False
+        for w in workers:
+            w.flush()
+            for frames in w.coordinator:
+                node.on_batch(*ipc_frames.read_batch(frames), now, ipc_frames.batch_index(frames))
+                sent = True
+            w.coordinator.clear()
+        if not sent and not node.has_ready():
+            return
+
+
 def test_the_recovery_counts_what_the_log_after_the_snapshot_held_once_replayed():
     node = ClusterNode(_config(1), T0, recovered=_recovered_log("a", "a", "b"), rng=random.Random(1))
+    workers = _workers(node)
     assert node.take_replayed() is None  # the log is not replayed before it commits
     node.tick(T0 + 1)
-    _drain(node)
+    _serve(node, workers, T0 + 1)
     assert node.log.commit_trans_id == 4  # with the new leader's first entry
     assert node.take_replayed() == (2, 3, 3)  # counted where the recovered log ends
     assert node.take_replayed() is None  # once
 
 
+def test_the_recovery_counts_come_from_the_workers_once_the_point_is_committed():
+    node = ClusterNode(_config(1), T0, recovered=_recovered_log("a", "a", "b"), rng=random.Random(1))
+    node.tick(T0 + 1)
+    monitors = [(i, f) for i, f in _drain(node)[1] if f[0] == ipc_frames.REQ]
+    # one monitor to each worker, after the log's APPLY on the same pipe, gathered by the node itself
+    assert [i for i, _ in monitors] == [0, 1]
+    assert all(ipc_frames.read_req(f)[0][3] is not None for _, f in monitors)
+    assert node.take_replayed() is None  # not before the workers answered
+
+
 def test_a_recovered_follower_counts_its_log_once_the_leader_commits_it():
     node = ClusterNode(_config(3), T0, recovered=_recovered_log("a", "b"), rng=random.Random(1))
+    workers = _workers(node)
     node.on_peer(Heartbeat(2, 2, 0, 0, 2, 1), NODE2, T0)
-    _drain(node)
+    _serve(node, workers, T0)
     assert node.take_replayed() is None
     node.on_peer(AppendEntries(2, 2, 2, 1, (Entry(3, 2, decode(orjson.dumps(dict(PRODUCE, queue="c", msg_id=3)))),),
                                3), NODE2, T0 + 0.05)
-    _drain(node)
-    assert node.state_trans_id == 3
+    _serve(node, workers, T0 + 0.05)
+    assert node.workers_trans_id == 3
     assert node.take_replayed() == (2, 2, 2)  # what the disk held, not the entry the leader added
+    assert sum(len(w.service.queues) for w in workers) == 3  # the workers went on past it
 
 
-def test_a_recovered_snapshot_alone_is_counted_at_once():
-    snapshot = ClusterNode(_config(1), T0, recovered=_recovered_log("a", "b", "b"), rng=random.Random(1))
-    snapshot.tick(T0 + 1)
-    _drain(snapshot)
-    state = snapshot.state.snapshot()
-    node = ClusterNode(_config(3), T0, recovered=Recovered(trans_id=4, vote_id=1, state=state), rng=random.Random(1))
+def _snapshot_part(tmp_path, trans_id: int) -> str:
+    """A snapshot part of queues a (one message) and b (two), written at trans_id."""
+    s = PartitionService(1, 100)
+    for n, queue in enumerate("abb", 1):
+        s.handle({"action": 1, "queue": queue, "data": "x"}, Origin(7), n, T0)
+    part = str(tmp_path / "part-0.qsp")
+    write_part(part, s.snapshot_frames(), trans_id)
+    return part
+
+
+def test_a_recovered_snapshot_alone_is_counted_at_once(tmp_path):
+    part = _snapshot_part(tmp_path, 4)
+    node = ClusterNode(_config(3), T0, recovered=Recovered(trans_id=4, vote_id=1, parts=(part,)), rng=random.Random(1))
+    workers = _workers(node)
+    _serve(node, workers, T0)
     assert node.take_replayed() == (2, 3, 4)
 
 
-def test_a_recovered_v2_snapshot_is_streamed_into_the_state_and_loaded_by_the_workers():
-    snapshot = ClusterNode(_config(1), T0, recovered=_recovered_log("a", "b", "b"), rng=random.Random(1))
-    snapshot.tick(T0 + 1)
-    _drain(snapshot)
-    taken = []  # the frames streamed so far
-    frames = (taken.append(f) or f for f in snapshot.state.snapshot_frames())  # as Storage.recover gives them
-    node = ClusterNode(_config(3), T0, recovered=Recovered(trans_id=4, vote_id=1, frames=frames,
-                                                           parts=("/d/p0", "/d/p1")), rng=random.Random(1))
-    # Each worker reads the parts itself (keeping the queues its Router gives it): no RESET. The
-    # LOADs go out before the coordinator streams its own copy, so that the workers load meanwhile.
-    assert [(i, f[0], ipc_frames.read_load(f)) for i, f in node.ready().to_workers] == [
-        (0, ipc_frames.LOAD, (4, ["/d/p0", "/d/p1"])), (1, ipc_frames.LOAD, (4, ["/d/p0", "/d/p1"]))]
-    assert taken == []
-    assert node.take_replayed() == (2, 3, 4)  # read once the recovery line needs it
-    assert node.state.snapshot() == snapshot.state.snapshot()
+def test_a_recovered_v2_snapshot_is_loaded_by_the_workers():
+    node = ClusterNode(_config(3), T0, recovered=Recovered(trans_id=4, vote_id=1, parts=("/d/p0", "/d/p1")),
+                       rng=random.Random(1))
+    # Each worker reads the parts itself (keeping the queues its Router gives it), then is asked
+    # what it holds (the recovery line); the coordinator holds no copy.
+    assert [(i, f[0]) for i, f in node.ready().to_workers] == [
+        (0, ipc_frames.LOAD), (1, ipc_frames.LOAD), (0, ipc_frames.REQ), (1, ipc_frames.REQ)]
+    assert [ipc_frames.read_load(f) for _, f in node.ready().to_workers[:2]] == [(4, ["/d/p0", "/d/p1"])] * 2
+    assert not hasattr(node, "state")
 
 
-def test_a_recovered_v2_snapshot_is_in_the_state_before_the_log_after_it_is_applied():
-    snapshot = ClusterNode(_config(1), T0, recovered=_recovered_log("a", "b", "b"), rng=random.Random(1))
-    snapshot.tick(T0 + 1)
-    _drain(snapshot)
+def test_a_recovered_snapshot_and_the_log_after_it_are_counted_where_that_log_ends(tmp_path):
+    part = _snapshot_part(tmp_path, 4)
     entries = [Entry(5, 1, decode(orjson.dumps(dict(PRODUCE, queue="c", msg_id=1))))]
-    node = ClusterNode(_config(1), T0, recovered=Recovered(
-        trans_id=4, vote_id=1, frames=snapshot.state.snapshot_frames(), parts=("/d/p0",), entries=entries),
-        rng=random.Random(1))
+    node = ClusterNode(_config(1), T0, recovered=Recovered(trans_id=4, vote_id=1, parts=(part,), entries=entries),
+                       rng=random.Random(1))
+    workers = _workers(node)
     node.tick(T0 + 1)
-    _drain(node)
+    _serve(node, workers, T0 + 1)
     assert node.take_replayed() == (3, 4, 5)
-    assert sorted(node.state.queues) == ["a", "b", "c"]
+    assert sorted(q for w in workers for q in w.service.queues) == ["a", "b", "c"]
 
 
 def test_a_node_without_a_disk_reports_no_recovery():
@@ -952,10 +1015,12 @@ def test_a_leader_feeds_a_follower_behind_its_log_from_the_wal_as_the_bytes_it_r
     assert node.cuts.urgent
 
 
-def test_a_node_without_a_disk_sends_its_state_in_memory():
-    node, _ = _leader_with_node_3_behind(None)
-    (snap,) = [m for _, m in _drain(node)[2] if type(m) is InstallSnapshot]
-    assert snap.data["q"]["next_id"] == 6
+def test_a_node_without_a_snapshot_dir_has_no_snapshot_to_send():
+    node, now = _leader_with_node_3_behind(None)
+    node.tick(now + 1.01)
+    sent = _drain(node)
+    assert not [m for _, m in sent[2] if type(m) in (InstallSnapshot, SnapshotChunk)]  # no copy in memory
+    assert ipc_frames.SNAP not in [f[0] for _, f in sent[1]]  # and nowhere to cut one
 
 
 def test_a_follower_writes_the_streamed_chunks_then_installs_and_loads_the_snapshot(tmp_path):
@@ -980,8 +1045,6 @@ def test_a_follower_writes_the_streamed_chunks_then_installs_and_loads_the_snaps
         (i, ipc_frames.load_frames(9, [part])) for i in range(2)]
     assert [m for _, m in ready.to_peers] == [AppendAck(1, 1, 9)]
     assert (node.log.base_trans_id, node.log.commit_trans_id, node.workers_trans_id) == (9, 9, 9)
-    node.load_installed(9, iter(frames))  # once the LOAD went out
-    assert node.state_trans_id == 9 and set(node.state.queues) == {"a", "b"}
     assert not node.needs_snapshot(9)
 
 

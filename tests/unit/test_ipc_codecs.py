@@ -167,12 +167,6 @@ def test_committed_round_trip(epoch, seq):
     assert frames[0] == ipc_frames.COMMITTED and ipc_frames.read_committed(frames) == (epoch, seq)
 
 
-@given(st.dictionaries(st.text(max_size=8), reply_dicts, max_size=4))
-def test_reset_round_trip(snapshots):
-    frames = ipc_frames.reset_frames(snapshots)
-    assert frames[0] == ipc_frames.RESET and ipc_frames.read_reset(frames) == snapshots
-
-
 @given(triples)
 def test_rep_round_trip(items):
     header, blob = replies.encode(items)

@@ -6,7 +6,7 @@ import orjson
 import pytest
 
 from queue_server.protocol.records import DeleteQueue, Record, decode, encode
-from queue_server.workers.queue import MAX_MSG_ID, Message, Queue, QueueFull, StateQueue
+from queue_server.workers.queue import MAX_MSG_ID, Message, Queue, QueueFull
 
 
 def as_json(value):
@@ -723,7 +723,7 @@ def test_state_queue_replays_to_the_same_snapshot(seed):
     leader's queue does, and a Queue loaded from it serves the same messages."""
     rng = random.Random(seed)
     a = Queue("q", 25, dedupe_window=8)
-    b = StateQueue("q", 25, dedupe_window=8)
+    b = Queue("q", 25, dedupe_window=8)
     now = T0
     delivered: list[Message] = []
     for _ in range(1500):
@@ -733,7 +733,7 @@ def test_state_queue_replays_to_the_same_snapshot(seed):
         assert a.snapshot() == b.snapshot()
         assert a.tokens() == b.tokens()
     c = Queue.from_snapshot(orjson.loads(orjson.dumps(b.snapshot())))
-    assert StateQueue.from_snapshot(b.snapshot()).snapshot() == b.snapshot()
+    assert Queue.from_snapshot(b.snapshot()).snapshot() == b.snapshot()
     for later in (now + 5, now + 50, now + 500):
         assert a.consume(later, 100) == c.consume(later, 100)
 
@@ -833,7 +833,7 @@ def test_a_snapshot_written_before_the_compact_messages_loads_unchanged():
 
 
 def test_messages_produced_together_share_their_state_until_one_changes():
-    for q in (Queue("q", 10), StateQueue("q", 10)):
+    for q in (Queue("q", 10),):
         q.produce_many([("a", T0, T0 + HOUR, 5.0, 0)] * 3, T0)
         for r in Queue("src", 10, next_id=4).produce_many([("b", T0, T0 + HOUR, 5.0, 0)] * 2, T0):
             q.apply(as_replayed(r))

@@ -10,7 +10,7 @@ import pytest
 from queue_server.protocol.origin import Origin
 from queue_server.protocol.records import decode_many, encode
 from queue_server.server.router import Router
-from queue_server.workers.queue import Queue, StateQueue
+from queue_server.workers.queue import Queue
 from tests.unit.test_queue import HOUR, T0, as_json, check_invariants, put
 from tests.unit.test_service import Svc
 
@@ -30,13 +30,13 @@ def dlq_pair(max_deliveries: int = 0) -> tuple[Queue, dict[str, Queue]]:
     return q, queues
 
 
-def replay(records: list[dict]) -> dict[str, StateQueue]:
-    """Replay records (JSON round trip) into fresh StateQueues, as a follower's coordinator does."""
-    queues: dict[str, StateQueue] = {}
+def replay(records: list[dict]) -> dict[str, Queue]:
+    """Replay records (JSON round trip) into fresh Queues, as a follower's coordinator does."""
+    queues: dict[str, Queue] = {}
 
-    def lookup(name: str) -> StateQueue:
+    def lookup(name: str) -> Queue:
         if name not in queues:
-            queues[name] = StateQueue(name, 100)
+            queues[name] = Queue(name, 100)
             queues[name].dead_letters_to(None, lookup)
         return queues[name]
 

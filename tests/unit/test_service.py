@@ -493,11 +493,9 @@ def test_a_replayed_purge_or_deletion_forgets_the_deliveries_kept_to_restore():
     assert len(t.replica._restorable) == 0
 
 
-def test_the_coordinators_committed_copy_keeps_no_deliveries_to_restore():
-    from queue_server.workers.queue import StateQueue
-
+def test_a_service_with_no_restore_cache_keeps_no_deliveries_to_restore():
     leader = PartitionService(7, 100)
-    state = PartitionService(7, 100, queue_class=StateQueue, restore_cache=0)
+    state = PartitionService(7, 100, restore_cache=0)
     leader.handle({"action": 1, "queue": "q", "data": "once"}, Origin(1), 1, T0)
     leader.handle({"action": 2, "queue": "q"}, Origin(1), 2, T0)
     for rec in decode_many(encode_many(leader.records)):

@@ -26,7 +26,7 @@ from queue_server.replication.snapshot import (
     write_snapshot,
 )
 from queue_server.replication.wal import StorageError
-from queue_server.workers.queue import Queue, StateQueue
+from queue_server.workers.queue import Queue
 from queue_server.workers.service import PartitionService
 
 T0 = 1_700_000_000.0
@@ -43,14 +43,13 @@ def filled(queue_class: type[Queue] = Queue, n: int = 12) -> PartitionService:
                       producer="p1", sequence=7)
     jobs.produce("own max_deliveries \u00e9", T0, T0 + 1000, 7.0, 0, T0, max_deliveries=9)
     jobs.produce("plain", T0, T0 + 1000, 10.0, 0, T0, producer="p2", sequence=1)
-    if queue_class is Queue:  # a StateQueue is only replayed into, never consumed from
-        jobs.consume(T0 + 1, 2, lease=30, token="tok-a")
-        jobs.consume(T0 + 1, 1)
-        jobs.consume(T0 + 1, 1, lease=5)
-        # both leases end: delivered twice then (max_deliveries 2) one goes to jobs.dlq
-        jobs.consume(T0 + 7, 1, lease=1, token="tok-b")
-        jobs.expire_due(T0 + 9)
-        jobs.consume(T0 + 9.5, 1)  # leased by its own retry, no token
+    jobs.consume(T0 + 1, 2, lease=30, token="tok-a")
+    jobs.consume(T0 + 1, 1)
+    jobs.consume(T0 + 1, 1, lease=5)
+    # both leases end: delivered twice then (max_deliveries 2) one goes to jobs.dlq
+    jobs.consume(T0 + 7, 1, lease=1, token="tok-b")
+    jobs.expire_due(T0 + 9)
+    jobs.consume(T0 + 9.5, 1)  # leased by its own retry, no token
     ascii_only = s._queue("ascii")
     ascii_only.produce_many([("x" * (i % 50), T0, T0 + 60, 1.0, 0) for i in range(n * 3)], T0)
     ascii_only.set_paused(True)
@@ -85,8 +84,8 @@ def test_the_fill_has_every_kind_of_state():
     assert state["jobs"]["dedupe"] and state["ascii"]["paused"] and state["empty"]["messages"] == []
 
 
-@pytest.mark.parametrize("queue_class", [Queue, StateQueue])
-def test_frames_round_trip_every_message_state(queue_class, monkeypatch):
+def test_frames_round_trip_every_message_state(monkeypatch):
+    queue_class = Queue
     monkeypatch.setattr(snapshot_frames, "ROWS_MAX", 5)  # several ROWS frames per queue
     s = filled(queue_class)
     frames = list(s.snapshot_frames())

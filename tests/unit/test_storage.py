@@ -13,7 +13,6 @@ from queue_server.replication.snapshot import read_manifest, snapshot_name, snap
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog, encode_record, list_segments, scan
 from queue_server.protocol.records import Produce, encode
-from queue_server.workers.queue import StateQueue
 from queue_server.workers.service import PartitionService
 from tests.unit.faulty_disk import Faults
 
@@ -289,14 +288,14 @@ def test_a_log_reset_to_an_installed_snapshot_starts_after_it(tmp_path):
 
 def queues(n: int) -> PartitionService:
     """The committed state of a node: a queue of n messages."""
-    state = PartitionService(1, 100, queue_class=StateQueue, restore_cache=0)
+    state = PartitionService(1, 100)
     for i in range(1, n + 1):
         state.apply(record(i))
     return state
 
 
 def loaded(found) -> dict:
-    state = PartitionService(1, 100, queue_class=StateQueue, restore_cache=0)
+    state = PartitionService(1, 100)
     state.load_frames(found.frames)
     return state.snapshot()
 

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from queue_server.protocol.records import decode, encode
 from queue_server.workers import queue as queue_module
 from queue_server.workers import store as store_module
-from queue_server.workers.queue import Queue, StateQueue
+from queue_server.workers.queue import Queue
 from queue_server.workers.store import MessageStore, message
 from tests.unit.test_queue import T0, check_invariants, random_step
 
@@ -172,7 +172,7 @@ def test_a_replica_with_tiny_chunks_replays_to_the_leaders_queue(seed):
     with tiny_chunks():
         a = Queue("q", 60, dedupe_window=8)
         b = Queue("q", 60, dedupe_window=8)
-        c = StateQueue("q", 60, dedupe_window=8)
+        c = Queue("q", 60, dedupe_window=8)
         now = T0
         delivered = []
         for _ in range(1200):

@@ -203,6 +203,21 @@ def test_no_snapshot_on_disk_asks_the_node_and_streams_once_one_is_published():
     assert [(c.trans_id, c.part) for c in out] == [(T, MANIFEST), (T, 0)]
 
 
+def test_a_follower_that_installed_a_snapshot_the_log_moved_past_gets_the_next_at_once():
+    disk = files([100])
+    log = leader_log()
+    leader = LeaderReplication(1, [1, 2], log, 3, 0.0, Flow(chunk_bytes=1000),
+                               source=SnapshotSource(T, TV, source(disk).files))
+    leader.on_message(Pull(3, 2, 0, 0, 0), 0.0)
+    log.append(3, [DeleteQueue(queue="x")] * 10)
+    log.commit_to(log.last_trans_id)
+    assert log.base_trans_id > T
+    # it installed T, but the log no longer follows it: another snapshot now, not after snapshot_timeout
+    actions = leader.on_message(AppendAck(3, 2, T), 0.5)
+    assert leader.progress[2].state is FollowerState.SNAPSHOT
+    assert [a for a in actions if isinstance(a, SendSnapshot)] == [SendSnapshot(2)]
+
+
 def test_resend_after_chunk_resend_and_restart_after_snapshot_timeout():
     disk = files([3000])
     leader = LeaderReplication(1, [1, 2], leader_log(), 3, 0.0,

@@ -6,12 +6,12 @@ import os
 
 import pytest
 
-from queue_server.replication.messages import FileRange, SnapshotChunk, SnapshotStaged, WriteChunk
-from queue_server.replication.snapshot import read_manifest, snapshot_trans_ids, write_part
+from queue_server.replication.messages import ApplySnapshot, FileRange, SnapshotChunk, SnapshotStaged, WriteChunk
+from queue_server.replication.snapshot import iter_frames, read_manifest, snapshot_trans_ids, write_part
 from queue_server.replication.storage import Storage
 from queue_server.replication.transfer import MANIFEST, SnapshotSource
 from queue_server.server.snapshots import Failed, Publish
-from queue_server.server.transfers import RECV_PREFIX, ChunkReader, Staging, Transfers
+from queue_server.server.transfers import RECV_PREFIX, ChunkReader, Staging, Transfers, convert_v1
 from queue_server.workers.service import PartitionService
 from queue_server.protocol.origin import Origin
 
@@ -77,8 +77,8 @@ class _Node:
         self.installed.append((staged.trans_id, parts))
         return True
 
-    def load_installed(self, trans_id, frames) -> None:
-        self.loaded = (trans_id, list(frames))
+    def on_whole_snapshot(self, trans_id, parts) -> None:
+        self.whole = (trans_id, parts)
 
     def on_snapshot_source(self, source, now) -> None:
         self.sources.append(source)
@@ -96,9 +96,8 @@ def test_a_received_snapshot_becomes_the_node_s_own_newest_one(tmp_path):
     snapshot = read_manifest(os.path.join(storage.snapshot_dir, f"snapshot-{T:020d}.snap"))  # every part checked
     ((trans_id, parts),) = node.installed
     assert (trans_id, tuple(parts)) == (T, snapshot.parts)
-    transfers.load_installed()
-    trans_id, frames = node.loaded
-    assert trans_id == T and [name for kind, name, _ in frames if kind == 1] == ["q0", "q0", "q1"]
+    frames = [f for path in parts for f in iter_frames(path, T)]
+    assert [name for kind, name, _ in frames if kind == 1] == ["q0", "q0", "q1"]
     assert node.sources[-1].trans_id == T and [p for p, _ in node.sources[-1].files[1:]] == list(snapshot.parts)
     assert not [n for n in os.listdir(storage.snapshot_dir) if n.startswith(RECV_PREFIX)]
     transfers.close()
@@ -145,3 +144,58 @@ def test_an_in_memory_leader_s_cut_is_streamed_from_files_deleted_once_open(tmp_
     transfers.transient(Failed(None, str(tmp), "not every worker forked within 0.5 s"), 2.0)
     assert os.listdir(run) == [] and len(node.sources) == 1
     transfers.close()
+
+
+def _state(queues: int = 2) -> dict:
+    """A v1 snapshot's state ({queue: Queue.snapshot()})."""
+    s = PartitionService(1, 100)
+    for i in range(queues):
+        s.handle({"action": 1, "queue": f"q{i}", "data": "x" * (i + 1)}, Origin(7), i, 1.0)
+    return s.snapshot()
+
+
+def _loaded(parts: list[str], trans_id: int) -> dict:
+    s = PartitionService(1, 100)
+    s.load_frames(f for path in parts for f in iter_frames(path, trans_id))
+    return s.snapshot()
+
+
+def test_an_old_leaders_whole_snapshot_is_written_as_a_part_then_loaded(tmp_path):
+    storage = Storage(str(tmp_path / "data"))
+    storage.recover()
+    node = _Node()
+    transfers = Transfers(node, storage, storage.snapshot_dir, logging.getLogger("t"))
+    transfers.install(ApplySnapshot(T, 1, _state()), 1.0)
+    trans_id, parts = node.whole
+    assert trans_id == T and snapshot_trans_ids(storage.snapshot_dir) == [T] and storage.valid_at == T
+    assert _loaded(parts, T) == _state()  # what the workers LOAD
+    assert node.sources[-1].trans_id == T  # and what this node streams from now on
+    transfers.close()
+    storage.close()
+
+
+def test_an_old_leaders_whole_snapshot_that_cannot_be_written_stops_the_load(tmp_path):
+    node = _Node()
+    blocked = tmp_path / "file"
+    blocked.write_text("")
+    transfers = Transfers(node, None, str(blocked / "snapshots"), logging.getLogger("t"))
+    transfers.install(ApplySnapshot(T, 1, _state()), 1.0)
+    assert node.whole == (T, None)
+
+
+def test_a_v1_snapshot_found_at_start_is_converted_once_to_a_part(tmp_path):
+    from tests.unit.test_snapshot import write_v1
+
+    storage = Storage(str(tmp_path / "data"))
+    os.makedirs(storage.snapshot_dir, exist_ok=True)
+    write_v1(storage.snapshot_dir, T, 1, _state(3))
+    found = storage.recover()
+    assert found.state == _state(3)
+    convert_v1(storage, found)
+    assert found.state == {} and len(found.parts) == 1 and found.manifest["format"] == 2
+    assert _loaded(list(found.parts), T) == _state(3)
+    storage.close()
+    again = Storage(str(tmp_path / "data"))
+    found = again.recover()  # converted once: a v2 snapshot from now on
+    assert found.state == {} and found.manifest is not None and found.trans_id == T
+    again.close()

@@ -131,12 +131,13 @@ def test_a_closed_connection_loses_its_long_poll_and_nothing_else(worker):
     assert all(conn != 5 for conn, _ in served)
 
 
-def test_replayed_records_and_a_reset_replace_the_state(worker):
+def test_replayed_records_and_a_load_replace_the_state(worker, tmp_path):
     record = {"op": "produce", "queue": "q", "msg_id": 1, "ready": NOW, "ttl": NOW + 60, "retry": 0,
               "priority": 0, "data": "x", "delivery_count": 0}
     worker.dispatch(ipc_frames.apply_frames([record]), NOW)
     assert [m[1] for m in worker.service.snapshot()["q"]["messages"]] == ["x"]
-    worker.dispatch(ipc_frames.reset_frames({}), NOW)
+    write_part(str(tmp_path / "empty.qsp"), [], 5)
+    worker.dispatch(ipc_frames.load_frames(5, [str(tmp_path / "empty.qsp")]), NOW)
     assert worker.service.snapshot() == {}
     assert worker.coordinator.sent == []  # replay answers nobody
 
