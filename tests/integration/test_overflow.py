@@ -187,7 +187,10 @@ def test_two_nodes_cannot_share_an_overflow_dir(tmp_path):
 def test_a_follower_far_behind_gets_a_snapshot_and_overflows_what_it_loads(tmp_path):
     """The leader's snapshot carries the bodies (its writers read the overflowed ones back); the
     follower that LOADs it applies its own budget, and can lead with every body."""
-    c = Cluster(str(tmp_path), overflow_mb=1, workers=1, queue_log_size=100, snapshot_every=100).start()
+    # Small WAL segments, so that the snapshots remove those the follower would need: a follower
+    # older than the leader's WAL gets a snapshot (one within it is fed from the WAL).
+    c = Cluster(str(tmp_path), overflow_mb=1, workers=1, queue_log_size=100, snapshot_every=100,
+                wal_segment_bytes=32768).start()
     try:
         leader = c.wait_leader()
         follower = next(i for i in c.nodes if i != leader)
