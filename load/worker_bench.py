@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from load.options import number_options  # noqa: E402
 from queue_server.protocol import ipc_frames, replies  # noqa: E402
 from queue_server.protocol.origin import Origin  # noqa: E402
+from queue_server.server.child import GC_THRESHOLDS  # noqa: E402
 from queue_server.server.metrics import WorkerMetrics  # noqa: E402
 from queue_server.server.worker import Worker  # noqa: E402
 from queue_server.workers import undo  # noqa: E402
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     import queue_server.server.worker as worker_module
     print(f"code: {os.path.dirname(os.path.dirname(worker_module.__file__))}")
-    gc.set_threshold(100_000, 50, 100_000)  # as server/child.py's start sets it in every child
+    gc.set_threshold(*GC_THRESHOLDS)  # as every child of the node sets it
     profiler = cProfile.Profile() if args.profile else None
     results = [round_of(args.conns, args.cycles, profiler) for _ in range(args.rounds)]
     print(f"{args.conns} request(s) per REQ, {args.cycles} cycles a round")
