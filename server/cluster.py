@@ -414,8 +414,7 @@ class ClusterNode:
         A reply leaves once everything the worker had applied when it made it is committed and on
         disk: its own records, and on a leader every record logged before it (a reply without
         records of its own, such as an idempotent produce's "duplicate", may rest on them)."""
-        if self._take_batch(records, header, blob, partials, epoch, index) and self.leader is not None:
-            self._run(self.leader.replicate(now), now)
+        self.on_batches([(records, header, blob, partials, epoch, index)], now)
 
     def on_batches(self, batches: list[tuple[bytes, bytes, bytes, bytes, int, int]], now: float) -> None:
         """Several workers' batches received together, (records, header, blob, partials, epoch,

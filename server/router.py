@@ -47,8 +47,7 @@ class Router:
         if type(action) is int and action in p.QUEUE_ACTIONS:
             queue = request.get("queue")
             if type(queue) is str:
-                index = self._cache.get(queue)
-                return self.worker_for(queue) if index is None else index
+                return self.worker_for(queue)
         return None
 
     def plan(self, action: int, request: dict, origin: Origin, req_no: int) -> list[tuple[int, tuple]] | str:
