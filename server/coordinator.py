@@ -293,15 +293,16 @@ class Coordinator:
             pass
 
     def dispatch_batches(self, batches: list[list[bytes]], now: float) -> None:
-        """Handle BATCH messages from the workers that came one after another."""
-        self.node.on_batches([(*ipc_frames.read_batch(frames), ipc_frames.batch_index(frames)) for frames in batches],
-                             now)
+        """Handle BATCH messages from the workers that came one after another: each group's part
+        of each (group 0's, the only one until the node runs a GroupNode per group)."""
+        read, index_of = ipc_frames.read_batch, ipc_frames.batch_index
+        self.node.on_batches([(*part[1:], index_of(frames)) for frames in batches for part in read(frames)], now)
 
     def dispatch(self, frames: list[bytes], now: float) -> None:
         """Handle one message from the acceptor or a worker."""
         kind = frames[0]
         if kind == ipc_frames.BATCH:
-            self.node.on_batch(*ipc_frames.read_batch(frames), now, ipc_frames.batch_index(frames))
+            self.dispatch_batches([frames], now)
         elif kind == ipc_frames.FORWARD:
             self.node.on_forward_requests(ipc_frames.read_forward(frames), now)
         elif kind == ipc_frames.UNDELIVER:
