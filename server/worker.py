@@ -77,7 +77,7 @@ class Worker:
         self.queue_metrics = queue_metrics
         self.memory = memory
         self.next_memory_check = 0.0
-        self.overflow_refused: str | None = None  # the overflow disk's refusal last logged
+        self.overflow_refused: dict[int, str | None] = {}  # per group: its overflow disk's refusal last logged
         self.undone = 0  # records the last MODE rolled back
         self.rollbacks = 0  # MODEs that rolled records back
         self.owns = owns
@@ -109,16 +109,15 @@ class Worker:
         if self.writer is not None:
             self.reap()
         now = time.time()
-        for _, service in self.groups:
+        for group, service in self.groups:
             service.tick(now)
             if service.overflow is not None:
-                self.check_overflow(service)
+                self.check_overflow(group, service)
         self.flush()
         clock = time.monotonic()
         if self.memory is not None and clock >= self.next_memory_check:
             self.next_memory_check = clock + limits.MEMORY_CHECK_INTERVAL
-            for service in self.services.values():
-                self.check_memory(service, clock)
+            self.check_memory(clock)
         if self.metrics.due(clock):
             self.fold_metrics(now)
 
@@ -129,22 +128,25 @@ class Worker:
         if self.queue_metrics is not None:
             self.queue_metrics.maybe_fold(lambda: [row for s in services for row in s.queue_rows(now)])
 
-    def check_memory(self, service: PartitionService, clock: float) -> None:
-        """Refuse produces of `service` while the node's memory is over max_memory_mb (said once
-        per change, for the node's first service)."""
+    def check_memory(self, clock: float) -> None:
+        """Refuse produces, in every group, while the node's memory is over max_memory_mb (said
+        once per change)."""
         resident = self.memory.resident_bytes(clock)  # type: ignore[union-attr]
-        full = limits.over_memory(resident, service.max_memory_mb)
-        if full != service.memory_full:
-            service.memory_full = full
+        first = self.groups[0][1]  # every service has the node's max_memory_mb
+        full = limits.over_memory(resident, first.max_memory_mb)
+        if full != first.memory_full:
+            for _, service in self.groups:
+                service.memory_full = full
             self.log.warning("node memory %d MiB is %s max_memory_mb (%d): produces are %s",
                              resident >> 20, "over" if full else "back under",
-                             service.max_memory_mb, "refused" if full else "served again")
+                             first.max_memory_mb, "refused" if full else "served again")
 
-    def check_overflow(self, service: PartitionService) -> None:  # (one with an overflow disk)
-        """Say when the overflow disk of `service` refuses writes, and when it takes them again."""
+    def check_overflow(self, group: int, service: PartitionService) -> None:  # (one with an overflow disk)
+        """Say when the overflow disk of `group`'s service refuses writes, and when it takes them
+        again."""
         overflow = service.overflow
-        if overflow.refused != self.overflow_refused:
-            self.overflow_refused = overflow.refused
+        if overflow.refused != self.overflow_refused.get(group):
+            self.overflow_refused[group] = overflow.refused
             if overflow.refused is not None:
                 self.log.warning("%s: produces that need it are refused until it takes writes again", overflow.refused)
             else:
