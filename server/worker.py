@@ -184,20 +184,21 @@ class Worker:
             if ipc_frames.read_release(frames) == self.hold_cut:
                 self.release()
         elif kind == ipc_frames.LOAD:
-            self.load(*ipc_frames.read_load(frames))
+            self.load(*ipc_frames.read_load(frames), now)
         elif kind == ipc_frames.DRAIN:
             service.draining = True
         else:
             self.log.warning("unknown message kind %r", kind)
 
-    def load(self, trans_id: int, parts: list[str]) -> None:
-        """Replace the queues with those of the snapshot parts at trans_id that this worker owns.
+    def load(self, trans_id: int, parts: list[str], now: float) -> None:
+        """Replace the queues with those of the snapshot parts at trans_id that this worker owns
+        (the messages ready at `now` straight into the ready ordering).
         A part that cannot be read now (it was checked at start) stops the worker, and so the node,
         in one line: the next start checks the parts again and falls back to an older snapshot."""
         started = time.monotonic()
         frames = itertools.chain.from_iterable(iter_frames(path, trans_id) for path in parts)
         try:
-            self.service.load_frames(frames, self.owns)
+            self.service.load_frames(frames, self.owns, now)
         except (OSError, ValueError) as exc:
             self.log.error("cannot load the snapshot at trans_id %d: %s; stopping", trans_id, exc)
             sys.exit(4)
