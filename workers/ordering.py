@@ -229,15 +229,16 @@ class Ordering:
             self._late.update(late)
             self._n_late += len(late)
 
-    def update_columns(self, group: int, readies: array, ids: array) -> None:
+    def update_columns(self, group: int, readies: array, ids: array, sorted_readies: bool = False) -> None:
         """Add the keys (group, readies[k], ids[k]) (none there already; ids ascending, as a
-        snapshot's rows come): at array speed when they continue the group's lane in order."""
+        snapshot's rows come): at array speed when they continue the group's lane in order.
+        `sorted_readies`: the caller knows the readies do not decrease."""
         if not ids:
             return
         lane = self._lanes.get(group)
         if lane is None:
             lane = self._new_lane(group)
-        if not lane.extend_columns(readies, ids):
+        if not lane.extend_columns(readies, ids, sorted_readies):
             self.update(zip(repeat(group), readies, ids))
 
     def head(self) -> Key | None:

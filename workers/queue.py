@@ -16,7 +16,7 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import compress, groupby, islice, repeat
-from operator import gt, itemgetter, lt, ne
+from operator import gt, itemgetter, le, lt, ne
 
 from sortedcontainers import SortedDict
 
@@ -1387,7 +1387,7 @@ class Queue:
         # Rows stored together share a state tuple, as they did before the snapshot; most often
         # only the ready time tells them apart.
         others = (rows.ttl, rows.retry, rows.priority, rows.delivery_count)
-        if all(c.count(c[0]) == n for c in others):
+        if all(map(_same, others)):
             rest = (*(c[0] for c in others), *_UNLEASED)
             for ready, run in groupby(rows.ready):
                 states += repeat(stored((ready, *rest)), len(list(run)))
@@ -1414,10 +1414,11 @@ class Queue:
             ids = array("q", compress(ids, free))
             readies = array("d", compress(readies, free))
             priorities = array("i", compress(priorities, free))
+        in_order = all(map(le, readies, islice(readies, 1, None)))
         if not ids or now is None or readies[0] > now:
-            self._delayed.update_columns(0, readies, ids)
-        elif max(readies) <= now and priorities.count(priorities[0]) == len(priorities):
-            self._ready.update_columns(-priorities[0], readies, ids)
+            self._delayed.update_columns(0, readies, ids, in_order)
+        elif (readies[-1] if in_order else max(readies)) <= now and _same(priorities):
+            self._ready.update_columns(-priorities[0], readies, ids, in_order)
         else:
             self._ready.update([(-p, t, i) for t, i, p in zip(readies, ids, priorities) if t <= now])
             self._delayed.update([(0, t, i) for t, i in zip(readies, ids) if t > now])
@@ -1426,6 +1427,11 @@ class Queue:
 # A snapshot row's items after data, from ready on, with the defaults of the trailing ones.
 _ROW_DEFAULTS = (None, None, None, 0, 0, None, None, None)
 _UNLEASED = (None, None, None)  # a state's lease, token and extra when a row has no tail
+
+
+def _same(column: array) -> bool:
+    """Whether every item of a column (not empty) equals the first, compared as bytes."""
+    return column.tobytes() == column[:1].tobytes() * len(column)
 
 
 def _snapshot_row(msg_id: int, data: str, s: tuple) -> list:
