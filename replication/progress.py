@@ -17,7 +17,9 @@ on BecomeLeader, drop it on BecomeFollower. Each follower is in one of three sta
   (replication/transfer.py SnapshotSend: a window of chunks, SnapshotAck answers); otherwise a
   SendSnapshot action is returned (the node makes one: an InstallSnapshot from memory, or a cut
   on disk that comes back as set_source). Either way the leader waits for the follower's AppendAck of the snapshot's
-  point; with no progress for snapshot_timeout it starts again.
+  point; with no progress for snapshot_timeout it starts again. A snapshot whose files can no
+  longer be read (on_snapshot_unreadable) is given up at once: its transfers start again from the
+  newest snapshot, or from a new cut.
 
 Commit (Raft's rule): the highest trans_id held by a majority of the cluster, leader included,
 whose entry was written in the leader's own term.
@@ -169,6 +171,24 @@ class LeaderReplication:
             if pr.state is FollowerState.SNAPSHOT and pr.transfer is None:
                 self._snapshot(peer, pr, now, actions)
         return actions
+
+    def on_snapshot_unreadable(self, trans_id: int, now: float) -> list[Action]:
+        """The files of the snapshot at trans_id can no longer be read (gone from the disk): the
+        transfers streaming it are abandoned and start again from the newest snapshot, or, when
+        that is the one lost, from a new cut (SendSnapshot)."""
+        if self.source is not None and self.source.trans_id == trans_id:
+            self.source = None
+        actions: list[Action] = []
+        for peer, pr in self.progress.items():
+            if (pr.state is FollowerState.SNAPSHOT and pr.transfer is not None
+                    and pr.transfer.source.trans_id == trans_id):
+                self._snapshot(peer, pr, now, actions)
+        return actions
+
+    def streaming(self) -> list[SnapshotSource]:
+        """The snapshots being streamed to followers now (their files must stay readable)."""
+        return [pr.transfer.source for pr in self.progress.values()
+                if pr.state is FollowerState.SNAPSHOT and pr.transfer is not None]
 
     def on_snapshot_ack(self, m: SnapshotAck, now: float) -> list[Action]:
         """The follower wrote the streamed snapshot up to (m.part, m.offset): send what the

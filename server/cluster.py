@@ -670,6 +670,18 @@ class ClusterNode:
         if self.leader is not None:
             self._run(self.leader.set_source(source, now), now)
 
+    def on_snapshot_unreadable(self, trans_id: int, now: float) -> None:
+        """The files of the snapshot at trans_id cannot be read: its transfers start again from
+        the newest snapshot (a new cut if it was that one)."""
+        if self.snapshot_source is not None and self.snapshot_source.trans_id == trans_id:
+            self.snapshot_source = None
+        if self.leader is not None:
+            self._run(self.leader.on_snapshot_unreadable(trans_id, now), now)
+
+    def streaming(self) -> list[SnapshotSource]:
+        """The snapshots being streamed to followers (their files must stay readable)."""
+        return self.leader.streaming() if self.leader is not None else []
+
     def set_wal_from(self, wal_from: int | None) -> None:
         """The oldest prev_trans_id a batch can be read from this node's WAL with (Storage.wal_from;
         it moves on as segments are removed)."""

@@ -380,7 +380,7 @@ class Coordinator:
                     continue
                 data = sent.get(id(msg))
                 if data is None:
-                    filled = self.transfers.filled(msg)
+                    filled = self.transfers.filled(msg, time.time())
                     if filled is None:
                         continue
                     data = sent[id(msg)] = wire.encode(filled, *self.client)

@@ -1,6 +1,8 @@
 """The coordinator's file I/O for snapshots streamed between nodes (replication/transfer.py
 decides what to send and take): a leader reads each chunk with a pread when it encodes the
-message, from descriptors kept open so that pruning cannot pull a file away mid-transfer; a
+message, from descriptors kept open so that pruning cannot pull a file away mid-transfer (those
+of the newest snapshots, and of any snapshot a transfer still streams), and a snapshot whose
+files cannot be read is given up (its transfers start again from the newest one); a
 follower writes each chunk into ``<snapshots>/tmp-recv-<T>/`` before its ack leaves, then checks
 every part and installs them as its own newest snapshot (an in_memory node keeps them in the run
 dir, where its workers load them). An in_memory leader's workers cut a snapshot for a follower
@@ -11,7 +13,7 @@ import logging
 import os
 import shutil
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
 from queue_server.protocol.snapshot_frames import Frame
@@ -27,7 +29,7 @@ from queue_server.server.snapshots import Clear, Failed, Publish
 from queue_server.workers.queue import Queue
 
 RECV_PREFIX = "tmp-recv-"  # a tmp- name: deleted at start (snapshot.clean) if a transfer was cut short
-HELD_SOURCES = 2  # the sources whose files stay open: the newest, and the one before for transfers under way
+HELD_SOURCES = 2  # the sources whose files stay open: the newest, and the one before (and any still streamed)
 
 
 class ChunkReader:
@@ -37,11 +39,12 @@ class ChunkReader:
         self._fds: dict[str, int] = {}
         self._held: deque[SnapshotSource] = deque(maxlen=HELD_SOURCES)
 
-    def hold(self, source: SnapshotSource) -> None:
+    def hold(self, source: SnapshotSource, streaming: Iterable[SnapshotSource] = ()) -> None:
         """Open the files of `source` now (a file deleted later stays readable through its
-        descriptor); close those of sources held before the last HELD_SOURCES."""
+        descriptor); close those of sources held before the last HELD_SOURCES, but not those of
+        the sources still `streaming` to a follower (pruned, they could not be opened again)."""
         self._held.append(source)
-        keep = {path for s in self._held for path, _ in s.files}
+        keep = {path for s in (*self._held, *streaming) for path, _ in s.files}
         for path in list(self._fds):
             if path not in keep:
                 os.close(self._fds.pop(path))
@@ -169,13 +172,18 @@ class Transfers:
         """A snapshot was found at start or published: the one to stream from now on."""
         source = self.storage.snapshot_source() if self.storage is not None else None
         if source is not None:
-            self.reader.hold(source)
+            self._hold(source)
             self.node.on_snapshot_source(source, now)
+
+    def _hold(self, source: SnapshotSource) -> None:
+        """Hold the files of `source`, and still those of the snapshots streamed now."""
+        self.reader.hold(source, self.node.streaming())
 
     def transient(self, cut: Publish | Failed | Clear, now: float) -> None:
         """An in_memory node's cut for a follower: once published, its files are opened and
-        deleted (the descriptors keep them readable until two newer ones are held), and it is
-        the one to stream; one that failed is deleted, saying why in one line."""
+        deleted (the descriptors keep them readable until two newer ones are held and no transfer
+        streams it), and it is the one to stream; one that failed is deleted, saying why in one
+        line."""
         if type(cut) is Publish:
             try:
                 path = publish(self.staging.directory, cut.tmp, cut.trans_id, cut.vote_id, list(cut.parts))
@@ -183,7 +191,7 @@ class Transfers:
             except (OSError, ValueError) as exc:  # StorageError is an OSError
                 cut = Failed(cut.trans_id, cut.tmp, str(exc))
             else:
-                self.reader.hold(source)
+                self._hold(source)
                 os.remove(path)
                 for part, _ in source.files[1:2]:
                     shutil.rmtree(os.path.dirname(part), ignore_errors=True)
@@ -207,15 +215,17 @@ class Transfers:
             return False
         return True
 
-    def filled(self, msg: object) -> object | None:
+    def filled(self, msg: object, now: float) -> object | None:
         """A peer message ready to encode: a chunk's bytes read (None: they cannot be; the
-        leader sends the chunk again later)."""
+        transfers of that snapshot start again from the newest one)."""
         if type(msg) is not SnapshotChunk:
             return msg
         try:
             return self.reader.filled(msg)
         except OSError as exc:
-            self.log.warning("cannot read the snapshot at trans_id %d for node %d: %s", msg.trans_id, msg.src, exc)
+            self.log.warning("cannot read the snapshot at trans_id %d to stream it, starting again from the newest: %s",
+                             msg.trans_id, exc)
+            self.node.on_snapshot_unreadable(msg.trans_id, now)
             return None
 
     def install(self, staged: SnapshotStaged | ApplySnapshot, now: float) -> None:
@@ -251,7 +261,7 @@ class Transfers:
             source = self.storage.snapshot_source()
             if source is None:
                 return
-            self.reader.hold(source)
+            self._hold(source)
             parts = [path for path, _ in source.files[1:]]
         node.on_snapshot_installed(staged, parts, now)
         if source is not None:
@@ -275,7 +285,7 @@ class Transfers:
                 self.storage.finish_snapshot(a.trans_id, a.vote_id, tmp, [entry], "sent whole by the leader")
                 source = self.storage.snapshot_source()
                 if source is not None:
-                    self.reader.hold(source)
+                    self._hold(source)
                     parts = [path for path, _ in source.files[1:]]
                     self.node.on_snapshot_source(source, 0.0)
         except (OSError, ValueError) as exc:  # StorageError is an OSError

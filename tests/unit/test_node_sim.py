@@ -442,8 +442,8 @@ class SimNode:
             for target, msg in ready.peer_messages(stored, True):
                 if not chunks_written and type(msg) is SnapshotAck:
                     continue
-                filled = self.transfers.filled(msg)  # a chunk's bytes read from the snapshot files
-                if filled is None:  # pruned before its transfer opened it: sent again later, as the coordinator does
+                filled = self.transfers.filled(msg, sim.now)  # a chunk's bytes read from the snapshot files
+                if filled is None:  # unreadable: its transfers start again from the newest snapshot
                     sim.unreadable_chunks += 1
                     continue
                 data = wire.encode(filled, "127.0.0.1", self.config.port, self.config.node_type, self.config.http_port)
@@ -955,6 +955,9 @@ class Sim:
         self.check_end()
 
     def converged(self) -> str | None:
+        down = [i for i in self.members if self.nodes.get(i) is None]
+        if down:  # stopped by a graceful restart begun before the faults ended: it starts again
+            return f"node {down[0]} is down"
         nodes = [self.nodes[i] for i in self.members]
         leaders = [n for n in nodes if n.cn.leader is not None]
         if len(leaders) != 1:

@@ -235,6 +235,31 @@ def test_resend_after_chunk_resend_and_restart_after_snapshot_timeout():
     assert leader.progress[2].transfer.acked == (MANIFEST, 0)
 
 
+def test_a_snapshot_whose_files_vanished_is_given_up_for_the_newest_one_at_once():
+    disk = files([3000])
+    log = leader_log()
+    leader = LeaderReplication(1, [1, 2], log, 3, 0.0, Flow(chunk_bytes=1000, chunk_window=2),
+                               source=SnapshotSource(T, TV, source(disk).files))
+    leader.on_message(Pull(3, 2, 0, 0, 0), 0.0)
+    assert leader.streaming() == [SnapshotSource(T, TV, source(disk).files)]
+    newer = SnapshotSource(T + 3, TV, tuple((f"new-{p}", n) for p, n in source(disk).files))
+    assert chunks_of(leader.set_source(newer, 1.0)) == []  # the transfer under way goes on
+    # The files of the snapshot streamed are gone (pruned): the transfer starts again from the
+    # newest at once, not after snapshot_timeout with the same lost snapshot.
+    out = chunks_of(leader.on_snapshot_unreadable(T, 1.5))
+    assert [(c.trans_id, c.part, c.offset, c.data.path) for c in out] == [
+        (T + 3, MANIFEST, 0, "new-manifest"), (T + 3, 0, 0, "new-p0")]
+    assert leader.progress[2].state is FollowerState.SNAPSHOT and leader.streaming() == [newer]
+    assert leader.on_snapshot_unreadable(T, 1.6) == []  # the other chunks of the lost one: nothing more
+    # The newest lost too: the node is asked for a new cut, streamed once published.
+    assert leader.on_snapshot_unreadable(T + 3, 2.0) == [SendSnapshot(2)]
+    assert leader.source is None and leader.progress[2].transfer is None and leader.streaming() == []
+    cut = SnapshotSource(T + 4, TV, source(disk).files)
+    assert [c.trans_id for c in chunks_of(leader.set_source(cut, 2.5))] == [T + 4] * 2
+    leader.on_message(AppendAck(3, 2, T + 4), 3.0)
+    assert leader.streaming() == []  # installed: no snapshot streamed any more
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_a_lossy_stream_still_delivers_every_byte(seed):
     rng = random.Random(seed)

@@ -48,6 +48,35 @@ def test_a_chunk_is_read_from_a_file_held_open_even_once_deleted(tmp_path):
     reader.close()
 
 
+def test_the_files_of_a_snapshot_still_streamed_stay_open_after_newer_ones_are_held(tmp_path):
+    sources = []
+    for t in (T, T + 1, T + 2):
+        path = str(tmp_path / f"p{t}")
+        with open(path, "wb") as f:
+            f.write(b"0123456789")
+        sources.append(SnapshotSource(t, 1, ((path, 10),)))
+    reader = ChunkReader()
+    reader.hold(sources[0])
+    reader.hold(sources[1], [sources[0]])
+    reader.hold(sources[2], [sources[0]])  # two newer ones held, but a follower still gets the first
+    os.remove(sources[0].files[0][0])  # pruned meanwhile
+    chunk = reader.filled(SnapshotChunk(3, 1, T, 1, 0, 0, 10, FileRange(sources[0].files[0][0], 0, 10)))
+    assert chunk.data == b"0123456789"
+    reader.hold(sources[2], [])  # its transfer ended: closed
+    with pytest.raises(OSError):
+        reader.filled(SnapshotChunk(3, 1, T, 1, 0, 0, 10, FileRange(sources[0].files[0][0], 0, 10)))
+    reader.close()
+
+
+def test_a_chunk_that_cannot_be_read_tells_the_node_to_give_its_snapshot_up(tmp_path):
+    node = _Node()
+    transfers = Transfers(node, None, str(tmp_path), logging.getLogger("t"))
+    gone = str(tmp_path / "gone.qsp")
+    assert transfers.filled(SnapshotChunk(3, 1, T, 1, 0, 0, 10, FileRange(gone, 0, 10)), 2.0) is None
+    assert node.unreadable == [T]
+    transfers.close()
+
+
 def test_staged_parts_are_checked_and_a_new_snapshot_starts_the_staging_again(tmp_path):
     entry, data = _part(str(tmp_path / "src.qsp"))
     staging = Staging(str(tmp_path / "snaps"))
@@ -69,6 +98,8 @@ class _Node:
         self.needs = needs
         self.installed: list = []
         self.sources: list = []
+        self.unreadable: list = []
+        self.streamed: list = []  # the sources its leader streams
 
     def needs_snapshot(self, trans_id: int) -> bool:
         return self.needs
@@ -82,6 +113,12 @@ class _Node:
 
     def on_snapshot_source(self, source, now) -> None:
         self.sources.append(source)
+
+    def on_snapshot_unreadable(self, trans_id, now) -> None:
+        self.unreadable.append(trans_id)
+
+    def streaming(self) -> list:
+        return self.streamed
 
 
 def test_a_received_snapshot_becomes_the_node_s_own_newest_one(tmp_path):
@@ -138,7 +175,7 @@ def test_an_in_memory_leader_s_cut_is_streamed_from_files_deleted_once_open(tmp_
     (source,) = node.sources
     assert source.trans_id == T and os.listdir(run) == []  # deleted at once
     path, size = source.files[1]
-    chunk = transfers.filled(SnapshotChunk(3, 1, T, 1, 0, 0, size, FileRange(path, 0, size)))
+    chunk = transfers.filled(SnapshotChunk(3, 1, T, 1, 0, 0, size, FileRange(path, 0, size)), 1.5)
     assert chunk.data == data  # still readable through the open descriptor
     os.makedirs(tmp)
     transfers.transient(Failed(None, str(tmp), "not every worker forked within 0.5 s"), 2.0)
