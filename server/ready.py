@@ -16,6 +16,18 @@ from queue_server.protocol.roles import Role
 CLAIMS_LOG = (AppendAck, HeartbeatAck)
 
 
+class Outbox:
+    """The messages a node and its groups decided to send, in the order decided, until a Ready
+    takes them (ClusterNode.ready) and advance drops what it carried."""
+
+    __slots__ = ("workers", "acceptor", "peers")
+
+    def __init__(self) -> None:
+        self.workers: list[tuple[int, list[bytes]]] = []  # (worker index, frames)
+        self.acceptor: list[list[bytes]] = []  # frames
+        self.peers: list[tuple[int, object]] = []  # (node id, peer message)
+
+
 class Ready(NamedTuple):
     """What to persist and send, in that order. (A NamedTuple, not a frozen dataclass: one is
     made per flush, and a frozen dataclass's __init__ cost 2.3 us of it.)"""

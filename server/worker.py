@@ -56,7 +56,7 @@ class Worker:
         self.coordinator = coordinator
         self.acceptor = acceptor
         self.log = log
-        self.epoch = 0  # of the last mode change received (see ClusterNode.epoch)
+        self.epoch = 0  # of the last mode change received (see GroupNode.epoch)
         self.held: list[list[bytes]] = []
         self.fences: set[bytes] = set()  # who fenced the current mode (ipc_frames FENCE)
         self.index = index

@@ -302,7 +302,8 @@ class SimNode:
     def watch_commits(self) -> None:
         """Every committed entry the node sees goes into the sim's history of the committed log
         (checked to agree across nodes) and into this node's oracle."""
-        commit = self.cn._commit
+        group = self.cn.group0
+        commit = group._commit
 
         def watched(c) -> None:
             self.sim.record_committed(c.entries)
@@ -314,7 +315,7 @@ class SimNode:
             if fresh:
                 self.oracle_trans_id = fresh[-1].trans_id
             commit(c)
-        self.cn._commit = watched  # type: ignore[method-assign]
+        group._commit = watched  # type: ignore[method-assign]
 
     # pipes and processes
     def pipe(self, src: str, dst: str, frames: list[bytes]) -> None:
@@ -425,7 +426,7 @@ class SimNode:
             ready = cn.ready()
             # Now and then the disk refuses the log (then writes are refused and undone in the
             # workers, and the next flush tries again).
-            stored = not (sim.faults and ready.log_through != cn._stable_through
+            stored = not (sim.faults and ready.log_through != cn.group0._stable_through
                           and sim.disk_rng.random() < sim.disk_fail)
             if stored:
                 self.disk.write(cn.log, ready.truncate_after, ready.log_through)
