@@ -13,7 +13,7 @@ import time
 import zmq
 
 from queue_server.config.loader import NodeConfig
-from queue_server.replication import wire
+from queue_server.replication import group_marker, wire
 from queue_server.replication.datadir import DamagedVoteState, DataDirLocked
 from queue_server.replication.messages import ReadLog, SnapshotAck
 from queue_server.replication.storage import Storage, StorageError
@@ -487,6 +487,12 @@ def main(argv: list[str] | None = None) -> None:
                               segment_bytes=cfg.wal_segment_bytes)
         except DataDirLocked as exc:
             info.log.error("%s", exc)
+            sys.exit(3)
+        # (the supervisor's preflight checked it already; here it is done under the data dir's lock)
+        reason = group_marker.settle(cfg.queue_data_dir, cfg.placement())
+        if reason is not None:
+            info.log.error("%s", reason)
+            storage.close()
             sys.exit(3)
     ctx = zmq.Context()
     coordinator = None
