@@ -53,10 +53,12 @@ class ClusterNode:
     The node's single-group fields (log, election, leader, epoch, cuts, ...) are group 0's."""
 
     def __init__(self, config: NodeConfig, now: float, *, recovered: Recovered | None = None,
-                 rng: random.Random | None = None, snapshot_dir: str | None = None) -> None:
-        """recovered: what the node's disk held (None: start empty, as an in-memory node does);
-        snapshot_dir: where the workers write snapshot parts (None: no snapshots; on an
-        in-memory node only those a follower needs)."""
+                 rng: random.Random | None = None, snapshot_dir: str | None = None,
+                 disks: dict[int, tuple[Recovered | None, str | None]] | None = None) -> None:
+        """recovered: what the node's disk held of queue group 0 (None: start empty, as an
+        in-memory node does); snapshot_dir: where the workers write group 0's snapshot parts
+        (None: no snapshots; on an in-memory node only those a follower needs); disks: the same
+        (recovered, snapshot_dir) of each other group the node is a replica of (missing: none)."""
         self.config = config
         self.node_id = config.node_id
         self.members = [n.node_id for n in config.cluster_node_list] or [config.node_id]
@@ -72,10 +74,13 @@ class ClusterNode:
         self.status: dict | None = None  # what the acceptor was last told (_announce)
         # The workers' replies a group's _refuse replaced, by REFUSALS label, until take_refused().
         self.refused: dict[str, int] = {}
+        disks = {**(disks or {}), 0: (recovered, snapshot_dir)}
         self.groups: dict[int, GroupNode] = {
-            g: GroupNode(self, g, config, now, recovered=recovered, rng=rng, snapshot_dir=snapshot_dir)
+            g: GroupNode(self, g, config, now, recovered=disks.get(g, (None, None))[0], rng=rng,
+                         snapshot_dir=disks.get(g, (None, None))[1])
             for g in self.placement.groups_of(self.node_id)}
         self.group0 = self.groups[0]
+        self.others = [g for n, g in sorted(self.groups.items()) if n != 0]  # every group but 0
         # (made after the groups: their elections draw from rng first, as they always did)
         self.gatherer = gather.Gatherer()
         self.forwarding = Forwarding(self.node_id, (config.host, config.port), self.router, rng, heartbeat=heartbeat,
@@ -217,19 +222,27 @@ class ClusterNode:
         """Everything decided since the last advance(): persist it (log, then vote), send it, then
         call advance(). Taking it changes nothing; an empty Ready when has_ready() is False."""
         out = self.out
-        return self.group0.ready(tuple(out.workers), tuple(out.acceptor), tuple(out.peers))
+        ready = self.group0.ready(tuple(out.workers), tuple(out.acceptor), tuple(out.peers))
+        if len(self.groups) > 1:
+            ready = ready._replace(parts=tuple(g.part() for g in self.others if g.has_ready()))
+        return ready
 
-    def advance(self, ready: Ready, *, durable_trans_id: int | None = None, log_stored: bool = True) -> None:
+    def advance(self, ready: Ready, *, durable_trans_id: int | None = None, log_stored: bool = True,
+                parts: dict[int, tuple[int | None, bool]] | None = None) -> None:
         """`ready` is carried out: its messages are sent, its vote stored (or given up on: the
         coordinator then sent no peer message). log_stored: whether its log reached the disk (if
         not, writes are refused until it does, and the next Ready asks again); durable_trans_id:
-        how far the log is now safe (None: as before, e.g. a node without a disk). Replies that
-        waited for the disk are released into the next Ready."""
+        how far the log is now safe (None: as before, e.g. a node without a disk). Both are
+        group 0's; parts: each other group's (durable_trans_id, log_stored), for ready.parts
+        (missing: None, True). Replies that waited for the disk are released into the next Ready."""
         out = self.out
         del out.workers[:len(ready.to_workers)]
         del out.acceptor[:len(ready.to_acceptor)]
         del out.peers[:len(ready.to_peers)]
         self.group0.advance(ready, durable_trans_id, log_stored)
+        for part in ready.parts:
+            durable, stored = (parts or {}).get(part.group, (None, True))
+            self.groups[part.group].advance(part, durable, stored)
 
     # ----------------------------------------------------------------- inputs
     def tick(self, now: float) -> None:
@@ -252,9 +265,9 @@ class ClusterNode:
         consume reply that cannot go back to its follower are given back."""
         self.carry(self.forwarding.on_unsent(msg, now))
 
-    def on_peer(self, msg: object, client: tuple[str, int], now: float, http_port: int = 0) -> None:
-        """A message from another node, with the client address (host, port) and the http_port it
-        gives for itself (0: none said; what this node knew stays)."""
+    def on_peer(self, msg: object, client: tuple[str, int], now: float, http_port: int = 0, group: int = 0) -> None:
+        """A message from another node about queue `group`, with the client address (host, port)
+        and the http_port it gives for itself (0: none said; what this node knew stays)."""
         src = getattr(msg, "src", None)
         if src not in self.peers:
             return
@@ -271,13 +284,13 @@ class ClusterNode:
         elif kind is ForwardReply:
             self.carry(self.forwarding.on_replies(msg, now, self.group0.election.vote_id))
         else:
-            group = self.groups.get(getattr(msg, "group", 0))
-            if group is not None:
+            part = self.groups.get(group)  # None: a group this node is no replica of
+            if part is not None:
                 if kind is GiveBack:
-                    if group.leader is not None:  # else the messages stay taken: never handed out twice
+                    if part.leader is not None:  # else the messages stay taken: never handed out twice
                         self.on_undelivered(msg.queue, [list(m) for m in zip(msg.msg_ids, msg.delivery_counts)])
                 else:
-                    group.on_message(msg, now)
+                    part.on_message(msg, now)
         self._release_held(now)
         self._announce()
 

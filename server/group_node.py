@@ -17,12 +17,7 @@ from typing import TYPE_CHECKING
 
 from queue_server.config.loader import NodeConfig
 from queue_server.election.messages import (
-    BecomeCandidate,
-    BecomeFollower,
-    BecomeLeader,
-    PersistVote,
-    Send,
-    TransferAborted,
+    BecomeCandidate, BecomeFollower, BecomeLeader, PersistVote, Send, TransferAborted,
 )
 from queue_server.election.state import Election
 from queue_server.protocol import ipc_frames
@@ -32,19 +27,11 @@ from queue_server.protocol.roles import Role
 from queue_server.replication.follower import Follower
 from queue_server.replication.log import ChangeLog, Entry
 from queue_server.replication.messages import (
-    ApplySnapshot,
-    Commit,
-    Discarded,
-    GiveBack,
-    ReadLog,
-    Recovered,
-    SendSnapshot,
-    SnapshotStaged,
-    WriteChunk,
+    ApplySnapshot, Commit, Discarded, GiveBack, ReadLog, Recovered, SendSnapshot, SnapshotStaged, WriteChunk,
 )
 from queue_server.replication.progress import Flow, LeaderReplication
 from queue_server.replication.transfer import SnapshotSource
-from queue_server.server.ready import Outbox, Ready
+from queue_server.server.ready import GroupPart, Outbox, Ready
 from queue_server.server.recovery_count import RECOVERY_ORIGIN, RecoveryCount
 from queue_server.server.snapshots import SnapshotCut
 from queue_server.server.worker_seqs import WorkerSeqs
@@ -66,9 +53,11 @@ class GroupNode:
         self.host = host
         self.group = group
         self.out: Outbox = host.out
+        # Group 0's peer messages are the node's (Ready.to_peers); another group's, its part's.
+        self.to_peers: list[tuple[int, object]] = host.out.peers if group == 0 else []
         self.config = config
         self.node_id = config.node_id
-        self.members = host.members
+        self.members = list(host.placement.replicas(group))  # its replica set (group 0: every node)
         self._flow = Flow(max_batch=5000, sync_rate=config.queue_sync_rate)
         self.quorum_writes = config.replication == "quorum"
         found = recovered or Recovered()
@@ -212,8 +201,9 @@ class GroupNode:
     # ----------------------------------------------------------------- Ready / advance
     def has_ready(self) -> bool:
         """Whether this group has a part of its own for a Ready (the log, the vote, the role,
-        snapshot files)."""
+        snapshot files; another group than 0: its peer messages)."""
         return bool(self._vote is not None or self.cuts.done or self._chunk_writes or self._staged
+                    or (self.group != 0 and self.to_peers)
                     or self._truncate_after is not None
                     or self.log.last_trans_id != self._stable_through or self.role != self._reported_role)
 
@@ -227,8 +217,17 @@ class GroupNode:
             snapshots=tuple(self.cuts.done),
             chunk_writes=tuple(self._chunk_writes), staged=tuple(self._staged))
 
-    def advance(self, ready: Ready, durable_trans_id: int | None, log_stored: bool) -> None:
+    def part(self) -> GroupPart:
+        """This group's part of a Ready (a group other than 0)."""
+        role = self.role
+        return GroupPart(self.group, self.log.last_trans_id, self._truncate_after, self._vote, tuple(self.to_peers),
+                         role if role != self._reported_role else None, tuple(self.cuts.done),
+                         tuple(self._chunk_writes), tuple(self._staged))
+
+    def advance(self, ready: Ready | GroupPart, durable_trans_id: int | None, log_stored: bool) -> None:
         """This group's parts of `ready` are carried out (see ClusterNode.advance)."""
+        if type(ready) is GroupPart:
+            del self.to_peers[:len(ready.to_peers)]
         del self.cuts.done[:len(ready.snapshots)]
         del self._chunk_writes[:len(ready.chunk_writes)]
         del self._staged[:len(ready.staged)]
@@ -323,7 +322,7 @@ class GroupNode:
         if self.leader is not None and self.fence_epoch != self.epoch:
             self.out.workers.append((self.host.router.worker_for(queue), ipc_frames.undeliver_frames(queue, given)))
         elif self.leader is None and self.election.leader_id is not None:
-            self.out.peers.append((self.election.leader_id, GiveBack(
+            self.to_peers.append((self.election.leader_id, GiveBack(
                 self.election.vote_id, self.node_id, queue, tuple(m[0] for m in given), tuple(m[1] for m in given))))
         else:
             return False
@@ -334,7 +333,7 @@ class GroupNode:
         for a in actions:
             kind = type(a)
             if kind is Send:
-                self.out.peers.append((a.to, a.msg))
+                self.to_peers.append((a.to, a.msg))
             elif kind is Commit:
                 self._commit(a)
             elif kind is PersistVote:
