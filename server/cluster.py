@@ -81,10 +81,7 @@ class ClusterNode:
             for g in self.placement.groups_of(self.node_id)}
         self.group0 = self.groups[0]
         self.others = [g for n, g in sorted(self.groups.items()) if n != 0]  # every group but 0
-        # (made after the groups: their elections draw from rng first, as they always did)
         self.gatherer = gather.Gatherer()
-        self.forwarding = Forwarding(self.node_id, (config.host, config.port), self.router, rng, heartbeat=heartbeat,
-                                     election_timeout=config.election_timeout_ms / 1000, max_wait=config.max_wait)
         self.clients: dict[int, tuple[str, int]] = {self.node_id: (config.host, config.port)}
         # Each member's http_port as this node knows it (0: no HTTP API known): its own, the
         # cluster_node_list's, then what each peer says of itself (on_peer); the acceptor's HTTP
@@ -93,7 +90,7 @@ class ClusterNode:
         self.http_ports: dict[int, int] = {n.node_id: n.http_port for n in config.cluster_node_list}
         self.http_ports[self.node_id] = config.http_port
         self.held: list = []  # client requests of this node's acceptor, as on_forward_requests takes them
-        self.held_forwards: list[Forward] = []  # other followers' requests
+        self.held_forwards: list[tuple[Forward, int]] = []  # other replicas' requests, and their group
         self.held_undelivered: list[tuple[str, list[list[int]]]] = []  # messages to give back
 
     # ----------------------------------------------------------------- group 0's fields
@@ -138,13 +135,20 @@ class ClusterNode:
     def role(self) -> Role:
         return self.group0.role
 
+    @property
+    def forwarding(self) -> Forwarding:
+        return self.group0.forwarding
+
     # ----------------------------------------------------------------- status
     def status_fields(self) -> dict:
-        """The role and the leader's client address, as the acceptor needs them. While this
+        """The role and the leader's client address (group 0's), as the acceptor needs them."""
+        return {**self._view(self.group0), "http_ports": self.http_ports}
+
+    def _view(self, group: GroupNode) -> dict:
+        """`group`'s role, leader and its client address, and its workers' mode. While this
         leader hands over, and after it stepped down until the new leader is heard, its
         acceptor sees a follower of this node: it passes every request here (held until the new
         leader is known) instead of to the workers, and answers no "no leader" meanwhile."""
-        group = self.group0
         leader = group.election.leader_id
         role = group.role
         if (role == LEADER and group.election.transfer_target is not None) or (
@@ -152,7 +156,7 @@ class ClusterNode:
             role, leader = FOLLOWER, self.node_id
         host, port = self.clients.get(leader, ("", 0)) if leader is not None else ("", 0)
         return {"role": role, "leader_node_id": leader or 0, "leader_host": host, "leader_port": port,
-                "epoch": group.epoch, "http_ports": self.http_ports}
+                "epoch": group.epoch}
 
     def _announce(self) -> None:
         status = self.status_fields()
@@ -192,8 +196,8 @@ class ClusterNode:
         undelivered, self.held_undelivered = self.held_undelivered, []
         if held:
             self.on_forward_requests(held, now)
-        for msg in forwards:
-            self._serve_forwarded(msg)
+        for msg, group in forwards:
+            self._serve_forwarded(msg, group)
         for queue, given in undelivered:
             self.on_undelivered(queue, given)
 
@@ -249,21 +253,23 @@ class ClusterNode:
         """Advance time: elections, heartbeats, catch-up, forwarded requests that timed out."""
         for group in self.groups.values():
             group.tick(now)
-        election = self.group0.election
-        self.carry(self.forwarding.tick(now, election.leader_id, election.vote_id))
+        for group in self.groups.values():
+            election = group.election
+            self.carry(group.forwarding.tick(now, election.leader_id, election.vote_id), group)
         self._release_held(now)
         self._announce()
 
     def wake_at(self) -> float:
         """When tick() next has something to do."""
-        return min(min(g.wake_at() for g in self.groups.values()), self.forwarding.wake_at())
+        return min(g.wake_at() for g in self.groups.values())
 
-    def on_unsent(self, msg: object, now: float) -> None:
-        """A message to a peer could not be sent (its link is not up yet, or is too far behind).
-        The election and replication resend what matters; forwarded client requests are sent
-        again every heartbeat until their leader answers or they time out; the messages of a
-        consume reply that cannot go back to its follower are given back."""
-        self.carry(self.forwarding.on_unsent(msg, now))
+    def on_unsent(self, msg: object, now: float, group: int = 0) -> None:
+        """A message of `group` to a peer could not be sent (its link is not up yet, or is too
+        far behind). The election and replication resend what matters; forwarded client requests
+        are sent again every heartbeat until their leader answers or they time out; the messages
+        of a consume reply that cannot go back to its follower are given back."""
+        part = self.groups[group]
+        self.carry(part.forwarding.on_unsent(msg, now), part)
 
     def on_peer(self, msg: object, client: tuple[str, int], now: float, http_port: int = 0, group: int = 0) -> None:
         """A message from another node about queue `group`, with the client address (host, port)
@@ -276,21 +282,21 @@ class ClusterNode:
         if http_port and self.http_ports.get(src) != http_port:
             self.http_ports = {**self.http_ports, src: http_port}
         kind = type(msg)
-        if kind is Forward:
+        part = self.groups.get(group)  # None: a group this node is no replica of
+        if part is None:
+            pass
+        elif kind is GiveBack:
+            if part.leader is not None:  # else the messages stay taken: never handed out twice
+                self.on_undelivered(msg.queue, [list(m) for m in zip(msg.msg_ids, msg.delivery_counts)])
+        elif kind is Forward:
             if self.handing_off(now):
-                self.held_forwards.append(msg)
+                self.held_forwards.append((msg, group))
             else:
-                self._serve_forwarded(msg)
+                self._serve_forwarded(msg, group)
         elif kind is ForwardReply:
-            self.carry(self.forwarding.on_replies(msg, now, self.group0.election.vote_id))
+            self.carry(part.forwarding.on_replies(msg, now, part.election.vote_id), part)
         else:
-            part = self.groups.get(group)  # None: a group this node is no replica of
-            if part is not None:
-                if kind is GiveBack:
-                    if part.leader is not None:  # else the messages stay taken: never handed out twice
-                        self.on_undelivered(msg.queue, [list(m) for m in zip(msg.msg_ids, msg.delivery_counts)])
-                else:
-                    part.on_message(msg, now)
+            part.on_message(msg, now)
         self._release_held(now)
         self._announce()
 
@@ -322,11 +328,20 @@ class ClusterNode:
         if self.handing_off(now):
             self.held.extend(items)
             return
-        group = self.group0
-        redirect = None if self.config.forward_request else self._leader_fields()
-        self.carry(self.forwarding.on_requests(items, now, leading=group.leader is not None,
-                                               leader=group.election.leader_id, vote_id=group.election.vote_id,
-                                               redirect=redirect))
+        by_group = {0: items}
+        if len(self.groups) > 1:  # each to the leader of its queue's group
+            by_group = {}
+            group_of = self.placement.group_of
+            for item in items:
+                request = item[2]
+                queue = request.get("queue") if type(request) is dict else None
+                by_group.setdefault(group_of(queue) if type(queue) is str else 0, []).append(item)
+        for g, some in by_group.items():
+            group = self.groups.get(g, self.group0)
+            redirect = None if self.config.forward_request else self._leader_fields(group)
+            self.carry(group.forwarding.on_requests(some, now, leading=group.leader is not None,
+                                                    leader=group.election.leader_id, vote_id=group.election.vote_id,
+                                                    redirect=redirect), group)
 
     def on_undelivered(self, queue: str, given: list[list[int]]) -> None:
         """The messages of a consume reply that could not be delivered ([msg_id, delivery_count]
@@ -415,21 +430,26 @@ class ClusterNode:
                     continue
                 finished.append((origin, req_no, gather.merge(request, parts, self.node_fields())))
         if finished:
-            self.release(*replies.encode(finished), self.group0.election.vote_id)
+            group = self.group0
+            self.carry(group.forwarding.release(*replies.encode(finished), group.election.vote_id), group)
 
-    def release(self, header: bytes, blob: bytes, vote_id: int) -> None:
-        """Send replies on: to the acceptor, or back to the follower that forwarded them (in
-        term vote_id of their group)."""
-        self.carry(self.forwarding.release(header, blob, vote_id))
+    def take_replied(self) -> dict:
+        """The replies the node's Forwardings made themselves since the last call, by (action,
+        code): for queue_server_requests_total."""
+        replied: dict = {}
+        for group in self.groups.values():
+            for key, n in group.forwarding.take_replied().items():
+                replied[key] = replied.get(key, 0) + n
+        return replied
 
-    def refuse(self, header: bytes, blob: bytes, reason: str, vote_id: int) -> None:
+    def refuse(self, header: bytes, blob: bytes, reason: str, group: GroupNode) -> None:
         """Answer every request of a batch with an error instead of its reply, and count them by
         `reason` (a key of REFUSALS): the worker counted each request when it replied."""
         rows = [(origin, req_no, p.error_reply(replies.naming(replies.decoded(data)), reason, self.node_id))
                 for origin, req_no, data in replies.decode(header, blob)]
         count_refused(self.refused, reason, sum(1 for row in rows if row[1] != p.PUSH_REQ_NO))
         if rows:
-            self.release(*replies.encode(rows), vote_id)
+            self.carry(group.forwarding.release(*replies.encode(rows), group.election.vote_id), group)
 
     def node_fields(self) -> dict:
         """This node's own fields in a monitor reply (group 0's log and election)."""
@@ -463,26 +483,26 @@ class ClusterNode:
         return {"followers": rows}
 
     # ----------------------------------------------------------------- forwarding
-    def carry(self, actions: list) -> None:
-        """Carry out what server/forwarding.py decided."""
+    def carry(self, actions: list, group: GroupNode) -> None:
+        """Carry out what `group`'s Forwarding (server/forwarding.py) decided."""
         out = self.out
         for a in actions:
             kind = type(a)
             if kind is Deliver:
                 out.acceptor.append(ipc_frames.rep_frames(a.header, a.blob))
             elif kind is Send:
-                out.peers.append((a.to, a.msg))
+                group.to_peers.append((a.to, a.msg))
             elif kind is Work:
-                out.workers.append((a.index, ipc_frames.req_frames([a.item], self.group0.epoch)))
+                out.workers.append((a.index, ipc_frames.req_frames([a.item], group.epoch)))
             elif kind is Undeliver:
                 self.on_undelivered(a.queue, a.given)
             else:
                 raise TypeError(f"unknown action {a!r}")
 
-    def _serve_forwarded(self, msg: Forward) -> None:
-        group = self.group0
-        self.carry(self.forwarding.serve(msg, group.leader is not None, group.election.vote_id))
+    def _serve_forwarded(self, msg: Forward, g: int) -> None:
+        group = self.groups[g]
+        self.carry(group.forwarding.serve(msg, group.leader is not None, group.election.vote_id), group)
 
-    def _leader_fields(self) -> dict:
-        """The leader_* fields of a reply that points at the leader."""
-        return {k: v for k, v in self.status_fields().items() if k.startswith("leader_")}
+    def _leader_fields(self, group: GroupNode) -> dict:
+        """The leader_* fields of a reply that points at `group`'s leader."""
+        return {k: v for k, v in self._view(group).items() if k.startswith("leader_")}

@@ -464,7 +464,7 @@ class Coordinator:
         if self.zap is not None and self.zap.refused != self.zap_refused:
             m.peer_rejected(BAD_KEY, self.zap.refused - self.zap_refused)
             self.zap_refused = self.zap.refused
-        m.replied(node.forwarding.take_replied())
+        m.replied(node.take_replied())
         m.refused(node.take_refused())
         if self.storage is not None and self.storage.last_fsync is not None:
             m.observe_fsync(self.storage.last_fsync)

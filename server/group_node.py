@@ -31,6 +31,7 @@ from queue_server.replication.messages import (
 )
 from queue_server.replication.progress import Flow, LeaderReplication
 from queue_server.replication.transfer import SnapshotSource
+from queue_server.server.forwarding import Forwarding
 from queue_server.server.ready import GroupPart, Outbox, Ready
 from queue_server.server.recovery_count import RECOVERY_ORIGIN, RecoveryCount
 from queue_server.server.snapshots import SnapshotCut
@@ -122,6 +123,10 @@ class GroupNode:
         # The recovery line's counts (None: no disk), asked of the workers in _count_if_replayed.
         self.recovery = RecoveryCount(None if recovered is None else self.log.last_trans_id)
         self._count_if_replayed()
+        # The client requests forwarded to this group's leader, or served for other replicas
+        # (made last: the election drew from rng first, as it always did).
+        self.forwarding = Forwarding(self.node_id, (config.host, config.port), host.router, rng, heartbeat=heartbeat,
+                                     election_timeout=config.election_timeout_ms / 1000, max_wait=config.max_wait)
 
     # ----------------------------------------------------------------- roles
     @property
@@ -258,11 +263,11 @@ class GroupNode:
         self._snapshot_progress(now)
 
     def wake_at(self) -> float:
-        """When tick() next has something to do."""
+        """When tick() (or its Forwarding's) next has something to do."""
         wake = self.election.wake_at
         if self.handoff_until is not None:
             wake = min(wake, self.handoff_until)
-        return min(wake, self.cuts.wake_at())
+        return min(wake, self.cuts.wake_at(), self.forwarding.wake_at())
 
     def on_message(self, msg: object, now: float) -> None:
         """An election or replication message from a peer (ClusterNode.on_peer checked its src)."""
@@ -379,7 +384,7 @@ class GroupNode:
         """This node won: bring the workers up to the whole log (entries of earlier terms will be
         committed with this term's first), then let them accept writes."""
         self.follower.reset()
-        self.host.forwarding.orphan(now)
+        self.forwarding.orphan(now)
         self.leader = LeaderReplication(self.node_id, self.members, self.log, vote_id, now, self._flow,
                                         self.snapshot_source, self.wal_from)
         self._apply_to_workers(self.log.entries_after(self.workers_trans_id, 1 << 62) or [],
@@ -394,7 +399,7 @@ class GroupNode:
         state (each to its last committed record); writes waiting for a commit are answered
         with an error."""
         self.follower.reset()
-        self.host.forwarding.orphan(now)
+        self.forwarding.orphan(now)
         if self.leader is None:
             return
         self.leader = None
@@ -575,11 +580,11 @@ class GroupNode:
     # ----------------------------------------------------------------- replies
     def _release(self, header: bytes, blob: bytes) -> None:
         """Send replies on: to the acceptor, or back to the follower that forwarded them."""
-        self.host.release(header, blob, self.election.vote_id)
+        self.host.carry(self.forwarding.release(header, blob, self.election.vote_id), self)
 
     def _refuse(self, header: bytes, blob: bytes, reason: str) -> None:
         """Answer every request of a batch with an error instead of its reply (ClusterNode.refuse)."""
-        self.host.refuse(header, blob, reason, self.election.vote_id)
+        self.host.refuse(header, blob, reason, self)
 
     def _count_if_replayed(self) -> None:
         """Once the workers were sent all the log recovered from disk: ask them what they hold

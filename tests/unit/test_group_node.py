@@ -13,7 +13,7 @@ import orjson
 from queue_server.config.loader import parse_config
 from queue_server.protocol import ipc_frames, replies
 from queue_server.protocol.origin import Origin
-from queue_server.replication.messages import Recovered
+from queue_server.replication.messages import Forward, Recovered
 from queue_server.server.cluster import ClusterNode
 
 T0 = 1_000_000.0
@@ -38,6 +38,7 @@ class Net:
                       for i in (1, 2, 3)}
         self.now = T0
         self.sent_groups: set[int] = set()
+        self.forwards: list[tuple[int, int, int]] = []  # (group, from, to) of each Forward sent
 
     def flush(self) -> None:
         moved = True
@@ -52,6 +53,8 @@ class Net:
                     mail += [(part.group, to, m) for part in ready.parts for to, m in part.to_peers]
                     for group, to, msg in mail:
                         self.sent_groups.add(group)
+                        if type(msg) is Forward:
+                            self.forwards.append((group, msg.src, to))
                         if to not in self.nodes:  # stopped
                             continue
                         self.nodes[to].on_peer(msg, ("127.0.0.1", 2000 + to), self.now, 0, group)
@@ -102,8 +105,8 @@ def test_a_stopped_leader_of_one_group_is_replaced_in_that_group():
     net = Net()
     net.run(3.0)
     (old,) = net.leaders(2)
-    gone = net.nodes.pop(old)  # it stops: messages to it are lost
     others = {g: net.leaders(g) for g in (0, 1)}
+    gone = net.nodes.pop(old)  # it stops: messages to it are lost
     net.run(3.0)
     (new,) = net.leaders(2)
     assert new != old
@@ -111,3 +114,18 @@ def test_a_stopped_leader_of_one_group_is_replaced_in_that_group():
     for g, leaders in others.items():  # a group the stopped node did not lead keeps its leader
         if leaders != [old]:
             assert net.leaders(g) == leaders
+
+
+def test_a_request_is_forwarded_to_the_leader_of_its_queue_s_group():
+    net = Net()
+    net.run(3.0)
+    placement = net.nodes[1].placement
+    names = {placement.group_of(f"q{i}"): f"q{i}" for i in range(100)}
+    assert sorted(names) == [0, 1, 2]
+    for g, queue in sorted(names.items()):
+        (leader,) = net.leaders(g)
+        follower = next(i for i in net.nodes if i != leader)
+        net.forwards.clear()
+        net.nodes[follower].on_forward_requests([(Origin(5), 1, {"action": 1, "queue": queue, "data": "x"})], net.now)
+        net.flush()
+        assert net.forwards == [(g, follower, leader)]
