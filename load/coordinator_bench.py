@@ -24,7 +24,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 if sys.path and os.path.abspath(sys.path[0]) == HERE:
     del sys.path[0]  # load/profile.py would stand in for the standard library's (cProfile imports it)
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.append(os.path.dirname(HERE))  # for load/: after PYTHONPATH, which may name another version
 
 import cProfile  # noqa: E402
 import gc  # noqa: E402
@@ -135,7 +135,9 @@ def main(argv: list[str] | None = None) -> None:
                     node.tick(now)
                     c.flush()
                 epoch = node.epoch
-                msgs = [[*m[:5], b"%d" % epoch, *m[6:]] for m in work]  # frame 5: the epoch
+                # The epoch: the last frame (a BATCH of one group), frame 5 of an older version's.
+                at = 5 if len(work[0]) == 7 else len(work[0]) - 1
+                msgs = [[*m[:at], b"%d" % epoch, *m[at + 1:]] for m in work]
                 if profiler:
                     profiler.enable()
                 started = time.process_time()

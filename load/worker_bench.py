@@ -20,7 +20,7 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 if sys.path and os.path.abspath(sys.path[0]) == HERE:
     del sys.path[0]  # load/profile.py would stand in for the standard library's (cProfile imports it)
-sys.path.insert(0, os.path.dirname(HERE))
+sys.path.append(os.path.dirname(HERE))  # for load/: after PYTHONPATH, which may name another version
 
 import cProfile  # noqa: E402
 import gc  # noqa: E402
@@ -58,7 +58,8 @@ def round_of(conns: int, cycles: int, profiler: cProfile.Profile | None) -> floa
     """CPU seconds per request of `cycles` cycles on a fresh leading worker."""
     service = PartitionService(node_id=1, queue_size=1_000_000, undo_limit=undo.UNDO_LIMIT)
     coordinator = Sink()
-    worker = Worker(service, None, coordinator, logging.getLogger("worker"),
+    services = {0: service} if hasattr(Worker, "service_of") else service  # an older version took one service
+    worker = Worker(services, None, coordinator, logging.getLogger("worker"),
                     metrics=WorkerMetrics(CollectorRegistry()), acceptor=Sink())
     worker.dispatch(ipc_frames.mode_frames(True, 1), time.time())
     queues = [f"bench{i}" for i in range(conns)]
@@ -84,7 +85,8 @@ def round_of(conns: int, cycles: int, profiler: cProfile.Profile | None) -> floa
             if profiler:
                 profiler.disable()
             if action == 2:
-                _, _, header, blob, *_ = coordinator.last
+                batch = ipc_frames.read_batch(coordinator.last)  # (group, records, header, ...) parts now
+                _, header, blob, *_ = batch[0][1:] if isinstance(batch, list) else batch
                 ids = [orjson.loads(data)["msg_id"] for _, _, data in replies.decode(header, blob)]
     return used / (cycles * 3 * conns)
 

@@ -4,7 +4,13 @@ multipart message), their frame layouts, and one encoder (`<kind>_frames`) and o
 Pure: no sockets here (server/ipc.py has them).
 
 A request's origin is protocol/origin.py's Origin, in its wire() form inside JSON; the replies in
-BATCH and REP are protocol/replies.py batches (a header and a blob), never decoded on the way."""
+BATCH and REP are protocol/replies.py batches (a header and a blob), never decoded on the way.
+
+The messages about one queue group's queues and mode (REQ, MODE, FENCE, FENCED, APPLY, COMMITTED,
+LOAD, UNDELIVER) carry the group as their last frame (`group_of`); a BATCH carries one part per
+group (docs/plans/queue-groups.md). CLOSE and DRAIN are about the node's connections, every
+group's. The snapshot cut's messages (SYNC ... PART_DONE) are group 0's until each group has a
+snapshot of its own (the plan's step 4)."""
 from __future__ import annotations
 
 from typing import Any, Iterable
@@ -19,24 +25,26 @@ _LOADS = orjson.loads
 _ORIGIN = Origin._make
 
 # Message kinds (first frame of every multipart message).
-REQ = b"req"  # acceptor | coordinator -> worker: [REQ, json [item, ...], epoch]; item: see req_item
+REQ = b"req"  # acceptor | coordinator -> worker: [REQ, json [item, ...], epoch, group]; item: see req_item
 CLOSE = b"close"  # acceptor -> worker: [CLOSE, json conn] (a TCP connection id)
-UNDELIVER = b"undeliver"  # acceptor -> coordinator -> leader's worker: [UNDELIVER, json [queue, [[msg_id, delivery_count], ...]]]
-APPLY = b"apply"  # coordinator -> worker: [APPLY, json [record, ...], committed] (replay of the log)
-BATCH = b"batch"  # worker -> coordinator: [BATCH, records json, reply header json, reply blob, partials json, epoch, worker index]
+UNDELIVER = b"undeliver"  # acceptor -> coordinator -> leader's worker: [UNDELIVER, json [queue, [[msg_id, delivery_count], ...]], group]
+APPLY = b"apply"  # coordinator -> worker: [APPLY, json [record, ...], committed, group] (replay of the log)
+# worker -> coordinator: [BATCH, worker index, (group, records json, reply header json, reply blob,
+# partials json, epoch) for each group with something to say]
+BATCH = b"batch"
 REP = b"rep"  # coordinator, worker -> acceptor: [REP, reply header, reply blob, ...] (protocol/replies.py batches)
 STATUS = b"status"  # coordinator -> acceptor: [STATUS, json {role, leader_node_id, leader_host, leader_port, epoch, http_ports}]
 FORWARD = b"forward"  # acceptor -> coordinator: [FORWARD, json [[origin, req_no, request], ...]] for the leader
-MODE = b"mode"  # coordinator -> worker: [MODE, json [accepting, epoch, keep_through, trans_id]] whether to accept queue requests
-COMMITTED = b"committed"  # coordinator -> leading worker: [COMMITTED, epoch, seq] its records through seq are committed
+MODE = b"mode"  # coordinator -> worker: [MODE, json [accepting, epoch, keep_through, trans_id], group] whether to accept queue requests
+COMMITTED = b"committed"  # coordinator -> leading worker: [COMMITTED, epoch, seq, group] its records through seq are committed
 DRAIN = b"drain"  # acceptor -> worker: [DRAIN] the node is shutting down: answer long polls now, park no more
 # The hand-off barrier (ClusterNode.begin_handoff): each sender of requests to a worker (the
 # acceptor and the coordinator) puts a FENCE behind the last request it sent under a leading mode;
 # a worker that has both serves nothing more in that mode, sends its batch, then FENCED. The pipes
 # are FIFO, so once the coordinator has FENCED from every worker, every record they decided in
 # that mode is in its log.
-FENCE = b"fence"  # acceptor | coordinator -> worker: [FENCE, epoch, sender]
-FENCED = b"fenced"  # worker -> coordinator: [FENCED, epoch, worker index]
+FENCE = b"fence"  # acceptor | coordinator -> worker: [FENCE, epoch, sender, group]
+FENCED = b"fenced"  # worker -> coordinator: [FENCED, epoch, worker index, group]
 # Worker-made snapshots (server/snapshots.py SnapshotCut): each worker forks a child that writes
 # its part; a leading worker sends nothing more to the coordinator between SNAPPED and the end of
 # the cut (RELEASE, or the next MODE), so that the log up to T holds exactly its pre-fork records.
@@ -48,7 +56,7 @@ SNAP = b"snap"  # coordinator -> worker: [SNAP, json [epoch, cut id, tmp dir, ho
 SNAPPED = b"snapped"  # worker -> coordinator: [SNAPPED, json [epoch, cut id, worker index]] right after the fork
 RELEASE = b"release"  # coordinator -> worker: [RELEASE, cut id] the cut needs no more holding
 PART_DONE = b"part_done"  # worker -> coordinator: [PART_DONE, json [cut id, worker index, ok, part entry]]
-LOAD = b"load"  # coordinator -> worker: [LOAD, json [trans_id, [part path, ...]]] replace all queues
+LOAD = b"load"  # coordinator -> worker: [LOAD, json [trans_id, [part path, ...]], group] replace all the group's queues
 WAKE = b"wake"  # coordinator -> itself: [WAKE] a signal's handler ends the wait for the next message
 FROM_ACCEPTOR = b"acceptor"
 FROM_COORDINATOR = b"coordinator"
@@ -63,6 +71,12 @@ EMPTY_LIST = b"[]"
 Request = tuple[Origin, int, Any, "list | None"]
 
 
+def group_of(frames: list[bytes]) -> int:
+    """The queue group of a REQ, MODE, FENCE, FENCED, APPLY, COMMITTED, LOAD or UNDELIVER: its
+    last frame."""
+    return int(frames[-1])
+
+
 # ----------------------------------------------------------------- REQ, FORWARD
 def req_item(origin: Origin, req_no: int, request: Any, gather: list | None = None) -> tuple:
     """One request as it is queued for a REQ (or, without `gather`, a FORWARD):
@@ -72,22 +86,23 @@ def req_item(origin: Origin, req_no: int, request: Any, gather: list | None = No
     return (origin.wire(), req_no, request, gather)
 
 
-def req_frames(items: list, epoch: int) -> list[bytes]:
-    """A REQ: req_item()s for one worker, sent under the workers' mode `epoch` (the worker holds
-    it until it has reached that mode)."""
-    return [REQ, _DUMPS(items), b"%d" % epoch]
+def req_frames(items: list, epoch: int, group: int = 0) -> list[bytes]:
+    """A REQ: req_item()s for one worker's queues of `group`, sent under that group's mode
+    `epoch` (the worker holds it until it has reached that mode)."""
+    return [REQ, _DUMPS(items), b"%d" % epoch, b"%d" % group]
 
 
 def join_reqs(reqs: list[list[bytes]]) -> list[bytes]:
-    """REQs of one mode as one REQ: their items in order, as the worker would have served them one
-    REQ at a time (the items are joined as they are, never decoded)."""
+    """REQs of one mode of one group as one REQ: their items in order, as the worker would have
+    served them one REQ at a time (the items are joined as they are, never decoded)."""
     parts = [frames[1][1:-1] for frames in reqs]
-    return [REQ, b"[" + b",".join(part for part in parts if part) + b"]", reqs[0][2]]
+    return [REQ, b"[" + b",".join(part for part in parts if part) + b"]", reqs[0][2], reqs[0][3]]
 
 
 def same_mode_reqs(first: list[bytes], second: list[bytes]) -> bool:
-    """Whether both messages are REQs sent under the same mode (so join_reqs may join them)."""
-    return first[0] == REQ and second[0] == REQ and first[2] == second[2]
+    """Whether both messages are REQs sent under the same mode of the same group (so join_reqs
+    may join them)."""
+    return first[0] == REQ and second[0] == REQ and first[2] == second[2] and first[3] == second[3]
 
 
 def req_epoch(frames: list[bytes]) -> int:
@@ -122,10 +137,10 @@ def read_close(frames: list[bytes]) -> int:
     return int(frames[1])
 
 
-def undeliver_frames(queue: str, given: Iterable[Iterable[int]]) -> list[bytes]:
-    """An UNDELIVER: messages of `queue` ([msg_id, delivery_count] each) handed out in a consume
-    reply that could not be delivered, to be given back."""
-    return [UNDELIVER, _DUMPS([queue, given])]
+def undeliver_frames(queue: str, given: Iterable[Iterable[int]], group: int = 0) -> list[bytes]:
+    """An UNDELIVER: messages of `queue` (of `group`; [msg_id, delivery_count] each) handed out
+    in a consume reply that could not be delivered, to be given back."""
+    return [UNDELIVER, _DUMPS([queue, given]), b"%d" % group]
 
 
 def read_undeliver(frames: list[bytes]) -> tuple[str, list[list[int]]]:
@@ -134,10 +149,10 @@ def read_undeliver(frames: list[bytes]) -> tuple[str, list[list[int]]]:
     return queue, given
 
 
-def apply_frames(changes: list[records.Record], committed: bool = True) -> list[bytes]:
-    """An APPLY: change records of the log for a worker to replay; `committed`: they are (a
+def apply_frames(changes: list[records.Record], committed: bool = True, group: int = 0) -> list[bytes]:
+    """An APPLY: change records of `group`'s log for a worker to replay; `committed`: they are (a
     follower's), so the worker keeps no undo for them (a new leader's, of earlier terms, are not)."""
-    return [APPLY, records.encode_many(changes), b"1" if committed else b"0"]
+    return [APPLY, records.encode_many(changes), b"1" if committed else b"0", b"%d" % group]
 
 
 def read_apply(frames: list[bytes]) -> list[records.Record]:
@@ -151,11 +166,12 @@ def apply_committed(frames: list[bytes]) -> bool:
 
 
 def mode_frames(accepting: bool, epoch: int, keep_through: int | None = None,
-                trans_id: int | None = None) -> list[bytes]:
-    """A MODE: the workers' mode `epoch` begins; whether they accept queue requests in it.
-    keep_through: the worker first undoes every record it applied after its record number
-    keep_through (None: none); trans_id: the log position its queues then reflect (a check)."""
-    return [MODE, _DUMPS([accepting, epoch, keep_through, trans_id])]
+                trans_id: int | None = None, group: int = 0) -> list[bytes]:
+    """A MODE: the workers' mode `epoch` of `group` begins; whether they accept its queues'
+    requests in it. keep_through: the worker first undoes every record of the group it applied
+    after its record number keep_through (None: none); trans_id: the log position its queues
+    then reflect (a check)."""
+    return [MODE, _DUMPS([accepting, epoch, keep_through, trans_id]), b"%d" % group]
 
 
 def read_mode(frames: list[bytes]) -> tuple[bool, int, int | None, int | None]:
@@ -164,16 +180,15 @@ def read_mode(frames: list[bytes]) -> tuple[bool, int, int | None, int | None]:
     return accepting, epoch, keep_through, trans_id
 
 
-def committed_frames(epoch: int, seq: int) -> list[bytes]:
-    """A COMMITTED: in mode `epoch`, the worker's records through number `seq` are committed
-    (its undo journal forgets them)."""
-    return [COMMITTED, b"%d" % epoch, b"%d" % seq]
+def committed_frames(epoch: int, seq: int, group: int = 0) -> list[bytes]:
+    """A COMMITTED: in `group`'s mode `epoch`, the worker's records of the group through number
+    `seq` are committed (its undo journal forgets them)."""
+    return [COMMITTED, b"%d" % epoch, b"%d" % seq, b"%d" % group]
 
 
 def read_committed(frames: list[bytes]) -> tuple[int, int]:
     """The (epoch, seq) of a COMMITTED."""
-    _, epoch, seq = frames
-    return int(epoch), int(seq)
+    return int(frames[1]), int(frames[2])
 
 
 def sync_frames(epoch: int, cut_id: int) -> list[bytes]:
@@ -219,10 +234,10 @@ def read_release(frames: list[bytes]) -> int:
     return int(frames[1])
 
 
-def load_frames(trans_id: int, parts: list[str]) -> list[bytes]:
-    """A LOAD: the worker's queues are replaced by those of the snapshot parts at trans_id that
-    its Router gives it."""
-    return [LOAD, _DUMPS([trans_id, parts])]
+def load_frames(trans_id: int, parts: list[str], group: int = 0) -> list[bytes]:
+    """A LOAD: the worker's queues of `group` are replaced by those of the group's snapshot parts
+    at trans_id that its Router gives it."""
+    return [LOAD, _DUMPS([trans_id, parts]), b"%d" % group]
 
 
 def read_load(frames: list[bytes]) -> tuple[int, list[str]]:
@@ -267,22 +282,43 @@ def read_status(frames: list[bytes]) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------- worker -> coordinator
+# One group's part of a BATCH: (group, records, reply header, reply blob, partials, epoch).
+BatchPart = tuple[int, bytes, bytes, bytes, bytes, int]
+
+
 def batch_frames(records: bytes, header: bytes, blob: bytes, partials: bytes, epoch: int,
-                 index: int = 0) -> list[bytes]:
-    """Worker `index`'s BATCH message: what it decided under mode `epoch` (see
-    ClusterNode.epoch). records and partials are json lists (EMPTY_LIST for none, see
-    json_list); header and blob a reply batch."""
-    return [BATCH, records, header, blob, partials, b"%d" % epoch, b"%d" % index]
+                 index: int = 0, group: int = 0) -> list[bytes]:
+    """Worker `index`'s BATCH message of one group: what it decided for `group` under the
+    group's mode `epoch` (see GroupNode.epoch). records and partials are json lists
+    (EMPTY_LIST for none, see json_list); header and blob a reply batch."""
+    return [BATCH, b"%d" % index, b"%d" % group, records, header, blob, partials, b"%d" % epoch]
 
 
-def read_batch(frames: list[bytes]) -> tuple[bytes, bytes, bytes, bytes, int]:
-    """The (records, header, blob, partials, epoch) of a BATCH message (batch_index: whose)."""
-    return frames[1], frames[2], frames[3], frames[4], int(frames[5])
+def batches_frames(index: int, parts: list[BatchPart]) -> list[bytes]:
+    """Worker `index`'s BATCH message of several groups: a part per group, in one message."""
+    group, *first = parts[0]
+    frames = batch_frames(*first, index, group)  # type: ignore[call-arg]
+    for part in parts[1:]:
+        add_batch_part(frames, *part)
+    return frames
+
+
+def add_batch_part(frames: list[bytes], group: int, records: bytes, header: bytes, blob: bytes, partials: bytes,
+                   epoch: int) -> None:
+    """Add `group`'s part to a BATCH of other groups' (batch_frames): one message for them all."""
+    frames += (b"%d" % group, records, header, blob, partials, b"%d" % epoch)
+
+
+def read_batch(frames: list[bytes]) -> list[BatchPart]:
+    """The (group, records, header, blob, partials, epoch) parts of a BATCH message, in order
+    (batch_index: whose)."""
+    return [(int(frames[i]), frames[i + 1], frames[i + 2], frames[i + 3], frames[i + 4], int(frames[i + 5]))
+            for i in range(2, len(frames), 6)]
 
 
 def batch_index(frames: list[bytes]) -> int:
     """The index of the worker that sent a BATCH."""
-    return int(frames[6])
+    return int(frames[1])
 
 
 def json_list(values: list) -> bytes:
@@ -296,27 +332,26 @@ def records_list(changes: list[records.Record]) -> bytes:
     return records.encode_many(changes) if changes else EMPTY_LIST
 
 
-def fence_frames(epoch: int, sender: bytes) -> list[bytes]:
+def fence_frames(epoch: int, sender: bytes, group: int = 0) -> list[bytes]:
     """A FENCE: `sender` (FROM_ACCEPTOR or FROM_COORDINATOR) sends the worker no more requests of
-    mode `epoch`."""
-    return [FENCE, b"%d" % epoch, sender]
+    `group`'s mode `epoch`."""
+    return [FENCE, b"%d" % epoch, sender, b"%d" % group]
 
 
 def read_fence(frames: list[bytes]) -> tuple[int, bytes]:
     """The (epoch, sender) of a FENCE message."""
-    _, epoch, sender = frames
-    return int(epoch), sender
+    return int(frames[1]), frames[2]
 
 
-def fenced_frames(epoch: int, index: int) -> list[bytes]:
-    """A FENCED: worker `index` has sent every batch of mode `epoch` and decides nothing more in it."""
-    return [FENCED, b"%d" % epoch, b"%d" % index]
+def fenced_frames(epoch: int, index: int, group: int = 0) -> list[bytes]:
+    """A FENCED: worker `index` has sent every batch of `group`'s mode `epoch` and decides
+    nothing more in it."""
+    return [FENCED, b"%d" % epoch, b"%d" % index, b"%d" % group]
 
 
 def read_fenced(frames: list[bytes]) -> tuple[int, int]:
     """The (epoch, worker index) of a FENCED message."""
-    _, epoch, index = frames
-    return int(epoch), int(index)
+    return int(frames[1]), int(frames[2])
 
 
 def snapped_frames(epoch: int, cut_id: int, index: int) -> list[bytes]:

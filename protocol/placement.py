@@ -11,6 +11,7 @@ every node, and a queue's worker is what it always was.
 from __future__ import annotations
 
 import fnmatch
+import json
 import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -89,6 +90,24 @@ class Placement:
         self._replicas = tuple(
             named.get(g) or tuple(self.members[(g + i) % n] for i in range(min(self.group_replicas, n)))
             for g in range(queue_groups))
+        self.wire_hash = self._wire_hash()
+
+    @property
+    def is_default(self) -> bool:
+        """One group on every node, placed by no rule: the node as it was before queue groups."""
+        return self.queue_groups == 1 and self.group_replicas == len(self.members) and not self.rules
+
+    def _wire_hash(self) -> int:
+        """The placement's fingerprint that peer messages carry (PeerMessage.placement_hash, a
+        fixed32): a crc32 of queue_groups, group_replicas, the rules and the node ids in list
+        order (their addresses place nothing). 0 for the default placement, which proto3 leaves
+        off the wire, so that a node of one group sends today's bytes; never 0 otherwise. Of
+        their JSON (ASCII-escaped, compact), which any client can compute as well."""
+        if self.is_default:
+            return 0
+        rules = [[r.group, r.pattern, list(r.nodes)] for r in self.rules]
+        text = json.dumps([self.queue_groups, self.group_replicas, rules, list(self.members)], separators=(",", ":"))
+        return zlib.crc32(text.encode()) or 1
 
     def group_of(self, queue: str) -> int:
         """The group of `queue`: the first rule whose pattern matches its name (a dead-letter

@@ -20,14 +20,17 @@ from queue_server.replication.messages import (
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
-    """A decoded peer message with its sender's client address, cluster id (node_type) and
-    http_port (0: HTTP off, or not said)."""
+    """A decoded peer message with its sender's client address, cluster id (node_type),
+    http_port (0: HTTP off, or not said), placement hash (protocol/placement.py
+    `Placement.wire_hash`; 0: the default placement) and the queue group it is about."""
 
     msg: object
     client_host: str
     client_port: int
     cluster_id: int = 0
     http_port: int = 0
+    placement_hash: int = 0
+    group: int = 0
 
 
 # Each message class and its field in the protobuf pb.PeerMessage's `body` oneof.
@@ -52,14 +55,16 @@ _CLASSES = {name: cls for cls, name in _BODIES.items()}
 _FIELDS = {cls: [f.name for f in fields(cls)][len(fields(PeerMessage)):] for cls in _BODIES}
 
 
-def encode(msg: object, client_host: str = "", client_port: int = 0, cluster_id: int = 0, http_port: int = 0) -> bytes:
-    """The protobuf bytes of a peer message from a node of cluster `cluster_id` (node_type)
-    whose clients reach it on client_host:client_port, and its HTTP API on http_port."""
+def encode(msg: object, client_host: str = "", client_port: int = 0, cluster_id: int = 0, http_port: int = 0,
+           placement_hash: int = 0, group: int = 0) -> bytes:
+    """The protobuf bytes of a peer message about queue group `group` from a node of cluster
+    `cluster_id` (node_type) with placement `placement_hash`, whose clients reach it on
+    client_host:client_port, and its HTTP API on http_port. Zeros are left off the wire."""
     name = _BODIES.get(type(msg))
     if name is None:
         raise TypeError(f"not a peer message: {type(msg).__name__}")
     out = pb.PeerMessage(vote_id=msg.vote_id, src=msg.src, client_host=client_host, client_port=client_port,
-                         cluster_id=cluster_id, http_port=http_port)
+                         cluster_id=cluster_id, http_port=http_port, group=group, placement_hash=placement_hash)
     body = getattr(out, name)
     body.SetInParent()
     dumps = orjson.dumps
@@ -112,4 +117,4 @@ def decode(data: bytes) -> Envelope:
         msg = cls(m.vote_id, m.src, *values)
     except Exception as exc:  # protobuf's DecodeError, a missing body, bad JSON inside
         raise ValueError(f"bad peer message: {exc!r}") from None
-    return Envelope(msg, m.client_host, m.client_port, m.cluster_id, m.http_port)
+    return Envelope(msg, m.client_host, m.client_port, m.cluster_id, m.http_port, m.placement_hash, m.group)

@@ -493,7 +493,7 @@ class ClusterNode:
             elif kind is Send:
                 group.to_peers.append((a.to, a.msg))
             elif kind is Work:
-                out.workers.append((a.index, ipc_frames.req_frames([a.item], group.epoch)))
+                out.workers.append((a.index, ipc_frames.req_frames([a.item], group.epoch, group.group)))
             elif kind is Undeliver:
                 self.on_undelivered(a.queue, a.given)
             else:

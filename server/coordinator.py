@@ -101,7 +101,9 @@ class Coordinator:
                     sock.connect(f"tcp://{node.host}:{node.port}")
                     sockets.append(sock)
                 self.peers[node.node_id] = peer_keys.PeerLink(sockets)
-        self.client = (config.host, config.port, config.node_type, config.http_port)  # wire.encode's envelope
+        self.placement_hash = config.placement().wire_hash  # 0: the default placement
+        # wire.encode's envelope (the queue group: 0, the only one yet)
+        self.client = (config.host, config.port, config.node_type, config.http_port, self.placement_hash)
         self.rejections_logged: set[str] = set()
         self.zap_refused = 0
         self.metrics = CoordinatorMetrics()
@@ -168,23 +170,10 @@ class Coordinator:
             # leader's messages look late or hides a heartbeat that is due.
             if self.router is not None and self.router in events:
                 for frames in ipc.drain(self.router, router_poller, copy=False):
-                    if len(frames) != 2:  # the ROUTER's identity of the peer, then its one frame
-                        continue
-                    frame = frames[1]
-                    try:
-                        env = wire.decode(frame.bytes)
-                    except ValueError as exc:
-                        self.log.warning("dropped a bad peer message: %s", exc)
-                        continue
-                    if not self.admitted(env, frame):
-                        continue
-                    now = time.time()
-                    if self.reachability is not None:
-                        self.reachability.heard(env.msg.src, type(env.msg).__name__, now)  # type: ignore[attr-defined]
-                    node.on_peer(env.msg, (env.client_host, env.client_port), now, env.http_port)
-                    if now >= node.wake_at():
-                        node.tick(now)
-                        self.flush()
+                    # The ROUTER's identity of the peer, then one frame per peer message: a
+                    # peer sends all of one Ready's messages to this node in one send.
+                    for frame in frames[1:]:
+                        self.on_peer_frame(frame)
             if first is not None or self.inbox in events:
                 # The workers' batches that come one after another are taken together
                 # (ClusterNode.on_batches: their records replicated, and committed, once).
@@ -216,6 +205,24 @@ class Coordinator:
                 if line is not None:
                     self.log.warning("%s", line)
 
+    def on_peer_frame(self, frame: zmq.Frame) -> None:
+        """Hand one peer message to the node, unless it is not one or is not admitted."""
+        node = self.node
+        try:
+            env = wire.decode(frame.bytes)
+        except ValueError as exc:
+            self.log.warning("dropped a bad peer message: %s", exc)
+            return
+        if not self.admitted(env, frame):
+            return
+        now = time.time()
+        if self.reachability is not None:
+            self.reachability.heard(env.msg.src, type(env.msg).__name__, now)  # type: ignore[attr-defined]
+        node.on_peer(env.msg, (env.client_host, env.client_port), now, env.http_port, env.group)
+        if now >= node.wake_at():
+            node.tick(now)
+            self.flush()
+
     def admitted(self, env: wire.Envelope, frame: zmq.Frame) -> bool:
         """Whether a peer message may be acted on (server/peer_check.py); a refused one is
         counted and, the first time for each reason, logged."""
@@ -225,15 +232,18 @@ class Coordinator:
             user = frame.get("User-Id")
             sender = int(user) if user and user.isdigit() else None
         reason = peer_rejection(src, sender, env.cluster_id, peers=self.peer_ids,
-                                my_cluster=self.config.node_type, authenticated=self.zap is not None)
+                                my_cluster=self.config.node_type, authenticated=self.zap is not None,
+                                placement_hash=env.placement_hash, my_placement=self.placement_hash)
         if reason is None:
             return True
         self.metrics.peer_rejected(reason)
         if reason not in self.rejections_logged:
             self.rejections_logged.add(reason)
-            self.log.warning("dropped a peer message (%s): src %d, authenticated as %s, cluster id %d "
-                             "(logged once per reason; see the peer_rejected metric)",
-                             reason, src, sender, env.cluster_id)
+            self.log.warning("dropped a peer message (%s): src %d, authenticated as %s, cluster id %d, placement "
+                             "hash %08x (this node's: %08x; set queue_groups, group_replicas, queue_group_list and "
+                             "cluster_node_list alike on every node) (logged once per reason; see the "
+                             "peer_rejected metric)", reason, src, sender, env.cluster_id, env.placement_hash,
+                             self.placement_hash)
         return False
 
     def _ask_handoff(self, signum: int, frame: object) -> None:
@@ -283,21 +293,23 @@ class Coordinator:
             pass
 
     def dispatch_batches(self, batches: list[list[bytes]], now: float) -> None:
-        """Handle BATCH messages from the workers that came one after another."""
-        self.node.on_batches([(*ipc_frames.read_batch(frames), ipc_frames.batch_index(frames)) for frames in batches],
+        """Handle BATCH messages from the workers that came one after another: each group's part
+        of each, to that group's GroupNode."""
+        read, index_of = ipc_frames.read_batch, ipc_frames.batch_index
+        self.node.on_batches([(*part[1:], index_of(frames), part[0]) for frames in batches for part in read(frames)],
                              now)
 
     def dispatch(self, frames: list[bytes], now: float) -> None:
         """Handle one message from the acceptor or a worker."""
         kind = frames[0]
         if kind == ipc_frames.BATCH:
-            self.node.on_batch(*ipc_frames.read_batch(frames), now, ipc_frames.batch_index(frames))
+            self.dispatch_batches([frames], now)
         elif kind == ipc_frames.FORWARD:
             self.node.on_forward_requests(ipc_frames.read_forward(frames), now)
         elif kind == ipc_frames.UNDELIVER:
             self.node.on_undelivered(*ipc_frames.read_undeliver(frames))
         elif kind == ipc_frames.FENCED:
-            self.node.on_fenced(*ipc_frames.read_fenced(frames), now)
+            self.node.on_fenced(*ipc_frames.read_fenced(frames), now, ipc_frames.group_of(frames))
         elif kind == ipc_frames.SYNCED:
             self.node.on_synced(*ipc_frames.read_synced(frames), now)
         elif kind == ipc_frames.SNAPPED:
@@ -362,9 +374,10 @@ class Coordinator:
         unsent = []
         if ready.to_peers:
             sent: dict[int, bytes] = {}  # id of a message -> its bytes: one batch for several followers
+            # Each peer's messages, in order, go as the frames of one send (one wake of the peer).
+            to_peer: dict[int, tuple[list[bytes], list[object]]] = {}
             for target, msg in ready.peer_messages(log_stored, vote_stored):
-                link = self.peers.get(target)
-                if link is None or (not chunks_written and type(msg) is SnapshotAck):
+                if target not in self.peers or (not chunks_written and type(msg) is SnapshotAck):
                     continue
                 data = sent.get(id(msg))
                 if data is None:
@@ -372,10 +385,16 @@ class Coordinator:
                     if filled is None:
                         continue
                     data = sent[id(msg)] = wire.encode(filled, *self.client)
+                frames_msgs = to_peer.get(target)
+                if frames_msgs is None:
+                    frames_msgs = to_peer[target] = ([], [])
+                frames_msgs[0].append(data)
+                frames_msgs[1].append(msg)
+            for target, (frames, msgs) in to_peer.items():
                 try:
-                    link.send(data)
+                    self.peers[target].send(frames)
                 except zmq.Again:  # not connected yet, or too far behind
-                    unsent.append(msg)
+                    unsent.extend(msgs)
         node.advance(ready, durable_trans_id=durable, log_stored=log_stored)
         if self.recovery is not None:
             self._log_recovery()

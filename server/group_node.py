@@ -119,7 +119,7 @@ class GroupNode:
                                 snapshot_dir, last=found.trans_id)
         if found.parts:  # each worker reads the snapshot's parts itself
             for index in range(config.workers):
-                self.out.workers.append((index, ipc_frames.load_frames(found.trans_id, list(found.parts))))
+                self.out.workers.append((index, ipc_frames.load_frames(found.trans_id, list(found.parts), group)))
         # The recovery line's counts (None: no disk), asked of the workers in _count_if_replayed.
         self.recovery = RecoveryCount(None if recovered is None else self.log.last_trans_id)
         self._count_if_replayed()
@@ -174,9 +174,9 @@ class GroupNode:
         status = self.host.status or {}
         acceptor_routes = status.get("role") == LEADER and status.get("epoch") == self.epoch
         for index in range(self.config.workers):
-            self.out.workers.append((index, ipc_frames.fence_frames(self.epoch, ipc_frames.FROM_COORDINATOR)))
+            self.out.workers.append((index, ipc_frames.fence_frames(self.epoch, ipc_frames.FROM_COORDINATOR, self.group)))
             if not acceptor_routes:
-                self.out.workers.append((index, ipc_frames.fence_frames(self.epoch, ipc_frames.FROM_ACCEPTOR)))
+                self.out.workers.append((index, ipc_frames.fence_frames(self.epoch, ipc_frames.FROM_ACCEPTOR, self.group)))
 
     def _workers_fenced(self) -> bool:
         """Whether every record the workers decided in this mode is in the log, and they decide
@@ -325,7 +325,7 @@ class GroupNode:
         ClusterNode.on_undelivered): the leader's worker takes them, a follower passes them to
         the leader. False while they must be held (the workers fenced, or no leader known)."""
         if self.leader is not None and self.fence_epoch != self.epoch:
-            self.out.workers.append((self.host.router.worker_for(queue), ipc_frames.undeliver_frames(queue, given)))
+            self.out.workers.append((self.host.router.worker_for(queue), ipc_frames.undeliver_frames(queue, given, self.group)))
         elif self.leader is None and self.election.leader_id is not None:
             self.to_peers.append((self.election.leader_id, GiveBack(
                 self.election.vote_id, self.node_id, queue, tuple(m[0] for m in given), tuple(m[1] for m in given))))
@@ -451,7 +451,7 @@ class GroupNode:
                 trans_ids.append(e.trans_id)
         out = self.out.workers if self._awaiting_load is None else self._awaiting_load
         for index, (records, trans_ids) in per_worker.items():
-            out.append((index, ipc_frames.apply_frames(records, committed)))
+            out.append((index, ipc_frames.apply_frames(records, committed, self.group)))
             self.seqs.applied(index, trans_ids, committed)
         self.workers_trans_id = max(self.workers_trans_id, entries[-1].trans_id)
         self._count_if_replayed()
@@ -466,7 +466,7 @@ class GroupNode:
         for index, seq in enumerate(self.seqs.commit(self.log.commit_trans_id)):
             if seq > sent[index]:
                 sent[index] = seq
-                self.out.workers.append((index, ipc_frames.committed_frames(self.epoch, seq)))
+                self.out.workers.append((index, ipc_frames.committed_frames(self.epoch, seq, self.group)))
 
     def _set_mode(self, accepting: bool, keep: list[int] | None = None) -> None:
         """Start a new mode of the workers: whether they accept queue requests; `keep`: each
@@ -476,7 +476,7 @@ class GroupNode:
         self._committed_seqs = [0] * self.config.workers
         for index in range(self.config.workers):
             self.out.workers.append((index, ipc_frames.mode_frames(
-                accepting, self.epoch, None if keep is None else keep[index], self.workers_trans_id)))
+                accepting, self.epoch, None if keep is None else keep[index], self.workers_trans_id, self.group)))
         if accepting and self.election.transfer_target is not None:
             self._fence_workers()  # a new mode during a hand-off is fenced too
 
@@ -573,7 +573,7 @@ class GroupNode:
         """Every worker replaces its queues of this group with those of the snapshot `parts` it
         owns (LOAD): their record counts start again."""
         for index in range(self.config.workers):
-            self.out.workers.append((index, ipc_frames.load_frames(trans_id, parts)))
+            self.out.workers.append((index, ipc_frames.load_frames(trans_id, parts, self.group)))
         self.seqs.reset()
         self._count_if_replayed()
 
@@ -594,4 +594,4 @@ class GroupNode:
         items = self.host.router.plan(p.MONITOR, {"action": p.MONITOR}, RECOVERY_ORIGIN, 0)
         assert not isinstance(items, str)
         for index, item in items:
-            self.out.workers.append((index, ipc_frames.req_frames([item], self.epoch)))
+            self.out.workers.append((index, ipc_frames.req_frames([item], self.epoch, self.group)))

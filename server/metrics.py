@@ -422,7 +422,8 @@ class CoordinatorMetrics(_Metrics):
         self.fsync_seconds = self._histogram("log_fsync_seconds", "Time of one fsync of the change log.", FSYNC_BUCKETS)
         self.peer_rejects: dict[str, int] = {}
         self.peer_rejected_counter = self._counter(
-            "peer_rejected", "Peer messages dropped (unknown src, src not the authenticated node, other cluster) "
+            "peer_rejected", "Peer messages dropped (unknown src, src not the authenticated node, other cluster, "
+            "other placement of the queue groups) "
             "and peer connections refused (bad_key: not a cluster key), by reason.", ("reason",))
         self._at_zero(self.peer_rejected_counter, REJECTIONS)
         self.refusals: dict[str, int] = {}

@@ -84,13 +84,14 @@ class PeerLink:
     def __init__(self, sockets: list[zmq.Socket]) -> None:
         self.sockets = sockets
 
-    def send(self, data: bytes) -> None:
-        """Send without blocking on the first socket that takes it (and try that one first next
-        time). zmq.Again if none does: not connected yet, or too far behind."""
+    def send(self, frames: list[bytes]) -> None:
+        """Send the frames as one message, without blocking, on the first socket that takes it
+        (and try that one first next time). zmq.Again if none does: not connected yet, or too
+        far behind. ZeroMQ delivers a message's frames all or none."""
         sockets = self.sockets
         for i, sock in enumerate(sockets):
             try:
-                sock.send(data, zmq.NOBLOCK)
+                sock.send_multipart(frames, zmq.NOBLOCK)
             except zmq.Again:
                 continue
             if i:

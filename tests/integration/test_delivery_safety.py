@@ -111,9 +111,9 @@ def test_acceptor_last_resort_guard_gives_the_messages_back(tmp_path, monkeypatc
         assert addr == ("127.0.0.1", 9)
         assert sent["code"] == -1 and sent["reason"] == TOO_LARGE and sent["seq"] == 5
         assert coordinator.poll(5000), "no undeliver reached the coordinator"
-        kind, body = coordinator.recv_multipart()
-        assert kind == ipc_frames.UNDELIVER
-        assert orjson.loads(body) == [queue, [[3, 1], [4, 1]] if batch else [[3, 1]]]
+        frames = coordinator.recv_multipart()
+        assert frames[0] == ipc_frames.UNDELIVER
+        assert ipc_frames.read_undeliver(frames) == (queue, [[3, 1], [4, 1]] if batch else [[3, 1]])
         # A reply that is not a consume's gives nothing back.
         slot = acceptor.udp_register(("127.0.0.1", 9))
         acceptor.deliver(Origin(slot, True), 0, orjson.dumps({"action": 7, "code": 0, "queue_list": ["q" * 700]}))

@@ -133,7 +133,7 @@ def test_series_of_known_label_values_are_there_before_any_count(metered):
         assert s[("queue_server_limit_refusals_total", frozenset({("limit", limit)}))] == 0
     for outcome in ("failed", "throttled"):
         assert s[("queue_server_auth_failures_total", frozenset({("outcome", outcome)}))] == 0
-    for reason in ("unknown_src", "src_not_sender", "other_cluster", "bad_key"):
+    for reason in ("unknown_src", "src_not_sender", "other_cluster", "other_placement", "bad_key"):
         assert s[("queue_server_peer_rejected_total", frozenset({("reason", reason)}))] == 0
     for reason in ("leadership_lost", "leadership_changed", "mode_changed", "storage_unavailable", "not_leader"):
         assert s[("queue_server_writes_refused_total", frozenset({("reason", reason)}))] == 0

@@ -134,17 +134,39 @@ def test_forgeries_without_the_cluster_key_change_nothing(cluster):
     unchanged_after(cluster, send, {i: {"bad_key": 1} for i in cluster.nodes})
 
 
+def as_node_2(ctx: zmq.Context, cluster: Cluster, secret: bytes, node_id: int) -> zmq.Socket:
+    """A DEALER to node `node_id` authenticated with node 2's key."""
+    public2, private2 = peer_keys.keypair(secret, 2)
+    return dealer(ctx, peer_address(cluster, node_id), curve_publickey=public2, curve_secretkey=private2,
+                  curve_serverkey=peer_keys.keypair(secret, node_id)[0])
+
+
 def test_forgeries_from_an_authenticated_node_claiming_another_id_change_nothing(cluster):
     def send(ctx, secret, before):
-        public2, private2 = peer_keys.keypair(secret, 2)
         kept = []
         for node_id in (1, 3):
-            kept.append(sock := dealer(ctx, peer_address(cluster, node_id), curve_publickey=public2,
-                                       curve_secretkey=private2, curve_serverkey=peer_keys.keypair(secret, node_id)[0]))
+            kept.append(sock := as_node_2(ctx, cluster, secret, node_id))
             send_all(sock, cluster, forgeries(3 if node_id == 1 else 1, before["leader"]))
             send_all(sock, cluster, forgeries(2, before["leader"]), cluster_id=99)  # node 2, another cluster
         return kept
     unchanged_after(cluster, send, {i: {"src_not_sender": 3, "other_cluster": 3} for i in (1, 3)})
+
+
+def test_every_frame_of_a_peers_send_is_read_and_another_placement_is_dropped(cluster):
+    """A peer sends several messages as the frames of one send: each is read (and counted when
+    refused); messages from a node whose placement of the queue groups differs are dropped,
+    and logged once."""
+    def send(ctx, secret, before):
+        kept = []
+        for node_id in (1, 3):
+            kept.append(sock := as_node_2(ctx, cluster, secret, node_id))
+            sock.send_multipart([wire.encode(m, "127.0.0.1", 1, 10, 0, 0xC0FFEE) for m in forgeries(2, before["leader"])])
+        return kept
+    unchanged_after(cluster, send, {i: {"other_placement": 3} for i in (1, 3)})
+    for node_id in (1, 3):
+        log = cluster.nodes[node_id].log()
+        assert log.count("dropped a peer message (other_placement)") == 1, log
+        assert "placement hash 00c0ffee (this node's: 00000000;" in log
 
 
 def test_a_node_with_a_wrong_secret_cannot_join(tmp_path):

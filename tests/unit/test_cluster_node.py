@@ -254,7 +254,7 @@ def test_the_leader_gives_back_what_a_follower_could_not_deliver():
     assert _drain(node)[1] == []
     node.on_undelivered("q", [[5, 1], [6, 2]])
     (index, frames), = _drain(node)[1]
-    assert frames == [ipc_frames.UNDELIVER, orjson.dumps(["q", [[5, 1], [6, 2]]])]
+    assert frames == [ipc_frames.UNDELIVER, orjson.dumps(["q", [[5, 1], [6, 2]]]), b"0"]  # group 0
     assert index == node.router.worker_for("q")
 
 
@@ -275,7 +275,7 @@ def test_a_forwarded_consume_reply_that_cannot_be_sent_is_given_back_by_the_lead
     reply = {"action": p.CONSUME, "queue": "q", "code": 0, "msg_id": 5, "data": "x", "delivery_count": 1}
     node.on_unsent(ForwardReply(node.election.vote_id, 1, ((42, orjson.dumps(reply)),)), T0 + 2)
     (index, frames), = _drain(node)[1]
-    assert frames == [ipc_frames.UNDELIVER, orjson.dumps(["q", [[5, 1]]])]
+    assert frames == [ipc_frames.UNDELIVER, orjson.dumps(["q", [[5, 1]]]), b"0"]
     assert index == node.router.worker_for("q")
 
 
@@ -670,7 +670,7 @@ def _workers(node: ClusterNode) -> list[Worker]:
     taken by _serve."""
     workers = []
     for i in range(node.config.workers):
-        w = Worker(PartitionService(1, 100), None, _Pipe(), _Quiet(), i,
+        w = Worker({0: PartitionService(1, 100)}, None, _Pipe(), _Quiet(), i,
                    metrics=WorkerMetrics(CollectorRegistry()), owns=lambda q, i=i: node.router.worker_for(q) == i)
         workers.append(w)
     return workers
@@ -697,7 +697,8 @@ def _serve(node: ClusterNode, workers: list[Worker], now: float) -> None:
         for w in workers:
             w.flush()
             for frames in w.coordinator:
-                node.on_batch(*ipc_frames.read_batch(frames), now, ipc_frames.batch_index(frames))
+                for _group, *batch in ipc_frames.read_batch(frames):
+                    node.on_batch(*batch, now, ipc_frames.batch_index(frames))
                 sent = True
             w.coordinator.clear()
         if not sent and not node.has_ready():
@@ -736,7 +737,7 @@ def test_a_recovered_follower_counts_its_log_once_the_leader_commits_it():
     _serve(node, workers, T0 + 0.05)
     assert node.workers_trans_id == 3
     assert node.take_replayed() == (2, 2, 2)  # what the disk held, not the entry the leader added
-    assert sum(len(w.service.queues) for w in workers) == 3  # the workers went on past it
+    assert sum(len(w.services[0].queues) for w in workers) == 3  # the workers went on past it
 
 
 def _snapshot_part(tmp_path, trans_id: int) -> str:
@@ -777,7 +778,7 @@ def test_a_recovered_snapshot_and_the_log_after_it_are_counted_where_that_log_en
     node.tick(T0 + 1)
     _serve(node, workers, T0 + 1)
     assert node.take_replayed() == (3, 4, 5)
-    assert sorted(q for w in workers for q in w.service.queues) == ["a", "b", "c"]
+    assert sorted(q for w in workers for q in w.services[0].queues) == ["a", "b", "c"]
 
 
 def test_a_node_without_a_disk_reports_no_recovery():

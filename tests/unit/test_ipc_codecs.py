@@ -63,13 +63,49 @@ def test_decoded_and_naming_of_what_does_not_parse():
         "action": 2, "queue": "q", "seq": 7}
 
 
-@given(st.binary(max_size=30), st.binary(max_size=30), st.binary(max_size=30), st.binary(max_size=30),
-       st.integers(0, 2**62), st.integers(0, 255))
-def test_batch_frames_round_trip(records, header, blob, partials, epoch, index):
-    frames = ipc_frames.batch_frames(records, header, blob, partials, epoch, index)
+groups = st.integers(0, 1023)
+batch_parts = st.tuples(groups, st.binary(max_size=30), st.binary(max_size=30), st.binary(max_size=30),
+                        st.binary(max_size=30), st.integers(0, 2**62))
+
+
+@given(batch_parts, st.integers(0, 255))
+def test_batch_frames_round_trip(part, index):
+    group, records, header, blob, partials, epoch = part
+    frames = ipc_frames.batch_frames(records, header, blob, partials, epoch, index, group)
     assert frames[0] == ipc_frames.BATCH
-    assert ipc_frames.read_batch(frames) == (records, header, blob, partials, epoch)
+    assert ipc_frames.read_batch(frames) == [part]
     assert ipc_frames.batch_index(frames) == index
+    assert ipc_frames.batch_frames(records, header, blob, partials, epoch, index) == \
+        ipc_frames.batches_frames(index, [(0, records, header, blob, partials, epoch)])  # group 0 by default
+
+
+@given(st.lists(batch_parts, min_size=1, max_size=5), st.integers(0, 255))
+def test_a_batch_of_several_groups_is_one_message_of_their_parts_in_order(parts, index):
+    frames = ipc_frames.batches_frames(index, parts)
+    assert frames[0] == ipc_frames.BATCH and len(frames) == 2 + 6 * len(parts)
+    assert ipc_frames.read_batch(frames) == parts
+    assert ipc_frames.batch_index(frames) == index
+
+
+@given(groups, st.integers(0, 2**62))
+def test_every_message_of_a_group_carries_it_last(group, epoch):
+    """REQ, MODE, FENCE, FENCED, APPLY, COMMITTED, LOAD and UNDELIVER name their queue group in
+    their last frame (group_of), and each reader reads the rest as it did."""
+    messages = [
+        (ipc_frames.req_frames([], epoch, group), ipc_frames.req_epoch, epoch),
+        (ipc_frames.mode_frames(True, epoch, 3, 4, group), ipc_frames.read_mode, (True, epoch, 3, 4)),
+        (ipc_frames.fence_frames(epoch, ipc_frames.FROM_ACCEPTOR, group), ipc_frames.read_fence,
+         (epoch, ipc_frames.FROM_ACCEPTOR)),
+        (ipc_frames.fenced_frames(epoch, 3, group), ipc_frames.read_fenced, (epoch, 3)),
+        (ipc_frames.apply_frames([], False, group), ipc_frames.read_apply, []),
+        (ipc_frames.committed_frames(epoch, 9, group), ipc_frames.read_committed, (epoch, 9)),
+        (ipc_frames.load_frames(epoch, ["p"], group), ipc_frames.read_load, (epoch, ["p"])),
+        (ipc_frames.undeliver_frames("q", [[1, 2]], group), ipc_frames.read_undeliver, ("q", [[1, 2]])),
+    ]
+    for frames, read, expected in messages:
+        assert ipc_frames.group_of(frames) == group, frames[0]
+        assert read(frames) == expected, frames[0]
+    assert not ipc_frames.apply_committed(messages[4][0])
 
 
 @given(st.integers(0, 2**62), st.sampled_from(sorted(ipc_frames.FENCE_SENDERS)))
@@ -115,6 +151,8 @@ def test_joined_reqs_hold_every_item_in_order(runs, epoch):
 def test_only_reqs_of_one_mode_are_the_same_mode():
     req = ipc_frames.req_frames([], 3)
     assert not ipc_frames.same_mode_reqs(req, ipc_frames.req_frames([], 4))
+    assert not ipc_frames.same_mode_reqs(req, ipc_frames.req_frames([], 3, 1))  # another group's mode 3
+    assert ipc_frames.group_of(ipc_frames.join_reqs([ipc_frames.req_frames([], 3, 2)] * 2)) == 2
     assert not ipc_frames.same_mode_reqs(req, ipc_frames.fence_frames(3, ipc_frames.FROM_COORDINATOR))
 
 
@@ -198,13 +236,18 @@ def test_the_byte_layouts_are_the_ones_docs_architecture_md_documents():
     """The bytes on the pipes did not change shape: a node of this version runs with its own
     processes only, but the layout is documented and the tests of other files build it."""
     item = ipc_frames.req_item(Origin(5, True, 2), 7, {"action": 1})
-    assert ipc_frames.req_frames([item], 3) == [b"req", b'[[[5,true,2],7,{"action":1}]]', b"3"]
+    assert ipc_frames.req_frames([item], 3) == [b"req", b'[[[5,true,2],7,{"action":1}]]', b"3", b"0"]
     assert ipc_frames.close_frames(5) == [b"close", b"5"]
-    assert ipc_frames.undeliver_frames("q", [[1, 2]]) == [b"undeliver", b'["q",[[1,2]]]']
-    assert ipc_frames.mode_frames(True, 4, 9, 12) == [b"mode", b"[true,4,9,12]"]
-    assert ipc_frames.mode_frames(False, 4) == [b"mode", b"[false,4,null,null]"]
-    assert ipc_frames.committed_frames(4, 9) == [b"committed", b"4", b"9"]
-    assert ipc_frames.apply_frames([], committed=False) == [b"apply", b"[]", b"0"]
+    assert ipc_frames.undeliver_frames("q", [[1, 2]], 2) == [b"undeliver", b'["q",[[1,2]]]', b"2"]
+    assert ipc_frames.mode_frames(True, 4, 9, 12) == [b"mode", b"[true,4,9,12]", b"0"]
+    assert ipc_frames.mode_frames(False, 4) == [b"mode", b"[false,4,null,null]", b"0"]
+    assert ipc_frames.committed_frames(4, 9) == [b"committed", b"4", b"9", b"0"]
+    assert ipc_frames.apply_frames([], committed=False) == [b"apply", b"[]", b"0", b"0"]
+    assert ipc_frames.fence_frames(4, ipc_frames.FROM_ACCEPTOR, 1) == [b"fence", b"4", b"acceptor", b"1"]
+    assert ipc_frames.fenced_frames(4, 2) == [b"fenced", b"4", b"2", b"0"]
+    assert ipc_frames.load_frames(7, ["a"]) == [b"load", b'[7,["a"]]', b"0"]
+    assert ipc_frames.batches_frames(3, [(0, b"[]", b"h", b"b", b"[]", 4), (2, b"[1]", b"h2", b"b2", b"[]", 5)]) == [
+        b"batch", b"3", b"0", b"[]", b"h", b"b", b"[]", b"4", b"2", b"[1]", b"h2", b"b2", b"[]", b"5"]
 
 
 def test_every_kind_has_its_codec():

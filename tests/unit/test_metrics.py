@@ -209,7 +209,7 @@ def test_series_of_known_label_values_start_at_zero():
     assert samples(registry, "queue_server_auth_failures_total") == {("failed",): 0, ("throttled",): 0}
     assert samples(registry, "queue_server_limit_refusals_total") == {(limit,): 0 for limit in limits.LIMITS}
     assert samples(coordinator, "queue_server_peer_rejected_total") == {
-        (reason,): 0 for reason in ("unknown_src", "src_not_sender", "other_cluster", "bad_key")}
+        (reason,): 0 for reason in ("unknown_src", "src_not_sender", "other_cluster", "other_placement", "bad_key")}
     assert samples(coordinator, "queue_server_writes_refused_total") == {
         (reason,): 0 for reason in ("leadership_lost", "leadership_changed", "mode_changed", "storage_unavailable",
                                     "not_leader")}

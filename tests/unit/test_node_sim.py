@@ -283,13 +283,13 @@ class SimNode:
                                        dead_letter_suffix=self.config.dead_letter_suffix,
                                        undo_limit=UNDO_LIMIT)
             service.accepting = False
-            self.workers.append(Worker(service, None, _Pipe(self, _worker_proc(i), COORD), _Quiet(), i,
+            self.workers.append(Worker({0: service}, None, _Pipe(self, _worker_proc(i), COORD), _Quiet(), i,
                                        metrics=WorkerMetrics(CollectorRegistry()),
                                        acceptor=_Pipe(self, _worker_proc(i), ACCEPTOR),
                                        owns=lambda q, i=i: self.cn.router.worker_for(q) == i,
                                        write_inline=write_part_inline))
         for i, w in enumerate(self.workers):
-            w.service.rollback = self.checked_rollback(i)  # type: ignore[method-assign]
+            w.services[0].rollback = self.checked_rollback(i)  # type: ignore[method-assign]
         self.acceptor = SimAcceptor(self)
         # The oracle of rollbacks: what each worker must hold after the MODE of an epoch, built
         # from the committed log (this node's replay of it: `oracle`, at oracle_trans_id) and
@@ -326,13 +326,14 @@ class SimNode:
         if proc == COORD:
             kind = frames[0]
             if kind == ipc_frames.BATCH:
-                self.cn.on_batch(*ipc_frames.read_batch(frames), now, ipc_frames.batch_index(frames))
+                for group, *batch in ipc_frames.read_batch(frames):
+                    self.cn.on_batch(*batch, now, ipc_frames.batch_index(frames), group)
             elif kind == ipc_frames.FORWARD:
                 self.cn.on_forward_requests(ipc_frames.read_forward(frames), now)
             elif kind == ipc_frames.UNDELIVER:
                 self.cn.on_undelivered(*ipc_frames.read_undeliver(frames))
             elif kind == ipc_frames.FENCED:
-                self.cn.on_fenced(*ipc_frames.read_fenced(frames), now)
+                self.cn.on_fenced(*ipc_frames.read_fenced(frames), now, ipc_frames.group_of(frames))
             elif kind == ipc_frames.SYNCED:
                 self.cn.on_synced(*ipc_frames.read_synced(frames), now)
             elif kind == ipc_frames.SNAPPED:
@@ -375,7 +376,7 @@ class SimNode:
         """Worker `index`'s PartitionService.rollback, checked against the oracle as soon as it
         returns (before the requests the MODE held are served)."""
         w = self.workers[index]
-        rollback = w.service.rollback
+        rollback = w.services[0].rollback
 
         def checked(keep_through: int) -> int:
             undone = rollback(keep_through)
@@ -384,30 +385,30 @@ class SimNode:
         return checked
 
     def check_rollback(self, index: int, w: Worker, keep_through: int, undone: int) -> None:
-        epoch = w.epoch
+        epoch = w.epochs[0]
         trans_id, expected = self.expected.pop((index, epoch), (None, None))
-        if w.service.seq != keep_through:
-            raise Violation(f"node {self.node_id} worker {index}: seq {w.service.seq} after a MODE "
+        if w.services[0].seq != keep_through:
+            raise Violation(f"node {self.node_id} worker {index}: seq {w.services[0].seq} after a MODE "
                             f"that keeps through {keep_through}")
         if not undone:
             return
         self.sim.rollbacks += 1
         if expected is None:
             return
-        got = orjson.dumps(orjson.loads(orjson.dumps(w.service.snapshot())), option=orjson.OPT_SORT_KEYS)
+        got = orjson.dumps(orjson.loads(orjson.dumps(w.services[0].snapshot())), option=orjson.OPT_SORT_KEYS)
         if got != expected:
             raise Violation(f"node {self.node_id} worker {index}: after rolling back {undone} records "
                             f"(epoch {epoch}) its queues differ from the log through trans_id {trans_id}")
         self.sim.rollbacks_checked += 1
 
     def worker_after(self, w: Worker) -> None:
-        w.service.tick(self.sim.now)
+        w.services[0].tick(self.sim.now)
         w.flush()
 
     def on_peer(self, data: bytes) -> None:
         env = wire.decode(data)
         now = self.sim.now
-        self.cn.on_peer(env.msg, (env.client_host, env.client_port), now, env.http_port)
+        self.cn.on_peer(env.msg, (env.client_host, env.client_port), now, env.http_port, env.group)
         self.coord_timer()
 
     def coord_timer(self) -> None:
@@ -468,7 +469,7 @@ class SimNode:
     def workers_state(self) -> dict:
         merged: dict = {}
         for w in self.workers:
-            merged.update(w.service.snapshot())
+            merged.update(w.services[0].snapshot())
         return orjson.loads(orjson.dumps(merged))
 
 

@@ -7,13 +7,14 @@ import pytest
 import zmq
 
 from queue_server.server import peer_keys
-from queue_server.server.peer_check import NOT_SENDER, OTHER_CLUSTER, UNKNOWN_SRC, peer_rejection
+from queue_server.server.peer_check import NOT_SENDER, OTHER_CLUSTER, OTHER_PLACEMENT, UNKNOWN_SRC, peer_rejection
 
 PEERS = {2, 3}
 
 
-def check(src, sender, cluster=10, authenticated=True):
-    return peer_rejection(src, sender, cluster, peers=PEERS, my_cluster=10, authenticated=authenticated)
+def check(src, sender, cluster=10, authenticated=True, placement=0, my_placement=0):
+    return peer_rejection(src, sender, cluster, peers=PEERS, my_cluster=10, authenticated=authenticated,
+                          placement_hash=placement, my_placement=my_placement)
 
 
 def test_a_peer_speaking_for_itself_passes():
@@ -40,6 +41,16 @@ def test_cluster_id_must_match():
     assert check(2, 2, cluster=11) == OTHER_CLUSTER
     assert check(2, 2, cluster=0) == OTHER_CLUSTER
     assert check(2, None, cluster=11, authenticated=False) == OTHER_CLUSTER
+
+
+def test_placement_hash_must_match():
+    """A peer that puts queues in other groups (or on other replicas) is dropped, whichever side
+    has the default placement (hash 0)."""
+    assert check(2, 2, placement=0xDEADBEEF, my_placement=0xDEADBEEF) is None
+    assert check(2, 2, placement=0xDEADBEEF) == OTHER_PLACEMENT
+    assert check(2, 2, my_placement=0xDEADBEEF) == OTHER_PLACEMENT
+    assert check(2, 2, placement=1, my_placement=2) == OTHER_PLACEMENT
+    assert check(2, 2, cluster=11, placement=1) == OTHER_CLUSTER  # the first reason names it
 
 
 def test_keys_are_derived_from_the_secret_and_the_node_id():
@@ -85,25 +96,25 @@ class FakeSocket:
     def __init__(self, connected: bool) -> None:
         self.connected, self.sent = connected, []
 
-    def send(self, data: bytes, flags: int = 0) -> None:
+    def send_multipart(self, frames: list[bytes], flags: int = 0) -> None:
         if not self.connected:
             raise zmq.Again()
-        self.sent.append(data)
+        self.sent.append(frames)
 
 
 def test_a_peer_link_sends_on_the_socket_that_handshook_and_keeps_to_it():
     wrong_key, right_key = FakeSocket(False), FakeSocket(True)
     link = peer_keys.PeerLink([wrong_key, right_key])
-    link.send(b"a")
-    link.send(b"b")
-    assert right_key.sent == [b"a", b"b"] and link.sockets[0] is right_key
+    link.send([b"a"])
+    link.send([b"b", b"c"])  # one message of two frames
+    assert right_key.sent == [[b"a"], [b"b", b"c"]] and link.sockets[0] is right_key
     right_key.connected = False  # the peer restarted with the other secret first
     wrong_key.connected = True
-    link.send(b"c")
-    assert wrong_key.sent == [b"c"]
+    link.send([b"c"])
+    assert wrong_key.sent == [[b"c"]]
     wrong_key.connected = False
     with pytest.raises(zmq.Again):  # not connected: the caller counts it unsent
-        link.send(b"d")
+        link.send([b"d"])
 
 
 def test_secret_file(tmp_path):

@@ -86,3 +86,17 @@ def test_split_virtual_queue_names_the_union() -> None:
     assert split is not None and split[0] == ["all", "audit", "orders.eu"] and 2 in split[1]
     whole = Placement([1], 3, rules=[GroupRule(1, "orders.*"), GroupRule(1, "a*")], keys=keys)
     assert whole.split_virtual_queue() is None
+
+
+def test_wire_hash_is_zero_for_the_default_placement_only() -> None:
+    """Peer messages carry it (0 is left off the wire): the default placement sends today's
+    bytes; any other placement a nonzero hash that changes with each of its parts."""
+    assert Placement([1, 2, 3]).wire_hash == Placement([1, 2, 3], 1, 3).wire_hash == 0
+    assert Placement([7]).wire_hash == 0
+    others = [Placement([1, 2, 3], 3), Placement([1, 2, 3, 4, 5], 1, 3), Placement([1, 2, 3], 1, rules=[GroupRule(0, "a*")]),
+              Placement([1, 2, 3], 3, rules=[GroupRule(2, "a*")]), Placement([1, 2, 3], 3, rules=[GroupRule(2, "b*")]),
+              Placement([1, 2, 3], 3, rules=[GroupRule(2, None, (3, 2, 1))]), Placement([2, 1, 3], 3),
+              Placement([1, 2, 4], 3), Placement([1, 2, 3, 4, 5], 3, 3), Placement([1, 2, 3], 4)]
+    hashes = [p.wire_hash for p in others]
+    assert all(0 < h < 2**32 for h in hashes) and len(set(hashes)) == len(hashes)
+    assert Placement([1, 2, 3], 3, rules=[GroupRule(2, "a*")]).wire_hash == hashes[3]  # every node computes the same

@@ -138,7 +138,7 @@ def test_the_worker_sends_direct_replies_to_the_acceptor_and_the_rest_to_the_coo
         def send_multipart(self, frames: list[bytes]) -> None:
             self.sent.append(list(frames))
 
-    w = Worker(_service(), None, Pipe(), None, metrics=WorkerMetrics(CollectorRegistry()), acceptor=Pipe())
+    w = Worker({0: _service()}, None, Pipe(), None, metrics=WorkerMetrics(CollectorRegistry()), acceptor=Pipe())
     w.dispatch(ipc_frames.mode_frames(True, 1), NOW)
     items = [ipc_frames.req_item(OWN, 0, {"action": p.PRODUCE, "queue": "q", "data": "a"}),
              ipc_frames.req_item(OWN, 1, {"action": p.CONSUME, "queue": "empty"}),
@@ -148,18 +148,18 @@ def test_the_worker_sends_direct_replies_to_the_acceptor_and_the_rest_to_the_coo
     [rep] = w.acceptor.sent
     assert [(n, orjson.loads(d)["code"]) for _, n, d in replies.decode(*ipc_frames.read_rep(rep)[0])] == [(1, 0), (2, -1)]
     [batch] = w.coordinator.sent
-    _records, header, blob, _partials, epoch = ipc_frames.read_batch(batch)
+    [(_, _records, header, blob, _partials, epoch)] = ipc_frames.read_batch(batch)
     assert [n for _, n, _ in replies.decode(header, blob)] == [0] and epoch == 1
     counted = {(p.PRODUCE, 0): 1, (p.CONSUME, 0): 1, (p.CONSUME, -1): 1}  # each reply once, whichever way
     assert w.metrics.counts == counted
     w.flush()
     assert len(w.acceptor.sent) == 1 and len(w.coordinator.sent) == 1  # nothing new, nothing sent
 
-    w = Worker(_service(), None, Pipe(), None, metrics=WorkerMetrics(CollectorRegistry()))  # no acceptor
+    w = Worker({0: _service()}, None, Pipe(), None, metrics=WorkerMetrics(CollectorRegistry()))  # no acceptor
     w.dispatch(ipc_frames.mode_frames(True, 1), NOW)
     w.dispatch(ipc_frames.req_frames(items, 1), NOW)
     w.flush()
     [batch] = w.coordinator.sent
-    _records, header, blob, _partials, _epoch = ipc_frames.read_batch(batch)
+    [(_, _records, header, blob, _partials, _epoch)] = ipc_frames.read_batch(batch)
     assert sorted(n for _, n, _ in replies.decode(header, blob)) == [0, 1, 2]
     assert w.metrics.counts == counted

@@ -75,3 +75,30 @@ def test_entries_travel_as_the_bytes_they_came_with():
     # The bytes go as they are, not encoded again from the record.
     marked = AppendEntries(3, 1, 4, 2, (Entry(5, 3, record, data.replace(b'"q"', b'"r"')),), 4)
     assert wire.decode(wire.encode(marked)).msg.entries[0].record.queue == "r"
+
+
+# The bytes of these messages before the envelope had a group and a placement hash (encoded by
+# the wire.py and peer_pb2.py of 7674546): with one group and the default placement, a node
+# sends exactly these.
+TODAYS_BYTES = [
+    ((Heartbeat(3, 1, 5, 2, 9, 3), "127.0.0.1", 1101, 10, 8111),
+     "080310011a093132372e302e302e3120cd08280a30af3f62080805100218092003"),
+    ((AppendAck(7, 2, 12345), "127.0.0.1", 1102, 10, 0), "080710021a093132372e302e302e3120ce08280a7a0308b960"),
+]
+
+
+@pytest.mark.parametrize("args, hex_bytes", TODAYS_BYTES, ids=["Heartbeat", "AppendAck"])
+def test_group_0_and_the_default_placement_send_todays_bytes(args, hex_bytes):
+    assert wire.encode(*args).hex() == hex_bytes
+    assert wire.encode(*args, 0, 0).hex() == hex_bytes
+    env = wire.decode(bytes.fromhex(hex_bytes))
+    assert (env.group, env.placement_hash) == (0, 0)
+
+
+def test_the_envelope_carries_the_group_and_the_placement_hash():
+    msg = Heartbeat(3, 1, 5, 2, 9, 3)
+    data = wire.encode(msg, "10.0.0.1", 1111, 10, 8111, 0xFFFFFFFF, 1023)
+    env = wire.decode(data)
+    assert (env.msg, env.placement_hash, env.group) == (msg, 0xFFFFFFFF, 1023)
+    # A fixed32 is 4 bytes (and its tag one): a nonzero placement always costs 5 bytes.
+    assert len(data) - len(wire.encode(msg, "10.0.0.1", 1111, 10, 8111, 0, 1023)) == 5

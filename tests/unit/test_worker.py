@@ -50,7 +50,7 @@ class Log:
 def worker() -> Worker:
     service = PartitionService(1, 1000, {}, max_wait=30)
     service.accepting = False
-    return Worker(service, None, Pipe(), Log(), 0, metrics=WorkerMetrics(CollectorRegistry()))
+    return Worker({0: service}, None, Pipe(), Log(), 0, metrics=WorkerMetrics(CollectorRegistry()))
 
 
 def mode(accepting: bool, epoch: int) -> list[bytes]:
@@ -65,7 +65,7 @@ def batches(w: Worker) -> list[tuple[list, list, int]]:
     """Each BATCH sent: its records, its (origin, req_no, reply) triples and its epoch."""
     out = []
     for frames in w.coordinator.sent:
-        records, header, blob, _partials, epoch = ipc_frames.read_batch(frames)
+        [(_, records, header, blob, _partials, epoch)] = ipc_frames.read_batch(frames)
         got = [(o, n, orjson.loads(d)) for o, n, d in replies.decode(header, blob)]
         out.append((orjson.loads(records), got, epoch))
     return out
@@ -94,7 +94,7 @@ def test_requests_before_the_worker_leads_are_refused_and_change_nothing(worker)
     worker.flush()
     [(records, [(_, _, reply)], _)] = batches(worker)
     assert records == [] and reply["code"] == -1
-    assert worker.service.snapshot() == {}
+    assert worker.services[0].snapshot() == {}
 
 
 def test_a_batch_from_a_later_mode_waits_for_that_mode(worker):
@@ -135,10 +135,10 @@ def test_replayed_records_and_a_load_replace_the_state(worker, tmp_path):
     record = {"op": "produce", "queue": "q", "msg_id": 1, "ready": NOW, "ttl": NOW + 60, "retry": 0,
               "priority": 0, "data": "x", "delivery_count": 0}
     worker.dispatch(ipc_frames.apply_frames([record]), NOW)
-    assert [m[1] for m in worker.service.snapshot()["q"]["messages"]] == ["x"]
+    assert [m[1] for m in worker.services[0].snapshot()["q"]["messages"]] == ["x"]
     write_part(str(tmp_path / "empty.qsp"), [], 5)
     worker.dispatch(ipc_frames.load_frames(5, [str(tmp_path / "empty.qsp")]), NOW)
-    assert worker.service.snapshot() == {}
+    assert worker.services[0].snapshot() == {}
     assert worker.coordinator.sent == []  # replay answers nobody
 
 
@@ -166,7 +166,7 @@ def test_fenced_by_both_senders_the_worker_sends_its_batch_then_fenced_and_decid
     worker.coordinator.sent.pop()
     (records, got, epoch), = batches(worker)
     assert epoch == 1 and [r["data"] for r in records if r["op"] == "produce"] == ["later", "a"]
-    worker.service.tick(NOW + 2)  # "later" is ready now, but nothing may be decided
+    worker.services[0].tick(NOW + 2)  # "later" is ready now, but nothing may be decided
     worker.flush()
     assert batches(worker)[1:] == []
     worker.dispatch(req([(8, 1, produce("q", "refused"))], 1), NOW + 2)  # none comes; if one did
@@ -185,7 +185,7 @@ def _parked_then_fenced(worker: Worker) -> None:
     worker.dispatch(fence(1, ipc_frames.FROM_ACCEPTOR), NOW)
     worker.dispatch(fence(1, ipc_frames.FROM_COORDINATOR), NOW)
     worker.coordinator.sent.clear()
-    worker.service.tick(NOW + 2)
+    worker.services[0].tick(NOW + 2)
     worker.flush()
     assert worker.coordinator.sent == []  # kept: neither served nor ended
 
@@ -200,7 +200,7 @@ def test_a_hand_off_that_fails_serves_the_long_polls_and_subscriptions_the_fence
     through the fence is served, in the new mode."""
     _parked_then_fenced(worker)
     worker.dispatch(mode(True, 2), NOW + 2)
-    worker.service.tick(NOW + 2)
+    worker.services[0].tick(NOW + 2)
     worker.flush()
     assert _answers(worker) == [(6, 0, True, 2), (8, 0, True, 2)]
 
@@ -210,14 +210,14 @@ def test_a_hand_off_that_succeeds_ends_what_the_fence_kept(worker):
     the subscription ends with its message, for the client to go to the new leader."""
     _parked_then_fenced(worker)
     worker.dispatch(mode(False, 2), NOW + 2)
-    worker.service.tick(NOW + 2)
+    worker.services[0].tick(NOW + 2)
     worker.flush()
     assert _answers(worker) == [(6, 0, False, 2), (8, -1, False, 2)]
 
 
 def test_a_long_poll_kept_through_a_fence_is_answered_at_its_deadline(worker):
     _parked_then_fenced(worker)
-    worker.service.tick(NOW + 10)
+    worker.services[0].tick(NOW + 10)
     worker.flush()
     assert _answers(worker) == [(6, 0, False, 1)]  # empty: nothing decided
 
@@ -231,13 +231,13 @@ def test_a_fence_waits_behind_the_requests_it_fences_and_a_stale_fence_is_ignore
     worker.dispatch(mode(True, 2), NOW)
     worker.dispatch(fence(2, ipc_frames.FROM_COORDINATOR), NOW)
     batch, fenced = worker.coordinator.sent
-    assert orjson.loads(ipc_frames.read_batch(batch)[0])[0]["data"] == "a"
+    assert orjson.loads(ipc_frames.read_batch(batch)[0][1])[0]["data"] == "a"
     assert ipc_frames.read_fenced(fenced) == (2, 0)
     worker.dispatch(mode(True, 3), NOW)  # a hand-off that did not happen: deciding again
     worker.dispatch(req([(5, 2, produce("q", "b"))], 3), NOW)
     worker.flush()
     *_, last = worker.coordinator.sent
-    assert orjson.loads(ipc_frames.read_batch(last)[0])[0]["data"] == "b"
+    assert orjson.loads(ipc_frames.read_batch(last)[0][1])[0]["data"] == "b"
 
 
 def test_an_undelivered_lease_is_given_back_and_served_again(worker):
@@ -261,7 +261,7 @@ def test_a_scattered_request_is_answered_with_a_partial_in_the_batch(worker):
     worker.dispatch(ipc_frames.req_frames([ipc_frames.req_item(Origin(5), 2, {"action": 7}, tag)], 1), NOW)
     worker.flush()
     [frames] = worker.coordinator.sent
-    _, header, blob, partials, _ = ipc_frames.read_batch(frames)
+    [(_, _, header, blob, partials, _)] = ipc_frames.read_batch(frames)
     [(origin, req_no, _)] = replies.decode(header, blob)
     assert (origin, req_no) == (Origin(5), 1)  # the scattered one has no reply of its own
     [part] = orjson.loads(partials)
@@ -275,7 +275,7 @@ def test_draining_answers_a_parked_long_poll_now_and_parks_no_more(worker):
     assert worker.coordinator.sent == []  # parked
     worker.dispatch(ipc_frames.DRAIN_FRAMES, NOW)
     worker.dispatch(req([(6, 1, {"action": 2, "queue": "q", "wait": 10})], 1), NOW)
-    worker.service.tick(NOW)
+    worker.services[0].tick(NOW)
     worker.flush()
     [(_, got, _)] = batches(worker)
     assert sorted((o.conn, r["code"], "data" in r) for o, _, r in got) == [(5, 0, False), (6, 0, False)]
@@ -283,7 +283,7 @@ def test_draining_answers_a_parked_long_poll_now_and_parks_no_more(worker):
 
 def test_a_mode_rolls_back_what_it_does_not_keep_and_commits_trim_the_journal():
     service = PartitionService(1, 1000, {}, max_wait=30, undo_limit=100)
-    w = Worker(service, None, Pipe(), Log(), 3, metrics=WorkerMetrics(CollectorRegistry()))
+    w = Worker({0: service}, None, Pipe(), Log(), 3, metrics=WorkerMetrics(CollectorRegistry()))
     record = {"op": "produce", "queue": "q", "msg_id": 1, "ready": NOW, "ttl": NOW + 60, "retry": 0,
               "priority": 0, "data": "x", "delivery_count": 0}
     w.dispatch(ipc_frames.apply_frames([record], committed=True), NOW)
@@ -348,7 +348,7 @@ def test_a_mode_change_ends_the_hold_and_a_follower_s_snap_holds_nothing(worker,
     assert _kinds(worker) == [ipc_frames.SNAPPED]
     worker.dispatch(mode(False, 2), NOW)  # the batch leaves stamped with mode 1, then the mode changes
     assert _kinds(worker) == [ipc_frames.SNAPPED, ipc_frames.BATCH]
-    assert ipc_frames.read_batch(worker.coordinator.sent[1])[-1] == 1
+    assert ipc_frames.read_batch(worker.coordinator.sent[1])[0][-1] == 1
     worker.end_writer()
     worker.dispatch(ipc_frames.snap_frames(2, 2, str(tmp_path / "b"), False), NOW)
     worker.end_writer()
@@ -414,7 +414,7 @@ def test_load_keeps_the_queues_the_worker_owns(worker, tmp_path):
     write_part(path, other.snapshot_frames(), 9)
     worker.owns = lambda name: name == "mine"
     worker.dispatch(ipc_frames.load_frames(9, [path]), NOW)
-    assert list(worker.service.queues) == ["mine"]
+    assert list(worker.services[0].queues) == ["mine"]
     (level, line, *args), = worker.log.lines
     assert level == "info" and (line % tuple(args)).startswith(
         "worker 0 loaded 1 queues holding 1 messages from the snapshot at trans_id 9 in ")
@@ -430,3 +430,56 @@ def test_a_part_that_cannot_be_loaded_stops_the_worker_in_one_line(worker, tmp_p
     assert stopped.value.code == 4
     (level, line, *args), = worker.log.lines
     assert level == "error" and "torn frame at offset 16; stopping" in line % tuple(args)
+
+
+# ----------------------------------------------------------------- queue groups
+def _two_groups() -> Worker:
+    """A worker of a node that is a replica of groups 0 and 2 (docs/plans/queue-groups.md)."""
+    services = {g: PartitionService(1, 1000, {}, max_wait=30) for g in (0, 2)}
+    return Worker(services, None, Pipe(), Log(), 4, metrics=WorkerMetrics(CollectorRegistry()))
+
+
+def test_each_group_has_its_own_service_mode_and_epoch_and_one_batch_carries_them_all():
+    w = _two_groups()
+    w.dispatch(ipc_frames.mode_frames(True, 3, group=0), NOW)  # the node leads group 0 ...
+    w.dispatch(ipc_frames.mode_frames(False, 7, group=2), NOW)  # ... and follows group 2
+    w.dispatch(ipc_frames.req_frames([ipc_frames.req_item(Origin(5), 1, produce("a", "x"))], 3, 0), NOW)
+    w.dispatch(ipc_frames.req_frames([ipc_frames.req_item(Origin(5), 2, produce("b", "y"))], 7, 2), NOW)
+    w.dispatch(ipc_frames.req_frames([ipc_frames.req_item(Origin(5), 3, produce("c", "z"))], 8, 2), NOW)  # held
+    w.flush()
+    [frames] = w.coordinator.sent  # one message ...
+    assert ipc_frames.batch_index(frames) == 4
+    (g0, records0, header0, blob0, _, epoch0), (g2, records2, header2, blob2, _, epoch2) = ipc_frames.read_batch(frames)
+    assert (g0, epoch0, [r["queue"] for r in orjson.loads(records0)]) == (0, 3, ["a"])  # ... a part per group
+    assert (g2, epoch2, orjson.loads(records2)) == (2, 7, [])  # group 2 follows: refused, nothing changed
+    assert [r["code"] for _, _, r in ((o, n, orjson.loads(d)) for o, n, d in replies.decode(header2, blob2))] == [-1]
+    assert list(w.services[0].queues) == ["a"] and list(w.services[2].queues) == []
+    assert w.epochs == {0: 3, 2: 7} and len(w.held[2]) == 1 and w.held[0] == []
+    w.dispatch(ipc_frames.mode_frames(True, 8, group=2), NOW)  # group 2's mode 8 releases its held REQ
+    w.flush()
+    [(g, records, *_)] = ipc_frames.read_batch(w.coordinator.sent[-1])
+    assert (g, [r["queue"] for r in orjson.loads(records)]) == (2, ["c"])
+    assert w.epochs == {0: 3, 2: 8} and w.services[0].accepting
+
+
+def test_a_fence_ends_only_its_groups_mode():
+    w = _two_groups()
+    for group in (0, 2):
+        w.dispatch(ipc_frames.mode_frames(True, 1, group=group), NOW)
+    for sender in sorted(ipc_frames.FENCE_SENDERS):
+        w.dispatch(ipc_frames.fence_frames(1, sender, 2), NOW)
+    [fenced] = w.coordinator.sent
+    assert ipc_frames.read_fenced(fenced) == (1, 4) and ipc_frames.group_of(fenced) == 2
+    assert w.services[2].fenced and not w.services[0].fenced
+
+
+def test_a_message_of_a_group_the_node_does_not_hold_is_dropped_and_logged_once():
+    w = _two_groups()
+    for _ in range(2):
+        w.dispatch(ipc_frames.req_frames([ipc_frames.req_item(Origin(5), 1, produce("a", "x"))], 0, 1), NOW)
+        w.dispatch(ipc_frames.mode_frames(True, 1, group=1), NOW)
+    w.flush()
+    assert w.coordinator.sent == [] and w.epochs == {0: 0, 2: 0}
+    [(level, text, *args)] = w.log.lines
+    assert level == "error" and text % tuple(args) == (
+        "dropped a b'req' message of queue group 1, which this node is no replica of (logged once per group)")
