@@ -6,6 +6,7 @@ messages. --repo runs another checkout's node (a directory whose queue_server pa
 benchmark, not a test.
 
     python load/durability_bench.py --seconds 5 --messages 1000000
+    python load/durability_bench.py --restart-only --rounds 2   # only the restart time
 """
 from __future__ import annotations
 
@@ -51,11 +52,16 @@ def _store(node: QueueServer, messages: int, batch: int) -> float:
     return time.monotonic() - start
 
 
-def restart_time(workdir: str, messages: int, batch: int, repo: str = REPO) -> tuple[float, float]:
+RECOVERY_LINES = re.compile(r".*(?:loaded \d+ queues|recovered in).*")
+
+
+def restart_time(workdir: str, messages: int, batch: int, repo: str = REPO,
+                 lines: list[str] | None = None) -> tuple[float, float]:
     """Store `messages` messages, wait for a snapshot of them, stop the node, start it again:
-    (seconds to store, seconds from start until it answers with every message back)."""
-    node = QueueServer(repo, workdir, 2, False, {"queue_size": messages + 1, "snapshot_every": messages // 2},
-                       name="restart")
+    (seconds to store, seconds from start until it answers with every message back). The
+    restarted node's recovery lines (the workers' loads, the recovery line) go to `lines`."""
+    node = QueueServer(repo, workdir, 2, False, {"queue_size": messages + 1, "snapshot_every": messages // 2,
+                                                 "log_level": 3}, name="restart")
     try:
         stored = _store(node, messages, batch)
         # The restart is to read a snapshot of all of them, not the log: wait until it is written.
@@ -81,7 +87,10 @@ def restart_time(workdir: str, messages: int, batch: int, repo: str = REPO) -> t
     try:
         with QueueClient(node.addresses[0], timeout=60) as q:
             wait_for(lambda: q.monitor("stored")["size"] == messages, 600, f"the restarted node to hold {messages:,} messages")
-        return stored, time.monotonic() - start
+        restarted = time.monotonic() - start
+        if lines is not None:
+            lines += RECOVERY_LINES.findall(node.log_tail(200))
+        return stored, restarted
     finally:
         node.stop()
 
@@ -108,8 +117,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = number_options(__doc__, seconds=5.0, conns=8, payload=64, messages=1_000_000, batch=1000,
                             snapshot_every=(20_000, "while-stored rows: records between snapshots"))
     comparison_options(parser)
+    parser.add_argument("--restart-only", action="store_true", help="only the restart time, --rounds times")
+    parser.add_argument("--rounds", type=int, default=1, help="--restart-only: restarts measured (default 1)")
     args = parser.parse_args(argv)
     print_machine()
+    if args.restart_only:
+        for _ in range(args.rounds):
+            with tempfile.TemporaryDirectory() as tmp:
+                lines: list[str] = []
+                stored, restarted = restart_time(tmp, args.messages, args.batch, args.repo, lines)
+            print(f"stored {args.messages:,} messages in {stored:.1f} s; restart until all are back: "
+                  f"{restarted:.1f} s (load average {os.getloadavg()[0]:.1f})", *lines, sep="\n  ", flush=True)
+        return
     print(f"client: load/cbench.c, {args.conns} connections, one request in flight each, {args.seconds:g} s per row")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

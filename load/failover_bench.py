@@ -13,6 +13,7 @@ A benchmark, not a test; prints its figures and the machine.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -26,6 +27,9 @@ from load.options import parse_numbers  # noqa: E402
 from tests.harness import Cluster, NodeProcess, RawTcp, wait_for  # noqa: E402
 
 BEHIND_LOG = 10_000  # queue_log_size of --behind: far fewer records than the follower lacks
+# The lines that say where a catch-up's time went: the leader's cuts, the follower's install and loads.
+CATCH_UP_LINES = re.compile(r".*(?:snapshot at trans_id \d+ written|installed a snapshot|loaded \d+ queues"
+                            r"|coordinator ready|role: follower).*")
 
 
 def time_to_new_leader(workdir: str, sig: int, rounds: int) -> list[float]:
@@ -47,11 +51,13 @@ def time_to_new_leader(workdir: str, sig: int, rounds: int) -> list[float]:
     return times
 
 
-def catch_up(workdir: str, records: int, batch: int, behind: bool = False) -> tuple[float, float]:
+def catch_up(workdir: str, records: int, batch: int, behind: bool = False,
+             lines: list[str] | None = None) -> tuple[float, float]:
     """Produce `records` messages while a follower is down, restart it, time its catch-up:
     over the log (in_memory nodes whose log keeps them all), or, `behind`, past the log (nodes
     with a disk whose log keeps BEHIND_LOG records: a streamed snapshot, then the log).
-    Returns (seconds to produce, seconds to catch up)."""
+    Returns (seconds to produce, seconds to catch up); the leader's and the follower's log lines
+    about it (CATCH_UP_LINES, from the follower's start on) go to `lines`."""
     where = {"queue_log_size": BEHIND_LOG} if behind else {"queue_log_size": records + 1000, "in_memory": True}
     c = Cluster(os.path.join(workdir, "catchup"), queue_size=records + 1000, **where).start()
     try:
@@ -65,6 +71,7 @@ def catch_up(workdir: str, records: int, batch: int, behind: bool = False) -> tu
         produced = time.monotonic() - start
         node = c.nodes[follower]
         c.nodes[follower] = node = NodeProcess(node.workdir, node.config, name=node.name)
+        leader_lines = len(c.nodes[leader].log().splitlines())
         start = time.monotonic()
         node.start()
 
@@ -75,7 +82,11 @@ def catch_up(workdir: str, records: int, batch: int, behind: bool = False) -> tu
             finally:
                 conn.close()
         wait_for(done, 600, "the follower to catch up")
-        return produced, time.monotonic() - start
+        caught = time.monotonic() - start
+        if lines is not None:
+            lines += [time.strftime("follower started at %H:%M:%S", time.gmtime(time.time() - caught)) + "; leader:", *CATCH_UP_LINES.findall("\n".join(c.nodes[leader].log().splitlines()[leader_lines:])),
+                      "follower:", *CATCH_UP_LINES.findall(node.log())]
+        return produced, caught
     finally:
         c.stop()
 
@@ -86,11 +97,12 @@ def main(argv: list[str] | None = None) -> None:
     print_machine()
     with tempfile.TemporaryDirectory() as tmp:
         if args.behind:
-            produced, caught = catch_up(tmp, args.behind, args.batch, behind=True)
+            lines: list[str] = []
+            produced, caught = catch_up(tmp, args.behind, args.batch, behind=True, lines=lines)
             print(f"produced {args.behind:,} messages in {produced:.1f} s with a follower down")
             print(f"follower catch-up past a log of {BEHIND_LOG:,} records: {args.behind:,} messages in {caught:.1f} s "
                   f"(a snapshot streamed from the leader's disk if it is that far behind one, then the log "
-                  f"or the WAL; including its start-up)")
+                  f"or the WAL; including its start-up; load average {os.getloadavg()[0]:.1f})", *lines, sep="\n  ")
             return
         kill = time_to_new_leader(tmp, signal.SIGKILL, args.rounds)
         print(f"new leader after kill -9: min {min(kill):.3f} s, max {max(kill):.3f} s over {len(kill)} rounds", flush=True)

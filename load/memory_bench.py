@@ -33,9 +33,11 @@ BATCH = 1000  # messages per request / command while filling
 
 
 def memory(pid: int) -> dict:
-    """RSS and PSS in bytes, summed over `pid` and its descendants; PSS by process name too."""
-    total: dict = {"rss": 0, "pss": 0, "by_process": {}}
-    for p in descendants(pid):
+    """RSS and PSS in bytes, summed over `pid` and its descendants; PSS by process name too, and
+    how many processes there were."""
+    pids = descendants(pid)
+    total: dict = {"rss": 0, "pss": 0, "by_process": {}, "processes": len(pids)}
+    for p in pids:
         found = {"rss": 0, "pss": 0}
         try:
             with open(f"/proc/{p}/smaps_rollup") as f:
@@ -52,14 +54,17 @@ def memory(pid: int) -> dict:
     return total
 
 
-def settled(pid: int, seconds: float = 1.0) -> dict[str, int]:
-    """Memory once it stops moving (background work such as a snapshot has finished), within 30 s."""
+def settled(pid: int, seconds: float = 1.0, processes: int | None = None) -> dict[str, int]:
+    """Memory once it stops moving and, given `processes`, once no more processes than that run
+    (a worker's snapshot writer, a fork whose pages its worker shares, has ended: while it runs
+    RSS counts those pages twice): within 30 s, or 300 s while such a process runs."""
+    most = processes if processes is not None else 1 << 30
     last = memory(pid)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
+    began = time.monotonic()
+    while time.monotonic() - began < (30 if last["processes"] <= most else 300):
         time.sleep(seconds)
         now = memory(pid)
-        if abs(now["pss"] - last["pss"]) < 1 << 20:
+        if abs(now["pss"] - last["pss"]) < 1 << 20 and now["processes"] <= most:
             return now
         last = now
     return last
@@ -145,7 +150,7 @@ def measure(name: str, repo: str, workdir: str, workers: int, queues: list[str],
         began = time.monotonic()
         FILLS[name](server.port, queues, per_queue, payload)
         took = time.monotonic() - began
-        full = settled(server.proc.pid)
+        full = settled(server.proc.pid, processes=idle["processes"])
     finally:
         server.stop()
     row = {"server": name, "messages": total, "idle_pss": idle["pss"], "full_pss": full["pss"],

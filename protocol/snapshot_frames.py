@@ -20,7 +20,8 @@ import struct
 import sys
 from array import array
 from collections.abc import Iterable, Iterator
-from itertools import accumulate, chain
+from itertools import accumulate
+from typing import NamedTuple
 
 import orjson
 
@@ -85,8 +86,23 @@ def rows_count(body: bytes) -> int:
     return _HEAD.unpack_from(body)[0]
 
 
-def read_rows(body: bytes) -> list[tuple]:
-    """The rows of a ROWS body (tuples; ValueError when it is malformed)."""
+class Rows(NamedTuple):
+    """A ROWS body's columns: msg_ids, ready, ttl, retry, priority and delivery_count (arrays),
+    the payloads (a list of str), and the tail: [row, lease, token, extra] (the last two
+    optional) of each row that has a lease, a token or extra settings."""
+
+    ids: array
+    ready: array
+    ttl: array
+    retry: array
+    priority: array
+    delivery_count: array
+    datas: list[str]
+    tail: list[list]
+
+
+def read_columns(body: bytes) -> Rows:
+    """The columns of a ROWS body (ValueError when it is malformed)."""
     view = memoryview(body)
     n, tail_length = _HEAD.unpack_from(view)
     at = _HEAD.size
@@ -101,7 +117,7 @@ def read_rows(body: bytes) -> list[tuple]:
             column.byteswap()
         columns.append(column)
         at = end
-    ids, ready, ttl, retry, priority, delivery_count, lengths = columns
+    lengths = columns.pop()
     ends = list(accumulate(lengths))
     size = ends[-1] if ends else 0
     if at + size + tail_length != len(view):
@@ -112,20 +128,26 @@ def read_rows(body: bytes) -> list[tuple]:
         datas = [text[a:b] for a, b in zip([0, *ends], ends)]
     else:
         datas = [str(payload[a:b], "utf-8", "surrogatepass") for a, b in zip([0, *ends], ends)]
-    rows: list[tuple] = list(zip(ids.tolist(), datas, ready.tolist(), ttl.tolist(), retry.tolist(), priority.tolist(),
-                                 delivery_count.tolist()))
-    for i, *rest in orjson.loads(view[at + size:]):
+    tail = orjson.loads(view[at + size:])
+    if not isinstance(tail, list) or not all(isinstance(t, list) and 2 <= len(t) <= 4 and type(t[0]) is int
+                                             and 0 <= t[0] < n for t in tail):
+        raise ValueError("a ROWS frame's tail is not a list of [row, lease, token, extra]")
+    return Rows(*columns, datas, tail)
+
+
+def read_rows(body: bytes) -> list[tuple]:
+    """The rows of a ROWS body (tuples; ValueError when it is malformed)."""
+    r = read_columns(body)
+    rows: list[tuple] = list(zip(r.ids.tolist(), r.datas, r.ready.tolist(), r.ttl.tolist(), r.retry.tolist(),
+                                 r.priority.tolist(), r.delivery_count.tolist()))
+    for i, *rest in r.tail:
         rows[i] = (*rows[i], *rest)
     return rows
 
 
-def rows_of(frames: Iterable[Frame]) -> Iterator[tuple]:
-    """The rows of a queue's ROWS frames, in order (ValueError at a frame of another kind)."""
-    return chain.from_iterable(map(_frame_rows, frames))
-
-
-def _frame_rows(frame: Frame) -> list[tuple]:
-    kind, name, body = frame
-    if kind != ROWS:
-        raise ValueError(f"queue {name!r}: frame of kind {kind} where rows were expected")
-    return read_rows(body)
+def columns_of(frames: Iterable[Frame]) -> Iterator[Rows]:
+    """The columns of a queue's ROWS frames, in order (ValueError at a frame of another kind)."""
+    for kind, name, body in frames:
+        if kind != ROWS:
+            raise ValueError(f"queue {name!r}: frame of kind {kind} where rows were expected")
+        yield read_columns(body)

@@ -20,7 +20,15 @@ if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isdir(_o
     # installed copy): the checkout's top-level folders are the subpackages, as installed.
     __path__.append(_root)
 
-from queue_server import client as _client  # noqa: E402
-from queue_server.client import *  # noqa: F403  (the clients are the package's public face)
+# The clients are the package's public face, imported at first use (PEP 562): the node's
+# processes import queue_server too, and the clients' asyncio and TLS cost each of them ~0.3 s
+# of start-up.
+__all__ = ["AsyncQueueClient", "Message", "NoServerAvailable", "QueueClient", "QueueError", "QueueTimeout",
+           "TlsFiles", "TokenFile"]
 
-__all__ = list(_client.__all__)
+
+def __getattr__(name: str) -> object:
+    if name in __all__:
+        from queue_server import client
+        return getattr(client, name)
+    raise AttributeError(f"module 'queue_server' has no attribute {name!r}")

@@ -26,7 +26,9 @@ Durability rules the writer keeps:
 
 * a record is written whole or cut off again before anything is written after it;
 * what was written since the last successful fsync stays in memory and is written again when an
-  fsync fails (the kernel may have dropped those pages), so an error never loses a record;
+  fsync fails (the kernel may have dropped those pages), so an error never loses a record; it is
+  kept as the bytes of each write, and once it reaches ``MAX_UNSYNCED`` bytes the writer fsyncs,
+  whatever the SyncPolicy says, so it stays small however fast records come;
 * a segment is fsync'd before the next one is created, so only the last segment can have a
   torn tail.
 """
@@ -58,6 +60,10 @@ _TAIL = struct.Struct("<IQQ")
 HEADER_SIZE = _FRAME.size
 _CRC_FROM = _HEAD.size  # the crc covers the frame from here to its end
 MAX_PAYLOAD = 1 << 30
+# The most bytes written since the last fsync: past it the writer fsyncs (whatever the policy), so
+# the copy it keeps of them (to write them again if the fsync fails) is bounded in bytes, not by
+# the sync interval times the write rate. An fsync of 4 MiB takes about as long as one of 1 MiB.
+MAX_UNSYNCED = 4 << 20
 INDEX_EVERY = 1024  # a segment's sparse index holds the offset of every this-many-th record
 _READ_BLOCK = 1 << 20  # how much read_range reads from a file at a time (more for a larger record)
 _SEGMENT_RE = re.compile(r"wal-(\d{20})\.log")
@@ -287,12 +293,16 @@ class WalWriter:
         segment_bytes: int = 64 << 20,
         opener: Opener | None = None,
         fsync: Callable[[int], None] | None = None,
+        max_unsynced: int = MAX_UNSYNCED,
     ) -> None:
         if segment_bytes < 1:
             raise ValueError("segment_bytes must be positive")
+        if max_unsynced < 1:
+            raise ValueError("max_unsynced must be positive")
         os.makedirs(directory, exist_ok=True)
         self._dir = directory
         self._segment_bytes = segment_bytes
+        self._max_unsynced = max_unsynced
         self._opener = opener or _default_opener
         self._fsync = fsync or os.fsync
         self._file: Any = None
@@ -312,7 +322,11 @@ class WalWriter:
             except OSError:
                 pass
         self._pending: list[tuple[int, bytes]] = []
-        self._unsynced: list[tuple[int, bytes]] = []  # written since the current segment's fsync
+        # What was written since the current segment's fsync, as (first trans_id, the bytes of
+        # one write): one object a write, not one a record, since at a high rate a second of the
+        # log is held here (see _written_again).
+        self._unsynced: list[tuple[int, bytes]] = []
+        self._unsynced_bytes = 0
         self._segments = [[first, path, os.path.getsize(path)] for first, path in list_segments(self._dir)]
         # Each segment's sparse index by its first trans_id (see read_range); none yet: not built.
         self._index: dict[int, list[int]] = {}
@@ -405,6 +419,8 @@ class WalWriter:
                 if self._file is None or self._segments[-1][2] >= self._segment_bytes:
                     self._roll()
                 self._write_some()
+                if self._unsynced_bytes >= self._max_unsynced:
+                    self._sync()
             if sync and (self._synced < self._flushed or self._dir_dirty):
                 self._sync()
         except OSError as e:
@@ -421,7 +437,8 @@ class WalWriter:
             n += 1
             size += len(frame)
         batch = self._pending[:n]
-        data = memoryview(b"".join(frame for _, frame in batch))
+        joined = b"".join(frame for _, frame in batch)
+        data = memoryview(joined)
         written = 0
         try:
             while written < len(data):
@@ -449,7 +466,8 @@ class WalWriter:
                     k += 1
             if k:
                 self._note_written(segment, batch[:k])
-                self._unsynced.extend(batch[:k])
+                self._unsynced.append((batch[0][0], joined if k == n else joined[:done]))
+                self._unsynced_bytes += done
                 del self._pending[:k]
                 self._flushed = batch[k - 1][0]
                 segment[2] += done
@@ -488,19 +506,31 @@ class WalWriter:
             self._fsync(self._file.fileno())
         except OSError:
             # the kernel may have dropped pages it could not write: write them again
-            self._pending[:0] = self._unsynced
+            self._pending[:0] = self._written_again()
             self._unsynced = []
+            self._unsynced_bytes = 0
             self._segments[-1][2] = self._synced_size
             self._trim_index(self._segments[-1])
             self._flushed = self._synced
             self._torn = True
             raise
         self._unsynced.clear()
+        self._unsynced_bytes = 0
         self._synced_size = self._segments[-1][2]
         if self._dir_dirty:
             fsync_dir(self._dir)
             self._dir_dirty = False
         self._synced = self._flushed
+
+    def _written_again(self) -> list[tuple[int, bytes]]:
+        """The records written since the last fsync, queued records again (oldest first)."""
+        out: list[tuple[int, bytes]] = []
+        for first, data in self._unsynced:
+            for item in scan(data, first):
+                if isinstance(item, Damage):  # the writer's own bytes, checked when they were made
+                    raise AssertionError(f"unsynced records from {first} unreadable: {item.reason}")
+                out.append((item[0], data[item[2]:item[3]]))
+        return out
 
     def _roll(self) -> None:
         """Start a new segment at the first queued record."""
@@ -553,6 +583,7 @@ class WalWriter:
         self._segments[-1][2] = self._synced_size = offset
         self._trim_index(self._segments[-1])
         self._unsynced.clear()
+        self._unsynced_bytes = 0
         self._torn = self._dir_dirty = False
         self._last = self._flushed = self._synced = trans_id
 
@@ -603,6 +634,7 @@ class WalWriter:
             self._reload = True
             raise StorageError(f"resetting the log in {self._dir} failed: {e}") from e
         self._unsynced.clear()
+        self._unsynced_bytes = 0
         self._synced_size = 0
         self._torn = self._dir_dirty = False
         self._last = self._flushed = self._synced = trans_id

@@ -265,17 +265,17 @@ class Worker:
             for message in held:
                 self.dispatch(message, now)
         elif kind == ipc_frames.LOAD:
-            self.load(service, *ipc_frames.read_load(frames))
+            self.load(service, *ipc_frames.read_load(frames), now)
 
-    def load(self, service: PartitionService, trans_id: int, parts: list[str]) -> None:
+    def load(self, service: PartitionService, trans_id: int, parts: list[str], now: float) -> None:
         """Replace the queues of `service` with those of the snapshot parts at trans_id that this
-        worker owns. A part that cannot be read now (it was checked at start) stops the worker,
-        and so the node, in one line: the next start checks the parts again and falls back to an
-        older snapshot."""
+        worker owns (the messages ready at `now` straight into the ready ordering). A part that
+        cannot be read now (it was checked at start) stops the worker, and so the node, in one
+        line: the next start checks the parts again and falls back to an older snapshot."""
         started = time.monotonic()
         frames = itertools.chain.from_iterable(iter_frames(path, trans_id) for path in parts)
         try:
-            service.load_frames(frames, self.owns)
+            service.load_frames(frames, self.owns, now)
         except (OSError, ValueError) as exc:
             self.log.error("cannot load the snapshot at trans_id %d: %s; stopping", trans_id, exc)
             sys.exit(4)

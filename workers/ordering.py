@@ -21,8 +21,8 @@ import heapq
 from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator
-from itertools import compress, groupby, islice
-from operator import itemgetter, lt
+from itertools import compress, groupby, islice, repeat
+from operator import itemgetter, le, lt
 
 from sortedcontainers import SortedList
 
@@ -63,10 +63,17 @@ class _Lane:
         """Add keys sorted by (ready, msg_id) at the end if all keep the lane in order; False
         (nothing added) if not."""
         ids = array("q", map(itemgetter(2), keys))
-        readies = array("d", map(itemgetter(1), keys))
+        if not all(map(lt, ids, islice(ids, 1, None))):
+            return False
+        return self.extend_columns(array("d", map(itemgetter(1), keys)), ids, True)
+
+    def extend_columns(self, readies: array, ids: array, sorted_readies: bool = False) -> bool:
+        """Add the keys (readies[k], ids[k]) (not empty; msg_ids ascending) at the end if all
+        keep the lane in order; False (nothing added) if not. `sorted_readies`: the caller knows
+        the readies do not decrease."""
         if self.ids and (ids[0] <= self.ids[-1] or readies[0] < self.readies[-1]):
             return False
-        if not all(map(lt, ids, islice(ids, 1, None))):
+        if not sorted_readies and not all(map(le, readies, islice(readies, 1, None))):
             return False
         self.ids.extend(ids)
         self.readies.extend(readies)
@@ -221,6 +228,18 @@ class Ordering:
         if late:
             self._late.update(late)
             self._n_late += len(late)
+
+    def update_columns(self, group: int, readies: array, ids: array, sorted_readies: bool = False) -> None:
+        """Add the keys (group, readies[k], ids[k]) (none there already; ids ascending, as a
+        snapshot's rows come): at array speed when they continue the group's lane in order.
+        `sorted_readies`: the caller knows the readies do not decrease."""
+        if not ids:
+            return
+        lane = self._lanes.get(group)
+        if lane is None:
+            lane = self._new_lane(group)
+        if not lane.extend_columns(readies, ids, sorted_readies):
+            self.update(zip(repeat(group), readies, ids))
 
     def head(self) -> Key | None:
         """The first key, or None when empty."""

@@ -12,10 +12,11 @@ Split by feature (leases, dead letters, dedupe), each part would reach into the 
 from __future__ import annotations
 
 import heapq
+from array import array
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import islice, repeat
-from operator import gt, itemgetter, ne
+from itertools import compress, groupby, islice, repeat
+from operator import gt, itemgetter, le, lt, ne
 
 from sortedcontainers import SortedDict
 
@@ -23,7 +24,9 @@ from queue_server.protocol.records import (
     Confirm, Consume, DeadLetter, DlqReplay, Expire, Pause, Produce, Purge, Record, Release, Restore,
     count,
 )
-from queue_server.protocol.snapshot_frames import QUEUE, ROWS, Frame, queue_body, read_queue, rows_bodies, rows_of
+from queue_server.protocol.snapshot_frames import (
+    QUEUE, ROWS, Frame, Rows, columns_of, queue_body, read_queue, rows_bodies,
+)
 from queue_server.workers import undo
 from queue_server.workers.ordering import Ordering
 from queue_server.workers.store import BITS as _BITS, MASK as _MASK, Message, MessageStore, message
@@ -1298,8 +1301,7 @@ class Queue:
     @classmethod
     def from_snapshot(cls, snap: dict) -> Queue:
         """A queue with exactly the state of `snapshot()`."""
-        q = cls(snap["name"], snap["max_size"], snap["next_id"])
-        q.paused = bool(snap.get("paused", False))
+        q = cls._settings(snap)
         index = q._index
         delayed = []
         stored = q._stored
@@ -1327,10 +1329,18 @@ class Queue:
                 if token is not None:
                     q._bind(token, msg_id)
         index.thin_sparse()
-        for producer, sequence, first, count in snap.get("dedupe", ()):
-            q._dedupe[(producer, sequence)] = [first, count]
         # Without a clock every unleased message starts as delayed; the first consume sorts it out.
         q._delayed.update(delayed)
+        return q
+
+    @classmethod
+    def _settings(cls, snap: dict) -> Queue:
+        """An empty queue with the settings of a snapshot (name, max_size, next_id, paused,
+        dedupe)."""
+        q = cls(snap["name"], snap["max_size"], snap["next_id"])
+        q.paused = bool(snap.get("paused", False))
+        for producer, sequence, first, count in snap.get("dedupe", ()):
+            q._dedupe[(producer, sequence)] = [first, count]
         return q
 
     def snapshot_frames(self) -> Iterator[Frame]:
@@ -1342,17 +1352,86 @@ class Queue:
             yield ROWS, self.name, body
 
     @classmethod
-    def load_frames(cls, name: str, frames: Iterable[Frame]) -> Queue:
-        """A queue with exactly the state of snapshot_frames() (ValueError when they are not)."""
+    def load_frames(cls, name: str, frames: Iterable[Frame], now: float | None = None) -> Queue:
+        """A queue with exactly the state of snapshot_frames() (ValueError when they are not),
+        loaded a ROWS frame at a time by its columns. With `now`, the unleased messages ready by
+        then go to the ready ordering, the others to the delayed one (without, all to delayed:
+        where a message sits is not observable, the first consume sorts it out)."""
         frames = iter(frames)
         kind, _, body = next(frames, (None, name, b""))
         if kind != QUEUE:
             raise ValueError(f"queue {name!r}: its frames do not start with QUEUE")
-        return cls.from_snapshot({**read_queue(body), "name": name, "messages": rows_of(frames)})
+        try:
+            q = cls._settings({**read_queue(body), "name": name})
+        except (KeyError, TypeError) as exc:
+            raise ValueError(f"queue {name!r}: bad QUEUE frame: {exc!r}") from None
+        last = 0
+        for rows in columns_of(frames):
+            q._load_rows(rows, last, now)
+            if rows.ids:
+                last = rows.ids[-1]
+        q._index.thin_sparse()
+        return q
+
+    def _load_rows(self, rows: Rows, last: int, now: float | None) -> None:
+        """Store the messages of one ROWS frame, whose msg_ids must ascend from above `last`."""
+        ids = rows.ids
+        n = len(ids)
+        if not n:
+            return
+        if not (last < ids[0] and ids[-1] < self.next_id and all(map(lt, ids, islice(ids, 1, None)))):
+            raise ValueError(f"bad msg_ids in snapshot: {ids[0]}..{ids[-1]} do not ascend from above {last} "
+                             f"below next_id {self.next_id}")
+        stored = self._stored
+        states: list[tuple] = []
+        # Rows stored together share a state tuple, as they did before the snapshot; most often
+        # only the ready time tells them apart.
+        others = (rows.ttl, rows.retry, rows.priority, rows.delivery_count)
+        if all(map(_same, others)):
+            rest = (*(c[0] for c in others), *_UNLEASED)
+            for ready, run in groupby(rows.ready):
+                states += repeat(stored((ready, *rest)), len(list(run)))
+        else:
+            for key, run in groupby(zip(rows.ready, *others)):
+                states += repeat(stored(key + _UNLEASED), len(list(run)))
+        free = None
+        for i, *rest in rows.tail:
+            state = states[i] = (*states[i][:_LEASE], *rest, *_ROW_DEFAULTS[_LEASE + len(rest):])
+            lease, token = state[_LEASE], state[_TOKEN]
+            if lease is None:
+                if token is not None:
+                    raise ValueError(f"msg_id {ids[i]}: a token without a lease in snapshot")
+                continue
+            if free is None:
+                free = bytearray(b"\1") * n
+            free[i] = 0
+            self._lease_add(lease, (ids[i],))
+            if token is not None:
+                self._bind(token, ids[i])
+        self._index.add_ascending(ids, rows.datas, states)
+        readies, priorities = rows.ready, rows.priority
+        if free is not None:  # only the unleased go to an ordering
+            ids = array("q", compress(ids, free))
+            readies = array("d", compress(readies, free))
+            priorities = array("i", compress(priorities, free))
+        in_order = all(map(le, readies, islice(readies, 1, None)))
+        if not ids or now is None or readies[0] > now:
+            self._delayed.update_columns(0, readies, ids, in_order)
+        elif (readies[-1] if in_order else max(readies)) <= now and _same(priorities):
+            self._ready.update_columns(-priorities[0], readies, ids, in_order)
+        else:
+            self._ready.update([(-p, t, i) for t, i, p in zip(readies, ids, priorities) if t <= now])
+            self._delayed.update([(0, t, i) for t, i in zip(readies, ids) if t > now])
 
 
 # A snapshot row's items after data, from ready on, with the defaults of the trailing ones.
 _ROW_DEFAULTS = (None, None, None, 0, 0, None, None, None)
+_UNLEASED = (None, None, None)  # a state's lease, token and extra when a row has no tail
+
+
+def _same(column: array) -> bool:
+    """Whether every item of a column (not empty) equals the first, compared as bytes."""
+    return column.tobytes() == column[:1].tobytes() * len(column)
 
 
 def _snapshot_row(msg_id: int, data: str, s: tuple) -> list:

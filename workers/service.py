@@ -950,10 +950,11 @@ class PartitionService:
         """Replace all queues with a snapshot's. Parked long polls are answered empty."""
         self._replace({name: self.queue_class.from_snapshot(s) for name, s in state.items()})
 
-    def load_frames(self, frames: Iterable[Frame], keep: Callable[[str], bool] | None = None) -> None:
+    def load_frames(self, frames: Iterable[Frame], keep: Callable[[str], bool] | None = None,
+                    now: float | None = None) -> None:
         """Replace all queues with those of v2 snapshot frames (snapshot_frames), only those
-        whose name `keep` accepts (None: all), as load_snapshot does. ValueError when the frames
-        are malformed (the queues are then unchanged)."""
+        whose name `keep` accepts (None: all), as load_snapshot does (`now`: Queue.load_frames').
+        ValueError when the frames are malformed (the queues are then unchanged)."""
         queues = {}
         seen = set()
         for name, group in groupby(frames, key=itemgetter(1)):
@@ -961,7 +962,7 @@ class PartitionService:
                 raise ValueError(f"queue {name!r} twice in a snapshot")
             seen.add(name)
             if keep is None or keep(name):
-                queues[name] = self.queue_class.load_frames(name, group)
+                queues[name] = self.queue_class.load_frames(name, group, now)
         self._replace(queues)
 
     def _replace(self, queues: dict[str, Queue]) -> None:

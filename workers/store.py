@@ -31,7 +31,8 @@ Pure logic: no I/O.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterator
+from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -379,25 +380,42 @@ class MessageStore:
     def add_run(self, first: int, datas: list[str], states: list[tuple]) -> None:
         """Store messages under consecutive msg_ids from `first`, every one above all stored
         (so none is stored: a produce's new ids)."""
+        self.add_ascending(range(first, first + len(datas)), datas, states)
+
+    def add_ascending(self, ids: Sequence[int], datas: list[str], states: list[tuple]) -> None:
+        """Store messages under ascending msg_ids, every one above all stored (a snapshot's
+        rows, loaded a frame at a time): a chunk's share is stored with a slice when its msg_ids
+        are consecutive."""
         if self.ov is not None:
             datas, spilled = self.ov.keep_many(datas)
             self.spilled += spilled
         chunks = self.chunks
         i = 0
-        total = len(datas)
+        total = len(ids)
         while i < total:
-            msg_id = first + i
-            n = msg_id >> BITS
+            n = ids[i] >> BITS
+            j = bisect_left(ids, (n + 1) << BITS, i)
             c = chunks.get(n)
             if c is None:
+                if n <= self.top:  # ids at or below a chunk made before: not above all stored
+                    raise ValueError(f"msg_id {ids[i]} is not above every msg_id stored")
                 c = self._new_chunk(n)
-            p = msg_id & MASK
-            k = min(CHUNK - p, total - i)
-            c.reach(p + k)
-            c.data[p:p + k] = datas[i:i + k]
-            c.states[p:p + k] = states[i:i + k]
-            c.live += k
-            i += k
+            p = ids[i] & MASK
+            last = ids[j - 1] & MASK
+            if last >= len(c.states):
+                c.reach(last + 1)
+            if last - p == j - i - 1:
+                c.data[p:last + 1] = datas[i:j]
+                c.states[p:last + 1] = states[i:j]
+            else:
+                cdata = c.data
+                cstates = c.states
+                for k in range(i, j):
+                    p = ids[k] & MASK
+                    cdata[p] = datas[k]
+                    cstates[p] = states[k]
+            c.live += j - i
+            i = j
         self.n += total
 
     def _new_chunk(self, n: int) -> Chunk:

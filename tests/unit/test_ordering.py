@@ -4,6 +4,7 @@ tuples, over random operation sequences, and keeps its garbage bounded."""
 from __future__ import annotations
 
 import random
+from array import array
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -25,6 +26,7 @@ OPS = st.one_of(
     st.tuples(st.just("add_old"), GROUPS, st.floats(0, 20), st.integers(1, 300)),
     st.tuples(st.just("add_run"), GROUPS, READY_STEPS, st.integers(1, 30)),
     st.tuples(st.just("add_many"), st.integers(0, 2**32), st.just(0.0), st.integers(1, 12)),
+    st.tuples(st.just("add_columns"), st.integers(0, 2**32), GROUPS, st.integers(1, 12)),
     st.tuples(st.just("pop_head"), st.just(0), st.just(0.0), st.just(0)),
     st.tuples(st.just("take_first"), st.integers(0, 3), st.booleans(), st.integers(1, 12)),
     st.tuples(st.just("discard_many"), st.integers(0, 10**6), st.booleans(), st.integers(1, 8)),
@@ -82,6 +84,14 @@ def _run(ops: list) -> None:
             used.update(keys)
             o.update(keys.values())
             model.update(keys.values())
+        elif name == "add_columns":  # a snapshot's ROWS frame: msg_ids ascending, readies mostly so
+            rng = random.Random(a)
+            ids = sorted({msg_id + rng.randrange(1, 4 * c) for _ in range(c)} - used)
+            readies = [max(0.0, ready + rng.choice([0.0, 0.0, 0.5, -1.0])) for _ in ids]
+            msg_id += 4 * c
+            used.update(ids)
+            o.update_columns(b, array("d", readies), array("q", ids))
+            model.update((b, t, i) for t, i in zip(readies, ids))
         if name in ("add", "add_old"):
             used.add(key[2])
             o.add(*key)

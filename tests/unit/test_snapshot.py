@@ -9,6 +9,8 @@ import zlib
 
 import orjson
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from queue_server.protocol import snapshot_frames
 from queue_server.protocol.snapshot_frames import QUEUE, ROWS, read_rows, rows_bodies
@@ -368,3 +370,88 @@ def test_a_snapshot_under_another_name_is_refused(tmp_path):
     warnings = Warnings()
     assert latest_manifest(str(tmp_path), warn=warnings) is None
     assert "name" in warnings[0]
+
+
+# One step of a random history: (kind, a, b). Batches of up to 40 produces, so that a few
+# hundred messages span several store chunks (workers/store.py CHUNK), and consumes and
+# confirms that leave gaps and leases behind.
+_STEPS = st.lists(st.tuples(st.sampled_from(["produce", "produce", "consume", "confirm", "expire", "wait"]),
+                            st.integers(1, 40), st.integers(0, 7)), min_size=1, max_size=60)
+
+
+def _history(steps: list) -> tuple[Queue, float]:
+    """A queue after `steps` (ready times now and later, priorities, ttl, per-message
+    max_deliveries, leases with and without a token, gaps by confirms and expiries), and the
+    time it got to."""
+    q = Queue("q", 10_000)
+    now = T0
+    for kind, a, b in steps:
+        if kind == "produce":
+            q.produce_many([(f"m{i}\u00e9" if b == 5 else "x" * (i % 7), now + (b % 3) * 10 * (i % 2), now + 50 + b,
+                             float(b % 4), b % 2) for i in range(a)], now,
+                           max_deliveries=b if b > 5 else None)
+        elif kind == "consume":
+            q.consume(now, a % 9, lease=float(b) or None, token=f"t{b}" if b % 3 == 1 else None)
+        elif kind == "confirm":
+            ids = list(q._index)[b::3][:a]
+            for msg_id in ids:
+                if q._index.state(msg_id)[5] is not None:  # leased
+                    q.confirm(msg_id)
+        elif kind == "expire":
+            q.expire_due(now)
+        else:
+            now += a / 4
+    return q, now
+
+
+def _serves(q: Queue, now: float) -> list:
+    """What `q` answers from `now` on: stats, peeks, and consumes (with leases) as time goes."""
+    out = []
+    for step in range(8):
+        at = now + step * 7.5
+        out.append(q.stats(at))
+        out.append([(m.msg_id, m.data, m.delivery_count) for m in q.peek(at, 5)])
+        out.append([(m.msg_id, m.data, m.delivery_count) for m in q.consume(at, 6, lease=3.0)[0]])
+        out.append([r.msg_id for r in q.expire_due(at) if hasattr(r, "msg_id")])
+    return out
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=_STEPS, rows_max=st.sampled_from([3, 64, 16_384]), offset=st.sampled_from([-100.0, 0.0, 5.0, 1e9]))
+def test_a_queue_loaded_by_columns_equals_one_rebuilt_from_its_rows(monkeypatch, steps, rows_max, offset):
+    """Queue.load_frames (columns, a frame at a time, ready messages straight to the ready
+    ordering when given the time) against Queue.from_snapshot of the same rows: the same
+    snapshot, the same store, the same answers afterwards (from the time of the load on)."""
+    monkeypatch.setattr(snapshot_frames, "ROWS_MAX", rows_max)
+    q, now = _history(steps)
+    reference = Queue.from_snapshot(q.snapshot())
+    for at in (None, now + offset):
+        got = Queue.load_frames("q", q.snapshot_frames(), at)
+        assert got.snapshot() == q.snapshot()
+        assert list(got._index.entries()) == list(reference._index.entries())
+        assert sorted(got._index.chunks) == sorted(reference._index.chunks)
+        assert got._index.side == reference._index.side and got._tokens == reference._tokens
+        assert got._leased == reference._leased and got._n_leased == reference._n_leased
+        served_from = now if at is None else max(now, at)
+        assert _serves(got, served_from) == _serves(Queue.from_snapshot(q.snapshot()), served_from)
+
+
+def test_rows_that_do_not_ascend_or_pass_next_id_are_refused(monkeypatch):
+    def frames(ids, next_id=1000, tail=()):
+        rows = [[i, "a", 1.0, 2.0, 0.0, 0, 0, None] for i in ids]
+        for i, lease, token in tail:
+            rows[i][7:] = [lease, token]
+        meta = snapshot_frames.queue_body(1000, next_id, False, [])
+        return [(QUEUE, "q", meta), *((ROWS, "q", body) for body in rows_bodies(rows))]
+    assert len(Queue.load_frames("q", frames([1, 5, 300, 301]))) == 4
+    for bad in ([2, 1], [3, 3], [0, 1], [5, 1000]):
+        with pytest.raises(ValueError, match="bad msg_ids"):
+            Queue.load_frames("q", frames(bad))
+    monkeypatch.setattr(snapshot_frames, "ROWS_MAX", 2)  # each frame ascends, but not the second after the first
+    with pytest.raises(ValueError, match="bad msg_ids"):
+        Queue.load_frames("q", frames([1, 5, 3, 7]))
+    with pytest.raises(ValueError, match="token without a lease"):
+        Queue.load_frames("q", frames([1, 2], tail=[(1, None, "tok")]))
+    body = next(rows_bodies([[1, "a", 1.0, 1.0, 0.0, 0, 0, 5.0]]))
+    with pytest.raises(ValueError, match="tail"):
+        snapshot_frames.read_columns(body.replace(b"[[0,5.0]]", b"[[3,5.0]]"))

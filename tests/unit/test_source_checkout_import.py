@@ -24,3 +24,13 @@ def test_the_package_imports_from_the_repository_root_without_the_editable_finde
                          timeout=60)
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip().endswith("server/main.py")
+
+
+def test_the_clients_are_the_package_face_but_a_node_process_does_not_import_them() -> None:
+    code = ("import sys, queue_server, queue_server.server.worker, queue_server.server.coordinator\n"
+            "assert 'queue_server.client' not in sys.modules, 'imported'\n"
+            "from queue_server import *\n"
+            "import queue_server.client as c\n"
+            "assert sorted(queue_server.__all__) == sorted(c.__all__) and QueueClient is c.QueueClient\n")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -507,6 +507,35 @@ def test_failed_fsync_writes_the_unsynced_records_again(tmp_path):
     assert warnings == []
 
 
+def test_the_bytes_written_since_an_fsync_are_bounded(tmp_path):
+    # The writer keeps a copy of what it wrote since its last fsync (to write it again if the
+    # fsync fails): past max_unsynced bytes it fsyncs, whatever the policy asked, so that copy
+    # is bounded in bytes and not by the write rate times the sync interval.
+    frame = len(encode_record(1, 1, payload(1)))
+    faults = Faults()
+    w = WalWriter(str(tmp_path), opener=faults.opener, fsync=faults.fsync, max_unsynced=3 * frame)
+    fsyncs = faults.fsyncs  # the open's
+    w.append(records(1, 2))
+    w.flush(sync=False)
+    assert (w.flushed_trans_id, w.synced_trans_id, faults.fsyncs - fsyncs) == (2, 0, 0)
+    w.append(records(3, 4))
+    w.flush(sync=False)
+    assert (w.flushed_trans_id, w.synced_trans_id, faults.fsyncs - fsyncs) == (4, 4, 1)
+    # what was written after that fsync is all that is written again when the next one fails
+    w.append(records(5, 5))
+    w.flush(sync=False)
+    faults.fsync_errors = 1
+    w.append(records(6, 7))
+    with pytest.raises(StorageError, match="Input/output"):
+        w.flush(sync=False)
+    assert (w.flushed_trans_id, w.synced_trans_id, w.pending_count) == (4, 4, 3)
+    w.flush(sync=True)
+    w.close()
+    assert read(tmp_path) == records(1, 7)
+    with pytest.raises(ValueError):
+        WalWriter(str(tmp_path), max_unsynced=0)
+
+
 def test_failure_to_create_the_next_segment(tmp_path):
     frame = len(encode_record(1, 1, payload(1)))
     faults = Faults()
