@@ -102,6 +102,9 @@ class Coordinator:
                     sockets.append(sock)
                 self.peers[node.node_id] = peer_keys.PeerLink(sockets)
         self.placement_hash = config.placement().wire_hash  # 0: the default placement
+        # Several messages to one peer go as the frames of one send only with queue groups: a node
+        # of the default placement sends one message a send, as every earlier version reads them.
+        self.multipart = self.placement_hash != 0
         # wire.encode's envelope (the queue group: 0, the only one yet)
         self.client = (config.host, config.port, config.node_type, config.http_port, self.placement_hash)
         self.rejections_logged: set[str] = set()
@@ -374,7 +377,8 @@ class Coordinator:
         unsent = []
         if ready.to_peers:
             sent: dict[int, bytes] = {}  # id of a message -> its bytes: one batch for several followers
-            # Each peer's messages, in order, go as the frames of one send (one wake of the peer).
+            # Each peer's messages, in order, go as the frames of one send (one wake of the peer),
+            # or one a send (self.multipart).
             to_peer: dict[int, tuple[list[bytes], list[object]]] = {}
             for target, msg in ready.peer_messages(log_stored, vote_stored):
                 if target not in self.peers or (not chunks_written and type(msg) is SnapshotAck):
@@ -391,10 +395,13 @@ class Coordinator:
                 frames_msgs[0].append(data)
                 frames_msgs[1].append(msg)
             for target, (frames, msgs) in to_peer.items():
-                try:
-                    self.peers[target].send(frames)
-                except zmq.Again:  # not connected yet, or too far behind
-                    unsent.extend(msgs)
+                link = self.peers[target]
+                for part, part_msgs in ([(frames, msgs)] if self.multipart else zip(([f] for f in frames),
+                                                                                    ([m] for m in msgs))):
+                    try:
+                        link.send(part)
+                    except zmq.Again:  # not connected yet, or too far behind
+                        unsent.extend(part_msgs)
         node.advance(ready, durable_trans_id=durable, log_stored=log_stored)
         if self.recovery is not None:
             self._log_recovery()
