@@ -24,7 +24,7 @@ from queue_server.server.snapshots import STOP_WAIT
 from queue_server.server.metrics import WorkerMetrics
 from queue_server.server.reply_counts import count_replies
 from queue_server.server.node_memory import NodeMemory
-from queue_server.server.overflow_files import DiskSegments, worker_dir
+from queue_server.server.overflow_files import DiskSegments, PartSegments, link_segments, worker_dir
 from queue_server.server.queue_metrics import QueueMetrics
 from queue_server.workers import undo
 from queue_server.workers.body_budget import BodyBudget, worker_share
@@ -73,6 +73,7 @@ class Worker:
         self.writer: tuple[int, int, str] | None = None
         self.out_held: list[list[bytes]] | None = None
         self.hold_cut = 0
+        self.segments: list[list[int]] = []  # the overflow segments the running cut's part refers to
         self.write_inline = write_inline
 
     def run(self) -> None:
@@ -195,9 +196,11 @@ class Worker:
         A part that cannot be read now (it was checked at start) stops the worker, and so the node,
         in one line: the next start checks the parts again and falls back to an older snapshot."""
         started = time.monotonic()
-        frames = itertools.chain.from_iterable(iter_frames(path, trans_id) for path in parts)
+        segments = PartSegments(self.service.overflow)
+        frames = itertools.chain.from_iterable(segments.frames(path, iter_frames(path, trans_id)) for path in parts)
         try:
             self.service.load_frames(frames, self.owns)
+            segments.adopt()
         except (OSError, ValueError) as exc:
             self.log.error("cannot load the snapshot at trans_id %d: %s; stopping", trans_id, exc)
             sys.exit(4)
@@ -263,11 +266,17 @@ class Worker:
         self.release()
         if self.writer is not None:  # an older cut's writer: that cut is over (one runs at a time)
             self.end_writer(kill=True)
+        try:  # the part refers to the overflowed bodies in these (linked before anything changes)
+            self.segments = link_segments(self.service.overflow, tmp, part_name(self.index))
+        except OSError as exc:
+            self.send(ipc_frames.snapped_frames(epoch, cut_id, self.index))
+            self.send(ipc_frames.part_done_frames(cut_id, self.index, False, {"error": str(exc)}))
+            return
         if self.write_inline is not None:
             self.send(ipc_frames.snapped_frames(epoch, cut_id, self.index))
             try:
                 self.write_inline(self.service, tmp, self.index)
-                part = read_end(os.path.join(tmp, part_name(self.index)))
+                part = self._part_entry(tmp)
             except (OSError, ValueError) as exc:
                 part = {"error": str(exc)}
             self.send(ipc_frames.part_done_frames(cut_id, self.index, "error" not in part, part))
@@ -325,10 +334,18 @@ class Worker:
             part = {"error": exit_reason(code)}
         else:
             try:
-                part = read_end(os.path.join(tmp, part_name(self.index)))
+                part = self._part_entry(tmp)
             except (OSError, ValueError) as exc:
                 part = {"error": str(exc)}
         self.send(ipc_frames.part_done_frames(cut_id, self.index, "error" not in part, part))
+
+    def _part_entry(self, tmp: str) -> dict:
+        """The manifest entry of this worker's part written into `tmp`, with the overflow
+        segments it refers to."""
+        part = read_end(os.path.join(tmp, part_name(self.index)))
+        if self.segments:
+            part["segments"] = self.segments
+        return part
 
 
 def main(argv: list[str] | None = None) -> None:

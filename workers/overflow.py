@@ -363,6 +363,16 @@ class Overflow:
             if stamp is not None and stamp > keep_through:
                 zero[seg] = keep_through
 
+    def start_above(self, top: int) -> None:
+        """Segments up to `top` hold bodies loaded from a snapshot: new bodies go above them."""
+        if self.seg > top:
+            return
+        old = self.seg
+        self.seg = top + 1
+        self.end = 0
+        if old not in self.live:
+            self._dead(old)
+
     def reset(self) -> None:
         """Forget every body on disk and in memory (the stores are replaced, by a load)."""
         self.files.delete_all()

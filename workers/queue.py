@@ -23,7 +23,7 @@ from queue_server.protocol.records import (
     Confirm, Consume, DeadLetter, DlqReplay, Expire, Pause, Produce, Purge, Record, Release, Restore,
     count,
 )
-from queue_server.protocol.snapshot_frames import QUEUE, ROWS, Frame, queue_body, read_queue, rows_bodies, rows_of
+from queue_server.protocol.snapshot_frames import QUEUE, Frame, queue_body, read_queue, rows_frames, rows_of
 from queue_server.workers import undo
 from queue_server.workers.ordering import Ordering
 from queue_server.workers.store import BITS as _BITS, MASK as _MASK, Message, MessageStore, message
@@ -1333,13 +1333,14 @@ class Queue:
         q._delayed.update(delayed)
         return q
 
-    def snapshot_frames(self) -> Iterator[Frame]:
+    def snapshot_frames(self, refs: bool = False) -> Iterator[Frame]:
         """snapshot() as v2 snapshot frames (protocol/snapshot_frames.py): one QUEUE, then ROWS
-        in msg_id order, built as they are taken."""
+        in msg_id order, built as they are taken. With `refs`, the messages whose bodies are on
+        disk are REFS rows (their references), not read back."""
         dedupe = [[p, s, first, n] for (p, s), (first, n) in self._dedupe.items()]
         yield QUEUE, self.name, queue_body(self.max_size, self.next_id, self.paused, dedupe)
-        for body in rows_bodies(_snapshot_row(*entry) for entry in self._index.entries()):
-            yield ROWS, self.name, body
+        for kind, body in rows_frames(_snapshot_row(*entry) for entry in self._index.entries(refs)):
+            yield kind, self.name, body
 
     @classmethod
     def load_frames(cls, name: str, frames: Iterable[Frame]) -> Queue:

@@ -940,11 +940,11 @@ class PartitionService:
         """The state of every queue, JSON-able."""
         return {name: q.snapshot() for name, q in self.queues.items()}
 
-    def snapshot_frames(self) -> Iterator[Frame]:
+    def snapshot_frames(self, refs: bool = False) -> Iterator[Frame]:
         """The state of every queue as v2 snapshot frames (Queue.snapshot_frames), built as
-        they are taken."""
+        they are taken; with `refs`, bodies on disk as their references (REFS frames)."""
         for q in self.queues.values():
-            yield from q.snapshot_frames()
+            yield from q.snapshot_frames(refs)
 
     def load_snapshot(self, state: dict) -> None:
         """Replace all queues with a snapshot's. Parked long polls are answered empty."""

@@ -312,13 +312,14 @@ class MessageStore:
 
     keys = __iter__
 
-    def entries(self) -> Iterator[tuple[int, str, tuple]]:
-        """(msg_id, data, state) of every stored message, msg_id ascending."""
+    def entries(self, raw: bool = False) -> Iterator[tuple[int, str | int, tuple]]:
+        """(msg_id, data, state) of every stored message, msg_id ascending; with `raw`, data is
+        the slot (a body on disk is its reference, not read back)."""
         side = self.side
         chunked = self._chunk_entries()
         if side:
             chunked = heapq.merge(chunked, ((i, *side[i]) for i in sorted(side)))
-        if not self.spilled:
+        if raw or not self.spilled:
             return chunked
         read = self.ov.read
         return ((i, read(d) if type(d) is int else d, s) for i, d, s in chunked)
