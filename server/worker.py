@@ -65,6 +65,7 @@ class Worker:
         self.memory = memory
         self.next_memory_check = 0.0
         self.overflow_refused: str | None = None  # the overflow disk's refusal last logged
+        self.torn_logged: set[int] = set()  # overflow segments with unreadable bodies, logged
         self.undone = 0  # records the last MODE rolled back
         self.rollbacks = 0  # MODEs that rolled records back
         self.owns = owns
@@ -117,6 +118,11 @@ class Worker:
                 self.log.warning("%s: produces that need it are refused until it takes writes again", overflow.refused)
             else:
                 self.log.warning("overflow disk %s takes writes again", overflow.files.where)
+        if overflow is not None and len(overflow.torn) > len(self.torn_logged):
+            for seg in overflow.torn.keys() - self.torn_logged:  # one line a segment
+                self.torn_logged.add(seg)
+                self.log.error("overflow segment %d in %s holds bodies that fail their check (torn or overwritten): "
+                               "their messages go the dead-letter way, reason 'body unreadable'", seg, overflow.files.where)
         if self.metrics.due(clock):
             self.metrics.fold(lambda: self.service._totals(now), self.service.limit_refusals)
             if self.queue_metrics is not None:

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Protocol
 
-from queue_server.workers.body_budget import BodyBudget
+from queue_server.workers.body_budget import BodyBudget, body_size
 
 HEADER = struct.Struct("<II")  # body length, crc32 of the body
 SEGMENT_SIZE = 64 << 20
@@ -67,7 +67,11 @@ class SegmentFiles(Protocol):
 
 
 class BodyUnreadable(ValueError):
-    """A body read back does not match its record (torn or overwritten segment)."""
+    """A body read back does not match its record (torn or overwritten segment `seg`)."""
+
+    def __init__(self, message: str, seg: int) -> None:
+        super().__init__(message)
+        self.seg = seg
 
 
 def _split(datas: Iterable[str | int]) -> tuple[int, list[int]]:
@@ -78,19 +82,19 @@ def _split(datas: Iterable[str | int]) -> tuple[int, list[int]]:
         if type(d) is int:
             refs.append(d)
         else:
-            held += len(d)
+            held += body_size(d)
     return held, refs
 
 
 def _body(seg: int, offset: int, blob: bytes, at: int, size: int) -> str:
     """The body of the record at `at` of `blob` (read from `offset` of segment `seg`), checked."""
     if len(blob) < at + HEADER.size + size:
-        raise BodyUnreadable(f"overflow segment {seg}: record at {offset} is cut short")
+        raise BodyUnreadable(f"overflow segment {seg}: record at {offset} is cut short", seg)
     length, crc = HEADER.unpack_from(blob, at)
     body = blob[at + HEADER.size:at + HEADER.size + size]
     if length != size or zlib.crc32(body) != crc:
-        raise BodyUnreadable(f"overflow segment {seg}: record at {offset} does not match")
-    return body.decode()
+        raise BodyUnreadable(f"overflow segment {seg}: record at {offset} does not match", seg)
+    return body.decode("utf-8", "surrogatepass")
 
 
 def ref(seg: int, offset: int, size: int) -> int:
@@ -107,7 +111,7 @@ class Overflow:
     """Where one worker's bodies are: its budget, its segments and their live references."""
 
     __slots__ = ("budget", "files", "segment_size", "rotate_empty", "seg", "end", "live", "live_bytes",
-                 "zero", "refused", "retry_at", "ahead", "after")
+                 "zero", "refused", "retry_at", "ahead", "after", "torn")
 
     def __init__(self, budget: BodyBudget, files: SegmentFiles, segment_size: int = SEGMENT_SIZE,
                  rotate_empty: int = ROTATE_EMPTY) -> None:
@@ -126,6 +130,8 @@ class Overflow:
         self.retry_at: float | None = None
         self.ahead: tuple[int, int, bytes] | None = None  # read ahead: segment, offset, bytes
         self.after: tuple[int, int] | None = None  # where the last read ended
+        # Bodies that failed their check on read, by segment (their messages were dead-lettered).
+        self.torn: dict[int, int] = {}
 
     # ------------------------------------------------------------------ storing
     def keep(self, data: str | int) -> str | int:
@@ -134,20 +140,20 @@ class Overflow:
         if type(data) is int:
             self._up(data)
             return data
-        if self.budget.take(len(data)):
+        if self.budget.take(body_size(data)):
             return data
         return self._spill([data])[0]
 
     def keep_many(self, datas: list[str]) -> tuple[list[str | int], int]:
         """keep() of each of new bodies (a produce's `str`s); and how many went to disk."""
         budget = self.budget
-        total = sum(map(len, datas))
+        total = sum(map(body_size, datas))
         if budget.take(total):
             return datas, 0
         out: list[str | int] = []
         spill: list[int] = []
         for i, d in enumerate(datas):
-            if budget.take(len(d)):
+            if budget.take(body_size(d)):
                 out.append(d)
             else:
                 out.append(d)
@@ -166,7 +172,7 @@ class Overflow:
         (counted held: nothing is lost) and produces that need the disk are refused until it is
         tried again (`refuses`)."""
         out: list[str | int] = list(bodies)
-        raws = [b.encode() for b in bodies]
+        raws = [b.encode("utf-8", "surrogatepass") for b in bodies]
         records = [HEADER.pack(len(raw), zlib.crc32(raw)) + raw for raw in raws]
         size = self.segment_size
         i, n = 0, len(bodies)
@@ -185,7 +191,7 @@ class Overflow:
                 self.refused = (f"overflow disk full: {where}" if exc.errno == errno.ENOSPC
                                 else f"overflow disk unwritable: {where} ({exc.strerror or exc})")
                 self.retry_at = None
-                self.budget.hold(sum(map(len, bodies[i:])))
+                self.budget.hold(sum(map(body_size, bodies[i:])))
                 return out
             pos = start
             base = self.seg << _SEG_SHIFT
@@ -279,7 +285,7 @@ class Overflow:
                 length, crc = unpack_from(blob, at)
                 if length != size or len(body) != size or crc32(body) != crc:
                     _body(seg, offset, blob, at, size)  # raises BodyUnreadable
-                out[k] = body.decode()
+                out[k] = body.decode("utf-8", "surrogatepass")
             i = j
         return out
 
@@ -289,7 +295,7 @@ class Overflow:
         if type(data) is int:
             self._down(data)
         else:
-            self.budget.free(len(data))
+            self.budget.free(body_size(data))
 
     def drop_many(self, datas: Iterable[str | int]) -> None:
         """drop() of each slot."""

@@ -23,7 +23,7 @@ from queue_server.workers import admin, subscriptions, undo
 from queue_server.workers.bad_request import BadRequest, Refused
 from queue_server.protocol.snapshot_frames import Frame
 from queue_server.protocol.records import Confirm, Consume, DeleteQueue, Noop, Purge, Record, Release, Restore, count
-from queue_server.workers.body_budget import PER_MESSAGE
+from queue_server.workers.body_budget import PER_MESSAGE, body_size
 from queue_server.workers.overflow import Overflow
 from queue_server.workers.queue import Message, Queue
 from queue_server.workers.store import delivered_once
@@ -403,7 +403,7 @@ class PartitionService:
             self._refused(limits.MAX_MEMORY_MB)
             raise BadRequest(limits.memory_full(self.max_memory_mb))
         if self.overflow is not None:
-            size = len(data) if batch is None else sum(map(len, batch))
+            size = body_size(data) if batch is None else sum(map(body_size, batch))
             refused = self.overflow.refuses(size * len(targets), now)
             if refused is not None:
                 self._refused(limits.OVERFLOW_MB)

@@ -34,6 +34,8 @@ import heapq
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from queue_server.workers.body_budget import body_size
+
 if TYPE_CHECKING:
     from queue_server.workers.overflow import Overflow
 
@@ -361,8 +363,8 @@ class MessageStore:
         ov = self.ov
         if ov is not None:
             budget = ov.budget
-            if type(data) is str and budget.held + len(data) <= budget.share:
-                budget.held += len(data)
+            if type(data) is str and budget.held + (size := body_size(data)) <= budget.share:
+                budget.held += size
             else:
                 data = self._kept(data)
         c.data[p] = data
@@ -451,12 +453,12 @@ class MessageStore:
             self.spilled -= 1
             self.ov.drop(data)
         else:
-            self.ov.budget.held -= len(data)
+            self.ov.budget.held -= body_size(data)
 
     def _dropped_many(self, datas: list[str | int]) -> None:
         """_dropped() of each slot."""
         if not self.spilled:  # every slot a str
-            self.ov.budget.held -= sum(map(len, datas))
+            self.ov.budget.held -= sum(map(body_size, datas))
             return
         self.ov.drop_many(datas)
         self.spilled -= sum(type(d) is int for d in datas)
@@ -588,8 +590,8 @@ class MessageStore:
 
     def _held(self) -> int:
         """The length of every body (all in memory)."""
-        return (sum(sum(map(len, filter(None, c.data))) for c in self.chunks.values())
-                + sum(len(d) for d, _ in self.side.values()))
+        return (sum(sum(map(body_size, filter(None, c.data))) for c in self.chunks.values())
+                + sum(body_size(d) for d, _ in self.side.values()))
 
     def attach(self, ov: Overflow | None) -> None:
         """Count this store's bodies in `ov` from now on, as if each were stored now (a store
