@@ -234,5 +234,6 @@ class PartSegments:
         for seg, path in self.files.items():
             if seg in overflow.live:
                 overflow.files.adopt(seg, path)  # type: ignore[attr-defined]
+        overflow.adopted(self.files)
         overflow.start_above(max(self.files))
 

@@ -111,7 +111,7 @@ class Overflow:
     """Where one worker's bodies are: its budget, its segments and their live references."""
 
     __slots__ = ("budget", "files", "segment_size", "rotate_empty", "seg", "end", "live", "live_bytes",
-                 "zero", "refused", "retry_at", "ahead", "after", "torn")
+                 "zero", "refused", "retry_at", "ahead", "after", "torn", "written")
 
     def __init__(self, budget: BodyBudget, files: SegmentFiles, segment_size: int = SEGMENT_SIZE,
                  rotate_empty: int = ROTATE_EMPTY) -> None:
@@ -132,6 +132,7 @@ class Overflow:
         self.after: tuple[int, int] | None = None  # where the last read ended
         # Bodies that failed their check on read, by segment (their messages were dead-lettered).
         self.torn: dict[int, int] = {}
+        self.written: dict[int, int] = {}  # segment -> records written to it (compactable)
 
     # ------------------------------------------------------------------ storing
     def keep(self, data: str | int) -> str | int:
@@ -202,6 +203,7 @@ class Overflow:
             if not live:
                 self.zero.pop(self.seg, None)
             self.live[self.seg] = live + j - i
+            self.written[self.seg] = self.written.get(self.seg, 0) + j - i
             self.live_bytes += pos - start - (j - i) * HEADER.size
             self.end = end
             i = j
@@ -346,6 +348,7 @@ class Overflow:
     def _delete(self, seg: int) -> None:
         if self.ahead is not None and self.ahead[0] == seg:
             self.ahead = None
+        self.written.pop(seg, None)
         self.files.delete(seg)
 
     def trimmed(self, committed: int, seq: int) -> None:
@@ -369,6 +372,38 @@ class Overflow:
             if stamp is not None and stamp > keep_through:
                 zero[seg] = keep_through
 
+    # ------------------------------------------------------------------ compaction
+    def compactable(self, below: float, skip: set[int]) -> int | None:
+        """A closed segment (not in `skip`) whose live references are under `below` of the
+        records written to it, fewest live first; None if there is none."""
+        written = self.written
+        best = None
+        for seg, live in self.live.items():
+            if seg != self.seg and seg not in skip and live < below * written.get(seg, live):
+                if best is None or live < self.live[best]:
+                    best = seg
+        return best
+
+    def move(self, r: int) -> int:
+        """A reference to a copy of the body `r` names, written to the current segment (the
+        count moves with it); `r` itself if the body cannot be read back or the disk refuses."""
+        try:
+            body = self.read(r)
+        except (BodyUnreadable, OSError):
+            return r
+        new = self._spill([body])[0]
+        if type(new) is not int:  # the disk refused it: counted held by _spill, it stays on disk
+            self.budget.free(body_size(body))
+            return r
+        self._down(r)
+        return new
+
+    def adopted(self, segs: Iterable[int]) -> None:
+        """Segments loaded from a snapshot: what they hold now counts as written to them."""
+        for seg in segs:
+            if seg in self.live:
+                self.written[seg] = self.live[seg]
+
     def start_above(self, top: int) -> None:
         """Segments up to `top` hold bodies loaded from a snapshot: new bodies go above them."""
         if self.seg > top:
@@ -386,6 +421,7 @@ class Overflow:
         self.seg += 1
         self.end = 0
         self.live.clear()
+        self.written.clear()
         self.live_bytes = 0
         self.zero.clear()
         self.budget.held = 0

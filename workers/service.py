@@ -24,6 +24,7 @@ from queue_server.workers.bad_request import BadRequest, Refused
 from queue_server.protocol.snapshot_frames import Frame
 from queue_server.protocol.records import Confirm, Consume, DeleteQueue, Noop, Purge, Record, Release, Restore, count
 from queue_server.workers.body_budget import PER_MESSAGE, body_size
+from queue_server.workers.compaction import Compaction
 from queue_server.workers.overflow import Overflow
 from queue_server.workers.queue import Message, Queue
 from queue_server.workers.store import delivered_once
@@ -245,6 +246,7 @@ class PartitionService:
         # `journal`, which apply_committed turns off for its records.
         self._journal_entries = self.journal.entries if self.journal is not None else None
         self.overflow = overflow
+        self.compaction = Compaction(overflow) if overflow is not None else None
         self._next_sweep = 0.0
         self._handlers: dict[int, Callable[[dict, Origin, int, float], dict | None]] = {
             p.PRODUCE: self._produce,
@@ -716,6 +718,9 @@ class PartitionService:
         worker that is not accepting (its node does not lead) decides nothing: its polls are
         answered empty and its subscriptions end, and so do they while the node shuts down
         (draining); while it is fenced they wait (only a poll's own deadline answers it)."""
+        compaction = self.compaction
+        if compaction is not None and compaction.step(self.queues, now) and self.journal is None:
+            self.overflow.trimmed(self.seq, self.seq)  # the emptied segment goes (a journal's trim does it)
         if not (self.waiters or self.subs) and now < self._next_sweep:
             return  # nothing parked, no sweep due: the common wake-up has nothing to do here
         made = len(self.records)
@@ -973,6 +978,8 @@ class PartitionService:
             self._journal_entries = self.journal.entries
         if self.overflow is not None:
             self.overflow.reset()
+            if self.compaction is not None:
+                self.compaction.stop()
         self.queues = queues
         for q in self.queues.values():
             self._configure(q)

@@ -588,6 +588,32 @@ class MessageStore:
             else:
                 self.ov.budget.hold(self._held())
 
+    def move_out(self, seg: int, n: int | None) -> int:
+        """Give every slot of chunk `n` (None: the side dict) that refers to overflow segment
+        `seg` a reference to a copy of its body (Overflow.move: workers/compaction.py); the bytes
+        moved."""
+        ov = self.ov
+        if ov is None or not self.spilled:
+            return 0
+        lo, hi = seg << 64, (seg + 1) << 64
+        moved = 0
+        if n is None:
+            side = self.side
+            for i, (d, s) in list(side.items()):
+                if type(d) is int and lo <= d < hi:
+                    side[i] = (ov.move(d), s)
+                    moved += d & 0xFFFFFFFF
+            return moved
+        c = self.chunks.get(n)
+        if c is None:
+            return 0
+        data = c.data
+        for p, d in enumerate(data):
+            if type(d) is int and lo <= d < hi:
+                data[p] = ov.move(d)
+                moved += d & 0xFFFFFFFF
+        return moved
+
     def _held(self) -> int:
         """The length of every body (all in memory)."""
         return (sum(sum(map(body_size, filter(None, c.data))) for c in self.chunks.values())

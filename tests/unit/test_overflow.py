@@ -18,6 +18,7 @@ import pytest
 from queue_server.protocol import vocabulary as p
 from queue_server.protocol.origin import Origin
 from queue_server.workers.body_budget import BodyBudget, body_size, worker_share
+from queue_server.workers.compaction import Compaction
 from queue_server.workers.overflow import HEADER, BodyUnreadable, Overflow, unpack
 from queue_server.workers.service import PartitionService
 from queue_server.workers.store import MessageStore
@@ -64,6 +65,7 @@ def overflowing(share: int, segment_size: int, rotate_empty: int,
     ov = Overflow(BodyBudget(share), FakeFiles(), segment_size, rotate_empty=rotate_empty)
     s = service(10**6, run.restore_cache, run.suffix, run.queue_class)
     s.overflow = ov
+    s.compaction = Compaction(ov, check_every=0)  # segments compacted as the traffic goes (service.tick)
     return s, ov
 
 
@@ -333,3 +335,33 @@ def test_the_budget_counts_utf8_bytes_not_characters():
     assert type(ov.keep("€€")) is int and ov.budget.held == 13  # 6 more: past 15
     ov.drop("€")
     assert ov.budget.held == 10
+
+
+# ------------------------------------------------------------------------------- compaction
+
+@pytest.mark.parametrize("journal", [True, False])
+def test_segments_mostly_dead_are_compacted_and_disk_use_tracks_what_is_stored(journal):
+    files = FakeFiles()
+    ov = Overflow(BodyBudget(0), files, segment_size=10 * (HEADER.size + 10))
+    s = PartitionService(node_id=1, queue_size=1000, overflow=ov, undo_limit=10**6 if journal else None)
+    names = ["a", "b", "c", "d", "e"]
+    for i in range(200):  # each segment holds bodies of every queue
+        q = names[i % 5]
+        s.handle({"action": "produce", "queue": q, "data": f"{q}-{i:08d}"}, Origin(1), i, T0)
+    for q in names[1:]:
+        s.handle({"action": "purge", "queue": q}, Origin(1), 900, T0)
+    take_replies(s)
+    s.trim(s.seq)
+    before = sum(map(len, files.segs.values()))
+    now = T0
+    for _ in range(100):
+        now += 1
+        s.tick(now)
+        s.trim(s.seq)
+        check_counts(s, ov, f"at {now}")
+    after = sum(map(len, files.segs.values()))
+    assert s.compaction.moved >= 30 * 10  # bytes: the 40 of "a" (a few were in the current segment)
+    assert after <= before / 5 + 2 * ov.segment_size, (before, after)
+    s.handle({"action": "consume", "queue": "a", "count": 100}, Origin(1), 1000, T0)
+    (_, _, reply), = take_replies(s)
+    assert [m["data"] for m in reply["messages"]] == [f"a-{i:08d}" for i in range(0, 200, 5)]
