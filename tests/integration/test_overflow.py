@@ -31,7 +31,7 @@ def produce_all(node: NodeProcess, queue: str, data: list[str]) -> None:
     try:
         for k in range(0, len(data), 30):
             reply = c.call({"action": "produce", "queue": queue, "data": data[k:k + 30]})
-            assert reply["code"] == 0, reply
+            assert reply["code"] == 0, str(reply)
     finally:
         c.close()
 
@@ -42,7 +42,7 @@ def consume_all(node: NodeProcess, queue: str, n: int) -> list[str]:
     try:
         while len(got) < n:
             reply = c.call({"action": "consume", "queue": queue, "count": 40})
-            assert reply["code"] == 0, reply
+            assert reply["code"] == 0, str(reply)
             assert reply.get("messages"), f"{len(got)} of {n} came back"
             got += [m["data"] for m in reply["messages"]]
     finally:
