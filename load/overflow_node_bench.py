@@ -161,8 +161,10 @@ def run(mode: str, args: argparse.Namespace, workdir: str) -> dict:
         row["full"], row["full_by"] = rss(node.proc.pid)
     finally:
         node.stop()
+    print(f"  {mode}: filled, {row['full'] / 2**20:,.0f} MiB RSS full ({', '.join(f'{k} {v >> 20}' for k, v in sorted(row['full_by'].items()) if v)}),"
+          f" idle {row['idle'] >> 20}, produce {n / row['fill_s']:,.0f} msg/s; restarting", flush=True)
     started = time.monotonic()
-    node = QueueServer(args.repo, workdir, 1, False, config, name=mode)
+    node = QueueServer(args.repo, workdir, 1, False, config, name=mode, start_timeout=900)
     try:
         peak = Peak(node.proc.pid)
         wait_until(lambda: size(node.port) == n, 900, 0.2)
@@ -170,8 +172,10 @@ def run(mode: str, args: argparse.Namespace, workdir: str) -> dict:
         row["peak_restart"], row["peak_restart_workers"] = peak.stop()
         row["after_restart"], row["restart_by"] = rss(node.proc.pid)
         in_memory = min(n, (args.overflow_mb << 20) // args.payload) if mode == "overflow" else 0
-        row["drain_s"], row["drain_overflowed_s"] = drain(node.port, n, args.batch, in_memory)
         row["overflowed"] = n - in_memory
+        row["drain_s"] = row["drain_overflowed_s"] = 0.0
+        if not args.no_drain:
+            row["drain_s"], row["drain_overflowed_s"] = drain(node.port, n, args.batch, in_memory)
     finally:
         node.stop()
     return row
@@ -184,11 +188,15 @@ def describe(row: dict, n: int, overflow_mb: int) -> str:
             f"{row['peak_fill_snapshot'] / mib:,.0f} MiB (worker + its writer {row['peak_workers'] / mib:,.0f}); "
             f"produce {n / row['fill_s']:,.0f} msg/s; restart {row['restart_s']:.1f} s, peak "
             f"{row['peak_restart'] / mib:,.0f} MiB (worker {row['peak_restart_workers'] / mib:,.0f}), then "
-            f"{row['after_restart'] / mib:,.0f} MiB; consume + confirm {n / row['drain_s']:,.0f} msg/s")
+            f"{row['after_restart'] / mib:,.0f} MiB")
+    if row["drain_s"]:
+        text += f"; consume + confirm {n / row['drain_s']:,.0f} msg/s"
     if row["mode"] == "overflow":
         target = overflow_mb * mib + 64 * n + row["idle"]
-        text += (f" (the {row['overflowed']:,} overflowed: {row['overflowed'] / max(row['drain_overflowed_s'], 1e-9):,.0f}"
-                 f" msg/s); target RSS {target / mib:,.0f} MiB: {'met' if row['full'] <= target else 'NOT met'}")
+        if row["drain_s"]:
+            text += (f" (the {row['overflowed']:,} overflowed: "
+                     f"{row['overflowed'] / max(row['drain_overflowed_s'], 1e-9):,.0f} msg/s)")
+        text += (f"; target RSS {target / mib:,.0f} MiB: {'met' if row['full'] <= target else 'NOT met'}")
     for key, label in (("full_by", "full"), ("restart_by", "after the restart")):
         text += f"\n  {label}, MiB RSS by process: " + ", ".join(
             f"{k} {v / mib:,.0f}" for k, v in sorted(row[key].items()) if v)
@@ -202,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--overflow-mb", type=int, default=25)
     parser.add_argument("--batch", type=int, default=100, help="messages a produce / consume")
     parser.add_argument("--modes", default="overflow,memory")
+    parser.add_argument("--no-drain", action="store_true", help="skip consuming everything at the end")
     parser.add_argument("--code", help="run the node from this folder's queue_server/ (PYTHONPATH)")
     parser.add_argument("--dir", help="where the nodes' data go (default: a tmp folder)")
     args = parser.parse_args(argv)
