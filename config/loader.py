@@ -438,10 +438,7 @@ class NodeConfig:
         out["virtual_queue_list"] = [
             {"name": q.name, "queue_list": list(q.queue_list)} for q in self.virtual_queue_list
         ]
-        out["queue_group_list"] = [
-            {"group": r.group, **({"pattern": r.pattern} if r.pattern is not None else {}),
-             **({"nodes": list(r.nodes)} if r.nodes else {})} for r in self.queue_group_list
-        ]
+        out["queue_group_list"] = [r.as_dict() for r in self.queue_group_list]
         return out
 
     @classmethod

@@ -198,14 +198,15 @@ def build_client(workdir: str) -> str:
 class Server:
     """A server process started for one measurement and stopped after it."""
 
-    def __init__(self, argv: list[str], port: int, cwd: str = REPO, log: str | None = None) -> None:
+    def __init__(self, argv: list[str], port: int, cwd: str = REPO, log: str | None = None,
+                 start_timeout: float = 30.0) -> None:
         self.log_path = log
         self.log = open(log, "ab") if log else subprocess.DEVNULL
         self.proc = subprocess.Popen(argv, stdout=self.log, stderr=subprocess.STDOUT, cwd=cwd)
         self.port = port
         self.addresses = [f"127.0.0.1:{port}"]
         try:
-            wait_port(port, self.proc)
+            wait_port(port, self.proc, start_timeout)
         except Exception:
             self.stop()
             raise
@@ -240,7 +241,8 @@ def start_peer(name: str, *extra: str) -> Server:
 class QueueServer(Server):
     """A queue-server node from `repo` on free ports (with metrics_port when asked)."""
 
-    def __init__(self, repo: str, workdir: str, workers: int, metrics: bool, config: dict | None = None, name: str = "node") -> None:
+    def __init__(self, repo: str, workdir: str, workers: int, metrics: bool, config: dict | None = None, name: str = "node",
+                 start_timeout: float = 30.0) -> None:
         port = free_port()
         cfg = {"host": "127.0.0.1", "port": port, "workers": workers, "log_level": 1, "http_port": 0,
                "queue_data_dir": tempfile.mkdtemp(prefix=f"{name}-data-", dir=workdir)}
@@ -253,7 +255,7 @@ class QueueServer(Server):
         with open(path, "w") as f:
             json.dump(cfg, f)
         super().__init__([sys.executable, "-m", "queue_server.server.main", "--config", path], port, cwd=repo,
-                         log=os.path.join(workdir, f"{name}-{port}.log"))
+                         log=os.path.join(workdir, f"{name}-{port}.log"), start_timeout=start_timeout)
         self.scraper = Scraper(cfg["metrics_port"]) if metrics else None
 
     def stop(self) -> None:

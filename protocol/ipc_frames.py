@@ -289,7 +289,7 @@ BatchPart = tuple[int, bytes, bytes, bytes, bytes, int]
 def batch_frames(records: bytes, header: bytes, blob: bytes, partials: bytes, epoch: int,
                  index: int = 0, group: int = 0) -> list[bytes]:
     """Worker `index`'s BATCH message of one group: what it decided for `group` under the
-    group's mode `epoch` (see ClusterNode.epoch). records and partials are json lists
+    group's mode `epoch` (see GroupNode.epoch). records and partials are json lists
     (EMPTY_LIST for none, see json_list); header and blob a reply batch."""
     return [BATCH, b"%d" % index, b"%d" % group, records, header, blob, partials, b"%d" % epoch]
 

@@ -30,6 +30,11 @@ class GroupRule:
     pattern: str | None = None
     nodes: tuple[int, ...] = ()
 
+    def as_dict(self) -> dict:
+        """The rule as config `queue_group_list` gives it."""
+        return {"group": self.group, **({"pattern": self.pattern} if self.pattern is not None else {}),
+                **({"nodes": list(self.nodes)} if self.nodes else {})}
+
 
 class RoutingKeys:
     """Queue name -> routing key, and the key's hash that places it."""

@@ -1,9 +1,16 @@
-"""The node's data directory (queue_data_dir): layout, the one-node lock, the vote state.
+"""The node's data directory (queue_data_dir): layout, the one-node lock, the vote state, and
+the placement of queue groups the data was written with.
 
-    <path>/LOCK        flock'd by the node that owns the directory; holds its pid
-    <path>/wal/        log segments (replication.wal)
-    <path>/snapshots/  snapshots (replication.snapshot)
-    <path>/vote.json   {"vote_id": n, "voted_for": node id or null}, replaced atomically
+    <path>/LOCK          flock'd by the node that owns the directory; holds its pid
+    <path>/wal/          queue group 0's log segments (replication.wal)
+    <path>/snapshots/    group 0's snapshots (replication.snapshot)
+    <path>/vote.json     group 0's {"vote_id": n, "voted_for": node id or null}, replaced atomically
+    <path>/group-<g>/    group g >= 1's wal/, snapshots/ and vote.json (docs/plans/queue-groups.md 2.4)
+    <path>/groups.json   the placement (queue_groups, group_replicas, queue_group_list, and the
+                         replica sets when they are not every node) the data was written with
+
+One group (the default) is the layout of a node before queue groups, plus groups.json. Each group
+has a WAL of its own because a group's log is truncated, reset and trimmed on its own.
 
 The lock is an flock on an open file description, so it lasts while any process holds a copy of
 that descriptor: open the DataDir in the process that owns the data (after forking others), and
@@ -21,6 +28,7 @@ import orjson
 from queue_server.replication.disk import StorageError, read_file, replace_file
 
 _VOTE_FILE = "vote.json"
+GROUPS_FILE = "groups.json"
 
 
 class DataDirLocked(Exception):
@@ -59,14 +67,26 @@ def check_free(path: str) -> None:
         raise DataDirLocked(f"queue data dir {path} is in use by another node (pid {pid})")
 
 
-class DataDir:
-    """Owns a queue data directory for the lifetime of the process (or until close)."""
+def group_path(path: str, group: int) -> str:
+    """The directory of queue group `group`'s log, snapshots and vote in the data dir `path`."""
+    return path if group == 0 else os.path.join(path, f"group-{group}")
 
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self.wal_dir = os.path.join(path, "wal")
-        self.snapshot_dir = os.path.join(path, "snapshots")
-        self._vote_path = os.path.join(path, _VOTE_FILE)
+
+class DataDir:
+    """Owns a queue data directory for the lifetime of the process (or until close): one queue
+    group's part of it. Group 0's takes the node's lock; a DataDir of another group is opened by
+    the process that holds group 0's, and takes none."""
+
+    def __init__(self, path: str, group: int = 0) -> None:
+        self.path = group_path(path, group)
+        self.wal_dir = os.path.join(self.path, "wal")
+        self.snapshot_dir = os.path.join(self.path, "snapshots")
+        self._vote_path = os.path.join(self.path, _VOTE_FILE)
+        self._lock_fd: int | None = None
+        if group != 0:
+            os.makedirs(self.wal_dir, exist_ok=True)
+            os.makedirs(self.snapshot_dir, exist_ok=True)
+            return
         os.makedirs(path, exist_ok=True)
         fd = os.open(os.path.join(path, "LOCK"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
@@ -78,7 +98,7 @@ class DataDir:
         except BaseException:
             os.close(fd)
             raise
-        self._lock_fd: int | None = fd
+        self._lock_fd = fd
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

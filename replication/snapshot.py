@@ -11,7 +11,13 @@ length and crc (zlib's crc32) cover kind to body. The kinds and their bodies are
 protocol/snapshot_frames.py's; a part ends with an END frame, JSON {"queues", "messages",
 "bytes"} (bytes: the part's size before END). Parts are written into ``tmp-<...>/``, fsync'd,
 the directory is renamed and fsync'd, and only then is the manifest written (replace_file): that
-publishes the snapshot. A leftover tmp directory or file, or a parts directory that no manifest
+publishes the snapshot.
+
+A part whose REFS frames refer to overflowed bodies (issue 26) relies on segment files beside it,
+``<part file>.seg-<n>`` (hard links to the worker's segments, fsync'd by the part's writer): its
+entry lists them, ``"segments": [[n, bytes], ...]`` (bytes: how much of the file it needs). They
+are the snapshot's files after the parts (manifest_files: they are streamed to followers too); a
+snapshot whose segment file is missing or shorter is invalid. A leftover tmp directory or file, or a parts directory that no manifest
 names, is deleted (clean: at start and after each snapshot).
 
 A snapshot is valid when its manifest reads and every part is whole: a torn frame, a bad crc,
@@ -36,8 +42,9 @@ from dataclasses import dataclass, field
 
 import orjson
 
-from queue_server.protocol.snapshot_frames import END, QUEUE, ROWS, Frame, rows_count
+from queue_server.protocol.snapshot_frames import END, MESSAGES, QUEUE, Frame, rows_count
 from queue_server.replication.disk import TMP_SUFFIX, StorageError, fsync_dir, numbered_files, read_file, replace_file
+from queue_server.replication.transfer import file_entries, segment_name
 
 _log = logging.getLogger(__name__)
 
@@ -94,7 +101,7 @@ class PartWriter:
         self.size += _FRAME.size + length
         if kind == QUEUE:
             self.queues += 1
-        elif kind == ROWS:
+        elif kind in MESSAGES:
             self.messages += rows_count(body)
 
     def finish(self) -> dict:
@@ -289,6 +296,8 @@ def read_manifest(path: str) -> Manifest:
         raise ValueError("manifest lacks trans_id, vote_id or parts") from None
     _check_name(path, trans_id)
     snapshot = Manifest(trans_id, vote_id, path, tuple(files), tuple(entries))
+    for file, entry in zip(files, entries):
+        check_segments(file, entry)
     for _ in read_parts(snapshot):
         pass
     return snapshot
@@ -301,10 +310,22 @@ def manifest_files(path: str) -> tuple[int, int, tuple[tuple[str, int], ...]]:
     manifest = _parse_manifest(path)
     try:
         parts = tuple((os.path.join(os.path.dirname(path), *e["file"].split("/")), e["bytes"])
-                      for e in manifest["parts"])
+                      for e in file_entries(manifest))
         return manifest["trans_id"], manifest["vote_id"], ((path, os.path.getsize(path)),) + parts
     except (KeyError, TypeError, AttributeError):
         raise ValueError("manifest lacks trans_id, vote_id or parts") from None
+
+
+def check_segments(path: str, entry: dict) -> None:
+    """ValueError unless every segment file the part at `path` relies on is there, long enough."""
+    for seg, size in entry.get("segments", ()):
+        name = segment_name(path, seg)
+        try:
+            have = os.path.getsize(name)
+        except OSError:
+            raise ValueError(f"overflow segment {name} is missing") from None
+        if have < size:
+            raise ValueError(f"overflow segment {name} holds {have} bytes where {size} are needed")
 
 
 def read_parts(snapshot: Manifest) -> Iterator[Frame]:
@@ -347,7 +368,7 @@ def iter_frames(path: str, trans_id: int | None = None, expect: dict | None = No
                 if at + _FRAME.size + length != size:
                     raise ValueError(f"{path}: bytes after the END frame")
                 return
-            if kind not in (QUEUE, ROWS):
+            if kind != QUEUE and kind not in MESSAGES:
                 raise ValueError(f"{path}: frame of unknown kind {kind} at offset {at}")
             if kind == QUEUE:
                 queues += 1

@@ -35,11 +35,13 @@ class Storage:
 
     def __init__(self, path: str, fsync: str = "everysec", *, repair: bool = False,
                  log: logging.Logger | None = None, segment_bytes: int = 64 << 20,
-                 wal_opener: Opener | None = None, wal_fsync: Callable[[int], None] | None = None) -> None:
-        """Lock the data dir at path. `fsync` is the policy (always, everysec, no);
+                 wal_opener: Opener | None = None, wal_fsync: Callable[[int], None] | None = None,
+                 group: int = 0) -> None:
+        """Lock the data dir at path (group 0), or open queue group `group`'s part of it (whose
+        owner holds group 0's Storage). `fsync` is the policy (always, everysec, no);
         wal_opener and wal_fsync stand in for the log's file and os.fsync (tests, faults)."""
         self.log = log or logging.getLogger(__name__)
-        self.datadir = DataDir(path)
+        self.datadir = DataDir(path, group)
         self.repair = repair
         self.policy = SyncPolicy(fsync)
         self.segment_bytes = segment_bytes

@@ -31,6 +31,19 @@ MANIFEST = -1  # the part number of the manifest
 Position = tuple[int, int]  # (part, offset)
 
 
+def segment_name(part_file: str, seg: int) -> str:
+    """The name of segment `seg` of the part named `part_file` (beside it)."""
+    return f"{part_file}.seg-{seg}"
+
+
+def file_entries(manifest: dict) -> list[dict]:
+    """The entries ({"file", "bytes"}) of a v2 manifest's files after it: its parts, then the
+    segment files each part relies on (KeyError, TypeError when malformed)."""
+    parts = manifest["parts"]
+    return [*parts, *({"file": segment_name(e["file"], seg), "bytes": size}
+                      for e in parts for seg, size in e.get("segments", ()))]
+
+
 class SnapshotSource(NamedTuple):
     """A published snapshot on the leader's disk: its point, its term, and its files with their
     sizes (the manifest first, then each part in order)."""
@@ -125,7 +138,7 @@ class SnapshotReceive:
 
     @property
     def complete(self) -> bool:
-        return self.manifest is not None and self.at >= (len(self.manifest["parts"]), 0)
+        return self.manifest is not None and self.at >= (len(file_entries(self.manifest)), 0)
 
     def take(self, m: SnapshotChunk) -> bool:
         """Whether chunk m is the next one (it is then to be written, and the position moves)."""
@@ -142,7 +155,7 @@ class SnapshotReceive:
                     self.at = (MANIFEST, 0)
                     return False
             return True
-        entries = self.manifest["parts"] if self.manifest is not None else []
+        entries = file_entries(self.manifest) if self.manifest is not None else []
         if m.part >= len(entries) or entries[m.part].get("bytes") != m.total:
             return False
         self.at = _next(self.at, len(data), m.total)
@@ -159,5 +172,10 @@ def _parse(data: bytes, trans_id: int) -> dict | None:
     if (not isinstance(manifest, dict) or manifest.get("trans_id") != trans_id
             or not isinstance(manifest.get("parts"), list)
             or not all(isinstance(p, dict) and isinstance(p.get("bytes"), int) for p in manifest["parts"])):
+        return None
+    try:
+        if not all(isinstance(e["bytes"], int) for e in file_entries(manifest)):
+            return None
+    except (KeyError, TypeError, ValueError):
         return None
     return manifest

@@ -13,7 +13,7 @@ import time
 import zmq
 
 from queue_server.config.loader import NodeConfig
-from queue_server.replication import wire
+from queue_server.replication import group_marker, wire
 from queue_server.replication.datadir import DamagedVoteState, DataDirLocked
 from queue_server.replication.messages import ReadLog, SnapshotAck
 from queue_server.replication.storage import Storage, StorageError
@@ -102,6 +102,9 @@ class Coordinator:
                     sockets.append(sock)
                 self.peers[node.node_id] = peer_keys.PeerLink(sockets)
         self.placement_hash = config.placement().wire_hash  # 0: the default placement
+        # Several messages to one peer go as the frames of one send only with queue groups: a node
+        # of the default placement sends one message a send, as every earlier version reads them.
+        self.multipart = self.placement_hash != 0
         # wire.encode's envelope (the queue group: 0, the only one yet)
         self.client = (config.host, config.port, config.node_type, config.http_port, self.placement_hash)
         self.rejections_logged: set[str] = set()
@@ -218,7 +221,7 @@ class Coordinator:
         now = time.time()
         if self.reachability is not None:
             self.reachability.heard(env.msg.src, type(env.msg).__name__, now)  # type: ignore[attr-defined]
-        node.on_peer(env.msg, (env.client_host, env.client_port), now, env.http_port)
+        node.on_peer(env.msg, (env.client_host, env.client_port), now, env.http_port, env.group)
         if now >= node.wake_at():
             node.tick(now)
             self.flush()
@@ -294,9 +297,10 @@ class Coordinator:
 
     def dispatch_batches(self, batches: list[list[bytes]], now: float) -> None:
         """Handle BATCH messages from the workers that came one after another: each group's part
-        of each (group 0's, the only one until the node runs a GroupNode per group)."""
+        of each, to that group's GroupNode."""
         read, index_of = ipc_frames.read_batch, ipc_frames.batch_index
-        self.node.on_batches([(*part[1:], index_of(frames)) for frames in batches for part in read(frames)], now)
+        self.node.on_batches([(*part[1:], index_of(frames), part[0]) for frames in batches for part in read(frames)],
+                             now)
 
     def dispatch(self, frames: list[bytes], now: float) -> None:
         """Handle one message from the acceptor or a worker."""
@@ -308,7 +312,7 @@ class Coordinator:
         elif kind == ipc_frames.UNDELIVER:
             self.node.on_undelivered(*ipc_frames.read_undeliver(frames))
         elif kind == ipc_frames.FENCED:
-            self.node.on_fenced(*ipc_frames.read_fenced(frames), now)
+            self.node.on_fenced(*ipc_frames.read_fenced(frames), now, ipc_frames.group_of(frames))
         elif kind == ipc_frames.SYNCED:
             self.node.on_synced(*ipc_frames.read_synced(frames), now)
         elif kind == ipc_frames.SNAPPED:
@@ -373,7 +377,8 @@ class Coordinator:
         unsent = []
         if ready.to_peers:
             sent: dict[int, bytes] = {}  # id of a message -> its bytes: one batch for several followers
-            # Each peer's messages, in order, go as the frames of one send (one wake of the peer).
+            # Each peer's messages, in order, go as the frames of one send (one wake of the peer),
+            # or one a send (self.multipart).
             to_peer: dict[int, tuple[list[bytes], list[object]]] = {}
             for target, msg in ready.peer_messages(log_stored, vote_stored):
                 if target not in self.peers or (not chunks_written and type(msg) is SnapshotAck):
@@ -390,10 +395,13 @@ class Coordinator:
                 frames_msgs[0].append(data)
                 frames_msgs[1].append(msg)
             for target, (frames, msgs) in to_peer.items():
-                try:
-                    self.peers[target].send(frames)
-                except zmq.Again:  # not connected yet, or too far behind
-                    unsent.extend(msgs)
+                link = self.peers[target]
+                for part, part_msgs in ([(frames, msgs)] if self.multipart else zip(([f] for f in frames),
+                                                                                    ([m] for m in msgs))):
+                    try:
+                        link.send(part)
+                    except zmq.Again:  # not connected yet, or too far behind
+                        unsent.extend(part_msgs)
         node.advance(ready, durable_trans_id=durable, log_stored=log_stored)
         if self.recovery is not None:
             self._log_recovery()
@@ -482,7 +490,7 @@ class Coordinator:
         if self.zap is not None and self.zap.refused != self.zap_refused:
             m.peer_rejected(BAD_KEY, self.zap.refused - self.zap_refused)
             self.zap_refused = self.zap.refused
-        m.replied(node.forwarding.take_replied())
+        m.replied(node.take_replied())
         m.refused(node.take_refused())
         if self.storage is not None and self.storage.last_fsync is not None:
             m.observe_fsync(self.storage.last_fsync)
@@ -505,6 +513,12 @@ def main(argv: list[str] | None = None) -> None:
                               segment_bytes=cfg.wal_segment_bytes)
         except DataDirLocked as exc:
             info.log.error("%s", exc)
+            sys.exit(3)
+        # (the supervisor's preflight checked it already; here it is done under the data dir's lock)
+        reason = group_marker.settle(cfg.queue_data_dir, cfg.placement())
+        if reason is not None:
+            info.log.error("%s", reason)
+            storage.close()
             sys.exit(3)
     ctx = zmq.Context()
     coordinator = None

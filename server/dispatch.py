@@ -60,7 +60,7 @@ class Dispatch:
         self.forward_request = forward_request
         self.leader = leader
         self.role = NONE  # until the coordinator's first status
-        self.epoch = 0  # of the workers' mode, as last reported (see ClusterNode.epoch)
+        self.epoch = 0  # of the workers' mode, as last reported (see GroupNode.epoch)
         self.http_ports: dict[int, int] = {}  # each node's http_port as the coordinator knows it (0: none)
         self.pending: list[list] = [[] for _ in range(router.workers)]
         self.forwarding: list = []

@@ -10,7 +10,7 @@ import socket
 from typing import Any, Callable
 
 from queue_server.config.loader import NodeConfig
-from queue_server.replication import datadir
+from queue_server.replication import datadir, group_marker
 from queue_server.server.auth import read_token_file
 from queue_server.server import overflow_files, tls
 from queue_server.server.secret_file import read_secrets
@@ -54,6 +54,7 @@ def check(config: NodeConfig) -> list[str]:
             datadir.check_free(config.queue_data_dir)
         except datadir.DataDirLocked as exc:
             raise StartError(f"config key 'queue_data_dir': {exc}; give each node its own (--data-dir)") from None
+        _loads(_placement_kept, config)
     if config.overflow_path is not None:
         _writable_dir("overflow_dir", config.overflow_path)
         busy = overflow_files.in_use(config.overflow_path, config.workers)
@@ -82,6 +83,14 @@ def _peer_security(config: NodeConfig, host: str) -> list[str]:
                          f"and set cluster_secret_file on every node (or set insecure_peers to true)")
     return [f"insecure_peers: the peer port on {host} takes unauthenticated, unencrypted peers: anyone who "
             f"reaches it can take over the cluster; set cluster_secret_file"]
+
+
+def _placement_kept(config: NodeConfig) -> None:
+    """Raise ValueError (one line naming the key) if the data dir holds data written with
+    another placement of queue groups (replication/group_marker.py)."""
+    reason = group_marker.problem(config.queue_data_dir, config.placement())
+    if reason is not None:
+        raise ValueError(reason)
 
 
 def _loads(load: Callable[[Any], object], arg: Any) -> None:

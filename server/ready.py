@@ -16,6 +16,33 @@ from queue_server.protocol.roles import Role
 CLAIMS_LOG = (AppendAck, HeartbeatAck)
 
 
+class Outbox:
+    """The messages a node and its groups decided to send, in the order decided, until a Ready
+    takes them (ClusterNode.ready) and advance drops what it carried."""
+
+    __slots__ = ("workers", "acceptor", "peers")
+
+    def __init__(self) -> None:
+        self.workers: list[tuple[int, list[bytes]]] = []  # (worker index, frames)
+        self.acceptor: list[list[bytes]] = []  # frames
+        self.peers: list[tuple[int, object]] = []  # (node id, peer message)
+
+
+class GroupPart(NamedTuple):
+    """A queue group's part of a Ready (a group other than 0): its log, vote, role and snapshot
+    files, and its peer messages (sent with the group on the wire); fields as in Ready."""
+
+    group: int
+    log_through: int
+    truncate_after: int | None
+    vote: tuple[int, int | None] | None
+    to_peers: tuple[tuple[int, object], ...]
+    role: Role | None
+    snapshots: tuple
+    chunk_writes: tuple
+    staged: tuple
+
+
 class Ready(NamedTuple):
     """What to persist and send, in that order. (A NamedTuple, not a frozen dataclass: one is
     made per flush, and a frozen dataclass's __init__ cost 2.3 us of it.)"""
@@ -33,6 +60,9 @@ class Ready(NamedTuple):
     # leader's whole snapshot (ApplySnapshot) to write as files, then load.
     chunk_writes: tuple = ()
     staged: tuple = ()
+    # The same of every other queue group that has something (GroupPart each): the fields
+    # above are group 0's, as its files are the data dir's own and its messages the wire's default.
+    parts: tuple = ()
 
     def needs_write(self, written_through: int | None) -> bool:
         """Whether carrying it out must write to disk, after this flush wrote the log up to

@@ -1,6 +1,6 @@
 """Replies counted in plain dicts where they are made: by (action, code) in the workers, the
 acceptor and the coordinator's server/forwarding.py; and the workers' replies the coordinator
-refused (server/cluster.py), by reason. server/metrics.py folds such dicts into
+refused (server/cluster.py ClusterNode.refuse), by reason. server/metrics.py folds such dicts into
 queue_server_requests_total and queue_server_writes_refused_total. Pure: no prometheus_client,
 so that the coordinator's pure cores may count too."""
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 from queue_server.protocol import vocabulary as p
 
-# Why the coordinator replaced a worker's replies with an error (ClusterNode._refuse), and the
+# Why the coordinator replaced a worker's replies with an error (ClusterNode.refuse), and the
 # `reason` label each is counted under in queue_server_writes_refused_total.
 REFUSALS = {
     p.LEADERSHIP_LOST: "leadership_lost",

@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from queue_server.replication.snapshot import write_part
 from queue_server.server.child import die_with_parent
+from queue_server.server.overflow_files import sync_segments
 from queue_server.workers.service import PartitionService
 
 
@@ -52,9 +53,15 @@ def fork_writer(service: PartitionService, tmp: str, index: int,
 
 def write_part_inline(service: PartitionService, tmp: str, index: int) -> None:
     """What the forked child writes, written in the calling process (Worker write_inline: the
-    node sim). Raises OSError."""
+    node sim). With overflow on, the bodies on disk are written as references (REFS) to the
+    segments the worker linked beside the part (overflow_files.link_segments), fsync'd here.
+    Raises OSError."""
     os.makedirs(tmp, exist_ok=True)
-    write_part(os.path.join(tmp, part_name(index)), service.snapshot_frames())
+    path = os.path.join(tmp, part_name(index))
+    overflow = service.overflow
+    write_part(path, service.snapshot_frames(refs=overflow is not None))
+    if overflow is not None:
+        sync_segments(path, overflow.live)
 
 
 def exit_reason(code: int) -> str:

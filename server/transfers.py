@@ -16,12 +16,14 @@ from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
+import orjson
+
 from queue_server.protocol.snapshot_frames import Frame
 from queue_server.replication.messages import (
     ApplySnapshot, FileRange, Recovered, SnapshotChunk, SnapshotStaged, WriteChunk,
 )
 from queue_server.replication.snapshot import (
-    iter_frames, manifest_files, publish, read_manifest, write_part, write_snapshot,
+    check_segments, file_entries, iter_frames, manifest_files, publish, read_manifest, write_part, write_snapshot,
 )
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.transfer import MANIFEST, SnapshotSource
@@ -81,18 +83,24 @@ class Staging:
         self.directory = directory
         self.path: str | None = None  # tmp-recv-<T>/ of the snapshot being received
         self._fds: dict[int, int] = {}
+        self._manifest = bytearray()  # its manifest's bytes
+        self._names: list[str] | None = None  # its files' names, by index
 
     def write(self, w: WriteChunk) -> None:
         """Write one chunk (the manifest is kept by the follower's core: its first chunk starts
-        the staging again). Raises OSError."""
+        the staging again, and its bytes name the files after it). Raises OSError."""
         if w.part == MANIFEST:
             if w.offset == 0:
                 self.restart(w.trans_id)
+            self._manifest += w.data
             return
         fd = self._fds.get(w.part)
         if fd is None:
             assert self.path is not None
-            fd = self._fds[w.part] = os.open(os.path.join(self.path, _part_name(w.part)), os.O_WRONLY | os.O_CREAT, 0o600)
+            if self._names is None:
+                self._names = _staged_names(bytes(self._manifest))
+            name = self._names[w.part] if w.part < len(self._names) else _part_name(w.part)
+            fd = self._fds[w.part] = os.open(os.path.join(self.path, name), os.O_WRONLY | os.O_CREAT, 0o600)
         view = memoryview(w.data)
         offset = w.offset
         while view:
@@ -108,6 +116,7 @@ class Staging:
             raise ValueError("nothing staged")
         entries = [{**e, "file": _part_name(i)} for i, e in enumerate(staged.manifest["parts"])]
         for e in entries:
+            check_segments(os.path.join(self.path, e["file"]), e)
             for _ in iter_frames(os.path.join(self.path, e["file"]), staged.trans_id, e):
                 pass
         return entries
@@ -126,6 +135,8 @@ class Staging:
                 shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
         self.path = os.path.join(self.directory, f"{RECV_PREFIX}{trans_id:020d}")
         os.mkdir(self.path)
+        self._manifest = bytearray()
+        self._names = None
 
     def _close(self) -> None:
         for fd in self._fds.values():
@@ -154,6 +165,17 @@ def convert_v1(storage: Storage, found: Recovered) -> None:
 
 def _part_name(index: int) -> str:
     return f"part-{index}.qsp"
+
+
+def _staged_names(manifest: bytes) -> list[str]:
+    """The names a follower gives the files of a streamed snapshot after its manifest: the
+    parts by their index, then their overflow segments beside them (none named: a manifest
+    that does not say)."""
+    try:
+        parts = orjson.loads(manifest)["parts"]
+        return [e["file"] for e in file_entries({"parts": [{**e, "file": _part_name(i)} for i, e in enumerate(parts)]})]
+    except (ValueError, KeyError, TypeError):
+        return []
 
 
 class Transfers:
@@ -262,7 +284,7 @@ class Transfers:
             if source is None:
                 return
             self._hold(source)
-            parts = [path for path, _ in source.files[1:]]
+            parts = [path for path, _ in source.files[1:1 + len(entries)]]  # not the segments after them
         node.on_snapshot_installed(staged, parts, now)
         if source is not None:
             node.on_snapshot_source(source, now)
@@ -286,7 +308,7 @@ class Transfers:
                 source = self.storage.snapshot_source()
                 if source is not None:
                     self._hold(source)
-                    parts = [path for path, _ in source.files[1:]]
+                    parts = [path for path, _ in source.files[1:2]]
                     self.node.on_snapshot_source(source, 0.0)
         except (OSError, ValueError) as exc:  # StorageError is an OSError
             self.log.error("cannot write the snapshot at trans_id %d the leader sent: %s", a.trans_id, exc)

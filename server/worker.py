@@ -26,7 +26,7 @@ from queue_server.server.snapshots import STOP_WAIT
 from queue_server.server.metrics import WorkerMetrics
 from queue_server.server.reply_counts import count_replies
 from queue_server.server.node_memory import NodeMemory
-from queue_server.server.overflow_files import DiskSegments, worker_dir
+from queue_server.server.overflow_files import DiskSegments, PartSegments, link_segments, worker_dir
 from queue_server.server.queue_metrics import QueueMetrics
 from queue_server.workers import undo
 from queue_server.workers.body_budget import BodyBudget, worker_share
@@ -63,7 +63,7 @@ class Worker:
         self.coordinator = coordinator
         self.acceptor = acceptor
         self.log = log
-        # Per group: the epoch of its last mode change received (see ClusterNode.epoch), the
+        # Per group: the epoch of its last mode change received (see GroupNode.epoch), the
         # messages held until the coordinator's MODE of their epoch comes, and who fenced the
         # current mode (ipc_frames FENCE).
         self.epochs: dict[int, int] = dict.fromkeys(services, 0)
@@ -78,6 +78,7 @@ class Worker:
         self.memory = memory
         self.next_memory_check = 0.0
         self.overflow_refused: dict[int, str | None] = {}  # per group: its overflow disk's refusal last logged
+        self.torn_logged: dict[int, set[int]] = {}  # per group: its overflow segments with unreadable bodies, logged
         self.undone = 0  # records the last MODE rolled back
         self.rollbacks = 0  # MODEs that rolled records back
         self.owns = owns
@@ -86,6 +87,7 @@ class Worker:
         self.writer: tuple[int, int, str] | None = None
         self.out_held: list[list[bytes]] | None = None
         self.hold_cut = 0
+        self.segments: list[list[int]] = []  # the overflow segments the running cut's part refers to
         self.write_inline = write_inline
 
     def run(self) -> None:
@@ -143,7 +145,7 @@ class Worker:
 
     def check_overflow(self, group: int, service: PartitionService) -> None:  # (one with an overflow disk)
         """Say when the overflow disk of `group`'s service refuses writes, and when it takes them
-        again."""
+        again; and, once a segment, that one holds bodies that failed their check on read."""
         overflow = service.overflow
         if overflow.refused != self.overflow_refused.get(group):
             self.overflow_refused[group] = overflow.refused
@@ -151,6 +153,12 @@ class Worker:
                 self.log.warning("%s: produces that need it are refused until it takes writes again", overflow.refused)
             else:
                 self.log.warning("overflow disk %s takes writes again", overflow.files.where)
+        logged = self.torn_logged.setdefault(group, set())
+        if len(overflow.torn) > len(logged):
+            for seg in overflow.torn.keys() - logged:  # one line a segment
+                logged.add(seg)
+                self.log.error("overflow segment %d in %s holds bodies that fail their check (torn or overwritten): "
+                               "their messages go the dead-letter way, reason 'body unreadable'", seg, overflow.files.where)
 
     def totals(self, now: float) -> dict:
         """The queue totals of every group's service, summed (PartitionService._totals)."""
@@ -273,9 +281,11 @@ class Worker:
         cannot be read now (it was checked at start) stops the worker, and so the node, in one
         line: the next start checks the parts again and falls back to an older snapshot."""
         started = time.monotonic()
-        frames = itertools.chain.from_iterable(iter_frames(path, trans_id) for path in parts)
+        segments = PartSegments(service.overflow)
+        frames = itertools.chain.from_iterable(segments.frames(path, iter_frames(path, trans_id)) for path in parts)
         try:
             service.load_frames(frames, self.owns, now)
+            segments.adopt()
         except (OSError, ValueError) as exc:
             self.log.error("cannot load the snapshot at trans_id %d: %s; stopping", trans_id, exc)
             sys.exit(4)
@@ -353,11 +363,17 @@ class Worker:
         if self.writer is not None:  # an older cut's writer: that cut is over (one runs at a time)
             self.end_writer(kill=True)
         service = self.services[0]  # a cut's messages carry no group yet: group 0's (ipc_frames)
+        try:  # the part refers to the overflowed bodies in these (linked before anything changes)
+            self.segments = link_segments(service.overflow, tmp, part_name(self.index))
+        except OSError as exc:
+            self.send(ipc_frames.snapped_frames(epoch, cut_id, self.index))
+            self.send(ipc_frames.part_done_frames(cut_id, self.index, False, {"error": str(exc)}))
+            return
         if self.write_inline is not None:
             self.send(ipc_frames.snapped_frames(epoch, cut_id, self.index))
             try:
                 self.write_inline(service, tmp, self.index)
-                part = read_end(os.path.join(tmp, part_name(self.index)))
+                part = self._part_entry(tmp)
             except (OSError, ValueError) as exc:
                 part = {"error": str(exc)}
             self.send(ipc_frames.part_done_frames(cut_id, self.index, "error" not in part, part))
@@ -415,10 +431,18 @@ class Worker:
             part = {"error": exit_reason(code)}
         else:
             try:
-                part = read_end(os.path.join(tmp, part_name(self.index)))
+                part = self._part_entry(tmp)
             except (OSError, ValueError) as exc:
                 part = {"error": str(exc)}
         self.send(ipc_frames.part_done_frames(cut_id, self.index, "error" not in part, part))
+
+    def _part_entry(self, tmp: str) -> dict:
+        """The manifest entry of this worker's part written into `tmp`, with the overflow
+        segments it refers to."""
+        part = read_end(os.path.join(tmp, part_name(self.index)))
+        if self.segments:
+            part["segments"] = self.segments
+        return part
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,8 +7,9 @@ included, fit the share; past it the body goes to disk. Bodies already on disk s
 they are consumed (no promotion back), so nothing thrashes; when consumes bring the bodies held
 back under the share, new bodies stay in memory again.
 
-A body's size is its length as the store holds it: `len()` of the `str` (characters; bytes for
-ASCII bodies), counted without decoding anything.
+A body's size is its length in UTF-8 bytes (`body_size`: what it takes on disk, and what the
+issue's "bytes of message bodies" counts); an ASCII body's is its `len()`, known without encoding
+it.
 
 Pure logic: no I/O.
 """
@@ -20,8 +21,13 @@ from __future__ import annotations
 PER_MESSAGE = 85
 
 
+def body_size(body: str) -> int:
+    """The bytes of a body: its UTF-8 length (lone surrogates as the snapshot codec writes them)."""
+    return len(body) if body.isascii() else len(body.encode("utf-8", "surrogatepass"))
+
+
 class BodyBudget:
-    """The bodies one worker holds in memory (`held`, in characters) against its `share`."""
+    """The bodies one worker holds in memory (`held`, in bytes) against its `share`."""
 
     __slots__ = ("share", "held")
 

@@ -29,7 +29,7 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Protocol
 
-from queue_server.workers.body_budget import BodyBudget
+from queue_server.workers.body_budget import BodyBudget, body_size
 
 HEADER = struct.Struct("<II")  # body length, crc32 of the body
 SEGMENT_SIZE = 64 << 20
@@ -67,7 +67,11 @@ class SegmentFiles(Protocol):
 
 
 class BodyUnreadable(ValueError):
-    """A body read back does not match its record (torn or overwritten segment)."""
+    """A body read back does not match its record (torn or overwritten segment `seg`)."""
+
+    def __init__(self, message: str, seg: int) -> None:
+        super().__init__(message)
+        self.seg = seg
 
 
 def _split(datas: Iterable[str | int]) -> tuple[int, list[int]]:
@@ -78,19 +82,19 @@ def _split(datas: Iterable[str | int]) -> tuple[int, list[int]]:
         if type(d) is int:
             refs.append(d)
         else:
-            held += len(d)
+            held += body_size(d)
     return held, refs
 
 
 def _body(seg: int, offset: int, blob: bytes, at: int, size: int) -> str:
     """The body of the record at `at` of `blob` (read from `offset` of segment `seg`), checked."""
     if len(blob) < at + HEADER.size + size:
-        raise BodyUnreadable(f"overflow segment {seg}: record at {offset} is cut short")
+        raise BodyUnreadable(f"overflow segment {seg}: record at {offset} is cut short", seg)
     length, crc = HEADER.unpack_from(blob, at)
     body = blob[at + HEADER.size:at + HEADER.size + size]
     if length != size or zlib.crc32(body) != crc:
-        raise BodyUnreadable(f"overflow segment {seg}: record at {offset} does not match")
-    return body.decode()
+        raise BodyUnreadable(f"overflow segment {seg}: record at {offset} does not match", seg)
+    return body.decode("utf-8", "surrogatepass")
 
 
 def ref(seg: int, offset: int, size: int) -> int:
@@ -107,7 +111,7 @@ class Overflow:
     """Where one worker's bodies are: its budget, its segments and their live references."""
 
     __slots__ = ("budget", "files", "segment_size", "rotate_empty", "seg", "end", "live", "live_bytes",
-                 "zero", "refused", "retry_at", "ahead", "after")
+                 "zero", "refused", "retry_at", "ahead", "after", "torn", "written")
 
     def __init__(self, budget: BodyBudget, files: SegmentFiles, segment_size: int = SEGMENT_SIZE,
                  rotate_empty: int = ROTATE_EMPTY) -> None:
@@ -126,6 +130,9 @@ class Overflow:
         self.retry_at: float | None = None
         self.ahead: tuple[int, int, bytes] | None = None  # read ahead: segment, offset, bytes
         self.after: tuple[int, int] | None = None  # where the last read ended
+        # Bodies that failed their check on read, by segment (their messages were dead-lettered).
+        self.torn: dict[int, int] = {}
+        self.written: dict[int, int] = {}  # segment -> records written to it (compactable)
 
     # ------------------------------------------------------------------ storing
     def keep(self, data: str | int) -> str | int:
@@ -134,20 +141,20 @@ class Overflow:
         if type(data) is int:
             self._up(data)
             return data
-        if self.budget.take(len(data)):
+        if self.budget.take(body_size(data)):
             return data
         return self._spill([data])[0]
 
     def keep_many(self, datas: list[str]) -> tuple[list[str | int], int]:
         """keep() of each of new bodies (a produce's `str`s); and how many went to disk."""
         budget = self.budget
-        total = sum(map(len, datas))
+        total = sum(map(body_size, datas))
         if budget.take(total):
             return datas, 0
         out: list[str | int] = []
         spill: list[int] = []
         for i, d in enumerate(datas):
-            if budget.take(len(d)):
+            if budget.take(body_size(d)):
                 out.append(d)
             else:
                 out.append(d)
@@ -166,7 +173,7 @@ class Overflow:
         (counted held: nothing is lost) and produces that need the disk are refused until it is
         tried again (`refuses`)."""
         out: list[str | int] = list(bodies)
-        raws = [b.encode() for b in bodies]
+        raws = [b.encode("utf-8", "surrogatepass") for b in bodies]
         records = [HEADER.pack(len(raw), zlib.crc32(raw)) + raw for raw in raws]
         size = self.segment_size
         i, n = 0, len(bodies)
@@ -185,7 +192,7 @@ class Overflow:
                 self.refused = (f"overflow disk full: {where}" if exc.errno == errno.ENOSPC
                                 else f"overflow disk unwritable: {where} ({exc.strerror or exc})")
                 self.retry_at = None
-                self.budget.hold(sum(map(len, bodies[i:])))
+                self.budget.hold(sum(map(body_size, bodies[i:])))
                 return out
             pos = start
             base = self.seg << _SEG_SHIFT
@@ -196,6 +203,7 @@ class Overflow:
             if not live:
                 self.zero.pop(self.seg, None)
             self.live[self.seg] = live + j - i
+            self.written[self.seg] = self.written.get(self.seg, 0) + j - i
             self.live_bytes += pos - start - (j - i) * HEADER.size
             self.end = end
             i = j
@@ -279,7 +287,7 @@ class Overflow:
                 length, crc = unpack_from(blob, at)
                 if length != size or len(body) != size or crc32(body) != crc:
                     _body(seg, offset, blob, at, size)  # raises BodyUnreadable
-                out[k] = body.decode()
+                out[k] = body.decode("utf-8", "surrogatepass")
             i = j
         return out
 
@@ -289,7 +297,7 @@ class Overflow:
         if type(data) is int:
             self._down(data)
         else:
-            self.budget.free(len(data))
+            self.budget.free(body_size(data))
 
     def drop_many(self, datas: Iterable[str | int]) -> None:
         """drop() of each slot."""
@@ -340,6 +348,7 @@ class Overflow:
     def _delete(self, seg: int) -> None:
         if self.ahead is not None and self.ahead[0] == seg:
             self.ahead = None
+        self.written.pop(seg, None)
         self.files.delete(seg)
 
     def trimmed(self, committed: int, seq: int) -> None:
@@ -363,6 +372,48 @@ class Overflow:
             if stamp is not None and stamp > keep_through:
                 zero[seg] = keep_through
 
+    # ------------------------------------------------------------------ compaction
+    def compactable(self, below: float, skip: set[int]) -> int | None:
+        """A closed segment (not in `skip`) whose live references are under `below` of the
+        records written to it, fewest live first; None if there is none."""
+        written = self.written
+        best = None
+        for seg, live in self.live.items():
+            if seg != self.seg and seg not in skip and live < below * written.get(seg, live):
+                if best is None or live < self.live[best]:
+                    best = seg
+        return best
+
+    def move(self, r: int) -> int:
+        """A reference to a copy of the body `r` names, written to the current segment (the
+        count moves with it); `r` itself if the body cannot be read back or the disk refuses."""
+        try:
+            body = self.read(r)
+        except (BodyUnreadable, OSError):
+            return r
+        new = self._spill([body])[0]
+        if type(new) is not int:  # the disk refused it: counted held by _spill, it stays on disk
+            self.budget.free(body_size(body))
+            return r
+        self._down(r)
+        return new
+
+    def adopted(self, segs: Iterable[int]) -> None:
+        """Segments loaded from a snapshot: what they hold now counts as written to them."""
+        for seg in segs:
+            if seg in self.live:
+                self.written[seg] = self.live[seg]
+
+    def start_above(self, top: int) -> None:
+        """Segments up to `top` hold bodies loaded from a snapshot: new bodies go above them."""
+        if self.seg > top:
+            return
+        old = self.seg
+        self.seg = top + 1
+        self.end = 0
+        if old not in self.live:
+            self._dead(old)
+
     def reset(self) -> None:
         """Forget every body on disk and in memory (the stores are replaced, by a load)."""
         self.files.delete_all()
@@ -370,6 +421,7 @@ class Overflow:
         self.seg += 1
         self.end = 0
         self.live.clear()
+        self.written.clear()
         self.live_bytes = 0
         self.zero.clear()
         self.budget.held = 0

@@ -25,10 +25,11 @@ from queue_server.protocol.records import (
     count,
 )
 from queue_server.protocol.snapshot_frames import (
-    QUEUE, ROWS, Frame, Rows, columns_of, queue_body, read_queue, rows_bodies,
+    QUEUE, Frame, Rows, columns_of, queue_body, read_queue, rows_frames,
 )
 from queue_server.workers import undo
 from queue_server.workers.ordering import Ordering
+from queue_server.workers.overflow import BodyUnreadable
 from queue_server.workers.store import BITS as _BITS, MASK as _MASK, Message, MessageStore, message
 
 MAX_MSG_ID = 2**63 - 1
@@ -55,6 +56,7 @@ _new_message = object.__new__
 # Why a message became a dead letter (a dead_letter record's "reason").
 DEAD_MAX_DELIVERIES = "max_deliveries"
 DEAD_TTL = "ttl"
+DEAD_UNREADABLE = "body unreadable"  # its body on disk failed its check (workers/overflow.py)
 # The states peek() can look at.
 PEEK_STATES = ("ready", "delayed", "leased")
 # Per-queue event counters (Queue.counts keys), counted as records are applied.
@@ -212,9 +214,19 @@ class Queue:
             return [], records
         if token is not None and token in self._tokens:
             return self._redeliver(token, now, lease, records), records
+        while True:
+            try:
+                return self._deliver(now, count, lease, token, records), records
+            except BodyUnreadable as exc:  # nothing was changed for it: end that message, then again
+                self._unreadable(exc, now, count, records)
+
+    def _deliver(self, now: float, count: int, lease: float | None, token: str | None,
+                 records: list[Record]) -> list[Message]:
+        """consume() of the ready messages: the delivered ones; their records go to `records`.
+        BodyUnreadable (before any change) when a body on disk does not read back."""
         ready = self._ready
         if not ready or count <= 0:
-            return [], records
+            return []
         if count == 1:  # the common request: no batch to build
             i = ready.head()[2]
             c = self._index.chunks.get(i >> _BITS)  # MessageStore.get inlined: the hottest read
@@ -244,7 +256,7 @@ class Queue:
             # What _apply_consume does with this record, the state read once.
             m._state = self._lease(m.msg_id, until, delivery_count, token, s, data=m.data)
             records.append(record)
-            return [m], records
+            return [m]
         # The messages as they are now (copies): each gets the state its consume leaves it with.
         delivered = self._index.get_many([key[2] for key in ready.first(count)])
         if lease is not None:
@@ -269,7 +281,26 @@ class Queue:
             records += taken
         for m, state in zip(delivered, states):
             m._state = state
-        return delivered, records
+        return delivered
+
+    def _unreadable(self, exc: BodyUnreadable, now: float, count: int, records: list[Record]) -> None:
+        """The body of one of the next `count` ready messages failed its check on read (a torn
+        or overwritten segment): each such message goes the way of a dead message, reason
+        DEAD_UNREADABLE (to the dead-letter queue, else removed), never delivered with a wrong
+        body; the overflow counts them by segment (the worker logs each segment once)."""
+        index = self._index
+        ended = False
+        for msg_id in [key[2] for key in self._ready.first(count)]:
+            try:
+                index.get(msg_id)
+            except BodyUnreadable as torn:
+                record = self._end_record(msg_id, DEAD_UNREADABLE, now)
+                self.apply(record, now)
+                records.append(record)
+                index.ov.torn[torn.seg] = index.ov.torn.get(torn.seg, 0) + 1
+                ended = True
+        if not ended:
+            raise exc
 
     def _redeliver(
         self, token: str, now: float, lease: float | None, records: list[Record]
@@ -1343,18 +1374,20 @@ class Queue:
             q._dedupe[(producer, sequence)] = [first, count]
         return q
 
-    def snapshot_frames(self) -> Iterator[Frame]:
+    def snapshot_frames(self, refs: bool = False) -> Iterator[Frame]:
         """snapshot() as v2 snapshot frames (protocol/snapshot_frames.py): one QUEUE, then ROWS
-        in msg_id order, built as they are taken."""
+        in msg_id order, built as they are taken. With `refs`, the messages whose bodies are on
+        disk are REFS rows (their references), not read back."""
         dedupe = [[p, s, first, n] for (p, s), (first, n) in self._dedupe.items()]
         yield QUEUE, self.name, queue_body(self.max_size, self.next_id, self.paused, dedupe)
-        for body in rows_bodies(_snapshot_row(*entry) for entry in self._index.entries()):
-            yield ROWS, self.name, body
+        for kind, body in rows_frames(_snapshot_row(*entry) for entry in self._index.entries(refs)):
+            yield kind, self.name, body
 
     @classmethod
     def load_frames(cls, name: str, frames: Iterable[Frame], now: float | None = None) -> Queue:
         """A queue with exactly the state of snapshot_frames() (ValueError when they are not),
-        loaded a ROWS frame at a time by its columns. With `now`, the unleased messages ready by
+        loaded a ROWS or REFS frame at a time by its columns (a REFS frame's data are references
+        to bodies on disk, counted once the service attaches its overflow). With `now`, the unleased messages ready by
         then go to the ready ordering, the others to the delayed one (without, all to delayed:
         where a message sits is not observable, the first consume sorts it out)."""
         frames = iter(frames)
@@ -1374,7 +1407,8 @@ class Queue:
         return q
 
     def _load_rows(self, rows: Rows, last: int, now: float | None) -> None:
-        """Store the messages of one ROWS frame, whose msg_ids must ascend from above `last`."""
+        """Store the messages of one ROWS or REFS frame, whose msg_ids must ascend from above
+        `last`."""
         ids = rows.ids
         n = len(ids)
         if not n:

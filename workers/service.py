@@ -23,7 +23,8 @@ from queue_server.workers import admin, subscriptions, undo
 from queue_server.workers.bad_request import BadRequest, Refused
 from queue_server.protocol.snapshot_frames import Frame
 from queue_server.protocol.records import Confirm, Consume, DeleteQueue, Noop, Purge, Record, Release, Restore, count
-from queue_server.workers.body_budget import PER_MESSAGE
+from queue_server.workers.body_budget import PER_MESSAGE, body_size
+from queue_server.workers.compaction import Compaction
 from queue_server.workers.overflow import Overflow
 from queue_server.workers.queue import Message, Queue
 from queue_server.workers.store import delivered_once
@@ -245,6 +246,7 @@ class PartitionService:
         # `journal`, which apply_committed turns off for its records.
         self._journal_entries = self.journal.entries if self.journal is not None else None
         self.overflow = overflow
+        self.compaction = Compaction(overflow) if overflow is not None else None
         self._next_sweep = 0.0
         self._handlers: dict[int, Callable[[dict, Origin, int, float], dict | None]] = {
             p.PRODUCE: self._produce,
@@ -403,7 +405,7 @@ class PartitionService:
             self._refused(limits.MAX_MEMORY_MB)
             raise BadRequest(limits.memory_full(self.max_memory_mb))
         if self.overflow is not None:
-            size = len(data) if batch is None else sum(map(len, batch))
+            size = body_size(data) if batch is None else sum(map(body_size, batch))
             refused = self.overflow.refuses(size * len(targets), now)
             if refused is not None:
                 self._refused(limits.OVERFLOW_MB)
@@ -716,6 +718,9 @@ class PartitionService:
         worker that is not accepting (its node does not lead) decides nothing: its polls are
         answered empty and its subscriptions end, and so do they while the node shuts down
         (draining); while it is fenced they wait (only a poll's own deadline answers it)."""
+        compaction = self.compaction
+        if compaction is not None and compaction.step(self.queues, now) and self.journal is None:
+            self.overflow.trimmed(self.seq, self.seq)  # the emptied segment goes (a journal's trim does it)
         if not (self.waiters or self.subs) and now < self._next_sweep:
             return  # nothing parked, no sweep due: the common wake-up has nothing to do here
         made = len(self.records)
@@ -940,11 +945,11 @@ class PartitionService:
         """The state of every queue, JSON-able."""
         return {name: q.snapshot() for name, q in self.queues.items()}
 
-    def snapshot_frames(self) -> Iterator[Frame]:
+    def snapshot_frames(self, refs: bool = False) -> Iterator[Frame]:
         """The state of every queue as v2 snapshot frames (Queue.snapshot_frames), built as
-        they are taken."""
+        they are taken; with `refs`, bodies on disk as their references (REFS frames)."""
         for q in self.queues.values():
-            yield from q.snapshot_frames()
+            yield from q.snapshot_frames(refs)
 
     def load_snapshot(self, state: dict) -> None:
         """Replace all queues with a snapshot's. Parked long polls are answered empty."""
@@ -974,6 +979,8 @@ class PartitionService:
             self._journal_entries = self.journal.entries
         if self.overflow is not None:
             self.overflow.reset()
+            if self.compaction is not None:
+                self.compaction.stop()
         self.queues = queues
         for q in self.queues.values():
             self._configure(q)

@@ -35,6 +35,8 @@ from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
+from queue_server.workers.body_budget import body_size
+
 if TYPE_CHECKING:
     from queue_server.workers.overflow import Overflow
 
@@ -313,13 +315,14 @@ class MessageStore:
 
     keys = __iter__
 
-    def entries(self) -> Iterator[tuple[int, str, tuple]]:
-        """(msg_id, data, state) of every stored message, msg_id ascending."""
+    def entries(self, raw: bool = False) -> Iterator[tuple[int, str | int, tuple]]:
+        """(msg_id, data, state) of every stored message, msg_id ascending; with `raw`, data is
+        the slot (a body on disk is its reference, not read back)."""
         side = self.side
         chunked = self._chunk_entries()
         if side:
             chunked = heapq.merge(chunked, ((i, *side[i]) for i in sorted(side)))
-        if not self.spilled:
+        if raw or not self.spilled:
             return chunked
         read = self.ov.read
         return ((i, read(d) if type(d) is int else d, s) for i, d, s in chunked)
@@ -361,8 +364,8 @@ class MessageStore:
         ov = self.ov
         if ov is not None:
             budget = ov.budget
-            if type(data) is str and budget.held + len(data) <= budget.share:
-                budget.held += len(data)
+            if type(data) is str and budget.held + (size := body_size(data)) <= budget.share:
+                budget.held += size
             else:
                 data = self._kept(data)
         c.data[p] = data
@@ -382,10 +385,11 @@ class MessageStore:
         (so none is stored: a produce's new ids)."""
         self.add_ascending(range(first, first + len(datas)), datas, states)
 
-    def add_ascending(self, ids: Sequence[int], datas: list[str], states: list[tuple]) -> None:
+    def add_ascending(self, ids: Sequence[int], datas: list[str] | list[int], states: list[tuple]) -> None:
         """Store messages under ascending msg_ids, every one above all stored (a snapshot's
         rows, loaded a frame at a time): a chunk's share is stored with a slice when its msg_ids
-        are consecutive."""
+        are consecutive. A REFS frame's references (`int`s) come only to a store with no overflow
+        yet (a load: `attach` counts them)."""
         if self.ov is not None:
             datas, spilled = self.ov.keep_many(datas)
             self.spilled += spilled
@@ -468,12 +472,12 @@ class MessageStore:
             self.spilled -= 1
             self.ov.drop(data)
         else:
-            self.ov.budget.held -= len(data)
+            self.ov.budget.held -= body_size(data)
 
     def _dropped_many(self, datas: list[str | int]) -> None:
         """_dropped() of each slot."""
         if not self.spilled:  # every slot a str
-            self.ov.budget.held -= sum(map(len, datas))
+            self.ov.budget.held -= sum(map(body_size, datas))
             return
         self.ov.drop_many(datas)
         self.spilled -= sum(type(d) is int for d in datas)
@@ -603,10 +607,36 @@ class MessageStore:
             else:
                 self.ov.budget.hold(self._held())
 
+    def move_out(self, seg: int, n: int | None) -> int:
+        """Give every slot of chunk `n` (None: the side dict) that refers to overflow segment
+        `seg` a reference to a copy of its body (Overflow.move: workers/compaction.py); the bytes
+        moved."""
+        ov = self.ov
+        if ov is None or not self.spilled:
+            return 0
+        lo, hi = seg << 64, (seg + 1) << 64
+        moved = 0
+        if n is None:
+            side = self.side
+            for i, (d, s) in list(side.items()):
+                if type(d) is int and lo <= d < hi:
+                    side[i] = (ov.move(d), s)
+                    moved += d & 0xFFFFFFFF
+            return moved
+        c = self.chunks.get(n)
+        if c is None:
+            return 0
+        data = c.data
+        for p, d in enumerate(data):
+            if type(d) is int and lo <= d < hi:
+                data[p] = ov.move(d)
+                moved += d & 0xFFFFFFFF
+        return moved
+
     def _held(self) -> int:
         """The length of every body (all in memory)."""
-        return (sum(sum(map(len, filter(None, c.data))) for c in self.chunks.values())
-                + sum(len(d) for d, _ in self.side.values()))
+        return (sum(sum(map(body_size, filter(None, c.data))) for c in self.chunks.values())
+                + sum(body_size(d) for d, _ in self.side.values()))
 
     def attach(self, ov: Overflow | None) -> None:
         """Count this store's bodies in `ov` from now on, as if each were stored now (a store

@@ -9,9 +9,11 @@ import signal
 import subprocess
 import threading
 
+import orjson
 import pytest
 
 from queue_server.client import QueueClient, QueueError
+from queue_server.replication import group_marker
 from load.procs import process_name
 from queue_server.server.node_memory import children
 from tests.harness import Cluster, NodeProcess, RawTcp, alive, kill_all, wait_for
@@ -87,6 +89,8 @@ def test_restart_keeps_ids_times_leases_and_delivery_counts(tmp_path):
         before = q.monitor("state")
     wait_for(lambda: glob.glob(str(tmp_path / "node-data/snapshots/*.snap")), 10, "a snapshot")
     node.stop()
+    # the coordinator recorded the placement of queue groups the data is written with (one group)
+    assert orjson.loads((tmp_path / "node-data" / "groups.json").read_bytes()) == group_marker.DEFAULT
     node = _restart(node)
     try:
         with QueueClient(node.hosts) as q:

@@ -13,6 +13,7 @@ import sys
 
 import pytest
 
+from queue_server.workers.overflow import ROTATE_EMPTY
 from tests.harness import Cluster, NodeProcess, free_port, kill_all, wait_for
 
 N = 300
@@ -30,7 +31,7 @@ def produce_all(node: NodeProcess, queue: str, data: list[str]) -> None:
     try:
         for k in range(0, len(data), 30):
             reply = c.call({"action": "produce", "queue": queue, "data": data[k:k + 30]})
-            assert reply["code"] == 0, reply
+            assert reply["code"] == 0, str(reply)
     finally:
         c.close()
 
@@ -41,7 +42,7 @@ def consume_all(node: NodeProcess, queue: str, n: int) -> list[str]:
     try:
         while len(got) < n:
             reply = c.call({"action": "consume", "queue": queue, "count": 40})
-            assert reply["code"] == 0, reply
+            assert reply["code"] == 0, str(reply)
             assert reply.get("messages"), f"{len(got)} of {n} came back"
             got += [m["data"] for m in reply["messages"]]
     finally:
@@ -74,7 +75,7 @@ def test_bodies_overflow_to_disk_and_come_back_in_order(tmp_path):
 @pytest.mark.parametrize("how", ["restart", "kill -9", "from a snapshot"])
 def test_overflowed_bodies_survive_a_restart(tmp_path, how):
     config = {"overflow_mb": 1, "workers": 1, "fsync": "always"}
-    if how == "from a snapshot":  # the workers' snapshot writers read the overflowed bodies back
+    if how == "from a snapshot":  # the workers' snapshot parts refer to the overflowed bodies
         config["snapshot_every"] = 100
     node = NodeProcess(str(tmp_path), config).start(serving=True)
     data = bodies(2)
@@ -144,6 +145,73 @@ def start_error(tmp_path, overflow_dir) -> list[str]:
     return out.strip().splitlines()
 
 
+def newest_part(tmp_path) -> tuple[str, dict]:
+    """The path and manifest entry of the newest snapshot's (only) part."""
+    from queue_server.replication.snapshot import latest_manifest
+    found = latest_manifest(str(tmp_path / "node-data/snapshots"))
+    assert found is not None and found.parts
+    return found.parts[0], found.entries[0]
+
+
+def test_a_snapshot_refers_to_the_segments_and_a_kill_after_it_loses_nothing(tmp_path):
+    """The snapshot part holds the overflowed bodies as references (REFS frames) to segment
+    files linked beside it, not the bodies; a kill -9 after more produces (in the log only) and
+    a restart give every acknowledged body back, the loaded ones still on disk; once consumed,
+    the segments the worker took from the snapshot go."""
+    from queue_server.protocol.snapshot_frames import REFS, rows_count
+    from queue_server.replication.snapshot import iter_frames
+    config = {"overflow_mb": 1, "workers": 1, "fsync": "always", "snapshot_every": 100}
+    node = NodeProcess(str(tmp_path), config).start(serving=True)
+    data, more = bodies(7), bodies(8, 40)
+    try:
+        produce_all(node, "big", data)
+
+        def covered() -> bool:  # more records (small ones) until a cut comes after every body
+            produce_all(node, "tick", ["t"] * 5)
+            return bool(glob.glob(str(tmp_path / "node-data/snapshots/*.snap"))) and newest_part(tmp_path)[1]["messages"] > N
+        wait_for(covered, 20, "a snapshot of every body")
+        part, entry = newest_part(tmp_path)
+        refs = sum(rows_count(body) for kind, _, body in iter_frames(part) if kind == REFS)
+        # Every body past the 1 MiB in memory is a reference, not in the part.
+        assert refs >= N - (1 << 20) // SIZE, entry
+        assert entry["bytes"] < (1 << 20) + SIZE * 10
+        assert entry["segments"] and all(os.path.exists(f"{part}.seg-{seg}") for seg, _ in entry["segments"])
+        produce_all(node, "big", more)  # after the snapshot: only in the log
+    finally:
+        kill_all(node)
+    node.start(serving=True)
+    try:
+        monitor = node.connect().call({"action": "monitor", "queue": "big"})
+        assert monitor["size"] == N + 40 and monitor["overflowed"] > N // 2, monitor
+        assert consume_all(node, "big", N + 40) == data + more
+        node.connect().call({"action": "purge", "queue": "tick"})
+        # What is left is at most the current segment, under ROTATE_EMPTY: kept for new bodies.
+        wait_for(lambda: len(segments(node)) <= 1 and sum(segments(node).values()) < ROTATE_EMPTY,
+                 what="the loaded segments deleted once consumed")
+    finally:
+        node.stop()
+
+
+def test_a_snapshot_whose_segment_is_missing_is_skipped_naming_it(tmp_path):
+    """A segment file a snapshot relies on, deleted: the node says so in one line and does not
+    load that snapshot (it falls back to an older one)."""
+    config = {"overflow_mb": 1, "workers": 1, "snapshot_every": 100}
+    node = NodeProcess(str(tmp_path), config).start(serving=True)
+    try:
+        produce_all(node, "big", bodies(9))
+        wait_for(lambda: glob.glob(str(tmp_path / "node-data/snapshots/*.snap")), 10, "a snapshot")
+    finally:
+        node.stop()
+    part, entry = newest_part(tmp_path)
+    missing = f"{part}.seg-{entry['segments'][0][0]}"
+    os.remove(missing)
+    node.start()
+    try:
+        wait_for(lambda: f"overflow segment {missing} is missing" in node.log(), 30, "the line naming it")
+    finally:
+        node.stop()
+
+
 def test_an_overflow_dir_that_cannot_be_made_stops_the_start_in_one_line(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -185,8 +253,9 @@ def test_two_nodes_cannot_share_an_overflow_dir(tmp_path):
 
 
 def test_a_follower_far_behind_gets_a_snapshot_and_overflows_what_it_loads(tmp_path):
-    """The leader's snapshot carries the bodies (its writers read the overflowed ones back); the
-    follower that LOADs it applies its own budget, and can lead with every body."""
+    """The leader's snapshot refers to its overflow segments, which are streamed with the parts;
+    the follower that LOADs it keeps those bodies on disk (its own budget for the rest), and can
+    lead with every body."""
     # Small WAL segments, so that the snapshots remove those the follower would need: a follower
     # older than the leader's WAL gets a snapshot (one within it is fed from the WAL).
     c = Cluster(str(tmp_path), overflow_mb=1, workers=1, queue_log_size=100, snapshot_every=100,

@@ -158,3 +158,16 @@ def test_a_port_that_cannot_be_bound_is_a_port_to_change_and_a_foreign_host_is_n
     with pytest.raises(preflight.StartError, match="config key 'host'") as err:
         preflight.check(config)
     assert not isinstance(err.value, preflight.PortUnavailable)  # queue-cluster must not say "change ports"
+
+
+def test_data_written_with_another_placement_of_queue_groups(tmp_path):
+    (tmp_path / "wal").mkdir()
+    (tmp_path / "wal" / "00000000000000000001.wal").write_bytes(b"x")
+    (tmp_path / "groups.json").write_text(json.dumps({"queue_groups": 3, "group_replicas": 0, "queue_group_list": [],
+                                                      "replicas": [[1], [1], [1]]}))
+    code, out = start("--port", str(free_port()), "--http-port", "0", "--data-dir", str(tmp_path))
+    assert code == 1
+    assert_one_line(out, f"queue-server: config key 'queue_groups': the data in {tmp_path} was written with "
+                         f"queue_groups 3, this config gives 1: queues would move between groups; set it back, or "
+                         f"start on an empty queue_data_dir (there is no migration of a data dir between "
+                         f"placements yet: docs/plans/queue-groups.md 2.4)")

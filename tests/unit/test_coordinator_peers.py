@@ -1,10 +1,12 @@
 """Coordinator.carry_out's sends to other nodes, without sockets: a message that goes to several
 followers is encoded once, and each of them gets those bytes; all of one Ready's messages to a
-peer go as the frames of one send."""
+peer go as the frames of one send with queue groups, and one a send with the default placement
+(as every earlier version reads them)."""
 from __future__ import annotations
 
 import logging
 
+import pytest
 import zmq
 
 from queue_server.election.messages import Heartbeat, HeartbeatAck
@@ -41,6 +43,7 @@ def _coordinator(node: ClusterNode, tmp_path) -> Coordinator:
     coordinator.node, coordinator.storage, coordinator.config = node, None, node.config
     coordinator.log, coordinator.recovery = logging.getLogger(__name__), None
     coordinator.client = ("127.0.0.1", 1101, node.config.node_type, 0, 0)
+    coordinator.multipart = False
     coordinator.workers = [Outbox() for _ in range(node.config.workers)]
     coordinator.acceptor = Outbox()
     coordinator.peers = {2: Outbox(), 3: Outbox()}
@@ -78,18 +81,30 @@ def _forward_and_ack() -> ClusterNode:
     return node
 
 
-def test_one_readys_messages_to_a_peer_go_in_one_send(tmp_path):
+def test_with_the_default_placement_each_message_to_a_peer_is_a_send_of_its_own(tmp_path):
     node = _forward_and_ack()
     coordinator = _coordinator(node, tmp_path)
+    assert coordinator.carry_out(node.ready(), True)
+    sends = coordinator.peers[2].sent
+    assert [len(frames) for frames in sends] == [1, 1]
+    assert [type(wire.decode(frames[0]).msg) for frames in sends] == [Forward, HeartbeatAck]
+
+
+def test_with_queue_groups_one_readys_messages_to_a_peer_go_in_one_send(tmp_path):
+    node = _forward_and_ack()
+    coordinator = _coordinator(node, tmp_path)
+    coordinator.multipart = True
     assert coordinator.carry_out(node.ready(), True)
     (frames,) = coordinator.peers[2].sent  # one send, ...
     assert [type(wire.decode(f).msg) for f in frames] == [Forward, HeartbeatAck]  # ... a frame per message, in order
     assert coordinator.peers[3].sent == []
 
 
-def test_a_send_a_peer_does_not_take_leaves_all_of_its_messages_unsent(tmp_path, monkeypatch):
+@pytest.mark.parametrize("multipart", [False, True])
+def test_a_send_a_peer_does_not_take_leaves_all_of_its_messages_unsent(tmp_path, monkeypatch, multipart):
     node = _forward_and_ack()
     coordinator = _coordinator(node, tmp_path)
+    coordinator.multipart = multipart
     coordinator.peers[2].connected = False
     unsent = []
     monkeypatch.setattr(node, "on_unsent", lambda msg, now: unsent.append(type(msg)))

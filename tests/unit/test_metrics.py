@@ -277,12 +277,13 @@ def test_every_limit_counted_is_one_of_the_limits():
 
 
 def test_every_reason_the_coordinator_refuses_for_has_a_label():
-    """ClusterNode._refuse counts by REFUSALS[reason]: a reason without a label would be counted
-    only as "other"."""
-    path = Path(server.__file__).parent / "cluster.py"
+    """GroupNode._refuse (and ClusterNode's) count by REFUSALS[reason]: a reason without a label
+    would be counted only as "other"."""
     reasons = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "_refuse":
-            reasons |= {getattr(p, n.attr) for n in ast.walk(node.args[-1])
-                        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "p"}
+    for name in ("cluster.py", "group_node.py"):
+        path = Path(server.__file__).parent / name
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "_refuse":
+                reasons |= {getattr(p, n.attr) for n in ast.walk(node.args[-1])
+                            if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "p"}
     assert reasons == set(REFUSALS)

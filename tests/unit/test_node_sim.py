@@ -302,7 +302,8 @@ class SimNode:
     def watch_commits(self) -> None:
         """Every committed entry the node sees goes into the sim's history of the committed log
         (checked to agree across nodes) and into this node's oracle."""
-        commit = self.cn._commit
+        group = self.cn.group0
+        commit = group._commit
 
         def watched(c) -> None:
             self.sim.record_committed(c.entries)
@@ -314,7 +315,7 @@ class SimNode:
             if fresh:
                 self.oracle_trans_id = fresh[-1].trans_id
             commit(c)
-        self.cn._commit = watched  # type: ignore[method-assign]
+        group._commit = watched  # type: ignore[method-assign]
 
     # pipes and processes
     def pipe(self, src: str, dst: str, frames: list[bytes]) -> None:
@@ -325,14 +326,14 @@ class SimNode:
         if proc == COORD:
             kind = frames[0]
             if kind == ipc_frames.BATCH:
-                for _group, *batch in ipc_frames.read_batch(frames):  # group 0's: the only one yet
-                    self.cn.on_batch(*batch, now, ipc_frames.batch_index(frames))
+                for group, *batch in ipc_frames.read_batch(frames):
+                    self.cn.on_batch(*batch, now, ipc_frames.batch_index(frames), group)
             elif kind == ipc_frames.FORWARD:
                 self.cn.on_forward_requests(ipc_frames.read_forward(frames), now)
             elif kind == ipc_frames.UNDELIVER:
                 self.cn.on_undelivered(*ipc_frames.read_undeliver(frames))
             elif kind == ipc_frames.FENCED:
-                self.cn.on_fenced(*ipc_frames.read_fenced(frames), now)
+                self.cn.on_fenced(*ipc_frames.read_fenced(frames), now, ipc_frames.group_of(frames))
             elif kind == ipc_frames.SYNCED:
                 self.cn.on_synced(*ipc_frames.read_synced(frames), now)
             elif kind == ipc_frames.SNAPPED:
@@ -407,7 +408,7 @@ class SimNode:
     def on_peer(self, data: bytes) -> None:
         env = wire.decode(data)
         now = self.sim.now
-        self.cn.on_peer(env.msg, (env.client_host, env.client_port), now, env.http_port)
+        self.cn.on_peer(env.msg, (env.client_host, env.client_port), now, env.http_port, env.group)
         self.coord_timer()
 
     def coord_timer(self) -> None:
@@ -426,7 +427,7 @@ class SimNode:
             ready = cn.ready()
             # Now and then the disk refuses the log (then writes are refused and undone in the
             # workers, and the next flush tries again).
-            stored = not (sim.faults and ready.log_through != cn._stable_through
+            stored = not (sim.faults and ready.log_through != cn.group0._stable_through
                           and sim.disk_rng.random() < sim.disk_fail)
             if stored:
                 self.disk.write(cn.log, ready.truncate_after, ready.log_through)

@@ -17,7 +17,8 @@ import pytest
 
 from queue_server.protocol import vocabulary as p
 from queue_server.protocol.origin import Origin
-from queue_server.workers.body_budget import BodyBudget, worker_share
+from queue_server.workers.body_budget import BodyBudget, body_size, worker_share
+from queue_server.workers.compaction import Compaction
 from queue_server.workers.overflow import HEADER, BodyUnreadable, Overflow, unpack
 from queue_server.workers.service import PartitionService
 from queue_server.workers.store import MessageStore
@@ -64,6 +65,7 @@ def overflowing(share: int, segment_size: int, rotate_empty: int,
     ov = Overflow(BodyBudget(share), FakeFiles(), segment_size, rotate_empty=rotate_empty)
     s = service(10**6, run.restore_cache, run.suffix, run.queue_class)
     s.overflow = ov
+    s.compaction = Compaction(ov, check_every=0)  # segments compacted as the traffic goes (service.tick)
     return s, ov
 
 
@@ -90,7 +92,7 @@ def check_counts(s: PartitionService, ov: Overflow, where: str) -> None:
         slots = list(store._slots())
         refs = [d for d in slots if type(d) is int]
         assert store.spilled == len(refs), f"{where}: queue {q.name}"
-        held += sum(len(d) for d in slots if type(d) is str)
+        held += sum(body_size(d) for d in slots if type(d) is str)
         live.update(r >> 64 for r in refs)
     assert ov.budget.held == held, where
     assert ov.live == dict(live), where
@@ -293,3 +295,73 @@ def test_a_full_disk_refuses_produces_that_need_it_and_loses_nothing():
     assert produce(s, "needs the disk", T0 + 2)["code"] == p.CODE_OK
     assert ov.refused is None and produce(s, "and again", T0 + 2)["code"] == p.CODE_OK
     assert ov.live_bytes == len("needs the disk") + len("and again")
+
+
+# ------------------------------------------------------------------------------- torn bodies
+
+@pytest.mark.parametrize("count", [1, 3])
+@pytest.mark.parametrize("dlq", [False, True])
+def test_a_torn_body_is_never_delivered_its_message_goes_the_dead_letter_way(count, dlq):
+    files = FakeFiles()
+    ov = Overflow(BodyBudget(0), files)
+    s = PartitionService(node_id=1, queue_size=100, overflow=ov, undo_limit=10**6,
+                         dead_letter_suffix=".dlq" if dlq else None)
+    for body in ("one", "two", "three", "four"):
+        assert produce(s, body, T0)["code"] == p.CODE_OK
+    files.segs[0][HEADER.size + len("one") + HEADER.size] ^= 0xFF  # "two" torn on disk
+    got = []
+    for req_no in range(10):
+        s.handle({"action": "consume", "queue": "q", "count": count}, Origin(1), 10 + req_no, T0)
+        (_, _, reply), = take_replies(s)
+        assert reply["code"] == p.CODE_OK, reply
+        got += [m["data"] for m in reply.get("messages", [])]
+    assert got == ["one", "three", "four"]
+    assert ov.torn == {0: 1}
+    kinds = [type(r).__name__ for r in s.records] if s.records else []
+    assert not kinds or "Expire" in kinds or "DeadLetter" in kinds
+    if dlq:  # there, it is not readable either: removed when it comes up
+        s.handle({"action": "consume", "queue": "q.dlq", "count": 1}, Origin(1), 99, T0)
+        (_, _, reply), = take_replies(s)
+        assert reply["code"] == p.CODE_OK and not reply.get("messages"), reply
+        assert ov.torn == {0: 2}
+    assert s.queues["q"].stats(T0)["size"] == 0
+
+
+def test_the_budget_counts_utf8_bytes_not_characters():
+    ov = Overflow(BodyBudget(15), FakeFiles())
+    assert type(ov.keep("é" * 10)) is int  # 10 characters, 20 bytes: past 15
+    assert ov.keep("e" * 10) == "e" * 10 and ov.budget.held == 10
+    assert ov.keep("€") == "€" and ov.budget.held == 13  # 3 bytes
+    assert type(ov.keep("€€")) is int and ov.budget.held == 13  # 6 more: past 15
+    ov.drop("€")
+    assert ov.budget.held == 10
+
+
+# ------------------------------------------------------------------------------- compaction
+
+@pytest.mark.parametrize("journal", [True, False])
+def test_segments_mostly_dead_are_compacted_and_disk_use_tracks_what_is_stored(journal):
+    files = FakeFiles()
+    ov = Overflow(BodyBudget(0), files, segment_size=10 * (HEADER.size + 10))
+    s = PartitionService(node_id=1, queue_size=1000, overflow=ov, undo_limit=10**6 if journal else None)
+    names = ["a", "b", "c", "d", "e"]
+    for i in range(200):  # each segment holds bodies of every queue
+        q = names[i % 5]
+        s.handle({"action": "produce", "queue": q, "data": f"{q}-{i:08d}"}, Origin(1), i, T0)
+    for q in names[1:]:
+        s.handle({"action": "purge", "queue": q}, Origin(1), 900, T0)
+    take_replies(s)
+    s.trim(s.seq)
+    before = sum(map(len, files.segs.values()))
+    now = T0
+    for _ in range(100):
+        now += 1
+        s.tick(now)
+        s.trim(s.seq)
+        check_counts(s, ov, f"at {now}")
+    after = sum(map(len, files.segs.values()))
+    assert s.compaction.moved >= 30 * 10  # bytes: the 40 of "a" (a few were in the current segment)
+    assert after <= before / 5 + 2 * ov.segment_size, (before, after)
+    s.handle({"action": "consume", "queue": "a", "count": 100}, Origin(1), 1000, T0)
+    (_, _, reply), = take_replies(s)
+    assert [m["data"] for m in reply["messages"]] == [f"a-{i:08d}" for i in range(0, 200, 5)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from types import SimpleNamespace
 
 import orjson
 import pytest
@@ -13,6 +14,8 @@ from prometheus_client import CollectorRegistry
 from queue_server.protocol import ipc_frames, replies
 from queue_server.server.metrics import WorkerMetrics
 from queue_server.protocol.origin import Origin
+from queue_server.workers.body_budget import BodyBudget
+from queue_server.workers.overflow import Overflow
 from queue_server.workers.service import PartitionService
 from queue_server.replication.snapshot import iter_frames, write_part
 from queue_server.server.snapshot_child import fork_writer
@@ -483,3 +486,21 @@ def test_a_message_of_a_group_the_node_does_not_hold_is_dropped_and_logged_once(
     [(level, text, *args)] = w.log.lines
     assert level == "error" and text % tuple(args) == (
         "dropped a b'req' message of queue group 1, which this node is no replica of (logged once per group)")
+
+
+def test_a_torn_overflow_segment_is_logged_once_per_group_and_segment():
+    services = {g: PartitionService(1, 1000, {}, max_wait=30,
+                                    overflow=Overflow(BodyBudget(100), SimpleNamespace(where=f"/ov/g{g}")))
+                for g in (0, 2)}
+    w = Worker(services, None, Pipe(), Log(), 4, metrics=WorkerMetrics(CollectorRegistry()))
+    services[0].overflow.torn[3] = 1
+    services[2].overflow.torn[3] = 2  # the same number in another group's folder: its own line
+    w.after()
+    services[0].overflow.torn[3] += 1  # more of a segment already said: no line
+    w.after()
+    services[2].overflow.torn[5] = 1
+    w.after()
+    said = [text % tuple(args) for level, text, *args in w.log.lines if level == "error"]
+    assert [line.split(" holds")[0] for line in said] == [
+        "overflow segment 3 in /ov/g0", "overflow segment 3 in /ov/g2", "overflow segment 5 in /ov/g2"]
+    assert all(line.endswith("reason 'body unreadable'") for line in said)

@@ -1,0 +1,131 @@
+"""Several queue groups in one ClusterNode (server/cluster.py, server/group_node.py), without
+sockets or processes: three nodes, each a replica of three groups (group_replicas = every node),
+whose peer messages travel with their group as the wire carries it (group 0's in Ready.to_peers,
+another group's in its GroupPart). Each group elects its own leader, and a batch of one group is
+logged, replicated and committed in that group only."""
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import orjson
+
+from queue_server.config.loader import parse_config
+from queue_server.protocol import ipc_frames, replies
+from queue_server.protocol.origin import Origin
+from queue_server.replication.messages import Forward, Recovered
+from queue_server.server.cluster import ClusterNode
+
+T0 = 1_000_000.0
+GROUPS = 3
+PRODUCE = {"op": "produce", "queue": "q", "msg_id": 1, "ready": T0, "ttl": T0 + 60, "retry": 0,
+           "priority": 0, "data": "x", "delivery_count": 0}
+
+
+def _config(node_id: int):
+    nodes = [{"node_id": i, "host": "127.0.0.1", "port": 1100 + i} for i in (1, 2, 3)]
+    cfg, _ = parse_config(orjson.dumps({"node_id": node_id, "workers": 2, "cluster_node_list": nodes,
+                                        "election_timeout_ms": 300, "heartbeat_ms": 50}).decode())
+    return dataclasses.replace(cfg, queue_groups=GROUPS)  # past the start-up check: not built yet
+
+
+class Net:
+    """Three nodes whose Readies are carried out at once, every peer message delivered in order."""
+
+    def __init__(self) -> None:
+        self.nodes = {i: ClusterNode(_config(i), T0, recovered=Recovered(), rng=random.Random(i),
+                                     disks={g: (Recovered(), None) for g in range(1, GROUPS)})
+                      for i in (1, 2, 3)}
+        self.now = T0
+        self.sent_groups: set[int] = set()
+        self.forwards: list[tuple[int, int, int]] = []  # (group, from, to) of each Forward sent
+
+    def flush(self) -> None:
+        moved = True
+        while moved:
+            moved = False
+            for node in self.nodes.values():
+                while node.has_ready():
+                    ready = node.ready()
+                    node.advance(ready, durable_trans_id=ready.log_through,
+                                 parts={part.group: (part.log_through, True) for part in ready.parts})
+                    mail = [(0, to, m) for to, m in ready.peer_messages(True, True)]
+                    mail += [(part.group, to, m) for part in ready.parts for to, m in part.to_peers]
+                    for group, to, msg in mail:
+                        self.sent_groups.add(group)
+                        if type(msg) is Forward:
+                            self.forwards.append((group, msg.src, to))
+                        if to not in self.nodes:  # stopped
+                            continue
+                        self.nodes[to].on_peer(msg, ("127.0.0.1", 2000 + to), self.now, 0, group)
+                        moved = True
+
+    def run(self, seconds: float) -> None:
+        end = self.now + seconds
+        while self.now < end:
+            self.now += 0.01
+            for node in self.nodes.values():
+                if self.now >= node.wake_at():
+                    node.tick(self.now)
+            self.flush()
+
+    def leaders(self, group: int) -> list[int]:
+        return [i for i, n in self.nodes.items() if n.groups[group].leader is not None]
+
+
+def test_every_node_holds_every_group_and_each_group_elects_its_own_leader():
+    net = Net()
+    assert all(sorted(n.groups) == [0, 1, 2] for n in net.nodes.values())
+    net.run(3.0)
+    assert net.sent_groups == {0, 1, 2}
+    for g in range(GROUPS):
+        (leader,) = net.leaders(g)
+        terms = {n.groups[g].election.vote_id for n in net.nodes.values()}
+        assert len(terms) == 1  # every replica follows it in the same term
+        assert all(n.groups[g].election.leader_id == leader for n in net.nodes.values())
+
+
+def test_a_batch_of_one_group_is_logged_and_committed_in_that_group_only():
+    net = Net()
+    net.run(3.0)
+    (leader,) = net.leaders(1)
+    node = net.nodes[leader]
+    before = {g: [n.groups[g].log.last_trans_id for n in net.nodes.values()] for g in range(GROUPS)}
+    header, blob = replies.encode([(Origin(7), 1, {"action": 1, "queue": "q", "seq": 1, "code": 0})])
+    node.on_batch(orjson.dumps([PRODUCE]), header, blob, ipc_frames.EMPTY_LIST, node.groups[1].epoch, net.now,
+                  0, 1)
+    net.run(0.5)
+    after = {g: [n.groups[g].log.last_trans_id for n in net.nodes.values()] for g in range(GROUPS)}
+    assert after[1] == [b + 1 for b in before[1]]  # on every replica of group 1
+    assert all(n.groups[1].log.commit_trans_id == after[1][0] for n in net.nodes.values())
+    assert after[0] == before[0] and after[2] == before[2]
+
+
+def test_a_stopped_leader_of_one_group_is_replaced_in_that_group():
+    net = Net()
+    net.run(3.0)
+    (old,) = net.leaders(2)
+    others = {g: net.leaders(g) for g in (0, 1)}
+    gone = net.nodes.pop(old)  # it stops: messages to it are lost
+    net.run(3.0)
+    (new,) = net.leaders(2)
+    assert new != old
+    assert gone.groups[2].leader is not None  # it never heard of it
+    for g, leaders in others.items():  # a group the stopped node did not lead keeps its leader
+        if leaders != [old]:
+            assert net.leaders(g) == leaders
+
+
+def test_a_request_is_forwarded_to_the_leader_of_its_queue_s_group():
+    net = Net()
+    net.run(3.0)
+    placement = net.nodes[1].placement
+    names = {placement.group_of(f"q{i}"): f"q{i}" for i in range(100)}
+    assert sorted(names) == [0, 1, 2]
+    for g, queue in sorted(names.items()):
+        (leader,) = net.leaders(g)
+        follower = next(i for i in net.nodes if i != leader)
+        net.forwards.clear()
+        net.nodes[follower].on_forward_requests([(Origin(5), 1, {"action": 1, "queue": queue, "data": "x"})], net.now)
+        net.flush()
+        assert net.forwards == [(g, follower, leader)]
