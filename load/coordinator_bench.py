@@ -153,8 +153,9 @@ def main(argv: list[str] | None = None) -> None:
                 if profiler:
                     profiler.disable()
                 results.append(used / len(msgs))
-                if len(node.pending):
-                    sys.exit(f"coordinator_bench: {len(node.pending)} reply batches still pending")
+                pending = getattr(node, "group0", node).pending  # a GroupNode's since the split (issue 28)
+                if len(pending):
+                    sys.exit(f"coordinator_bench: {len(pending)} reply batches still pending")
             finally:
                 ctx.destroy(linger=0)
                 if storage is not None:

@@ -45,8 +45,12 @@ def available() -> str | None:
 
 
 def _ms(text: str) -> float:
-    value, unit = re.match(r"([\d.]+)(us|ms|s)", text).groups()
-    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3}[unit]
+    """A latency as wrk prints it (its units: us, ms, s, m, h), in milliseconds."""
+    found = re.fullmatch(r"([\d.]+)(us|ms|s|m|h)", text)
+    if found is None:
+        raise ValueError(f"wrk printed a latency of {text!r}")
+    value, unit = found.groups()
+    return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}[unit]
 
 
 def run(port: int, conns: int, seconds: float, payload: int, workdir: str) -> dict:
@@ -66,8 +70,10 @@ def run(port: int, conns: int, seconds: float, payload: int, workdir: str) -> di
         raise RuntimeError(f"wrk: error responses: {text.strip()[-300:]}")
     ops = int(done.group(1))
     elapsed = float(done.group(2)) * {"s": 1, "ms": 1e-3, "m": 60}[done.group(3)]
-    p50 = re.search(r"50%\s+(\S+)", text).group(1)
-    p99 = re.search(r"99%\s+(\S+)", text).group(1)
+    try:
+        p50, p99 = (_ms(re.search(rf"{q}%\s+(\S+)", text).group(1)) for q in (50, 99))
+    except (AttributeError, ValueError) as exc:  # shown whole: which line wrk printed is the question
+        raise RuntimeError(f"wrk's latency distribution was not read ({exc}): {text.strip()[-600:]}") from None
     messages = ops // 3
     return {"ops": ops, "messages": messages, "seconds": elapsed, "ops_per_s": ops / elapsed,
-            "messages_per_s": messages / elapsed, "p50_ms": _ms(p50), "p99_ms": _ms(p99)}
+            "messages_per_s": messages / elapsed, "p50_ms": p50, "p99_ms": p99}

@@ -8,6 +8,7 @@ and (with PYTHONPATH, see load/coordinator_bench.py) what another version cost.
 
     python load/peer_wire_bench.py                           # idle: heartbeats and their acks
     python load/peer_wire_bench.py --produces 4              # 4 produce batches per round
+    python load/peer_wire_bench.py --produces 4 --multipart 1  # sent as with queue groups
     PYTHONPATH=/tmp/old-pkg python load/peer_wire_bench.py   # another version (a package tree)
 
 Prints, per heartbeat round, the leader's sends and bytes to its followers and theirs back.
@@ -65,7 +66,7 @@ class Link:
         self.net.append((self.dst, frames))
 
 
-def cluster(tmp: str) -> tuple[dict[int, Coordinator], list]:
+def cluster(tmp: str, multipart: bool = False) -> tuple[dict[int, Coordinator], list]:
     nodes = [{"node_id": i, "host": "127.0.0.1", "port": 1100 + i} for i in (1, 2, 3)]
     net: list = []
     envelope = len(inspect.signature(wire.encode).parameters) - 1  # the envelope's fields this version has
@@ -83,6 +84,7 @@ def cluster(tmp: str) -> tuple[dict[int, Coordinator], list]:
         c.workers, c.acceptor = [Sink()], Sink()
         c.peers = {j: Link(net, i, j) for j in (1, 2, 3) if j != i}
         c.next_observe = float("inf")  # no metrics
+        c.multipart = multipart  # as a node with queue groups sends (a default node: one message a send)
         out[i] = c
     return out, net
 
@@ -113,12 +115,13 @@ def produce(c: Coordinator, now: float, seq: int) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_numbers(__doc__, argv, rounds=(200, "heartbeat rounds measured"),
-                         produces=(0, "one-message produce batches on the leader per round"))
+                         produces=(0, "one-message produce batches on the leader per round"),
+                         multipart=(0, "1: one send per peer per Ready, as a node with queue groups sends"))
     import queue_server.server.cluster as cluster_module
     print(f"code: {os.path.dirname(os.path.dirname(cluster_module.__file__))}")
     logging.basicConfig(level=logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="peer-wire-bench-") as tmp:
-        coordinators, net = cluster(tmp)
+        coordinators, net = cluster(tmp, bool(args.multipart))
         now = 0.0
         while not any(c.node.leader is not None and c.node.epoch for c in coordinators.values()):
             now += STEP

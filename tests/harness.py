@@ -73,6 +73,12 @@ def wait_for(condition: Callable[[], object], timeout: float = 10.0, what: str =
     return result
 
 
+def recovery_line(node: "NodeProcess", pattern: str) -> re.Match:
+    """The node's recovery line, matched by `pattern`, once it is logged: it waits for the
+    workers to say what they hold, so it may come just after the first replies."""
+    return wait_for(lambda: re.search(pattern, node.log()), 20, f"a recovery line like {pattern!r}")
+
+
 def can_connect(host: str, port: int) -> bool:
     """Whether a TCP connection to host:port is accepted."""
     try:

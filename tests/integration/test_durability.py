@@ -16,17 +16,12 @@ from queue_server.client import QueueClient, QueueError
 from queue_server.replication import group_marker
 from load.procs import process_name
 from queue_server.server.node_memory import children
-from tests.harness import Cluster, NodeProcess, RawTcp, alive, kill_all, wait_for
+from tests.harness import Cluster, NodeProcess, RawTcp, alive, kill_all, recovery_line, wait_for
 
 
 _kill_all = kill_all
 
 
-
-def _recovery_line(node: NodeProcess, pattern: str) -> re.Match:
-    """The node's recovery line, matched by `pattern`, once it is logged: it waits for the
-    workers to say what they hold, so it may come just after the first replies."""
-    return wait_for(lambda: re.search(pattern, node.log()), 20, f"a recovery line like {pattern!r}")
 
 def _restart(node: NodeProcess) -> NodeProcess:
     fresh = NodeProcess(node.workdir, node.config, name=node.name)
@@ -103,7 +98,7 @@ def test_restart_keeps_ids_times_leases_and_delivery_counts(tmp_path):
             assert q.produce("state", "next") > 121
         # 120 produced, 1 delayed, 5 confirmed: what the node holds once the log after the snapshot is replayed
         assert after["size"] == 116
-        _recovery_line(node, r"recovered in [\d.]+ s: 1 queue holding 116 messages at trans_id \d+, "
+        recovery_line(node, r"recovered in [\d.]+ s: 1 queue holding 116 messages at trans_id \d+, "
                              r"from a snapshot at trans_id [1-9]\d* and \d+ log records? after it")
     finally:
         node.stop()
@@ -123,7 +118,7 @@ def test_the_recovery_line_counts_messages_only_in_the_log(tmp_path):
     try:
         with QueueClient(node.hosts) as q:
             assert (q.monitor("a")["size"], q.monitor("b")["size"]) == (8, 4)
-        line = _recovery_line(node, r"recovered in [\d.]+ s: 2 queues holding 12 messages at trans_id (\d+), "
+        line = recovery_line(node, r"recovered in [\d.]+ s: 2 queues holding 12 messages at trans_id (\d+), "
                                     r"from (\d+) log records \(no snapshot\)")
         assert int(line[1]) == int(line[2]) == trans_id  # every record the first run wrote
     finally:
@@ -293,7 +288,7 @@ def test_restarted_follower_pulls_only_the_gap(tmp_path):
         c.nodes[follower] = node = _restart(node)
         wait_for(lambda: has(500), 20, "the follower to catch up")
         # its own log replayed (the 300 messages it had), then only the gap pulled: no snapshot
-        _recovery_line(node, r"recovered in [\d.]+ s: 1 queue holding 300 messages at trans_id \d+, from \d+ log records "
+        recovery_line(node, r"recovered in [\d.]+ s: 1 queue holding 300 messages at trans_id \d+, from \d+ log records "
                              r"\(no snapshot\)")
         log = node.log()
         assert "installed a snapshot" not in log
@@ -357,7 +352,7 @@ def test_writes_made_during_worker_snapshots_survive_kill_9(tmp_path):
     node = _restart(node)
     try:
         _all_there(node, acked)
-        _recovery_line(node, r"from a snapshot at trans_id [1-9]\d* and \d+ log records? after it")
+        recovery_line(node, r"from a snapshot at trans_id [1-9]\d* and \d+ log records? after it")
         assert not [path for path in cut_short if os.path.exists(path)]  # deleted at start
     finally:
         node.stop()
@@ -397,7 +392,7 @@ def test_a_worker_killed_mid_snapshot_loses_nothing_the_old_snapshot_and_the_log
     node = _restart(node)
     try:
         _all_there(node, acked)
-        line = _recovery_line(node, r"from a snapshot at trans_id (\d+) and \d+ log records? after it")
+        line = recovery_line(node, r"from a snapshot at trans_id (\d+) and \d+ log records? after it")
         assert int(line[1]) >= newest, node.log()
         assert not [path for path in cut_short if os.path.exists(path)]  # deleted at start
     finally:
@@ -449,7 +444,7 @@ def test_a_stop_during_a_snapshot_lets_it_finish_and_the_restart_reads_it(tmp_pa
     assert _WRITTEN.search(node.log()), node.log()[-2000:]
     node = _restart(node)
     try:
-        _recovery_line(node, r"from a snapshot at trans_id \d+ and 0 log records after it")
+        recovery_line(node, r"from a snapshot at trans_id \d+ and 0 log records after it")
         with QueueClient(node.hosts, timeout=30) as q:
             assert q.monitor("stored")["size"] == messages
     finally:

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from queue_server.workers.overflow import ROTATE_EMPTY
-from tests.harness import Cluster, NodeProcess, free_port, kill_all, wait_for
+from tests.harness import Cluster, NodeProcess, free_port, kill_all, recovery_line, wait_for
 
 N = 300
 SIZE = 8000  # 300 x 8 KB: 2.4 MB, past a 1 MiB budget
@@ -92,7 +92,7 @@ def test_overflowed_bodies_survive_a_restart(tmp_path, how):
     node.start(serving=True)
     try:
         if how == "from a snapshot":
-            assert re.search(r"from a snapshot at trans_id [1-9]", node.log()), node.log()
+            recovery_line(node, r"from a snapshot at trans_id [1-9]")
         # The restarted node applies its budget again: most bodies are on disk.
         monitor = node.connect().call({"action": "monitor", "queue": "big"})
         assert monitor["size"] == N and monitor["overflowed"] > N // 2, monitor
