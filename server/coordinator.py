@@ -396,8 +396,8 @@ class Coordinator:
                 frames_msgs[1].append(msg)
             for target, (frames, msgs) in to_peer.items():
                 link = self.peers[target]
-                for part, part_msgs in ([(frames, msgs)] if self.multipart else zip(([f] for f in frames),
-                                                                                    ([m] for m in msgs))):
+                sends = [(frames, msgs)] if self.multipart else [([f], [m]) for f, m in zip(frames, msgs)]
+                for part, part_msgs in sends:
                     try:
                         link.send(part)
                     except zmq.Again:  # not connected yet, or too far behind
