@@ -326,7 +326,6 @@ class WalWriter:
         # one write): one object a write, not one a record, since at a high rate a second of the
         # log is held here (see _written_again).
         self._unsynced: list[tuple[int, bytes]] = []
-        self._unsynced_bytes = 0
         self._segments = [[first, path, os.path.getsize(path)] for first, path in list_segments(self._dir)]
         # Each segment's sparse index by its first trans_id (see read_range); none yet: not built.
         self._index: dict[int, list[int]] = {}
@@ -419,7 +418,7 @@ class WalWriter:
                 if self._file is None or self._segments[-1][2] >= self._segment_bytes:
                     self._roll()
                 self._write_some()
-                if self._unsynced_bytes >= self._max_unsynced:
+                if self._segments[-1][2] - self._synced_size >= self._max_unsynced:  # bytes since the fsync
                     self._sync()
             if sync and (self._synced < self._flushed or self._dir_dirty):
                 self._sync()
@@ -467,7 +466,6 @@ class WalWriter:
             if k:
                 self._note_written(segment, batch[:k])
                 self._unsynced.append((batch[0][0], joined if k == n else joined[:done]))
-                self._unsynced_bytes += done
                 del self._pending[:k]
                 self._flushed = batch[k - 1][0]
                 segment[2] += done
@@ -508,14 +506,12 @@ class WalWriter:
             # the kernel may have dropped pages it could not write: write them again
             self._pending[:0] = self._written_again()
             self._unsynced = []
-            self._unsynced_bytes = 0
             self._segments[-1][2] = self._synced_size
             self._trim_index(self._segments[-1])
             self._flushed = self._synced
             self._torn = True
             raise
         self._unsynced.clear()
-        self._unsynced_bytes = 0
         self._synced_size = self._segments[-1][2]
         if self._dir_dirty:
             fsync_dir(self._dir)
@@ -583,7 +579,6 @@ class WalWriter:
         self._segments[-1][2] = self._synced_size = offset
         self._trim_index(self._segments[-1])
         self._unsynced.clear()
-        self._unsynced_bytes = 0
         self._torn = self._dir_dirty = False
         self._last = self._flushed = self._synced = trans_id
 
@@ -634,7 +629,6 @@ class WalWriter:
             self._reload = True
             raise StorageError(f"resetting the log in {self._dir} failed: {e}") from e
         self._unsynced.clear()
-        self._unsynced_bytes = 0
         self._synced_size = 0
         self._torn = self._dir_dirty = False
         self._last = self._flushed = self._synced = trans_id
