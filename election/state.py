@@ -192,11 +192,10 @@ class Election:
         actions: list[Action] = []
         if self._role is not Role.LEADER or self._transfer_target is not None:
             return actions
-        live = [p for p in self.peers if now - self._acks.get(p, float("-inf")) < self.election_timeout]
         if target is None:
-            if not live:
+            target = self._furthest_live(now, matches)
+            if target is None:
                 return actions
-            target = max(live, key=lambda p: (matches.get(p, 0), -p))
         elif target not in self.peers:
             raise ValueError(f"{target} is not a peer of node {self.node_id}")
         self._transfer_target = target
@@ -205,6 +204,19 @@ class Election:
         if settled:
             actions.extend(self.on_progress(now, matches))
         return actions
+
+    def retarget_transfer(self, now: float, matches: Mapping[int, int]) -> None:
+        """During a transfer whose target has not answered for an election timeout (it stopped
+        too, or is cut off; told to campaign, it would have deposed this leader by now): make
+        the live follower whose log reaches furthest the target instead, if there is one
+        (on_progress then tells it). Should the first still campaign, the votes elect one."""
+        target = self._transfer_target
+        if target is None or self._role is not Role.LEADER or self._live(now, target):
+            return
+        other = self._furthest_live(now, matches)
+        if other is not None:
+            self._transfer_target = other
+            self._transfer_sent = False
 
     def on_progress(self, now: float, matches: Mapping[int, int]) -> list[Action]:
         """The followers' logs or the commit point moved (or, after transfer_leadership(...,
@@ -356,9 +368,17 @@ class Election:
     def _ack(self) -> HeartbeatAck:
         return HeartbeatAck(self._vote_id, self.node_id, self.log.last_trans_id, self.log.last_vote_id)
 
+    def _live(self, now: float, peer: int) -> bool:
+        """Whether `peer` answered this leader within an election timeout."""
+        return now - self._acks.get(peer, float("-inf")) < self.election_timeout
+
+    def _furthest_live(self, now: float, matches: Mapping[int, int]) -> int | None:
+        """The live follower whose log reaches furthest (the lower id on a tie), or None."""
+        live = [p for p in self.peers if self._live(now, p)]
+        return max(live, key=lambda p: (matches.get(p, 0), -p)) if live else None
+
     def _has_quorum(self, now: float) -> bool:
-        live = 1 + sum(1 for p in self.peers if now - self._acks.get(p, float("-inf")) < self.election_timeout)
-        return live >= self.quorum
+        return 1 + sum(1 for p in self.peers if self._live(now, p)) >= self.quorum
 
     def _in_lease(self, now: float) -> bool:
         if self._role is Role.LEADER:

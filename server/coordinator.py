@@ -288,6 +288,9 @@ class Coordinator:
         elif node.leader is not None:
             self.log.warning("stopping: no follower took over within %.1f s; leading until the end",
                              now - self.handoff_started)
+        elif node.election.leader_id is None:
+            self.log.info("stopping: hand-off over after %.0f ms with no leader known (the followers may be "
+                          "stopping too)", (now - self.handoff_started) * 1000)
         else:
             self.log.info("stopping: node %s leads now (hand-off took %.0f ms)", node.election.leader_id,
                           (now - self.handoff_started) * 1000)

@@ -110,6 +110,9 @@ class GroupNode:
         # A hand-off of leadership (begin_handoff) holds client requests until this time, or
         # until the node knows where they can go.
         self.handoff_until: float | None = None
+        # The vote_id the hand-off started in: a node that steps down in that same term lost its
+        # quorum rather than being deposed, and nobody is about to lead (handing_off).
+        self.handoff_vote = 0
         # The hand-off's barrier: the mode whose workers were fenced, and which of them have
         # answered FENCED (sent every batch of that mode, decide nothing more in it).
         self.fence_epoch = -1
@@ -148,6 +151,7 @@ class GroupNode:
         if self.election.transfer_target is None:
             return False
         self.handoff_until = now + timeout
+        self.handoff_vote = self.election.vote_id
         self._fence_workers()
         return True
 
@@ -156,7 +160,12 @@ class GroupNode:
         if self.leader is not None:  # until TimeoutNow deposes this node, or the transfer aborts
             return self.election.transfer_target is not None
         # stepped down; the new leader not heard yet
-        return self.handoff_until is not None and now < self.handoff_until and self.election.leader_id is None
+        if self.handoff_until is None or now >= self.handoff_until or self.election.leader_id is not None:
+            return False
+        # Deposed by a newer term (the target's campaign, or another's): a leader is on its way.
+        # In its own term, this node stepped down because no quorum answered it for an election
+        # timeout (its followers are stopping too, or it is cut off): waiting brings no leader.
+        return self.election.vote_id != self.handoff_vote
 
     def on_fenced(self, epoch: int, index: int, now: float) -> None:
         """Worker `index` has sent every batch of mode `epoch` and decides nothing more in it."""
@@ -190,8 +199,11 @@ class GroupNode:
     def _handoff_progress(self, now: float) -> None:
         if self.handoff_until is not None and now >= self.handoff_until:
             self.handoff_until = None  # over, whatever came of it
-        if self.leader is not None and self.election.transfer_target is not None and self._workers_fenced():
-            self._run(self.election.on_progress(now, self._matches()), now)
+        if self.leader is not None and self.election.transfer_target is not None:
+            matches = self._matches()
+            self.election.retarget_transfer(now, matches)
+            if self._workers_fenced():
+                self._run(self.election.on_progress(now, matches), now)
 
     def _resume_leading(self) -> None:
         """A hand-off that did not happen: the workers accept requests again, in a new mode.

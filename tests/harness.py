@@ -583,6 +583,15 @@ class Cluster:
             if node_id != leader:
                 wait_for(lambda: relays(node_id), timeout, f"node {node_id} to relay requests to node {leader}")
 
+    def wait_level(self, leader: int, timeout: float = 15.0) -> None:
+        """Wait until the leader knows every follower's log equals its own (lag 0 for each in its
+        monitor): a hand-off started now picks among them by node id alone."""
+        def level() -> bool:
+            reply = self.ask(leader, {"action": 104})
+            rows = reply.get("followers") if reply else None
+            return bool(rows) and len(rows) == len(self.nodes) - 1 and all(r["lag"] == 0 for r in rows)
+        wait_for(level, timeout, f"every follower's log to equal node {leader}'s")
+
     def stop(self) -> None:
         for node in self.nodes.values():
             node.stop()

@@ -1,8 +1,9 @@
 """Leadership changes on real 3-node clusters and what clients hold across them: a hand-off that
-fails (its target is stopped, so TimeoutNow never makes it campaign) keeps the long polls and
-subscriptions parked on the leader, which goes on leading and serves them; and an at-most-once
-message whose reply could not be delivered is restored by the node that leads when it is given
-back, not only by the one that delivered it."""
+fails (its target is stopped, so TimeoutNow never makes it campaign, and it is not replaced
+within the hand-off's time) keeps the long polls and subscriptions parked on the leader, which
+goes on leading and serves them; and an at-most-once message whose reply could not be delivered
+is restored by the node that leads when it is given back, not only by the one that delivered
+it."""
 from __future__ import annotations
 
 import os
@@ -22,19 +23,22 @@ def _waiters(cluster: Cluster, node_id: int, queue: str) -> int | None:
 
 
 def test_a_hand_off_that_fails_keeps_parked_long_polls_and_subscriptions(tmp_path):
-    # shutdown_grace 3: a hand-off is given 1.5 s before the node leads on
-    cluster = Cluster(str(tmp_path), shutdown_grace=3.0)
+    # shutdown_grace 3: a hand-off is given 1.5 s before the node leads on; election_timeout_ms
+    # 3000: not long enough for the stopped target to be replaced by the other follower, which
+    # keeps the leader's quorum (Election.retarget_transfer)
+    cluster = Cluster(str(tmp_path), shutdown_grace=3.0, election_timeout_ms=3000)
     try:
         cluster.start()
         leader = cluster.wait_serving(60)
         node = cluster.nodes[leader]
-        # Idle, both followers' logs equal the leader's: the hand-off picks the lower id.
+        # Once both followers' logs equal the leader's (wait_level), the hand-off picks the lower id.
         target = min(i for i in cluster.nodes if i != leader)
         poll, sub = node.connect(), node.connect()
         poll.send({"action": "consume", "queue": "lp", "wait": TIMEOUT, "seq": 1})
         subscribed = sub.call({"action": "subscribe", "queue": "sq", "credit": 5})
         assert subscribed["code"] == 0, subscribed
         wait_for(lambda: _waiters(cluster, leader, "lp") == 1, 10, "the long poll to be parked on the leader")
+        cluster.wait_level(leader)
         with cluster.nodes[target].child_stopped("coordinator"):
             os.kill(node.child_pid("coordinator"), signal.SIGUSR1)  # what a SIGTERM's hand-off starts with
             wait_for(lambda: f"handing leadership to node {target}" in node.log(), 10, "the hand-off to start")

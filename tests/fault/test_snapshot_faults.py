@@ -41,7 +41,9 @@ def _local_size(node: NodeProcess, queue: str) -> int | None:
 def _hand_over(c: Cluster, leader: int, target: int) -> None:
     """Move leadership from `leader` to `target` with the leader's own hand-off (SIGUSR1 to its
     coordinator, what a SIGTERM starts with). The hand-off picks the follower whose log reaches
-    furthest, the lower id on a tie: the caller makes sure that is `target`."""
+    furthest, the lower id on a tie: the caller makes sure that is `target` once every log is
+    level."""
+    c.wait_level(leader)
     os.kill(c.nodes[leader].child_pid("coordinator"), signal.SIGUSR1)
     assert c.wait_leader(timeout=30, exclude=leader) == target, c.describe()
 

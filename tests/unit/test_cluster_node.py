@@ -439,6 +439,28 @@ def test_a_hand_off_that_times_out_before_every_fence_rolls_the_workers_back_to_
     assert reply["reason"] == p.MODE_CHANGED and reply["reason"] in p.NOT_APPLIED
 
 
+@pytest.mark.parametrize("told", [False, True], ids=["before TimeoutNow", "after TimeoutNow"])
+def test_a_hand_off_ends_when_the_leader_loses_its_quorum(told):
+    """The whole cluster stopping: the followers stop answering, the target before or after it
+    was told to campaign. The leader steps down in its own term; no one is about to lead, so it
+    stops holding requests at once instead of for the rest of the hand-off's time. Deposed by a
+    newer term, it would wait for the new leader (test_in_redirect_mode_...)."""
+    node, now = _handing_over()
+    if told:
+        node.on_fenced(node.epoch, 0, now)
+        node.on_fenced(node.epoch, 1, now)
+    assert bool(_timeout_nows(_drain(node)[2])) is told
+    node.on_forward_requests([[Origin(3, False), 1, {"action": 1, "queue": "q", "data": "x", "seq": 1}]], now)
+    t = now
+    while node.role == "leader":
+        t += 0.05
+        node.tick(t)
+    assert t < now + 0.5 and node.election.leader_id is None
+    assert not node.handing_off(t)
+    (origin, seq, reply), = _replies(_drain(node)[0])  # refused, not held to the end of the hand-off
+    assert (origin, reply["code"]) == (Origin(3), -1) and reply["reason"] in p.NOT_APPLIED
+
+
 def test_in_redirect_mode_requests_held_during_a_hand_off_are_redirected_to_the_new_leader():
     """forward_request 0: the acceptor of a node handing over passes requests to its
     coordinator (its status names itself as leader) rather than redirecting clients to itself;

@@ -556,6 +556,35 @@ def test_no_transfer_without_a_live_follower_or_when_not_leading():
     assert follower.transfer_leadership(0.0, 5.0, {}) == [] and follower.transfer_target is None
 
 
+def test_a_transfer_whose_target_stops_answering_moves_to_a_live_follower():
+    """The target stopped (say the whole cluster is being stopped, one node after another):
+    once it has not answered for an election timeout, the follower still answering becomes the
+    target, within the same deadline; told to campaign, it gets the same time."""
+    e, t = _leader_of_three(_log_with(10))
+    e.transfer_leadership(t, 5.0, {2: 9, 3: 8}, settled=False)
+    assert e.transfer_target == 2
+    e.on_message(HeartbeatAck(1, 3, 10, 1), t + T / 2)  # node 2 says nothing from now on
+    e.retarget_transfer(t + T / 2, {2: 9, 3: 10})
+    assert e.transfer_target == 2  # not silent for an election timeout yet
+    e.retarget_transfer(t + T, {2: 9, 3: 10})
+    assert e.transfer_target == 3
+    assert e.on_progress(t + T, {2: 9, 3: 10}) == [Send(3, TimeoutNow(1, 1))]
+    e.retarget_transfer(t + T, {2: 10, 3: 10})
+    assert e.on_progress(t + T, {2: 10, 3: 10}) == []  # told once
+    e.on_message(HeartbeatAck(1, 2, 10, 1), t + 1.4 * T)  # node 2 is back; node 3 never campaigned
+    e.retarget_transfer(t + 1.4 * T, {2: 10, 3: 10})
+    assert e.transfer_target == 3  # not silent for an election timeout yet (last heard at t + T / 2)
+    e.retarget_transfer(t + 2 * T, {2: 10, 3: 10})
+    assert e.transfer_target == 2 and e.on_progress(t + 2 * T, {2: 10, 3: 10}) == [Send(2, TimeoutNow(1, 1))]
+
+
+def test_a_transfer_keeps_its_target_when_no_other_follower_answers():
+    e, t = _leader_of_three(_log_with(10))
+    e.transfer_leadership(t, 5.0, {2: 10, 3: 10}, settled=False)
+    e.retarget_transfer(t + T, {2: 10, 3: 10})
+    assert e.transfer_target == 2
+
+
 def test_transfer_aborts_at_its_deadline_and_the_node_leads_on():
     e, t = _leader_of_three(_log_with(10))
     e.transfer_leadership(t, 0.5, {2: 3, 3: 3})
