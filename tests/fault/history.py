@@ -31,25 +31,35 @@ class History:
     def check(self) -> None:
         """Raise AssertionError naming what the history violates."""
         lost = self.acked[AT_LEAST_ONCE] - set(self.delivered[AT_LEAST_ONCE])
-        assert not lost, f"{len(lost)} acknowledged at-least-once messages never delivered: {sorted(lost)[:10]}"
+        assert not lost, f"{len(lost)} acknowledged at-least-once messages never delivered: {_names(lost)}"
         for queue in (AT_LEAST_ONCE, AT_MOST_ONCE):
             phantom = set(self.delivered[queue]) - self.attempted
-            assert not phantom, f"delivered but never produced: {sorted(phantom)[:10]}"
+            assert not phantom, f"delivered but never produced: {_names(phantom)}"
         twice = [d for d, n in Counter(self.delivered[AT_MOST_ONCE]).items() if n > 1]
-        assert not twice, f"at-most-once messages delivered twice: {twice[:10]}"
+        assert not twice, f"at-most-once messages delivered twice: {_names(twice)}"
+
+
+def _names(bodies) -> list[str]:
+    """The first ten of `bodies` by name, without their padding (Workload's pad)."""
+    return [d.rstrip(".") for d in sorted(bodies)[:10]]
 
 
 class Workload:
-    """Producers and a consumer running against a cluster's host list until stopped."""
+    """Producers and a consumer running against a cluster's host list until stopped.
+    pad: characters added to each body (a message is its name, then the padding); consumer
+    False: only produce (the queues fill up)."""
 
-    def __init__(self, hosts: str, history: History, producers: int = 2, prefix: str = "w") -> None:
+    def __init__(self, hosts: str, history: History, producers: int = 2, prefix: str = "w",
+                 pad: int = 0, consumer: bool = True) -> None:
         self.hosts = hosts
         self.history = history
         self.stopping = threading.Event()
         self.counter = itertools.count()
         self.prefix = prefix
+        self.padding = "." * pad
         self.threads = [threading.Thread(target=self._produce, daemon=True) for _ in range(producers)]
-        self.threads.append(threading.Thread(target=self._consume, daemon=True))
+        if consumer:
+            self.threads.append(threading.Thread(target=self._consume, daemon=True))
 
     def start(self) -> "Workload":
         for t in self.threads:
@@ -68,7 +78,7 @@ class Workload:
             while not self.stopping.is_set():
                 n = next(self.counter)
                 queue = AT_MOST_ONCE if n % 3 == 0 else AT_LEAST_ONCE
-                data = f"{self.prefix}{n}"
+                data = f"{self.prefix}{n}{self.padding}"
                 with h.lock:
                     h.attempted.add(data)
                 try:
