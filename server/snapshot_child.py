@@ -8,7 +8,7 @@ from __future__ import annotations
 import gc
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from queue_server.replication.snapshot import write_part
 from queue_server.server.child import die_with_parent
@@ -22,16 +22,20 @@ def part_name(index: int) -> str:
 
 
 def fork_writer(service: PartitionService, tmp: str, index: int,
-                before_write: Callable[[], None] = lambda: None) -> int:
+                before_write: Callable[[], None] = lambda: None, close: Sequence[int] = ()) -> int:
     """Fork a child that writes `service`'s queues as part `index` into directory `tmp`; the
     child's pid. The child exits 0 once the part is written and fsync'd; when it could not be,
     with the errno of the failure (ENOSPC, ...: see exit_reason), or 1; a signal (the worker
-    died, SIGTERM) ends it unfinished. before_write runs in the child first (tests)."""
+    died, SIGTERM) ends it unfinished. close: descriptors the child closes first, the locks of
+    the worker's folders (a child that outlives its worker for a moment must not make a
+    restarted node find them in use). before_write runs in the child next (tests)."""
     pid = os.fork()
     if pid:
         return pid
     status = 1
     try:
+        for fd in close:
+            os.close(fd)
         gc.disable()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the worker's handler would run its exit code
         signal.signal(signal.SIGINT, signal.SIG_DFL)

@@ -380,11 +380,16 @@ class Worker:
             if hold:
                 self.out_held, self.hold_cut = [], cut_id
             return
-        pid = fork_writer(service, tmp, self.index)
+        pid = fork_writer(service, tmp, self.index, close=self._locks())
         self.writer = (pid, cut_id, tmp)
         self.send(ipc_frames.snapped_frames(epoch, cut_id, self.index))
         if hold:
             self.out_held, self.hold_cut = [], cut_id
+
+    def _locks(self) -> list[int]:
+        """The descriptors holding this worker's overflow folders' locks."""
+        return [s.overflow.files.lock for s in self.services.values()
+                if s.overflow is not None and isinstance(s.overflow.files, DiskSegments)]
 
     def release(self) -> None:
         """End the hold of a cut: send what it kept, in order."""

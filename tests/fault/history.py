@@ -22,7 +22,14 @@ class History:
         self.attempted: set[str] = set()
         self.acked: dict[str, set[str]] = {AT_LEAST_ONCE: set(), AT_MOST_ONCE: set()}
         self.delivered: dict[str, list[str]] = {AT_LEAST_ONCE: [], AT_MOST_ONCE: []}
-        self.errors: Counter = Counter()
+        self.errors: Counter = Counter()  # the client errors seen, by the start of their reason
+        self.error_texts: list[str] = []  # the first few in full, with when they came
+
+    def error(self, exc: QueueError) -> None:
+        """Count a client error (the caller holds the lock)."""
+        self.errors[exc.reason.split(":")[0]] += 1
+        if len(self.error_texts) < 10:
+            self.error_texts.append(f"{time.strftime('%H:%M:%S')}.{int(time.time() * 1000) % 1000:03d} {exc.reason}")
 
     def acked_count(self) -> int:
         with self.lock:
@@ -85,7 +92,7 @@ class Workload:
                     client.produce(queue, data, retry=0 if queue == AT_MOST_ONCE else 1)
                 except QueueError as exc:
                     with h.lock:
-                        h.errors[exc.reason.split(":")[0]] += 1
+                        h.error(exc)
                     time.sleep(0.01)
                     continue
                 with h.lock:
@@ -112,7 +119,7 @@ def consume_one(client: QueueClient, queue: str, history: History) -> bool:
         m = client.consume(queue)
     except QueueError as exc:
         with history.lock:
-            history.errors[exc.reason.split(":")[0]] += 1
+            history.error(exc)
         return False
     if m is None:
         return False

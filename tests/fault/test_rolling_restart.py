@@ -71,7 +71,8 @@ def test_rolling_restart_loses_nothing_and_clients_see_no_error(tmp_path, monkey
               f"{sum(len(v) for v in history.delivered.values())}; hand-offs (from, to, ms): {handoffs}; "
               f"retried by the clients: {dict(retried)}; errors: {dict(history.errors)}")
         history.check()
-        assert not history.errors, f"clients saw errors: {dict(history.errors)}\n{_roles(cluster)}"
+        assert not history.errors, (f"clients saw errors: {dict(history.errors)}\n"
+                                    + "\n".join(history.error_texts) + f"\n{_roles(cluster)}")
         assert handoffs, "no node was leading when it got SIGTERM"
     finally:
         for w in workloads:

@@ -13,10 +13,12 @@ from prometheus_client import CollectorRegistry
 
 from queue_server.protocol import ipc_frames, replies
 from queue_server.server.metrics import WorkerMetrics
+from queue_server.server.overflow_files import DiskSegments
 from queue_server.protocol.origin import Origin
 from queue_server.workers.body_budget import BodyBudget
 from queue_server.workers.overflow import Overflow
 from queue_server.workers.service import PartitionService
+from queue_server.replication import datadir
 from queue_server.replication.snapshot import iter_frames, write_part
 from queue_server.server.snapshot_child import fork_writer
 from queue_server.server.worker import Worker
@@ -376,6 +378,36 @@ def test_a_killed_writer_gives_part_done_not_ok(worker, tmp_path, monkeypatch):
     wait_for(lambda: worker.reap() or worker.writer is None, 10, "the writer's end")
     assert ipc_frames.read_part_done(worker.coordinator.sent[-1]) == (
         3, 0, False, {"error": "its writer was killed by signal 9"})
+
+
+def test_a_writer_does_not_hold_the_overflow_folder_s_lock(tmp_path, monkeypatch):
+    """A forked writer can outlive its worker for a moment (it dies of the SIGTERM the worker's
+    death sends it, at SCHED_IDLE): it must not keep the folder's flock, or a node restarted at
+    once finds its overflow_dir in use."""
+    import queue_server.server.worker as worker_module
+    where = str(tmp_path / "worker-0")
+    files = DiskSegments(where)
+    service = PartitionService(1, 1000, {}, max_wait=30, overflow=Overflow(BodyBudget(0), files))
+    w = Worker({0: service}, None, Pipe(), Log(), 0, metrics=WorkerMetrics(CollectorRegistry()))
+    started_r, started_w = os.pipe()
+
+    def stalled(*args, **kwargs):  # the child says it started, then waits to be killed
+        return fork_writer(*args, **kwargs, before_write=lambda: (os.write(started_w, b"!"), time.sleep(60)))
+
+    monkeypatch.setattr(worker_module, "fork_writer", stalled)
+    w.dispatch(mode(True, 1), NOW)
+    w.dispatch(req([(5, 1, produce("q", "a"))], 1), NOW)
+    w.dispatch(ipc_frames.snap_frames(1, 3, str(tmp_path / "tmp-cut-3"), False), NOW)
+    os.read(started_r, 1)
+    try:
+        assert datadir.holder(where) == str(os.getpid())
+        files.close()  # the worker is gone; its writer lives on
+        assert datadir.holder(where) is None
+    finally:
+        os.kill(w.writer[0], signal.SIGKILL)
+        wait_for(lambda: w.reap() or w.writer is None, 10, "the writer's end")
+        os.close(started_r)
+        os.close(started_w)
 
 
 def test_a_graceful_stop_lets_the_writer_finish_unless_the_cut_still_holds(worker, tmp_path, monkeypatch):
