@@ -360,14 +360,21 @@ def test_a_mode_change_ends_the_hold_and_a_follower_s_snap_holds_nothing(worker,
     assert _kinds(worker)[-3:] == [ipc_frames.PART_DONE, ipc_frames.SNAPPED, ipc_frames.PART_DONE]
 
 
-def test_a_killed_writer_gives_part_done_not_ok(worker, tmp_path, monkeypatch):
+def _stalled_writers(monkeypatch) -> tuple[int, int]:
+    """Make the worker's writers say they started (a byte on the pipe returned: its read end,
+    its write end), then wait to be killed."""
     import queue_server.server.worker as worker_module
     started_r, started_w = os.pipe()
 
-    def stalled(*args, **kwargs):  # the child says it started, then waits to be killed
+    def stalled(*args, **kwargs):
         return fork_writer(*args, **kwargs, before_write=lambda: (os.write(started_w, b"!"), time.sleep(60)))
 
     monkeypatch.setattr(worker_module, "fork_writer", stalled)
+    return started_r, started_w
+
+
+def test_a_killed_writer_gives_part_done_not_ok(worker, tmp_path, monkeypatch):
+    started_r, started_w = _stalled_writers(monkeypatch)
     worker.dispatch(mode(True, 1), NOW)
     worker.dispatch(req([(5, 1, produce("q", "a"))], 1), NOW)
     worker.dispatch(ipc_frames.snap_frames(1, 3, str(tmp_path / "tmp-cut-3"), False), NOW)
@@ -384,17 +391,11 @@ def test_a_writer_does_not_hold_the_overflow_folder_s_lock(tmp_path, monkeypatch
     """A forked writer can outlive its worker for a moment (it dies of the SIGTERM the worker's
     death sends it, at SCHED_IDLE): it must not keep the folder's flock, or a node restarted at
     once finds its overflow_dir in use."""
-    import queue_server.server.worker as worker_module
     where = str(tmp_path / "worker-0")
     files = DiskSegments(where)
     service = PartitionService(1, 1000, {}, max_wait=30, overflow=Overflow(BodyBudget(0), files))
     w = Worker({0: service}, None, Pipe(), Log(), 0, metrics=WorkerMetrics(CollectorRegistry()))
-    started_r, started_w = os.pipe()
-
-    def stalled(*args, **kwargs):  # the child says it started, then waits to be killed
-        return fork_writer(*args, **kwargs, before_write=lambda: (os.write(started_w, b"!"), time.sleep(60)))
-
-    monkeypatch.setattr(worker_module, "fork_writer", stalled)
+    started_r, started_w = _stalled_writers(monkeypatch)
     w.dispatch(mode(True, 1), NOW)
     w.dispatch(req([(5, 1, produce("q", "a"))], 1), NOW)
     w.dispatch(ipc_frames.snap_frames(1, 3, str(tmp_path / "tmp-cut-3"), False), NOW)
