@@ -7,6 +7,7 @@ import itertools
 import threading
 import time
 from collections import Counter
+from datetime import datetime
 
 from queue_server.client import QueueClient, QueueError
 
@@ -29,7 +30,7 @@ class History:
         """Count a client error (the caller holds the lock)."""
         self.errors[exc.reason.split(":")[0]] += 1
         if len(self.error_texts) < 10:
-            self.error_texts.append(f"{time.strftime('%H:%M:%S')}.{int(time.time() * 1000) % 1000:03d} {exc.reason}")
+            self.error_texts.append(f"{datetime.now():%H:%M:%S.%f} {exc.reason}")
 
     def acked_count(self) -> int:
         with self.lock:
