@@ -382,13 +382,20 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
 
     async def _send(self, req: dict[str, Any]) -> dict[str, Any]:
         """Send `req` as it is: its reply if code is 0, else QueueError."""
-        f = Failover(self._route, req, self.timeout, self.follow_redirects, self.max_redirects)
+        loop = asyncio.get_running_loop()
+        f = Failover(self._route, req, self.timeout, self.follow_redirects, self.max_redirects,
+                     patience=self.timeout, now=loop.time())
         payload = None if self._udp else p.encode(req)
         gen = self._close_gen
         while True:
-            attempt = f.next()
+            attempt = f.next(loop.time())
             if isinstance(attempt, QueueError):
                 raise attempt
+            if type(attempt) is float:  # the cluster is between two leaders: round again
+                await asyncio.sleep(attempt)
+                if gen != self._close_gen:
+                    raise QueueError(p.CODE_ERROR, "client closed") from None
+                continue
             if attempt.drop:
                 self._drop_connections(abort=attempt.drop is Drop.CLOSE)
             addr, epoch = attempt.addr, attempt.epoch

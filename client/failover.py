@@ -113,6 +113,11 @@ class Attempt:
 # How many times one call sends its request again to a host that refused it unapplied because
 # its mode changed (a hand-off, a new leader): it knows by then where the request goes.
 MAX_RESENDS = 3
+# When every host failed and one of them refused the request unapplied (no leader, leadership
+# changed: an election is under way), the call pauses and tries the hosts again, the pause
+# doubling from ROUND_PAUSE up to ROUND_PAUSE_MAX, for as long as its patience lasts.
+ROUND_PAUSE = 0.05
+ROUND_PAUSE_MAX = 0.4
 
 
 class Failover:
@@ -122,8 +127,11 @@ class Failover:
     node's mode changed) is sent again, and so is one of unknown outcome (p.UNKNOWN_OUTCOME: the
     leader changed or did not answer) for a produce with producer and sequence (sending it again
     stores it once): to the same host, up to MAX_RESENDS times, when that host has learnt who
-    leads since (p.resend_here), else to the next host. When every host failed: QueueTimeout if
-    the last one timed out, else NoServerAvailable, naming each host's failure.
+    leads since (p.resend_here), else to the next host. When every host failed and one of them
+    refused it so (the cluster is between two leaders), the call pauses and goes round the
+    hosts again, until `patience` seconds have passed since `now` at its start (0: never).
+    When every host failed: QueueTimeout if the last one timed out, else NoServerAvailable,
+    naming each host's failure in the last round.
     """
 
     def __init__(
@@ -133,6 +141,9 @@ class Failover:
         timeout: float,
         follow_redirects: bool = True,
         max_redirects: int = 3,
+        *,
+        patience: float = 0.0,
+        now: float = 0.0,
     ) -> None:
         self.route = route
         self.req = req
@@ -147,12 +158,23 @@ class Failover:
         self._errors: list[str] = []
         self._timed_out = False
         self._drop = Drop.KEEP
+        self._give_up_at = now + patience
+        self._pause = ROUND_PAUSE
+        self._between_leaders = False  # a host of this round refused the request unapplied
 
-    def next(self) -> Attempt | QueueError:
-        """The host to send to now, or the error to give up with (every host failed)."""
+    def next(self, now: float = 0.0) -> Attempt | QueueError | float:
+        """The host to send to now; or the seconds to pause before calling again (every host
+        failed this round, one because the cluster is between two leaders, and the patience
+        lasts); or the error to give up with (every host failed)."""
         route = self.route
         if self._failed and route.host_set <= self._failed:
-            return self._unavailable()
+            if not self._between_leaders or now + self._pause > self._give_up_at:
+                return self._unavailable()
+            pause, self._pause = self._pause, min(self._pause * 2, ROUND_PAUSE_MAX)
+            self._failed.clear()
+            self._errors.clear()
+            self._between_leaders = self._timed_out = False
+            return pause
         while route.address in self._failed:  # it failed this call already: skip it
             route.advance(route.epoch)
             self._drop = max(self._drop, Drop.FINISH)  # others may still use it: let their replies come
@@ -180,6 +202,7 @@ class Failover:
             return AGAIN
         if len(self.route.host_set) < 2:
             return error
+        self._between_leaders = True
         return self._host_failed(attempt, error, timed_out=False)
 
     def failed(self, attempt: Attempt, exc: BaseException) -> Verdict:

@@ -38,7 +38,8 @@ class QueueClient(ClientSettings, BlockingActions):
 
     Use it from one thread at a time (give each thread its own client). It keeps one connection
     to the current host; on a connect error, closed connection or timeout it tries the next host
-    (each host at most once per call) and raises NoServerAvailable or QueueTimeout when all
+    (each host at most once per round; a call goes round again while the cluster is between two
+    leaders, for up to `timeout` seconds) and raises NoServerAvailable or QueueTimeout when all
     failed. A request retried after a timeout or lost connection may have been carried out
     already; a produce is stored once all the same, since every produce carries this client's
     (producer, sequence) and the queue remembers the last 10,000 of them (idempotent=False
@@ -65,12 +66,16 @@ class QueueClient(ClientSettings, BlockingActions):
 
     def request(self, req: dict[str, Any]) -> dict[str, Any]:
         """Send one request; its reply if code is 0, else QueueError (redirects are followed)."""
-        f = Failover(self._route, req, self.timeout, self.follow_redirects, self.max_redirects)
+        f = Failover(self._route, req, self.timeout, self.follow_redirects, self.max_redirects,
+                     patience=self.timeout, now=time.monotonic())
         payload = None if self._udp else p.encode(req)
         while True:
-            attempt = f.next()
+            attempt = f.next(time.monotonic())
             if isinstance(attempt, QueueError):
                 raise attempt
+            if type(attempt) is float:  # the cluster is between two leaders: round again
+                time.sleep(attempt)
+                continue
             try:
                 if payload is None:
                     reply = self._udp_roundtrip(attempt.addr, req, f.timeout)

@@ -7,7 +7,8 @@ from queue_server.client.errors import NoServerAvailable, QueueError, QueueTimeo
 from queue_server.client.protocol import PRODUCE as PRODUCE_ACTION
 from queue_server.protocol import vocabulary as v
 from queue_server.protocol.vocabulary import LEADER_CHANGED
-from queue_server.client.failover import AGAIN, DONE, MAX_RESENDS, NEXT, Attempt, Drop, Failover, Lost, Reconnect, Route
+from queue_server.client.failover import (AGAIN, DONE, MAX_RESENDS, NEXT, ROUND_PAUSE, ROUND_PAUSE_MAX, Attempt, Drop,
+                                          Failover, Lost, Reconnect, Route)
 
 A, B, C = ("a", 1), ("b", 2), ("c", 3)
 PRODUCE = {"action": PRODUCE_ACTION, "queue": "q", "data": "x", "producer": "p", "sequence": 7}
@@ -158,6 +159,66 @@ def test_every_host_failing_names_each_failure():
     assert err.reason == ("no server available: a:1: ConnectionRefusedError: [Errno 111] refused; "
                           "b:2: connection closed by the server; c:3: QueueError: [-1] no leader")
     assert f.route.address == C  # the last host stays current: the next call starts there
+
+
+NO_LEADER = {"code": -1, "reason": "no leader"}
+
+
+def _fail_round(f: Failover, now: float) -> list:
+    """Every host of f's route fails once: the first connection refused, the others "no leader"."""
+    tried = []
+    first = f.next(now)
+    assert isinstance(first, Attempt), first
+    tried.append(first.addr)
+    assert f.failed(first, ConnectionRefusedError(111, "refused")) is NEXT
+    for _ in range(len(f.route.hosts) - 1):
+        a = f.next(now)
+        assert isinstance(a, Attempt), a
+        tried.append(a.addr)
+        assert f.replied(a, NO_LEADER) is NEXT
+    return tried
+
+
+def test_between_two_leaders_a_call_pauses_and_goes_round_the_hosts_again():
+    f = Failover(Route([A, B, C]), {"action": 103, "queue": "q"}, 5.0, patience=5.0, now=100.0)
+    assert sorted(_fail_round(f, 100.0)) == [A, B, C]
+    assert f.next(100.1) == ROUND_PAUSE
+    again = f.next(100.2)  # a new round: every host may be tried once more
+    assert isinstance(again, Attempt) and again.addr == C  # from where the route is
+    assert f.replied(again, {"code": 0}) is DONE
+
+
+def test_the_pauses_grow_and_the_call_gives_up_when_its_patience_is_spent():
+    f = Failover(Route([A, B]), {"action": 103, "queue": "q"}, 5.0, patience=1.0, now=0.0)
+    pauses, now = [], 0.0
+    while True:
+        _fail_round(f, now)
+        step = f.next(now)
+        if not isinstance(step, float):
+            break
+        pauses.append(step)
+        now += step
+    assert pauses == [ROUND_PAUSE, 2 * ROUND_PAUSE, 4 * ROUND_PAUSE, ROUND_PAUSE_MAX][:len(pauses)]
+    assert sum(pauses) <= 1.0 < sum(pauses) + ROUND_PAUSE_MAX
+    assert isinstance(step, NoServerAvailable)
+    # the last round's failures, each host once
+    assert step.reason.count("a:1") == 1 and step.reason.count("b:2") == 1
+
+
+def test_no_round_again_when_no_host_answered_or_without_patience():
+    f = Failover(Route([A, B]), {"action": 103, "queue": "q"}, 5.0, patience=5.0, now=0.0)
+    assert f.failed(f.next(0.0), ConnectionRefusedError(111, "refused")) is NEXT
+    assert f.failed(f.next(0.0), TimeoutError("timed out")) is NEXT
+    assert isinstance(f.next(0.0), QueueTimeout)  # hosts down or silent: no election to wait out
+    f = Failover(Route([A, B]), {"action": 103, "queue": "q"}, 5.0)
+    _fail_round(f, 0.0)
+    assert isinstance(f.next(0.0), NoServerAvailable)
+
+
+def test_a_round_again_does_not_apply_to_errors_that_are_the_answer():
+    f = Failover(Route([A, B]), {"action": 103, "queue": "q"}, 5.0, patience=5.0, now=0.0)
+    err = f.replied(f.next(0.0), {"code": -1, "reason": "queue: not found"})
+    assert isinstance(err, QueueError)
 
 
 def test_a_timeout_on_the_last_host_tried_is_a_timeout():
