@@ -503,11 +503,20 @@ class Acceptor(Dispatch):
             try:
                 await asyncio.wait_for(self.drained.wait(), grace)
             except asyncio.TimeoutError:
-                self.log.warning("%d connections still owed replies after %g s: closing them",
-                                 len(self.conns), grace)
+                self.log.warning("%d connections still owed replies after %g s: closing them (%s)",
+                                 len(self.conns), grace, "; ".join(self._owing(c) for c in self.conns.values()))
         self.log.info("drained")
         if self.serving is not None:
             self.serving.cancel()
+
+    def _owing(self, conn: Any) -> str:
+        """What a connection is still owed, for the log: the request whose reply holds up the
+        rest, and how many requests and replies stand behind it."""
+        if type(conn) is not Connection:
+            return f"HTTP request {conn.conn_id}"
+        return (f"connection {conn.conn_id} from {conn.peer}: request #{conn.next_out} of {conn.next_no} "
+                f"unanswered, {len(conn.waiting)} replies behind it, last read "
+                f"{self.loop.time() - conn.last_read:.1f} s ago")
 
     # ----------------------------------------------------------------- start
     async def serve(self) -> None:

@@ -64,3 +64,23 @@ def test_requests_read_before_sigterm_are_answered_and_stored(tmp_path):
             assert q.monitor("q")["size"] == acked  # every acknowledged produce was kept
     finally:
         restarted.stop()
+
+
+def test_a_reply_that_never_comes_holds_the_drain_for_shutdown_grace_and_the_log_names_it(tmp_path):
+    """A worker that does not answer (stopped here) holds its connection's replies: the drain
+    gives up after shutdown_grace and its log line says which request of which connection was
+    still unanswered, so that the cause can be found."""
+    node = NodeProcess(str(tmp_path), {"shutdown_grace": 1, "workers": 1}).start()
+    try:
+        conn = RawTcp(*node.address, timeout=20)
+        with node.child_stopped("worker"):
+            conn.send(b'{"action":1,"queue":"q","data":"a","seq":1}\n{"action":1,"queue":"q","data":"b","seq":2}\n')
+            node.signal(signal.SIGTERM)
+            wait_for(lambda: "still owed replies" in node.log(), 15, "the drain to give up")
+        assert node.proc.wait(15) is not None
+        line = next(x for x in node.log().splitlines() if "still owed replies" in x)
+        assert "1 connections still owed replies after 1 s" in line, line
+        assert "request #0 of 2 unanswered, 0 replies behind it" in line, line
+        conn.close()
+    finally:
+        node.stop()
