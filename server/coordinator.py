@@ -15,7 +15,7 @@ import zmq
 from queue_server.config.loader import NodeConfig
 from queue_server.replication import group_marker, wire
 from queue_server.replication.datadir import DamagedVoteState, DataDirLocked
-from queue_server.replication.messages import ReadLog, SnapshotAck
+from queue_server.replication.messages import ForwardReply, ReadLog, SnapshotAck
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog
 from queue_server.server import batching, ipc, peer_keys
@@ -405,6 +405,11 @@ class Coordinator:
                         link.send(part)
                     except zmq.Again:  # not connected yet, or too far behind
                         unsent.extend(part_msgs)
+                        lost = sum(len(m.replies) for m in part_msgs if type(m) is ForwardReply)
+                        if lost:
+                            self.log.warning("could not send node %d the replies to %d requests it forwarded (not "
+                                             "connected, or too far behind): they time out there, and the messages "
+                                             "of consumes among them are given back", target, lost)
         node.advance(ready, durable_trans_id=durable, log_stored=log_stored)
         if self.recovery is not None:
             self._log_recovery()
