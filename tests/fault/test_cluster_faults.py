@@ -6,12 +6,14 @@ from __future__ import annotations
 import os
 import re
 import signal
+import threading
 import time
 import urllib.request
 
 import pytest
 
-from queue_server.client import QueueClient
+from queue_server.client import QueueClient, QueueError
+from queue_server.client import protocol as client_protocol
 from queue_server.server.forwarding import FORWARD_GRACE
 from tests.fault.history import History, Workload, drain
 from tests.harness import Cluster, RawTcp, alive, can_connect, free_port, wait_for
@@ -256,6 +258,53 @@ def test_no_majority_answers_no_leader(cluster):
             assert r["code"] == -1 and r["reason"] == "no leader", r
     finally:
         conn.close()
+
+
+def test_a_client_call_waits_out_a_cluster_with_no_leader_within_its_timeout(cluster, monkeypatch):
+    """While no node knows a leader (here two of three are down), a call is not failed as soon as
+    every node has refused it: the client pauses and goes round the nodes again, within its
+    timeout, and the call succeeds once a leader is elected (a node comes back meanwhile)."""
+    refusals: list[str] = []
+    retry_elsewhere = client_protocol.retry_elsewhere
+
+    def counting(req: dict, reply: dict) -> bool:
+        again = retry_elsewhere(req, reply)
+        if again:
+            refusals.append(str(reply.get("reason")))
+        return again
+
+    monkeypatch.setattr(client_protocol, "retry_elsewhere", counting)
+    c = cluster()
+    leader = c.wait_leader()
+    down = [i for i in c.nodes if i != leader]
+    for i in down:
+        c.nodes[i].stop()
+    conn = RawTcp(*c.nodes[leader].address)
+    try:
+        wait_for(lambda: conn.call({"action": 1, "queue": "q", "data": "x"}).get("reason") == "no leader", 10,
+                 "the lone node to know no leader")
+    finally:
+        conn.close()
+    outcome: dict = {}
+
+    def call() -> None:
+        with QueueClient(c.hosts, timeout=30.0) as q:
+            try:
+                outcome["msg_id"] = q.produce("q", "waited")
+            except QueueError as exc:
+                outcome["error"] = exc
+
+    caller = threading.Thread(target=call)
+    caller.start()
+    try:
+        wait_for(lambda: refusals.count("no leader") >= 2 or outcome, 10, "the call to be refused twice")
+        assert not outcome, outcome  # every node refused or was down, and the call goes on
+        c.nodes[down[0]].start()
+    finally:
+        caller.join(60)
+    assert "msg_id" in outcome, outcome
+    with QueueClient(c.hosts) as q:
+        assert q.consume("q").data == "waited"
 
 
 def test_redirect_when_forwarding_is_off(cluster):
