@@ -52,6 +52,7 @@ class Coordinator:
         self.stop_asked = False
         self.stop_by: float | None = None  # after SIGTERM: until when a running cut may finish
         self.handoff_started: float | None = None
+        self.handoff_target: int | None = None  # the node the hand-off was last said to go to
         self.log = log
         self.storage = storage
         started = time.monotonic()
@@ -280,10 +281,16 @@ class Coordinator:
         if self.handoff_started is None:
             self.handoff_started = now
             if node.begin_handoff(now, self.config.shutdown_grace / 2):
-                self.log.info("stopping: handing leadership to node %d", node.election.transfer_target)
+                self.handoff_target = node.election.transfer_target
+                self.log.info("stopping: handing leadership to node %d", self.handoff_target)
                 self.flush()
                 return
         elif node.handing_off(now):
+            target = node.election.transfer_target
+            if target is not None and target != self.handoff_target:
+                self.log.info("stopping: node %s did not answer for an election timeout; handing leadership to "
+                              "node %d instead", self.handoff_target, target)
+                self.handoff_target = target
             return
         elif node.leader is not None:
             self.log.warning("stopping: no follower took over within %.1f s; leading until the end",

@@ -3,7 +3,8 @@ fails (its target is stopped, so TimeoutNow never makes it campaign, and it is n
 within the hand-off's time) keeps the long polls and subscriptions parked on the leader, which
 goes on leading and serves them; and an at-most-once message whose reply could not be delivered
 is restored by the node that leads when it is given back, not only by the one that delivered
-it."""
+it. A hand-off whose target does not answer goes to the other follower.
+"""
 from __future__ import annotations
 
 import os
@@ -53,6 +54,28 @@ def test_a_hand_off_that_fails_keeps_parked_long_polls_and_subscriptions(tmp_pat
             assert cluster.role(leader) == "leader"
         poll.close()
         sub.close()
+    finally:
+        cluster.stop()
+
+
+def test_a_hand_off_whose_target_does_not_answer_goes_to_the_other_follower(tmp_path):
+    """The follower picked for a hand-off is stopped: after an election timeout the leader picks
+    the other one, says so in its log, and that one leads."""
+    cluster = Cluster(str(tmp_path), shutdown_grace=6.0)
+    try:
+        cluster.start()
+        leader = cluster.wait_serving(60)
+        node = cluster.nodes[leader]
+        target = min(i for i in cluster.nodes if i != leader)
+        other = max(i for i in cluster.nodes if i != leader)
+        cluster.wait_level(leader)
+        with cluster.nodes[target].child_stopped("coordinator"):
+            os.kill(node.child_pid("coordinator"), signal.SIGUSR1)
+            wait_for(lambda: f"handing leadership to node {target}" in node.log(), 10, "the hand-off to start")
+            wait_for(lambda: f"stopping: node {other} leads now" in node.log(), 10, "the other follower to lead")
+            assert (f"node {target} did not answer for an election timeout; handing leadership to node {other} "
+                    "instead") in node.log()
+            wait_for(lambda: cluster.role(other) == "leader", 10, f"node {other} to lead")
     finally:
         cluster.stop()
 
