@@ -302,6 +302,7 @@ class Coordinator:
             self.log.info("stopping: node %s leads now (hand-off took %.0f ms)", node.election.leader_id,
                           (now - self.handoff_started) * 1000)
         self.handoff_asked = False
+        self.handoff_started = self.handoff_target = None  # another SIGUSR1 hands over afresh
         with open(os.path.join(self.run_dir, HANDOFF_DONE), "w"):
             pass
 
