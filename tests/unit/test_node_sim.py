@@ -23,6 +23,9 @@ Checked on every seed:
 * nothing is delivered that was never produced;
 * every acknowledged produce of an at-least-once message is delivered (after the faults heal,
   the consumers drain the queues);
+* every request a node took gets exactly one reply, however late (a long poll of a connection
+  that closed may be dropped); a message to a node that is down fails to send at once, as
+  ZeroMQ's does, and the sender handles it as unsent;
 * every node commits the same entry at each trans_id;
 * after every MODE that undid records, the worker holds exactly the committed log replayed (an
   oracle the test keeps) plus the node's log up to the MODE's trans_id;
@@ -61,6 +64,7 @@ from queue_server.server.cluster import ClusterNode
 from queue_server.server import batching
 from queue_server.server.metrics import WorkerMetrics
 from queue_server.server.dispatch import TO_COORDINATOR, Dispatch
+from queue_server.server.forwarding import FORWARD_GRACE
 from queue_server.server.snapshot_child import write_part_inline
 from queue_server.server.snapshots import Clear, Publish
 from queue_server.server.transfers import Transfers
@@ -128,6 +132,12 @@ class SimAcceptor(Dispatch):
                           {"leader_node_id": node.node_id, "leader_host": cfg.host, "leader_port": cfg.port})
         self.conns: dict[int, "SimClient"] = {}
         self.next_conn = 1
+        # Requests taken and not yet answered, (conn, req_no) -> (when, request): each must get
+        # exactly one reply, whether its client is still there or not; but a long poll of a
+        # connection that closed may be dropped unanswered (PartitionService.cancel), and moves to
+        # `dropped` then.
+        self.owed: dict[tuple[int, int], tuple[float, dict]] = {}
+        self.dropped: set[tuple[int, int]] = set()
 
     def connect(self, client: "SimClient") -> int:
         conn = self.next_conn
@@ -136,12 +146,17 @@ class SimAcceptor(Dispatch):
         return conn
 
     def close(self, conn: int) -> None:
+        polls = [key for key, (_, req) in self.owed.items() if key[0] == conn and req.get("wait")]
+        for key in polls:
+            del self.owed[key]
+        self.dropped.update(polls)
         if self.conns.pop(conn, None) is not None:
             for i in range(self.node.config.workers):
                 self.node.pipe(ACCEPTOR, _worker_proc(i), ipc_frames.close_frames(conn))
 
     def on_request(self, conn: int, req_no: int, value: dict) -> None:
         if conn in self.conns:
+            self.owed[(conn, req_no)] = (self.node.sim.now, value)
             self.submit(Origin(conn), req_no, value)
 
     def schedule_requests(self) -> None:
@@ -154,6 +169,11 @@ class SimAcceptor(Dispatch):
         self.deliver(origin, req_no, orjson.dumps(reply))
 
     def deliver(self, origin: Origin, req_no: int, data: bytes) -> None:
+        key = (origin.conn, req_no)
+        if self.owed.pop(key, None) is None and key not in self.dropped:
+            raise Violation(f"node {self.node.node_id}: a reply to request {req_no} of connection {origin.conn}, "
+                            f"which was not owed one (a second reply?): {data[:200]!r}")
+        self.dropped.discard(key)
         client = self.conns.get(origin.conn)
         if client is None:
             given = sp.delivered(orjson.loads(data))
@@ -417,6 +437,12 @@ class SimNode:
             self.cn.tick(now)
         self.coord_flush()
 
+    def unsent(self, msgs: list) -> None:
+        """server/coordinator.py flush: the messages whose send failed, after advance."""
+        for msg in msgs:
+            self.sim.unsent += 1
+            self.cn.on_unsent(msg, self.sim.now)
+
     def coord_flush(self) -> None:
         """server/coordinator.py flush: each Ready's log and vote to 'disk', then everything it
         holds sent, then advance, until the node has nothing more."""
@@ -440,6 +466,7 @@ class SimNode:
                 self.pipe(COORD, _worker_proc(index), message)
             for message in batching.for_acceptor(ready.to_acceptor):
                 self.pipe(COORD, ACCEPTOR, message)
+            unsent = []
             for target, msg in ready.peer_messages(stored, True):
                 if not chunks_written and type(msg) is SnapshotAck:
                     continue
@@ -447,13 +474,18 @@ class SimNode:
                 if filled is None:  # unreadable: its transfers start again from the newest snapshot
                     sim.unreadable_chunks += 1
                     continue
+                if sim.nodes.get(target) is None:  # down: the link's send fails at once (zmq.Again)
+                    unsent.append(msg)
+                    continue
                 data = wire.encode(filled, "127.0.0.1", self.config.port, self.config.node_type, self.config.http_port)
                 self.sim.net(self.node_id, target, data, forward=type(msg) is Forward)
             if not stored:
                 sim.disk_refusals += 1
                 cn.advance(ready, log_stored=False)
+                self.unsent(unsent)
                 break
             cn.advance(ready, durable_trans_id=ready.log_through)
+            self.unsent(unsent)
             for staged in ready.staged:
                 self.transfers.install(staged, sim.now)
                 sim.installs += 1
@@ -511,7 +543,7 @@ class SimClient:
 
     def step(self) -> None:
         """The workload: the next call."""
-        if self.call is not None:
+        if self.call is not None or self.sim.settling:
             return
         sim = self.sim
         if self.kind == "producer":
@@ -658,6 +690,7 @@ class Sim:
         self.ipc_delay = self.rng.choice([0.00005, 0.0005, 0.002])
         self.stall = self.rng.choice([0.0, 0.01, 0.03])  # chance that a process stalls
         self.faults = True
+        self.settling = False  # the run is over: no new calls (settle)
         # history
         self.counter = 0
         self.attempted: set[str] = set()
@@ -669,6 +702,7 @@ class Sim:
         self.admin_done: Counter = Counter()  # successful admin client calls by action
         self.timeouts = 0
         self.undelivered = 0
+        self.unsent = 0  # peer messages to a node that was down (ClusterNode.on_unsent)
         self.leaders: dict[int, int] = {}
         self.handoffs = 0  # graceful stops of a leader
         self.rollbacks = 0  # MODEs that undid records in a worker
@@ -937,23 +971,47 @@ class Sim:
         self.at(CHAOS, self.heal)
         end = CHAOS + DRAIN_CAP
         while self.events:
-            t, _, node_id, incarnation, proc, fn = heapq.heappop(self.events)
+            t = self.events[0][0]
             if t > end:
                 break
-            self.now = t
             if t > CHAOS and t - max(self.progress_at, CHAOS) > STALL:
                 break
-            if node_id is not None:
-                node = self.nodes.get(node_id)
-                if node is None or node.incarnation != incarnation:
-                    continue
-                if proc in node.paused:
-                    node.backlog.setdefault(proc, []).append(fn)
-                    continue
-            fn()
+            self._next_event()
             if self.now > WRITES_UNTIL and self.drained() and self.converged() is None:
                 break
         self.check_end()
+        self.settle()
+
+    def _next_event(self) -> None:
+        t, _, node_id, incarnation, proc, fn = heapq.heappop(self.events)
+        self.now = t
+        if node_id is not None:
+            node = self.nodes.get(node_id)
+            if node is None or node.incarnation != incarnation:
+                return
+            if proc in node.paused:
+                node.backlog.setdefault(proc, []).append(fn)
+                return
+        fn()
+
+    def _owed(self) -> list[tuple[int, int, int, float, dict]]:
+        """Requests the live nodes took and have not answered: (node, conn, req_no, since, request)."""
+        return [(node.node_id, conn, req_no, since, req) for node in self.nodes.values() if node is not None
+                for (conn, req_no), (since, req) in node.acceptor.owed.items()]
+
+    def settle(self) -> None:
+        """After the checks: no new calls; time goes on until every live node has answered every
+        request it took, however late (a forward nobody answers fails after FORWARD_GRACE), and
+        one that is still unanswered then is a violation: every request gets exactly one reply."""
+        self.settling = True
+        end = self.now + FORWARD_GRACE + 1.0
+        while self.events and self.events[0][0] <= end and self._owed():
+            self._next_event()
+        unanswered = self._owed()
+        if unanswered:
+            node_id, conn, req_no, since, req = min(unanswered, key=lambda u: u[3])
+            raise Violation(f"{len(unanswered)} requests never answered, the oldest on node {node_id} since "
+                            f"t={since:.3f} (connection {conn}, request {req_no}): {req}")
 
     def converged(self) -> str | None:
         down = [i for i in self.members if self.nodes.get(i) is None]
@@ -1011,6 +1069,7 @@ def test_node_sim_makes_progress():
     assert len(sim.leaders) >= 2
     assert sim.rollbacks > 0 and sim.rollbacks_checked > 0
     assert sim.snapshots > 0 and sim.installs > 0  # worker-made snapshots published, and streamed to a follower
+    assert sim.unsent > 0  # messages to a node that was down, which the sender handled as unsent
     # every administration action was carried out at least once under the faults
     assert {sp.PAUSE, sp.RESUME, sp.PURGE, sp.DELETE_QUEUE, sp.DLQ_REPLAY, sp.PEEK, sp.LOCAL_PEEK} <= set(sim.admin_done)
 
