@@ -263,13 +263,14 @@ class ClusterNode:
         """When tick() next has something to do."""
         return min(g.wake_at() for g in self.groups.values())
 
-    def on_unsent(self, msg: object, now: float, group: int = 0) -> None:
-        """A message of `group` to a peer could not be sent (its link is not up yet, or is too
+    def on_unsent(self, msg: object, now: float, group: int = 0, to: int | None = None) -> None:
+        """A message of `group` to peer `to` could not be sent (its link is not up yet, or is too
         far behind). The election and replication resend what matters; forwarded client requests
-        are sent again every heartbeat until their leader answers or they time out; the messages
-        of a consume reply that cannot go back to its follower are given back."""
+        are sent again every heartbeat until their leader answers or they time out, and replies
+        to a follower's for a while (Forwarding.on_unsent); the messages of a consume reply that
+        cannot go back to its follower are then given back."""
         part = self.groups[group]
-        self.carry(part.forwarding.on_unsent(msg, now), part)
+        self.carry(part.forwarding.on_unsent(msg, now, to), part)
 
     def on_peer(self, msg: object, client: tuple[str, int], now: float, http_port: int = 0, group: int = 0) -> None:
         """A message from another node about queue `group`, with the client address (host, port)

@@ -15,7 +15,7 @@ import zmq
 from queue_server.config.loader import NodeConfig
 from queue_server.replication import group_marker, wire
 from queue_server.replication.datadir import DamagedVoteState, DataDirLocked
-from queue_server.replication.messages import ForwardReply, ReadLog, SnapshotAck
+from queue_server.replication.messages import ReadLog, SnapshotAck
 from queue_server.replication.storage import Storage, StorageError
 from queue_server.replication.wal import CorruptLog
 from queue_server.server import batching, ipc, peer_keys
@@ -23,6 +23,7 @@ from queue_server.protocol import ipc_frames
 from queue_server.server.child import HANDOFF_DONE, start
 from queue_server.protocol.roles import SERVING, Role
 from queue_server.server.cluster import ClusterNode
+from queue_server.server.forwarding import REPLY_RETRY
 from queue_server.server.metrics import CoordinatorMetrics
 from queue_server.server.peer_check import BAD_KEY, peer_rejection
 from queue_server.server.ready import Ready
@@ -412,17 +413,18 @@ class Coordinator:
                     try:
                         link.send(part)
                     except zmq.Again:  # not connected yet, or too far behind
-                        unsent.extend(part_msgs)
-                        lost = sum(len(m.replies) for m in part_msgs if type(m) is ForwardReply)
-                        if lost:
-                            self.log.warning("could not send node %d the replies to %d requests it forwarded (not "
-                                             "connected, or too far behind): they time out there, and the messages "
-                                             "of consumes among them are given back", target, lost)
+                        unsent.extend((target, m) for m in part_msgs)
         node.advance(ready, durable_trans_id=durable, log_stored=log_stored)
         if self.recovery is not None:
             self._log_recovery()
-        for msg in unsent:
-            node.on_unsent(msg, time.time())
+        if unsent:
+            lost = node.forwarding.replies_lost
+            for target, msg in unsent:
+                node.on_unsent(msg, time.time(), to=target)
+            if node.forwarding.replies_lost > lost:
+                self.log.warning("could not send another node the replies to %d requests it forwarded for %g s (not "
+                                 "connected, or too far behind): they time out there, and the messages of consumes "
+                                 "among them are given back", node.forwarding.replies_lost - lost, REPLY_RETRY)
         if storage is not None:
             for read in node.take_log_reads():
                 self.read_log(storage, read)

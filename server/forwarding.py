@@ -23,6 +23,11 @@ from queue_server.server.router import Router
 FORWARD_GRACE = 10.0
 # How many given-up forwards are remembered, so that a reply still on its way is given back.
 ABANDONED_KEPT = 65536
+# A leader's replies to another node's forwarded requests whose send failed (that node is not
+# connected: it restarts, or its link is being made again) are sent again every heartbeat for
+# this long; then the messages of the consumes among them are given back, and the follower
+# answers its clients when the forwards time out there (FORWARD_GRACE).
+REPLY_RETRY = 1.0
 _REFUSED = b'"code":-1'  # what every refusal's bytes hold: only those are decoded to read their reason
 _NEVER = float("inf")
 _DUMPS = orjson.dumps
@@ -86,11 +91,17 @@ class Forwarding:
         self.abandoned: OrderedDict[int, bool] = OrderedDict()
         # The replies made here rather than by a worker, by (action, code), until take_replied().
         self.replied: dict[tuple[Any, Any], int] = {}
+        # Replies to other nodes' forwarded requests whose send failed: (node, message, until),
+        # sent again every heartbeat until then; and those sent again in the last round, by id,
+        # so that one that fails again keeps its deadline.
+        self.replies_unsent: list[tuple[int, ForwardReply, float]] = []
+        self._resent_replies: dict[int, tuple[int, ForwardReply, float]] = {}
+        self.replies_lost = 0  # replies given up on so (counted, for the log)
 
     def wake_at(self) -> float:
         """When tick() next has something to do."""
         wake = self.due if self.forwards else _NEVER
-        return min(wake, self.resend_at) if self.unsent else wake
+        return min(wake, self.resend_at) if self.unsent or self.replies_unsent else wake
 
     # ----------------------------------------------------------------- a follower's side
     def on_requests(self, items: list, now: float, *, leading: bool, leader: int | None, vote_id: int,
@@ -149,20 +160,33 @@ class Forwarding:
         self.forwards[fid] = (where, req_no, now + grace, echo, raw, grace)
         self.on_unsent(Forward(vote_id, self.node_id, ((fid, raw, where.udp),)), now)
 
-    def on_unsent(self, msg: object, now: float) -> list:
-        """A message to a peer could not be sent: forwarded client requests are sent again every
-        heartbeat until their leader answers or they time out; the messages of a consume reply
-        that cannot go back to its follower (gone, or stopped) are given back here; other
+    def on_unsent(self, msg: object, now: float, to: int | None = None) -> list:
+        """A message to peer `to` could not be sent: forwarded client requests are sent again
+        every heartbeat until their leader answers or they time out; replies to a follower's
+        forwarded requests are sent again every heartbeat for REPLY_RETRY, then the messages of
+        the consumes among them are given back here (the follower is gone, or stopped); other
         messages are not ours."""
         kind = type(msg)
         if kind is Forward:
-            if not self.unsent:
-                self.resend_at = now + self.heartbeat
+            self._retry_at(now)
             self.unsent.append(msg)
         elif kind is ForwardReply:
+            node, resent, until = self._resent_replies.pop(id(msg), (to, msg, now + REPLY_RETRY))
+            if resent is not msg:  # (held below: no other message has its id meanwhile)
+                node, until = to, now + REPLY_RETRY
+            if node is not None and now < until:
+                self._retry_at(now)
+                self.replies_unsent.append((node, msg, until))
+                return []
+            self.replies_lost += len(msg.replies)
             given = (p.delivered(replies.decoded(reply)) for _, reply in msg.replies)
             return [Undeliver(*g) for g in given if g is not None]
         return []
+
+    def _retry_at(self, now: float) -> None:
+        """Something waits to be sent again: at the next heartbeat, unless a time is set."""
+        if not (self.unsent or self.replies_unsent):
+            self.resend_at = now + self.heartbeat
 
     def orphan(self, now: float) -> None:
         """The leader changed: requests forwarded to the old one wait an election timeout for its
@@ -185,8 +209,11 @@ class Forwarding:
     def tick(self, now: float, leader: int | None, vote_id: int) -> list:
         """Send again what could not be sent; fail forwards nobody answered in time."""
         actions: list = []
-        if self.unsent and now >= self.resend_at:
-            actions += self._resend(now, leader, vote_id)
+        if now >= self.resend_at:
+            if self.unsent:
+                actions += self._resend(now, leader, vote_id)
+            if self.replies_unsent:
+                actions += self._resend_replies()
         if self.forwards and now >= self.due:
             expired = [fid for fid, f in self.forwards.items() if f[2] <= now]
             orphaned = [fid for fid in expired if fid in self.orphaned]
@@ -215,6 +242,11 @@ class Forwarding:
             self.orphaned.discard(fid)
             routes += self.route(where, req_no, replies.decoded(raw))
         return routes
+
+    def _resend_replies(self) -> list:
+        pending, self.replies_unsent = self.replies_unsent, []
+        self._resent_replies = {id(msg): (node, msg, until) for node, msg, until in pending}
+        return [Send(node, msg) for node, msg, _ in pending]
 
     def _fail(self, fids: list[int], reason: str) -> list:
         failed = []

@@ -107,6 +107,6 @@ def test_a_send_a_peer_does_not_take_leaves_all_of_its_messages_unsent(tmp_path,
     coordinator.multipart = multipart
     coordinator.peers[2].connected = False
     unsent = []
-    monkeypatch.setattr(node, "on_unsent", lambda msg, now: unsent.append(type(msg)))
+    monkeypatch.setattr(node, "on_unsent", lambda msg, now, to=None: unsent.append(type(msg)))
     assert coordinator.carry_out(node.ready(), True)
     assert unsent == [Forward, HeartbeatAck]

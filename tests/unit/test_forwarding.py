@@ -11,7 +11,7 @@ from queue_server.protocol import ipc_frames, replies
 from queue_server.protocol import vocabulary as p
 from queue_server.protocol.origin import Origin
 from queue_server.replication.messages import Forward, ForwardReply
-from queue_server.server.forwarding import FORWARD_GRACE, Deliver, Forwarding, Undeliver, Work
+from queue_server.server.forwarding import FORWARD_GRACE, REPLY_RETRY, Deliver, Forwarding, Undeliver, Work
 from queue_server.server.router import SCATTER_ACTIONS, Router
 
 T0 = 1_000_000.0
@@ -278,6 +278,36 @@ def test_a_consume_reply_that_cannot_go_back_to_its_follower_gives_its_messages_
     both = ForwardReply(VOTE, LEADER, (reply.replies[0], _reply(8, {"action": p.PRODUCE, "code": 0}).replies[0]))
     assert fw.on_unsent(both, T0) == [Undeliver("q", [[5, 1]])]
     assert fw.unsent == []
+
+
+def test_a_reply_whose_send_failed_is_sent_again_to_its_node_every_heartbeat():
+    """The follower's link is down for a moment (it is being made again): the reply goes to it
+    once the link is back, and its consume's messages stay taken."""
+    fw = _forwarding(node_id=LEADER)
+    reply = _consumed(7)
+    assert fw.on_unsent(reply, T0, to=ME) == []
+    assert fw.wake_at() == T0 + HEARTBEAT
+    assert fw.tick(T0 + HEARTBEAT / 2, None, VOTE) == []
+    assert fw.tick(T0 + HEARTBEAT, None, VOTE) == [Send(ME, reply)]
+    assert fw.on_unsent(reply, T0 + HEARTBEAT, to=ME) == []  # still down
+    assert fw.tick(T0 + 2 * HEARTBEAT, None, VOTE) == [Send(ME, reply)]  # sent: nothing more
+    assert fw.tick(T0 + 3 * HEARTBEAT, None, VOTE) == [] and fw.wake_at() == float("inf")
+    assert fw.replies_lost == 0
+
+
+def test_a_reply_that_cannot_be_sent_for_reply_retry_gives_its_messages_back_once():
+    fw = _forwarding(node_id=LEADER)
+    reply = _consumed(7)
+    now = T0
+    assert fw.on_unsent(reply, now, to=ME) == []
+    given = []
+    while not given:
+        now = fw.wake_at()
+        assert now < T0 + REPLY_RETRY + HEARTBEAT  # the deadline is the first failure's, not renewed
+        assert fw.tick(now, None, VOTE) == [Send(ME, reply)]
+        given = fw.on_unsent(reply, now, to=ME)
+    assert given == [Undeliver("q", [[5, 1]])] and now >= T0 + REPLY_RETRY
+    assert fw.replies_lost == 1 and fw.replies_unsent == [] and fw.wake_at() == float("inf")
 
 
 # ----------------------------------------------------------------- the leader's side

@@ -439,9 +439,9 @@ class SimNode:
 
     def unsent(self, msgs: list) -> None:
         """server/coordinator.py flush: the messages whose send failed, after advance."""
-        for msg in msgs:
+        for target, msg in msgs:
             self.sim.unsent += 1
-            self.cn.on_unsent(msg, self.sim.now)
+            self.cn.on_unsent(msg, self.sim.now, to=target)
 
     def coord_flush(self) -> None:
         """server/coordinator.py flush: each Ready's log and vote to 'disk', then everything it
@@ -475,7 +475,7 @@ class SimNode:
                     sim.unreadable_chunks += 1
                     continue
                 if sim.nodes.get(target) is None:  # down: the link's send fails at once (zmq.Again)
-                    unsent.append(msg)
+                    unsent.append((target, msg))
                     continue
                 data = wire.encode(filled, "127.0.0.1", self.config.port, self.config.node_type, self.config.http_port)
                 self.sim.net(self.node_id, target, data, forward=type(msg) is Forward)
