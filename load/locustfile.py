@@ -20,6 +20,9 @@ The mix per user (weights): produce 8, consume then confirm 8, batch produce 2, 
 then confirm 2, long-poll consume then confirm 1 (TCP only; UDP answers a consume at once), monitor
 1. Consumers can take more than producers put in, so queues stay short and long polls really
 wait. Messages are produced with `retry` (default 30 s): a consume leases, the confirm deletes.
+Every produce carries the user's (producer, sequence), as QueueClient.produce numbers them, so a
+produce whose outcome a change of leader left unknown is sent again by the client and stored
+once, as for an application on the default client.
 
 Custom arguments (also in the web UI; a master passes them to its workers):
   --queues          comma-separated queue names used at random (default locust-0..locust-7)
@@ -139,6 +142,7 @@ class QueueUser(User):
             token=load_token(getattr(opts, "token_file", "")),
         )
         self.request_type = self.transport.upper()
+        self.numbering = p.ProducerSequence()  # what QueueClient.produce gives each produce
 
     def wait_time(self) -> float:
         return random.random() * self.think_time if self.think_time > 0 else 0.0
@@ -179,7 +183,9 @@ class QueueUser(User):
     # ------------------------------------------------------------------ the mix
     @task(8)
     def produce(self) -> None:
-        self.call("produce", p.produce_request(self.queue(), self.payload, retry=self.retry))
+        producer, sequence = self.numbering.next()
+        self.call("produce", p.produce_request(self.queue(), self.payload, retry=self.retry, producer=producer,
+                                               sequence=sequence))
 
     @task(8)
     def consume_confirm(self) -> None:
@@ -190,7 +196,9 @@ class QueueUser(User):
 
     @task(2)
     def produce_batch(self) -> None:
-        self.call("produce_batch", p.produce_request(self.queue(), [self.payload] * self.batch_size, retry=self.retry))
+        producer, sequence = self.numbering.next()
+        self.call("produce_batch", p.produce_request(self.queue(), [self.payload] * self.batch_size, retry=self.retry,
+                                                     producer=producer, sequence=sequence))
 
     @task(2)
     def consume_batch_confirm(self) -> None:
