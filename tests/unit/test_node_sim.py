@@ -136,7 +136,7 @@ class SimAcceptor(Dispatch):
         # exactly one reply, whether its client is still there or not; but a long poll of a
         # connection that closed may be dropped unanswered (PartitionService.cancel), and moves to
         # `dropped` then.
-        self.owed: dict[tuple[int, int], tuple[float, dict]] = {}
+        self.unanswered: dict[tuple[int, int], tuple[float, dict]] = {}
         self.dropped: set[tuple[int, int]] = set()
 
     def connect(self, client: "SimClient") -> int:
@@ -146,17 +146,18 @@ class SimAcceptor(Dispatch):
         return conn
 
     def close(self, conn: int) -> None:
-        polls = [key for key, (_, req) in self.owed.items() if key[0] == conn and req.get("wait")]
+        polls = [key for key, (_, req) in self.unanswered.items() if key[0] == conn and req.get("wait")]
         for key in polls:
-            del self.owed[key]
+            del self.unanswered[key]
         self.dropped.update(polls)
+        self.forget(conn)  # as server/acceptor.py unregister does
         if self.conns.pop(conn, None) is not None:
             for i in range(self.node.config.workers):
                 self.node.pipe(ACCEPTOR, _worker_proc(i), ipc_frames.close_frames(conn))
 
     def on_request(self, conn: int, req_no: int, value: dict) -> None:
         if conn in self.conns:
-            self.owed[(conn, req_no)] = (self.node.sim.now, value)
+            self.unanswered[(conn, req_no)] = (self.node.sim.now, value)
             self.submit(Origin(conn), req_no, value)
 
     def schedule_requests(self) -> None:
@@ -170,11 +171,13 @@ class SimAcceptor(Dispatch):
 
     def deliver(self, origin: Origin, req_no: int, data: bytes) -> None:
         key = (origin.conn, req_no)
-        if self.owed.pop(key, None) is None and key not in self.dropped:
+        if self.unanswered.pop(key, None) is None and key not in self.dropped:
             raise Violation(f"node {self.node.node_id}: a reply to request {req_no} of connection {origin.conn}, "
                             f"which was not owed one (a second reply?): {data[:200]!r}")
         self.dropped.discard(key)
         client = self.conns.get(origin.conn)
+        if client is not None and (self.polls or self.ended) and not self.owed(origin, req_no):
+            client = None  # answered here already (end_forwarded_polls): given back, as server/acceptor.py does
         if client is None:
             given = sp.delivered(orjson.loads(data))
             if given is not None:
@@ -997,7 +1000,7 @@ class Sim:
     def _owed(self) -> list[tuple[int, int, int, float, dict]]:
         """Requests the live nodes took and have not answered: (node, conn, req_no, since, request)."""
         return [(node.node_id, conn, req_no, since, req) for node in self.nodes.values() if node is not None
-                for (conn, req_no), (since, req) in node.acceptor.owed.items()]
+                for (conn, req_no), (since, req) in node.acceptor.unanswered.items()]
 
     def settle(self) -> None:
         """After the checks: no new calls; time goes on until every live node has answered every
