@@ -129,9 +129,10 @@ class Failover:
     stores it once): to the same host, up to MAX_RESENDS times, when that host has learnt who
     leads since (p.resend_here), else to the next host. When every host failed and one of them
     refused it so (the cluster is between two leaders), the call pauses and goes round the
-    hosts again, until `patience` seconds have passed since `now` at its start (0: never).
-    When every host failed: QueueTimeout if the last one timed out, else NoServerAvailable,
-    naming each host's failure in the last round.
+    hosts again, until `patience` seconds have passed since `now` at its start (0: never; a
+    single host's refusal is then the call's error at once). When every host failed: the
+    refusal itself if there is one host, QueueTimeout if the last one timed out, else
+    NoServerAvailable, naming each host's failure in the last round.
     """
 
     def __init__(
@@ -159,8 +160,10 @@ class Failover:
         self._timed_out = False
         self._drop = Drop.KEEP
         self._give_up_at = now + patience
+        self._patient = patience > 0
         self._pause = ROUND_PAUSE
         self._between_leaders = False  # a host of this round refused the request unapplied
+        self._refusal: QueueError | None = None  # the last such refusal (one host: the error to give up with)
 
     def next(self, now: float = 0.0) -> Attempt | QueueError | float:
         """The host to send to now; or the seconds to pause before calling again (every host
@@ -169,11 +172,14 @@ class Failover:
         route = self.route
         if self._failed and route.host_set <= self._failed:
             if not self._between_leaders or now + self._pause > self._give_up_at:
+                if len(route.host_set) < 2 and self._refusal is not None:
+                    return self._refusal
                 return self._unavailable()
             pause, self._pause = self._pause, min(self._pause * 2, ROUND_PAUSE_MAX)
             self._failed.clear()
             self._errors.clear()
             self._between_leaders = self._timed_out = False
+            self._refusal = None
             return pause
         while route.address in self._failed:  # it failed this call already: skip it
             route.advance(route.epoch)
@@ -200,9 +206,10 @@ class Failover:
         if p.resend_here(reply) and self.resends < MAX_RESENDS:
             self.resends += 1
             return AGAIN
-        if len(self.route.host_set) < 2:
+        if len(self.route.host_set) < 2 and not self._patient:
             return error
         self._between_leaders = True
+        self._refusal = error
         return self._host_failed(attempt, error, timed_out=False)
 
     def failed(self, attempt: Attempt, exc: BaseException) -> Verdict:

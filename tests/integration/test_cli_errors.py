@@ -16,7 +16,7 @@ def test_no_leader_says_why_a_node_may_know_none(tmp_path, monkeypatch):
     try:
         err = io.StringIO()
         monkeypatch.setattr(sys, "stderr", err)
-        assert cli.main(["--hosts", node.hosts, "produce", "jobs", "x"]) == 1
+        assert cli.main(["--hosts", node.hosts, "--timeout", "1", "produce", "jobs", "x"]) == 1
     finally:
         node.stop()
     assert err.getvalue() == ("queue-cli: no leader (the nodes reached know no leader: fewer than a majority of "

@@ -205,6 +205,29 @@ def test_the_pauses_grow_and_the_call_gives_up_when_its_patience_is_spent():
     assert step.reason.count("a:1") == 1 and step.reason.count("b:2") == 1
 
 
+def test_a_single_host_between_two_leaders_is_asked_again_and_its_refusal_is_the_error():
+    """A client given one node of a cluster (or a name in front of several) waits out an
+    election too; when its patience is spent, the node's own answer is the error."""
+    f = Failover(Route([A]), {"action": 103, "queue": "q"}, 5.0, patience=0.2, now=0.0)
+    now, pauses = 0.0, []
+    while True:
+        step = f.next(now)
+        if isinstance(step, float):
+            pauses.append(step)
+            now += step
+            continue
+        if not isinstance(step, Attempt):
+            break
+        assert step.addr == A
+        assert f.replied(step, NO_LEADER) is NEXT
+    assert pauses == [ROUND_PAUSE, 2 * ROUND_PAUSE]
+    assert type(step) is QueueError and step.reason == "no leader"
+    f = Failover(Route([A]), {"action": 103, "queue": "q"}, 5.0, patience=5.0, now=0.0)
+    assert f.replied(f.next(0.0), NO_LEADER) is NEXT
+    assert f.next(0.0) == ROUND_PAUSE
+    assert f.replied(f.next(0.1), {"code": 0}) is DONE  # a leader was elected meanwhile
+
+
 def test_no_round_again_when_no_host_answered_or_without_patience():
     f = Failover(Route([A, B]), {"action": 103, "queue": "q"}, 5.0, patience=5.0, now=0.0)
     assert f.failed(f.next(0.0), ConnectionRefusedError(111, "refused")) is NEXT
