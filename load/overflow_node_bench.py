@@ -8,11 +8,14 @@ a restart loads it, produce and consume + confirm rates, restart time. A benchma
 
 Each mode starts a fresh one-worker node (`--overflow-mb` for "overflow", 0 for "memory"), fills
 one queue with produces of --batch messages (a few requests in flight on one connection), lets
-it cut one snapshot at the end of the fill (snapshot_every = the fill's records), stops it and
+it cut one snapshot at the end of the fill (snapshot_every = the fill's records: one a message,
+not one a request), stops it and
 starts it again on the same data (restart: until the queue's size is back), then consumes
 everything --batch at a time and confirms each batch (at least once). RSS is summed over the
 node's processes from /proc/<pid>/status, sampled every 50 ms (so a snapshot writer child's
-pages are counted while it lives); "full" is the RSS once the fill has settled. The target:
+pages are counted while it lives: its pages shared with the worker count twice); "full" is the
+RSS once the fill has settled and the snapshot writer has exited, "after the restart" once the
+queue is back and no writer is running. The target:
 full RSS <= overflow_mb + 64 B a message + the idle RSS.
 """
 from __future__ import annotations
@@ -132,6 +135,12 @@ def drain(port: int, n: int, batch: int, first: int) -> tuple[float, float]:
     return end - began, end - (split or began)
 
 
+def settled(pid: int) -> bool:
+    """No snapshot writer (a worker's forked child) is running under node `pid`."""
+    workers = [p for p in descendants(pid) if process_name(p).startswith("worker")]
+    return len(workers) == len({process_name(p) for p in workers})
+
+
 def size(port: int) -> int:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
@@ -142,10 +151,9 @@ def size(port: int) -> int:
 
 def run(mode: str, args: argparse.Namespace, workdir: str) -> dict:
     n = args.messages
-    records = -(-n // args.batch)
     data_dir = tempfile.mkdtemp(prefix=f"{mode}-data-", dir=workdir)
     config = {"overflow_mb": args.overflow_mb if mode == "overflow" else 0, "queue_size": n + 1,
-              "max_memory_mb": 0, "max_request_size": 1 << 24, "snapshot_every": records,
+              "max_memory_mb": 0, "max_request_size": 1 << 24, "snapshot_every": n,
               "queue_data_dir": data_dir}
     row: dict = {"mode": mode}
     node = QueueServer(args.repo, workdir, 1, False, config, name=mode)
@@ -156,6 +164,7 @@ def run(mode: str, args: argparse.Namespace, workdir: str) -> dict:
         row["fill_s"] = fill(node.port, n, args.payload, args.batch)
         snaps = os.path.join(data_dir, "snapshots", "*.snap")
         wait_until(lambda: glob.glob(snaps), 600, 0.2)
+        wait_until(lambda: settled(node.proc.pid), 600, 0.2)
         time.sleep(1.0)
         row["peak_fill_snapshot"], row["peak_workers"] = peak.stop()
         row["full"], row["full_by"] = rss(node.proc.pid)
@@ -170,6 +179,7 @@ def run(mode: str, args: argparse.Namespace, workdir: str) -> dict:
         wait_until(lambda: size(node.port) == n, 900, 0.2)
         row["restart_s"] = time.monotonic() - started
         row["peak_restart"], row["peak_restart_workers"] = peak.stop()
+        wait_until(lambda: settled(node.proc.pid), 600, 0.2)
         row["after_restart"], row["restart_by"] = rss(node.proc.pid)
         in_memory = min(n, (args.overflow_mb << 20) // args.payload) if mode == "overflow" else 0
         row["overflowed"] = n - in_memory
@@ -215,8 +225,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dir", help="where the nodes' data go (default: a tmp folder)")
     args = parser.parse_args(argv)
     args.repo = os.path.dirname(HERE)
-    if args.code:
-        os.environ["PYTHONPATH"] = args.code
+    if args.code:  # the node starts in that folder: `python -m` puts its cwd ahead of PYTHONPATH
+        args.repo = os.path.abspath(args.code)
+        os.environ["PYTHONPATH"] = args.repo
     with tempfile.TemporaryDirectory(dir=args.dir) as workdir:
         for mode in args.modes.split(","):
             print(describe(run(mode, args, workdir), args.messages, args.overflow_mb), flush=True)
