@@ -17,10 +17,14 @@ freed, so a few long-lived messages cannot pin whole chunks; a msg_id whose chun
 (a restore of an old message) goes to the side dict too. A msg_id is in its chunk or in the
 side dict, never both: a chunk is only made for msg_ids above every chunk made before.
 
-With overflow on (issue 26), `ov` is the worker's `Overflow` (workers/overflow.py): a payload
-slot holds the `str` or a reference (an `int`) to the body on disk, as `ov.keep` decides. The
-reads that hand a message out (get, get_many, entries) read it back; the raw slot (`pop`,
-`data`, `_columns`: undo images, dead letters) stays a reference. Else `ov` is None.
+With overflow on (issue 26), `ov` is the worker's `Overflow` (workers/overflow.py): a message's
+body is the `str` or a reference to it on disk, as `ov.keep` decides. The reads that hand a
+message out (get, get_many, entries) read it back; the raw slot (`pop`, `data`, `_columns`:
+undo images, dead letters) is the reference as an `int` (workers/overflow.py `ref`). A chunk
+keeps no object per reference: its payload list holds the shared sentinel SPILLED, and the
+reference lives packed in the chunk's two arrays (`Chunk.at`: segment << 32 | offset, 8 B;
+`Chunk.sizes`: the length, 4 B), made the first time one of its bodies goes to disk; the int
+is built only when a slot is handed out. Else `ov` is None.
 
 One file, over 600 lines, because every method reads or writes the chunk layout (positions,
 sparse chunks, the side dict) and the overflow's counts of what it holds, which must not drift.
@@ -31,6 +35,7 @@ Pure logic: no I/O.
 from __future__ import annotations
 
 import heapq
+from array import array
 from bisect import bisect_left
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -45,6 +50,25 @@ CHUNK = 1 << BITS  # msg_ids per chunk
 MASK = CHUNK - 1
 # A chunk other than the newest with fewer live messages than this moves them to the side dict.
 SPARSE = 8
+
+# A chunk's reference arrays (Chunk.at, Chunk.sizes): a reference int (workers/overflow.py `ref`:
+# segment << 64 | offset << 32 | length) is at << _SIZE_BITS | size.
+_SIZE_BITS = 32
+_SIZE_MASK = (1 << _SIZE_BITS) - 1
+_NO_AT = bytes(8 * CHUNK)
+_NO_SIZES = bytes(4 * CHUNK)
+
+
+class _Spilled:
+    """The payload list's mark of a body on disk (its reference is in the chunk's arrays)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "SPILLED"
+
+
+SPILLED = _Spilled()
 
 # Positions in a state tuple (Message._state).
 _READY, _TTL, _RETRY, _PRIORITY, _DELIVERY_COUNT, _LEASE, _TOKEN, _EXTRA = range(8)
@@ -128,14 +152,52 @@ class Chunk:
     """The messages of msg_ids n*CHUNK .. n*CHUNK + CHUNK - 1: payload and state at position
     msg_id & MASK (None where no message is stored), and how many are stored. The two lists
     grow to a position when a message is stored there (a small queue keeps small lists); past
-    their end nothing is stored."""
+    their end nothing is stored. A payload SPILLED is a body on disk: its reference is packed
+    in `at` and `sizes` at the same position (None until a body of the chunk goes to disk)."""
 
-    __slots__ = ("data", "states", "live")
+    __slots__ = ("data", "states", "live", "at", "sizes")
 
     def __init__(self) -> None:
-        self.data: list[str | None] = []
+        self.data: list[str | _Spilled | None] = []
         self.states: list[tuple | None] = []
         self.live = 0
+        self.at: array | None = None  # 'Q': segment << 32 | offset of each SPILLED position
+        self.sizes: array | None = None  # 'I': the body's length in bytes
+
+    def spill(self, p: int, r: int) -> None:
+        """Keep the reference `r` (an int, workers/overflow.py `ref`) at position p."""
+        at = self.at
+        if at is None:
+            at = self.at = array("Q", _NO_AT)
+            self.sizes = array("I", _NO_SIZES)
+        at[p] = r >> _SIZE_BITS
+        self.sizes[p] = r & _SIZE_MASK  # type: ignore[index]
+        self.data[p] = SPILLED
+
+    def ref(self, p: int) -> int:
+        """The reference (an int) kept at position p (its payload is SPILLED)."""
+        return self.at[p] << _SIZE_BITS | self.sizes[p]  # type: ignore[index]
+
+    def slot(self, p: int) -> str | int | None:
+        """The payload at position p, a body on disk as its reference int."""
+        d = self.data[p]
+        return self.ref(p) if d is SPILLED else d  # type: ignore[return-value]
+
+    def slots(self, p: int, k: int) -> list:
+        """slot() of positions p .. p + k - 1."""
+        out = self.data[p:p + k]
+        if self.at is not None and SPILLED in out:
+            for j, d in enumerate(out):
+                if d is SPILLED:
+                    out[j] = self.ref(p + j)
+        return out
+
+    def store(self, p: int, data: str | int) -> None:
+        """Keep a payload (a `str`, or a reference int: packed) at position p."""
+        if type(data) is int:
+            self.spill(p, data)
+        else:
+            self.data[p] = data
 
     def reach(self, end: int) -> None:
         """Make positions up to end - 1 exist (doubling, at most CHUNK; exact-size lists)."""
@@ -218,7 +280,7 @@ class MessageStore:
         if run is not None:
             for c, p, k in run:
                 if with_data:
-                    datas += c.data[p:p + k]
+                    datas += c.slots(p, k)
                 states += c.states[p:p + k]
             return datas, states
         chunks = self.chunks
@@ -232,7 +294,7 @@ class MessageStore:
                 last = n
             p = i & MASK
             if c is not None and p < len(c.states):
-                d, s = c.data[p], c.states[p]
+                d, s = c.slot(p), c.states[p]
             elif c is not None:
                 d = s = None
             else:
@@ -248,7 +310,7 @@ class MessageStore:
         if c is None:
             return self.side[msg_id][0]
         p = msg_id & MASK
-        data = c.data[p] if p < len(c.data) else None
+        data = c.slot(p) if p < len(c.data) else None
         if data is None:
             raise KeyError(msg_id)
         return data
@@ -263,7 +325,7 @@ class MessageStore:
                 return None
             m = _new_message(Message)
             m.msg_id = msg_id
-            m.data = c.data[p]
+            m.data = c.slot(p)
             m._state = s
         else:
             entry = self.side.get(msg_id)
@@ -334,7 +396,7 @@ class MessageStore:
             c = chunks[n]
             for p, s in enumerate(c.states):
                 if s is not None:
-                    yield base + p, c.data[p], s
+                    yield base + p, c.slot(p), s
 
     def items(self) -> Iterator[tuple[int, Message]]:
         """(msg_id, Message) pairs, msg_id ascending."""
@@ -368,7 +430,7 @@ class MessageStore:
                 budget.held += size
             else:
                 data = self._kept(data)
-        c.data[p] = data
+        c.store(p, data)
         c.states[p] = state
         c.live += 1
         self.n += 1
@@ -393,6 +455,9 @@ class MessageStore:
         if self.ov is not None:
             datas, spilled = self.ov.keep_many(datas)
             self.spilled += spilled
+            refs = spilled != 0 or (bool(datas) and int in map(type, datas))
+        else:
+            refs = bool(datas) and int in map(type, datas)
         chunks = self.chunks
         i = 0
         total = len(ids)
@@ -411,12 +476,15 @@ class MessageStore:
             if last - p == j - i - 1:
                 c.data[p:last + 1] = datas[i:j]
                 c.states[p:last + 1] = states[i:j]
+                if refs:  # the references among them, packed
+                    for k in range(i, j):
+                        if type(datas[k]) is int:
+                            c.spill(p + k - i, datas[k])
             else:
-                cdata = c.data
                 cstates = c.states
                 for k in range(i, j):
                     p = ids[k] & MASK
-                    cdata[p] = datas[k]
+                    c.store(p, datas[k])
                     cstates[p] = states[k]
             c.live += j - i
             i = j
@@ -455,9 +523,8 @@ class MessageStore:
         s = states[p] if p < len(states) else None
         if s is None:
             raise KeyError(msg_id)
-        datas = c.data
-        data = datas[p]
-        datas[p] = states[p] = None
+        data = c.slot(p)
+        c.data[p] = states[p] = None
         self.n -= 1
         live = c.live = c.live - 1
         if live < SPARSE and n != self.top:
@@ -513,7 +580,7 @@ class MessageStore:
                 if None in c.states[p:p + k]:
                     raise KeyError(f"msg_ids from {ids[0]}: not all stored")
             if self.ov is not None:
-                self._dropped_many([d for c, p, k in run for d in c.data[p:p + k]])
+                self._dropped_many([d for c, p, k in run for d in c.slots(p, k)])
             for c, p, k in run:
                 c.data[p:p + k] = c.states[p:p + k] = [None] * k
                 c.live -= k
@@ -565,7 +632,7 @@ class MessageStore:
             side = self.side
             for p, s in enumerate(c.states):
                 if s is not None:
-                    side[base + p] = (c.data[p], s)
+                    side[base + p] = (c.slot(p), s)
 
     def thin_sparse(self) -> None:
         """Thin every sparse chunk but the newest (after a load, which fills chunks as it
@@ -584,9 +651,9 @@ class MessageStore:
     def _slots(self) -> Iterator[str | int]:
         """The payload slot of every stored message."""
         for c in self.chunks.values():
-            for d in c.data:
+            for p, d in enumerate(c.data):
                 if d is not None:
-                    yield d
+                    yield c.ref(p) if d is SPILLED else d
         for d, _ in self.side.values():
             yield d
 
@@ -614,23 +681,24 @@ class MessageStore:
         ov = self.ov
         if ov is None or not self.spilled:
             return 0
-        lo, hi = seg << 64, (seg + 1) << 64
         moved = 0
         if n is None:
+            lo, hi = seg << 64, (seg + 1) << 64
             side = self.side
             for i, (d, s) in list(side.items()):
                 if type(d) is int and lo <= d < hi:
                     side[i] = (ov.move(d), s)
-                    moved += d & 0xFFFFFFFF
+                    moved += d & _SIZE_MASK
             return moved
         c = self.chunks.get(n)
-        if c is None:
+        if c is None or c.at is None:
             return 0
-        data = c.data
-        for p, d in enumerate(data):
-            if type(d) is int and lo <= d < hi:
-                data[p] = ov.move(d)
-                moved += d & 0xFFFFFFFF
+        lo, hi = seg << 32, (seg + 1) << 32
+        for p, (a, d) in enumerate(zip(c.at, c.data)):
+            if lo <= a < hi and d is SPILLED:
+                r = c.ref(p)
+                c.spill(p, ov.move(r))
+                moved += r & _SIZE_MASK
         return moved
 
     def _held(self) -> int:
@@ -649,10 +717,10 @@ class MessageStore:
         if ov is None or not self.n:
             return
         for c in self.chunks.values():
-            data = c.data
-            for p, d in enumerate(data):
+            for p, d in enumerate(c.data):
                 if d is not None:
-                    d = data[p] = ov.keep(d)
+                    d = ov.keep(c.ref(p) if d is SPILLED else d)
+                    c.store(p, d)
                     self.spilled += type(d) is int
         side = self.side
         for i, (d, s) in side.items():

@@ -19,9 +19,9 @@ from queue_server.protocol import vocabulary as p
 from queue_server.protocol.origin import Origin
 from queue_server.workers.body_budget import BodyBudget, body_size, worker_share
 from queue_server.workers.compaction import Compaction
-from queue_server.workers.overflow import HEADER, BodyUnreadable, Overflow, unpack
+from queue_server.workers.overflow import HEADER, BodyUnreadable, Overflow, ref, unpack
 from queue_server.workers.service import PartitionService
-from queue_server.workers.store import MessageStore
+from queue_server.workers.store import SPILLED, MessageStore
 from tests.unit.service_replies import take_replies
 from tests.unit.test_rollback import Run, assert_same, service
 
@@ -192,13 +192,14 @@ def test_bodies_past_the_share_go_to_disk_and_memory_is_used_again_when_freed():
     store = MessageStore(ov)
     state = (0.0, 1.0, 0.0, 0, 0, None, None, None)
     store.add_run(1, ["aaaa", "bbbb", "cccc", "dd"], [state] * 4)
-    assert [type(d) for d in store.chunks[0].data[1:5]] == [str, str, int, str]
+    assert [type(store.data(i)) for i in range(1, 5)] == [str, str, int, str]
+    assert store.chunks[0].data[3] is SPILLED  # no int object kept: the reference is packed
     assert ov.budget.held == 10 and store.spilled == 1
     assert store.get(3).data == "cccc"  # read back
     store.pop(1)
     store.add(5, "eeee", state)  # back under the share: in memory again
-    assert type(store.chunks[0].data[5]) is str
-    assert store.chunks[0].data[3] is not None and type(store.chunks[0].data[3]) is int  # no promotion
+    assert type(store.data(5)) is str
+    assert type(store.data(3)) is int  # no promotion
     assert [m.data for m in store.get_many([2, 3, 4, 5])] == ["bbbb", "cccc", "dd", "eeee"]
 
 
@@ -232,7 +233,48 @@ def test_a_batch_consume_reads_each_run_of_bodies_at_once():
     got = store.get_many([i for i in range(1, 26) if i != 13])
     assert [m.data for m in got] == [b for i, b in enumerate(bodies, 1) if i != 13]
     assert ov.files.reads == 4  # segment 0, segment 1 before and after the gap, segment 2
-    assert ov.read_many([store.chunks[0].data[5], "mem", store.chunks[0].data[2]]) == ["b0004", "mem", "b0001"]
+    assert ov.read_many([store.data(5), "mem", store.data(2)]) == ["b0004", "mem", "b0001"]
+
+
+def test_a_chunk_packs_references_at_their_limits():
+    """A reference is kept packed in its chunk (segment << 32 | offset in an array('Q'), the
+    length in an array('I')) and comes out as the same int through every raw read, at the
+    largest segment number, offset and length the arrays hold."""
+    top = (1 << 32) - 1
+    refs = [ref(top, top, top), ref(0, 0, 0), ref(top, 0, 70_000), ref(1, top, 1), ref(7, 4096, 65_536)]
+    assert [unpack(r) for r in refs[:2]] == [(top, top, top), (0, 0, 0)]
+    state = (0.0, 1.0, 0.0, 0, 0, None, None, None)
+    store = MessageStore()  # no overflow: slots are stored as given (a snapshot's REFS, loaded)
+    store.add_ascending([1, 2, 3, 5, 6], refs, [state] * 5)
+    store.add(4, "in memory", state)
+    c = store.chunks[0]
+    assert c.data[1:7] == [SPILLED, SPILLED, SPILLED, "in memory", SPILLED, SPILLED]
+    assert [store.data(i) for i in (1, 2, 3, 5, 6)] == refs
+    assert store._columns([1, 2, 3, 4, 5, 6], True)[0] == refs[:3] + ["in memory"] + refs[3:]
+    assert store._columns([6, 1, 4], True)[0] == [refs[4], refs[0], "in memory"]
+    assert [d for _, d, _ in store.entries(raw=True)] == refs[:3] + ["in memory"] + refs[3:]
+    assert list(store._slots()) == refs[:3] + ["in memory"] + refs[3:]
+    assert store.pop(1) == (refs[0], state)
+    store.add(1, refs[1], state)  # a position used again (an undo) keeps the new reference
+    assert store.data(1) == refs[1]
+    store.add(300, "x", state)  # chunk 1 made: chunk 0 thinned below SPARSE goes to the side dict
+    store.delete_many([1, 2])
+    store.pop(4)
+    assert 0 not in store.chunks and store.side == {3: (refs[2], state), 5: (refs[3], state), 6: (refs[4], state)}
+
+
+def test_a_body_over_64_kb_goes_to_disk_and_back():
+    ov = Overflow(BodyBudget(0), FakeFiles())
+    store = MessageStore(ov)
+    state = (0.0, 1.0, 0.0, 0, 0, None, None, None)
+    big, wide = "b" * 70_000, "\u00e9" * 40_000  # 70,000 and 80,000 bytes
+    store.add_run(1, ["s", big, wide], [state] * 3)
+    assert store.spilled == 3 and [unpack(store.data(i))[2] for i in (1, 2, 3)] == [1, 70_000, 80_000]
+    assert store.get(2).data == big and store.get(3).data == wide
+    assert [m.data for m in store.get_many([1, 2, 3])] == ["s", big, wide]
+    assert ov.live_bytes == 150_001
+    store.delete_many([1, 2, 3])
+    assert ov.live_bytes == 0 and store.spilled == 0
 
 
 def test_single_consumes_of_a_fifo_queue_read_ahead():
