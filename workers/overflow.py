@@ -4,9 +4,9 @@ MessageStores (workers/store.py) ask where a new body goes, and which reads a bo
 
 A store's body slot holds either the `str` (in memory) or a reference: an `int` packing the
 segment number, the offset of the body's record in the segment, and the body's length in bytes
-(`ref`); a MessageStore keeps it packed in its chunk's arrays (12 B, no object: workers/store.py
-`Chunk.spill`), so segment numbers, offsets and lengths stay below 2**32. The int exists while a
-reference is handed about (a read, an undo image, a dead letter). The segment files are append-only;
+(`ref`; each below 2**32). A MessageStore keeps it packed in 8 B of its chunk's array, no
+object (workers/store.py `Chunk.spill`; a body of 64 KiB or more stays an int there); the int
+exists while a reference is handed about (a read, an undo image, a dead letter). The segment files are append-only;
 each record is `u32 length | u32 crc32 | UTF-8 body`. The files themselves are a `SegmentFiles`
 given to the Overflow (server/overflow_files.py on a node, a dict in the tests): this module
 only decides which segment and offset each body gets, counts the live references per segment,

@@ -30,7 +30,7 @@ from queue_server.protocol.snapshot_frames import (
 from queue_server.workers import undo
 from queue_server.workers.ordering import Ordering
 from queue_server.workers.overflow import BodyUnreadable
-from queue_server.workers.store import BITS as _BITS, MASK as _MASK, SPILLED, Message, MessageStore, message
+from queue_server.workers.store import BITS as _BITS, MASK as _MASK, Message, MessageStore, message
 
 MAX_MSG_ID = 2**63 - 1
 # How many idempotent produces (producer, sequence) a queue remembers, oldest forgotten first.
@@ -237,8 +237,8 @@ class Queue:
                 m.msg_id = i
                 m.data = c.data[i & _MASK]
                 m._state = c.states[i & _MASK]
-                if m.data is SPILLED:  # its body overflowed to disk (workers/overflow.py)
-                    m.data = self._index.ov.read(c.ref(i & _MASK))
+                if type(m.data) is not str:  # its body overflowed to disk (workers/overflow.py)
+                    m.data = self._index.ov.read(c.slot(i & _MASK))
             s = m._state
             delivery_count = s[_DELIVERY_COUNT] + 1
             if lease is not None:

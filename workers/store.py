@@ -22,9 +22,10 @@ body is the `str` or a reference to it on disk, as `ov.keep` decides. The reads 
 message out (get, get_many, entries) read it back; the raw slot (`pop`, `data`, `_columns`:
 undo images, dead letters) is the reference as an `int` (workers/overflow.py `ref`). A chunk
 keeps no object per reference: its payload list holds the shared sentinel SPILLED, and the
-reference lives packed in the chunk's two arrays (`Chunk.at`: segment << 32 | offset, 8 B;
-`Chunk.sizes`: the length, 4 B), made the first time one of its bodies goes to disk; the int
-is built only when a slot is handed out. Else `ov` is None.
+reference lives packed in 8 B of the chunk's array `Chunk.at` (segment, offset and length in
+22, 26 and 16 bits), made the first time one of its bodies goes to disk; the int is built only
+when a slot is handed out. A reference that does not fit (a body of 64 KiB or more, a segment
+past 2**22 or an offset past 64 MiB) stays an int in the payload list. Else `ov` is None.
 
 One file, over 600 lines, because every method reads or writes the chunk layout (positions,
 sparse chunks, the side dict) and the overflow's counts of what it holds, which must not drift.
@@ -51,12 +52,17 @@ MASK = CHUNK - 1
 # A chunk other than the newest with fewer live messages than this moves them to the side dict.
 SPARSE = 8
 
-# A chunk's reference arrays (Chunk.at, Chunk.sizes): a reference int (workers/overflow.py `ref`:
-# segment << 64 | offset << 32 | length) is at << _SIZE_BITS | size.
-_SIZE_BITS = 32
+# A reference int (workers/overflow.py `ref`: segment << 64 | offset << 32 | length) packed in
+# a chunk's array('Q') (Chunk.at): segment << _SEG_AT | offset << _SIZE_BITS | length, when each
+# fits its bits (SEGMENT_SIZE is 64 MiB: every offset fits).
+_SIZE_BITS = 16
+_OFF_BITS = 26
+_SEG_BITS = 64 - _OFF_BITS - _SIZE_BITS
+_SEG_AT = _OFF_BITS + _SIZE_BITS
 _SIZE_MASK = (1 << _SIZE_BITS) - 1
+_OFF_MASK = (1 << _OFF_BITS) - 1
+_LOW = (1 << 32) - 1
 _NO_AT = bytes(8 * CHUNK)
-_NO_SIZES = bytes(4 * CHUNK)
 
 
 class _Spilled:
@@ -153,30 +159,36 @@ class Chunk:
     msg_id & MASK (None where no message is stored), and how many are stored. The two lists
     grow to a position when a message is stored there (a small queue keeps small lists); past
     their end nothing is stored. A payload SPILLED is a body on disk: its reference is packed
-    in `at` and `sizes` at the same position (None until a body of the chunk goes to disk)."""
+    in `at` at the same position (None until a body of the chunk goes to disk); a payload that
+    is an int is a reference too big to pack."""
 
-    __slots__ = ("data", "states", "live", "at", "sizes")
+    __slots__ = ("data", "states", "live", "at")
 
     def __init__(self) -> None:
         self.data: list[str | _Spilled | None] = []
         self.states: list[tuple | None] = []
         self.live = 0
-        self.at: array | None = None  # 'Q': segment << 32 | offset of each SPILLED position
-        self.sizes: array | None = None  # 'I': the body's length in bytes
+        self.at: array | None = None  # 'Q': the packed reference of each SPILLED position
 
     def spill(self, p: int, r: int) -> None:
-        """Keep the reference `r` (an int, workers/overflow.py `ref`) at position p."""
+        """Keep the reference `r` (an int, workers/overflow.py `ref`) at position p: packed when
+        it fits, else as it is."""
+        size = r & _LOW
+        offset = (r >> 32) & _LOW
+        seg = r >> 64
+        if size > _SIZE_MASK or offset > _OFF_MASK or seg >> _SEG_BITS:
+            self.data[p] = r
+            return
         at = self.at
         if at is None:
             at = self.at = array("Q", _NO_AT)
-            self.sizes = array("I", _NO_SIZES)
-        at[p] = r >> _SIZE_BITS
-        self.sizes[p] = r & _SIZE_MASK  # type: ignore[index]
+        at[p] = seg << _SEG_AT | offset << _SIZE_BITS | size
         self.data[p] = SPILLED
 
     def ref(self, p: int) -> int:
         """The reference (an int) kept at position p (its payload is SPILLED)."""
-        return self.at[p] << _SIZE_BITS | self.sizes[p]  # type: ignore[index]
+        a = self.at[p]  # type: ignore[index]
+        return (a >> _SEG_AT) << 64 | ((a >> _SIZE_BITS) & _OFF_MASK) << 32 | a & _SIZE_MASK
 
     def slot(self, p: int) -> str | int | None:
         """The payload at position p, a body on disk as its reference int."""
@@ -688,17 +700,17 @@ class MessageStore:
             for i, (d, s) in list(side.items()):
                 if type(d) is int and lo <= d < hi:
                     side[i] = (ov.move(d), s)
-                    moved += d & _SIZE_MASK
+                    moved += d & _LOW
             return moved
         c = self.chunks.get(n)
-        if c is None or c.at is None:
+        if c is None:
             return 0
-        lo, hi = seg << 32, (seg + 1) << 32
-        for p, (a, d) in enumerate(zip(c.at, c.data)):
-            if lo <= a < hi and d is SPILLED:
-                r = c.ref(p)
-                c.spill(p, ov.move(r))
-                moved += r & _SIZE_MASK
+        lo, hi = seg << 64, (seg + 1) << 64
+        for p, d in enumerate(c.data):
+            r = c.ref(p) if d is SPILLED else d
+            if type(r) is int and lo <= r < hi:
+                c.store(p, ov.move(r))
+                moved += r & _LOW
         return moved
 
     def _held(self) -> int:

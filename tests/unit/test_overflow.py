@@ -237,30 +237,37 @@ def test_a_batch_consume_reads_each_run_of_bodies_at_once():
 
 
 def test_a_chunk_packs_references_at_their_limits():
-    """A reference is kept packed in its chunk (segment << 32 | offset in an array('Q'), the
-    length in an array('I')) and comes out as the same int through every raw read, at the
-    largest segment number, offset and length the arrays hold."""
+    """A reference is kept packed in 8 B of its chunk's array('Q') (segment, offset and length
+    in 22, 26 and 16 bits) and one that does not fit stays an int in the payload list; both
+    come out as the same int through every raw read and the side dict."""
     top = (1 << 32) - 1
-    refs = [ref(top, top, top), ref(0, 0, 0), ref(top, 0, 70_000), ref(1, top, 1), ref(7, 4096, 65_536)]
-    assert [unpack(r) for r in refs[:2]] == [(top, top, top), (0, 0, 0)]
+    packed = [ref(0, 0, 0), ref((1 << 22) - 1, (1 << 26) - 1, 65_535), ref(7, 4096, 100)]
+    unpacked = [ref(top, top, top), ref(1 << 22, 0, 1), ref(1, 1 << 26, 1), ref(3, 0, 65_536)]
+    assert [unpack(r) for r in unpacked[:2]] == [(top, top, top), (1 << 22, 0, 1)]
+    refs = [packed[0], unpacked[0], packed[1], unpacked[1], unpacked[2], packed[2], unpacked[3]]
     state = (0.0, 1.0, 0.0, 0, 0, None, None, None)
     store = MessageStore()  # no overflow: slots are stored as given (a snapshot's REFS, loaded)
-    store.add_ascending([1, 2, 3, 5, 6], refs, [state] * 5)
+    store.add_ascending([1, 2, 3, 5, 6, 7, 8], refs, [state] * 7)
     store.add(4, "in memory", state)
     c = store.chunks[0]
-    assert c.data[1:7] == [SPILLED, SPILLED, SPILLED, "in memory", SPILLED, SPILLED]
-    assert [store.data(i) for i in (1, 2, 3, 5, 6)] == refs
-    assert store._columns([1, 2, 3, 4, 5, 6], True)[0] == refs[:3] + ["in memory"] + refs[3:]
-    assert store._columns([6, 1, 4], True)[0] == [refs[4], refs[0], "in memory"]
-    assert [d for _, d, _ in store.entries(raw=True)] == refs[:3] + ["in memory"] + refs[3:]
-    assert list(store._slots()) == refs[:3] + ["in memory"] + refs[3:]
-    assert store.pop(1) == (refs[0], state)
-    store.add(1, refs[1], state)  # a position used again (an undo) keeps the new reference
-    assert store.data(1) == refs[1]
+    assert c.data[1:9] == [SPILLED, refs[1], SPILLED, "in memory", refs[3], refs[4], SPILLED, refs[6]]
+    assert len(c.at) == 256 and c.at.itemsize == 8
+    everything = refs[:3] + ["in memory"] + refs[3:]
+    ids = [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [store.data(i) for i in ids] == everything
+    assert store._columns(ids, True)[0] == everything
+    assert store._columns([7, 1, 4, 2], True)[0] == [refs[5], refs[0], "in memory", refs[1]]
+    assert [d for _, d, _ in store.entries(raw=True)] == everything
+    assert list(store._slots()) == everything
+    assert store.pop(3) == (refs[2], state)
+    store.add(3, packed[2], state)  # a position used again (an undo) keeps the new reference
+    assert store.data(3) == packed[2]
     store.add(300, "x", state)  # chunk 1 made: chunk 0 thinned below SPARSE goes to the side dict
     store.delete_many([1, 2])
     store.pop(4)
-    assert 0 not in store.chunks and store.side == {3: (refs[2], state), 5: (refs[3], state), 6: (refs[4], state)}
+    assert 0 not in store.chunks
+    assert store.side == {3: (packed[2], state), 5: (refs[3], state), 6: (refs[4], state),
+                          7: (refs[5], state), 8: (refs[6], state)}
 
 
 def test_a_body_over_64_kb_goes_to_disk_and_back():
