@@ -705,12 +705,20 @@ class MessageStore:
         c = self.chunks.get(n)
         if c is None:
             return 0
-        lo, hi = seg << 64, (seg + 1) << 64
-        for p, d in enumerate(c.data):
-            r = c.ref(p) if d is SPILLED else d
-            if type(r) is int and lo <= r < hi:
-                c.store(p, ov.move(r))
-                moved += r & _LOW
+        data = c.data
+        if c.at is not None and not seg >> _SEG_BITS:  # the packed ones: by their array
+            lo, hi = seg << _SEG_AT, (seg + 1) << _SEG_AT
+            for p, (a, d) in enumerate(zip(c.at, data)):
+                if lo <= a < hi and d is SPILLED:
+                    r = c.ref(p)
+                    c.store(p, ov.move(r))
+                    moved += r & _LOW
+        if int in map(type, data):  # the ones too big to pack
+            lo, hi = seg << 64, (seg + 1) << 64
+            for p, d in enumerate(data):
+                if type(d) is int and lo <= d < hi:
+                    c.store(p, ov.move(d))
+                    moved += d & _LOW
         return moved
 
     def _held(self) -> int:

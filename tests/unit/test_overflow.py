@@ -414,3 +414,23 @@ def test_segments_mostly_dead_are_compacted_and_disk_use_tracks_what_is_stored(j
     s.handle({"action": "consume", "queue": "a", "count": 100}, Origin(1), 1000, T0)
     (_, _, reply), = take_replies(s)
     assert [m["data"] for m in reply["messages"]] == [f"a-{i:08d}" for i in range(0, 200, 5)]
+
+
+def test_a_chunk_moves_out_its_packed_and_its_unpacked_references():
+    """Compaction's walk of a chunk (MessageStore.move_out) moves the references packed in its
+    array and the ones kept as ints (a body of 64 KiB or more) that name the segment, and only
+    those."""
+    ov = Overflow(BodyBudget(0), FakeFiles(), segment_size=1 << 20)
+    store = MessageStore(ov)
+    state = (0.0, 1.0, 0.0, 0, 0, None, None, None)
+    bodies = ["small", "b" * 70_000, "small2"]
+    store.add_run(1, bodies, [state] * 3)  # segment 0
+    ov._rotate()
+    store.add_run(4, ["other"], [state])  # segment 1 (the current one)
+    assert store.chunks[0].data[1:5] == [SPILLED, store.data(2), SPILLED, SPILLED]
+    ov._rotate()  # the current segment is 2: segments 0 and 1 are closed
+    moved = store.move_out(0, 0)
+    assert moved == 5 + 70_000 + 6
+    assert [unpack(store.data(i))[0] for i in (1, 2, 3, 4)] == [2, 2, 2, 1]
+    assert [m.data for m in store.get_many([1, 2, 3, 4])] == bodies + ["other"]
+    assert ov.live == {1: 1, 2: 3} and ov.zero == {0: None}
