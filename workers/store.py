@@ -38,6 +38,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -62,6 +63,8 @@ _SEG_AT = _OFF_BITS + _SIZE_BITS
 _SIZE_MASK = (1 << _SIZE_BITS) - 1
 _OFF_MASK = (1 << _OFF_BITS) - 1
 _LOW = (1 << 32) - 1
+# The bits of a reference int that must be 0 for it to be packed.
+_UNPACKABLE = ~(((1 << _SEG_BITS) - 1) << 64 | _OFF_MASK << 32 | _SIZE_MASK)
 _NO_AT = bytes(8 * CHUNK)
 
 
@@ -203,6 +206,24 @@ class Chunk:
                 if d is SPILLED:
                     out[j] = self.ref(p + j)
         return out
+
+    def spill_run(self, p: int, refs: list[int]) -> None:
+        """spill() of each reference of `refs` at positions p, p + 1, ... (a REFS frame loaded:
+        packed a run at a time)."""
+        if any(map(_UNPACKABLE.__and__, refs)):
+            for k, r in enumerate(refs):
+                self.spill(p + k, r)
+            return
+        if self.at is None:
+            self.at = array("Q", _NO_AT)
+        self.at[p:p + len(refs)] = array("Q", [(r >> 64) << _SEG_AT | ((r >> 32) & _OFF_MASK) << _SIZE_BITS
+                                               | r & _SIZE_MASK for r in refs])
+        self.data[p:p + len(refs)] = [SPILLED] * len(refs)
+
+    def packed(self) -> list[int]:
+        """The packed references of the SPILLED positions."""
+        at = self.at
+        return [] if at is None else [a for a, d in zip(at, self.data) if d is SPILLED]
 
     def store(self, p: int, data: str | int) -> None:
         """Keep a payload (a `str`, or a reference int: packed) at position p."""
@@ -489,9 +510,13 @@ class MessageStore:
                 c.data[p:last + 1] = datas[i:j]
                 c.states[p:last + 1] = states[i:j]
                 if refs:  # the references among them, packed
-                    for k in range(i, j):
-                        if type(datas[k]) is int:
-                            c.spill(p + k - i, datas[k])
+                    run = datas[i:j]
+                    if str in map(type, run):
+                        for k, d in enumerate(run):
+                            if type(d) is int:
+                                c.spill(p + k, d)
+                    else:
+                        c.spill_run(p, run)
             else:
                 cstates = c.states
                 for k in range(i, j):
@@ -669,12 +694,37 @@ class MessageStore:
         for d, _ in self.side.values():
             yield d
 
+    def _loose(self) -> Iterator[str | int]:
+        """The payload slot of every stored message but those packed in a chunk's array
+        (`_packed` counts them)."""
+        for c in self.chunks.values():
+            for d in c.data:
+                if d is not None and d is not SPILLED:
+                    yield d
+        for d, _ in self.side.values():
+            yield d
+
+    def _packed(self) -> tuple[Counter, int, int]:
+        """The references packed in the chunks' arrays: how many per segment, their bodies'
+        bytes, and how many in all."""
+        per: Counter = Counter()
+        size = n = 0
+        for c in self.chunks.values():
+            packed = c.packed()
+            if packed:
+                per.update([a >> _SEG_AT for a in packed])
+                size += sum([a & _SIZE_MASK for a in packed])
+                n += len(packed)
+        return per, size, n
+
     def detach(self) -> None:
         """The overflow no longer counts this store's bodies (a purge swapped it out, or its
         queue was deleted: the undo journal may still hold it); `reattach` undoes it."""
         if self.ov is not None and self.n:
             if self.spilled:
-                self.ov.drop_many(self._slots())
+                per, size, _ = self._packed()
+                self.ov.drop_refs(per, size)
+                self.ov.drop_many(self._loose())
             else:  # every body in memory: one sum, at C speed
                 self.ov.budget.free(self._held())
 
@@ -682,7 +732,9 @@ class MessageStore:
         """The overflow counts this store's bodies again, where they are (undo of detach)."""
         if self.ov is not None and self.n:
             if self.spilled:
-                self.ov.hold_again(self._slots())
+                per, size, _ = self._packed()
+                self.ov.hold_refs(per, size)
+                self.ov.hold_again(self._loose())
             else:
                 self.ov.budget.hold(self._held())
 
@@ -736,10 +788,13 @@ class MessageStore:
         self.spilled = 0
         if ov is None or not self.n:
             return
+        per, size, self.spilled = self._packed()  # references stay where they are
+        ov.hold_refs(per, size)
         for c in self.chunks.values():
-            for p, d in enumerate(c.data):
-                if d is not None:
-                    d = ov.keep(c.ref(p) if d is SPILLED else d)
+            data = c.data
+            for p, d in enumerate(data):
+                if d is not None and d is not SPILLED:
+                    d = ov.keep(d)
                     c.store(p, d)
                     self.spilled += type(d) is int
         side = self.side
