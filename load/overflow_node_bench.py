@@ -13,7 +13,8 @@ not one a request), stops it and
 starts it again on the same data (restart: until the queue's size is back), then consumes
 everything --batch at a time and confirms each batch (at least once). RSS is summed over the
 node's processes from /proc/<pid>/status, sampled every 50 ms (so a snapshot writer child's
-pages are counted while it lives: its pages shared with the worker count twice); "full" is the
+pages are counted while it lives: its pages shared with the worker count twice; the peak PSS,
+sampled every 0.5 s, counts them once); "full" is the
 RSS once the fill has settled and the snapshot writer has exited, "after the restart" once the
 queue is back and no writer is running. The target:
 full RSS <= overflow_mb + 64 B a message + the idle RSS.
@@ -57,21 +58,41 @@ def rss(pid: int) -> tuple[int, dict[str, int]]:
     return total, by
 
 
+def pss(pid: int) -> int:
+    """PSS in bytes summed over `pid` and its descendants: pages a forked snapshot writer shares
+    with its worker counted once (slower to read than RSS)."""
+    total = 0
+    for p in descendants(pid):
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("Pss:")), 0) * 1024
+        except OSError:
+            continue
+    return total
+
+
 class Peak(threading.Thread):
-    """The highest summed RSS (and the worker processes' highest) seen while it runs."""
+    """The highest summed RSS (and the worker processes' highest) seen while it runs, and the
+    highest summed PSS (sampled every PSS_EVERY samples)."""
+
+    PSS_EVERY = 10
 
     def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
         self.pid = pid
-        self.total = self.workers = 0
+        self.total = self.workers = self.pss = 0
         self.done = threading.Event()
         self.start()
 
     def run(self) -> None:
+        k = 0
         while not self.done.wait(0.05):
             total, by = rss(self.pid)
             self.total = max(self.total, total)
             self.workers = max(self.workers, sum(b for n, b in by.items() if "worker" in n))
+            k += 1
+            if k % self.PSS_EVERY == 0:
+                self.pss = max(self.pss, pss(self.pid))
 
     def stop(self) -> tuple[int, int]:
         self.done.set()
@@ -167,6 +188,7 @@ def run(mode: str, args: argparse.Namespace, workdir: str) -> dict:
         wait_until(lambda: settled(node.proc.pid), 600, 0.2)
         time.sleep(1.0)
         row["peak_fill_snapshot"], row["peak_workers"] = peak.stop()
+        row["peak_fill_pss"] = peak.pss
         row["full"], row["full_by"] = rss(node.proc.pid)
     finally:
         node.stop()
@@ -195,7 +217,8 @@ def describe(row: dict, n: int, overflow_mb: int) -> str:
     mib = 1 << 20
     text = (f"{row['mode']}: idle {row['idle'] / mib:,.0f} MiB, full {row['full'] / mib:,.0f} MiB RSS "
             f"({(row['full'] - row['idle']) / n:,.0f} B/msg over idle); peak while filling and cutting the snapshot "
-            f"{row['peak_fill_snapshot'] / mib:,.0f} MiB (worker + its writer {row['peak_workers'] / mib:,.0f}); "
+            f"{row['peak_fill_snapshot'] / mib:,.0f} MiB (worker + its writer {row['peak_workers'] / mib:,.0f}; "
+            f"PSS, shared pages once, {row['peak_fill_pss'] / mib:,.0f}); "
             f"produce {n / row['fill_s']:,.0f} msg/s; restart {row['restart_s']:.1f} s, peak "
             f"{row['peak_restart'] / mib:,.0f} MiB (worker {row['peak_restart_workers'] / mib:,.0f}), then "
             f"{row['after_restart'] / mib:,.0f} MiB")
