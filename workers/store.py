@@ -79,6 +79,12 @@ class _Spilled:
 
 SPILLED = _Spilled()
 
+
+def _tally(packed: list[int], per_segment: Counter) -> int:
+    """Count packed references by segment into `per_segment`; their bodies' bytes."""
+    per_segment.update([a >> _SEG_AT for a in packed])
+    return sum([a & _SIZE_MASK for a in packed])
+
 # Positions in a state tuple (Message._state).
 _READY, _TTL, _RETRY, _PRIORITY, _DELIVERY_COUNT, _LEASE, _TOKEN, _EXTRA = range(8)
 
@@ -201,10 +207,9 @@ class Chunk:
     def slots(self, p: int, k: int) -> list:
         """slot() of positions p .. p + k - 1."""
         out = self.data[p:p + k]
-        if self.at is not None and SPILLED in out:
-            for j, d in enumerate(out):
-                if d is SPILLED:
-                    out[j] = self.ref(p + j)
+        if self.at is not None and SPILLED in out:  # ref(), inlined
+            out = [(a >> _SEG_AT) << 64 | ((a >> _SIZE_BITS) & _OFF_MASK) << 32 | a & _SIZE_MASK
+                   if d is SPILLED else d for d, a in zip(out, self.at[p:p + k])]
         return out
 
     def spill_run(self, p: int, refs: list[int]) -> None:
@@ -220,10 +225,12 @@ class Chunk:
                                                | r & _SIZE_MASK for r in refs])
         self.data[p:p + len(refs)] = [SPILLED] * len(refs)
 
-    def packed(self) -> list[int]:
-        """The packed references of the SPILLED positions."""
+    def packed(self, p: int = 0, k: int = CHUNK) -> list[int]:
+        """The packed references of the SPILLED positions among p .. p + k - 1."""
         at = self.at
-        return [] if at is None else [a for a, d in zip(at, self.data) if d is SPILLED]
+        if at is None:
+            return []
+        return [a for a, d in zip(at[p:p + k], self.data[p:p + k]) if d is SPILLED]
 
     def store(self, p: int, data: str | int) -> None:
         """Keep a payload (a `str`, or a reference int: packed) at position p."""
@@ -586,6 +593,26 @@ class MessageStore:
         self.ov.drop_many(datas)
         self.spilled -= sum(type(d) is int for d in datas)
 
+    def _dropped_run(self, run: list[tuple[Chunk, int, int]]) -> None:
+        """_dropped() of the slots of a run (_run): the packed references counted from their
+        chunk's array, no int made."""
+        loose: list[str | int] = []
+        per: Counter = Counter()
+        size = n = 0
+        for c, p, k in run:
+            data = c.data[p:p + k]
+            if c.at is not None and SPILLED in data:
+                packed = c.packed(p, k)
+                size += _tally(packed, per)
+                n += len(packed)
+                loose += [d for d in data if d is not SPILLED]
+            else:
+                loose += data
+        if n:
+            self.ov.drop_refs(per, size)
+            self.spilled -= n
+        self._dropped_many(loose)
+
     def set_states(self, ids: list[int], states: list[tuple]) -> None:
         """set_state() of each stored msg_id."""
         run = self._run(ids) if ids else None
@@ -617,7 +644,7 @@ class MessageStore:
                 if None in c.states[p:p + k]:
                     raise KeyError(f"msg_ids from {ids[0]}: not all stored")
             if self.ov is not None:
-                self._dropped_many([d for c, p, k in run for d in c.slots(p, k)])
+                self._dropped_run(run)
             for c, p, k in run:
                 c.data[p:p + k] = c.states[p:p + k] = [None] * k
                 c.live -= k
@@ -712,8 +739,7 @@ class MessageStore:
         for c in self.chunks.values():
             packed = c.packed()
             if packed:
-                per.update([a >> _SEG_AT for a in packed])
-                size += sum([a & _SIZE_MASK for a in packed])
+                size += _tally(packed, per)
                 n += len(packed)
         return per, size, n
 
