@@ -8,11 +8,15 @@ a restart loads it, produce and consume + confirm rates, restart time. A benchma
 
 Each mode starts a fresh one-worker node (`--overflow-mb` for "overflow", 0 for "memory"), fills
 one queue with produces of --batch messages (a few requests in flight on one connection), lets
-it cut one snapshot at the end of the fill (snapshot_every = the fill's records), stops it and
+it cut one snapshot at the end of the fill (snapshot_every = the fill's records: one a message,
+not one a request), stops it and
 starts it again on the same data (restart: until the queue's size is back), then consumes
 everything --batch at a time and confirms each batch (at least once). RSS is summed over the
 node's processes from /proc/<pid>/status, sampled every 50 ms (so a snapshot writer child's
-pages are counted while it lives); "full" is the RSS once the fill has settled. The target:
+pages are counted while it lives: its pages shared with the worker count twice; the peak PSS,
+sampled every 0.5 s, counts them once); "full" is the
+RSS once the fill has settled and the snapshot writer has exited, "after the restart" once the
+queue is back and no writer is running. The target:
 full RSS <= overflow_mb + 64 B a message + the idle RSS.
 """
 from __future__ import annotations
@@ -54,21 +58,41 @@ def rss(pid: int) -> tuple[int, dict[str, int]]:
     return total, by
 
 
+def pss(pid: int) -> int:
+    """PSS in bytes summed over `pid` and its descendants: pages a forked snapshot writer shares
+    with its worker counted once (slower to read than RSS)."""
+    total = 0
+    for p in descendants(pid):
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                total += next((int(line.split()[1]) for line in f if line.startswith("Pss:")), 0) * 1024
+        except OSError:
+            continue
+    return total
+
+
 class Peak(threading.Thread):
-    """The highest summed RSS (and the worker processes' highest) seen while it runs."""
+    """The highest summed RSS (and the worker processes' highest) seen while it runs, and the
+    highest summed PSS (sampled every PSS_EVERY samples)."""
+
+    PSS_EVERY = 10
 
     def __init__(self, pid: int) -> None:
         super().__init__(daemon=True)
         self.pid = pid
-        self.total = self.workers = 0
+        self.total = self.workers = self.pss = 0
         self.done = threading.Event()
         self.start()
 
     def run(self) -> None:
+        k = 0
         while not self.done.wait(0.05):
             total, by = rss(self.pid)
             self.total = max(self.total, total)
             self.workers = max(self.workers, sum(b for n, b in by.items() if "worker" in n))
+            k += 1
+            if k % self.PSS_EVERY == 0:
+                self.pss = max(self.pss, pss(self.pid))
 
     def stop(self) -> tuple[int, int]:
         self.done.set()
@@ -132,6 +156,12 @@ def drain(port: int, n: int, batch: int, first: int) -> tuple[float, float]:
     return end - began, end - (split or began)
 
 
+def settled(pid: int) -> bool:
+    """No snapshot writer (a worker's forked child) is running under node `pid`."""
+    workers = [p for p in descendants(pid) if process_name(p).startswith("worker")]
+    return len(workers) == len({process_name(p) for p in workers})
+
+
 def size(port: int) -> int:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=2) as sock:
@@ -142,10 +172,9 @@ def size(port: int) -> int:
 
 def run(mode: str, args: argparse.Namespace, workdir: str) -> dict:
     n = args.messages
-    records = -(-n // args.batch)
     data_dir = tempfile.mkdtemp(prefix=f"{mode}-data-", dir=workdir)
     config = {"overflow_mb": args.overflow_mb if mode == "overflow" else 0, "queue_size": n + 1,
-              "max_memory_mb": 0, "max_request_size": 1 << 24, "snapshot_every": records,
+              "max_memory_mb": 0, "max_request_size": 1 << 24, "snapshot_every": n,
               "queue_data_dir": data_dir}
     row: dict = {"mode": mode}
     node = QueueServer(args.repo, workdir, 1, False, config, name=mode)
@@ -156,8 +185,10 @@ def run(mode: str, args: argparse.Namespace, workdir: str) -> dict:
         row["fill_s"] = fill(node.port, n, args.payload, args.batch)
         snaps = os.path.join(data_dir, "snapshots", "*.snap")
         wait_until(lambda: glob.glob(snaps), 600, 0.2)
+        wait_until(lambda: settled(node.proc.pid), 600, 0.2)
         time.sleep(1.0)
         row["peak_fill_snapshot"], row["peak_workers"] = peak.stop()
+        row["peak_fill_pss"] = peak.pss
         row["full"], row["full_by"] = rss(node.proc.pid)
     finally:
         node.stop()
@@ -170,6 +201,7 @@ def run(mode: str, args: argparse.Namespace, workdir: str) -> dict:
         wait_until(lambda: size(node.port) == n, 900, 0.2)
         row["restart_s"] = time.monotonic() - started
         row["peak_restart"], row["peak_restart_workers"] = peak.stop()
+        wait_until(lambda: settled(node.proc.pid), 600, 0.2)
         row["after_restart"], row["restart_by"] = rss(node.proc.pid)
         in_memory = min(n, (args.overflow_mb << 20) // args.payload) if mode == "overflow" else 0
         row["overflowed"] = n - in_memory
@@ -185,7 +217,8 @@ def describe(row: dict, n: int, overflow_mb: int) -> str:
     mib = 1 << 20
     text = (f"{row['mode']}: idle {row['idle'] / mib:,.0f} MiB, full {row['full'] / mib:,.0f} MiB RSS "
             f"({(row['full'] - row['idle']) / n:,.0f} B/msg over idle); peak while filling and cutting the snapshot "
-            f"{row['peak_fill_snapshot'] / mib:,.0f} MiB (worker + its writer {row['peak_workers'] / mib:,.0f}); "
+            f"{row['peak_fill_snapshot'] / mib:,.0f} MiB (worker + its writer {row['peak_workers'] / mib:,.0f}; "
+            f"PSS, shared pages once, {row['peak_fill_pss'] / mib:,.0f}); "
             f"produce {n / row['fill_s']:,.0f} msg/s; restart {row['restart_s']:.1f} s, peak "
             f"{row['peak_restart'] / mib:,.0f} MiB (worker {row['peak_restart_workers'] / mib:,.0f}), then "
             f"{row['after_restart'] / mib:,.0f} MiB")
@@ -215,8 +248,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dir", help="where the nodes' data go (default: a tmp folder)")
     args = parser.parse_args(argv)
     args.repo = os.path.dirname(HERE)
-    if args.code:
-        os.environ["PYTHONPATH"] = args.code
+    if args.code:  # the node starts in that folder: `python -m` puts its cwd ahead of PYTHONPATH
+        args.repo = os.path.abspath(args.code)
+        os.environ["PYTHONPATH"] = args.repo
     with tempfile.TemporaryDirectory(dir=args.dir) as workdir:
         for mode in args.modes.split(","):
             print(describe(run(mode, args, workdir), args.messages, args.overflow_mb), flush=True)

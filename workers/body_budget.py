@@ -16,7 +16,8 @@ Pure logic: no I/O.
 from __future__ import annotations
 
 # What a stored message costs a worker beside its body's length, for `memory_bytes`: its share of
-# the store (state, orderings: ~35 B) and the body's str header (49 B) or reference (an int).
+# the store (state, orderings: ~35 B) and the body's str header (49 B); a body on disk costs less
+# (its reference is 8 B packed in its chunk: ~43 B a message in all).
 # Measured by load/queue_memory.py (183 B a message of 100 B).
 PER_MESSAGE = 85
 

@@ -4,7 +4,9 @@ MessageStores (workers/store.py) ask where a new body goes, and which reads a bo
 
 A store's body slot holds either the `str` (in memory) or a reference: an `int` packing the
 segment number, the offset of the body's record in the segment, and the body's length in bytes
-(`ref`), so a reference costs no object beside the int. The segment files are append-only;
+(`ref`; each below 2**32). A MessageStore keeps it packed in 8 B of its chunk's array, no
+object (workers/store.py `Chunk.spill`; a body of 64 KiB or more stays an int there); the int
+exists while a reference is handed about (a read, an undo image, a dead letter). The segment files are append-only;
 each record is `u32 length | u32 crc32 | UTF-8 body`. The files themselves are a `SegmentFiles`
 given to the Overflow (server/overflow_files.py on a node, a dict in the tests): this module
 only decides which segment and offset each body gets, counts the live references per segment,
@@ -26,7 +28,7 @@ import errno
 import struct
 import zlib
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Protocol
 
 from queue_server.workers.body_budget import BodyBudget, body_size
@@ -304,17 +306,34 @@ class Overflow:
         held, refs = _split(datas)
         self.budget.free(held)
         if refs:
-            self.live_bytes -= sum(r & _LOW for r in refs)
-            for seg, k in Counter(r >> _SEG_SHIFT for r in refs).items():
-                self._release(seg, k)
+            self.drop_refs(Counter(r >> _SEG_SHIFT for r in refs), sum(r & _LOW for r in refs))
+
+    def drop_refs(self, per_segment: Mapping[int, int], size: int) -> None:
+        """References a store no longer holds, counted: how many per segment, and their bodies'
+        bytes."""
+        self.live_bytes -= size
+        for seg, k in per_segment.items():
+            self._release(seg, k)
 
     def hold_again(self, datas: Iterable[str | int]) -> None:
         """Slots a store held and dropped (a purge or delete_queue taken back) count again,
         where they are: no body moves."""
         held, refs = _split(datas)
         self.budget.hold(held)
-        for r in refs:
-            self._up(r)
+        if refs:
+            self.hold_refs(Counter(r >> _SEG_SHIFT for r in refs), sum(r & _LOW for r in refs))
+
+    def hold_refs(self, per_segment: Mapping[int, int], size: int) -> None:
+        """References a store holds (again, or loaded), counted: how many per segment, and
+        their bodies' bytes."""
+        live = self.live
+        zero = self.zero
+        for seg, k in per_segment.items():
+            n = live.get(seg, 0)
+            if not n:
+                zero.pop(seg, None)
+            live[seg] = n + k
+        self.live_bytes += size
 
     def _up(self, r: int) -> None:
         seg = r >> _SEG_SHIFT

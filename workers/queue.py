@@ -237,8 +237,8 @@ class Queue:
                 m.msg_id = i
                 m.data = c.data[i & _MASK]
                 m._state = c.states[i & _MASK]
-                if type(m.data) is int:  # its body overflowed to disk (workers/overflow.py)
-                    m.data = self._index.ov.read(m.data)
+                if type(m.data) is not str:  # its body overflowed to disk (workers/overflow.py)
+                    m.data = self._index.ov.read(c.slot(i & _MASK))
             s = m._state
             delivery_count = s[_DELIVERY_COUNT] + 1
             if lease is not None:

@@ -17,10 +17,15 @@ freed, so a few long-lived messages cannot pin whole chunks; a msg_id whose chun
 (a restore of an old message) goes to the side dict too. A msg_id is in its chunk or in the
 side dict, never both: a chunk is only made for msg_ids above every chunk made before.
 
-With overflow on (issue 26), `ov` is the worker's `Overflow` (workers/overflow.py): a payload
-slot holds the `str` or a reference (an `int`) to the body on disk, as `ov.keep` decides. The
-reads that hand a message out (get, get_many, entries) read it back; the raw slot (`pop`,
-`data`, `_columns`: undo images, dead letters) stays a reference. Else `ov` is None.
+With overflow on (issue 26), `ov` is the worker's `Overflow` (workers/overflow.py): a message's
+body is the `str` or a reference to it on disk, as `ov.keep` decides. The reads that hand a
+message out (get, get_many, entries) read it back; the raw slot (`pop`, `data`, `_columns`:
+undo images, dead letters) is the reference as an `int` (workers/overflow.py `ref`). A chunk
+keeps no object per reference: its payload list holds the shared sentinel SPILLED, and the
+reference lives packed in 8 B of the chunk's array `Chunk.at` (segment, offset and length in
+22, 26 and 16 bits), made the first time one of its bodies goes to disk; the int is built only
+when a slot is handed out. A reference that does not fit (a body of 64 KiB or more, a segment
+past 2**22 or an offset past 64 MiB) stays an int in the payload list. Else `ov` is None.
 
 One file, over 600 lines, because every method reads or writes the chunk layout (positions,
 sparse chunks, the side dict) and the overflow's counts of what it holds, which must not drift.
@@ -31,7 +36,9 @@ Pure logic: no I/O.
 from __future__ import annotations
 
 import heapq
+from array import array
 from bisect import bisect_left
+from collections import Counter
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
@@ -45,6 +52,38 @@ CHUNK = 1 << BITS  # msg_ids per chunk
 MASK = CHUNK - 1
 # A chunk other than the newest with fewer live messages than this moves them to the side dict.
 SPARSE = 8
+
+# A reference int (workers/overflow.py `ref`: segment << 64 | offset << 32 | length) packed in
+# a chunk's array('Q') (Chunk.at): segment << _SEG_AT | offset << _SIZE_BITS | length, when each
+# fits its bits (SEGMENT_SIZE is 64 MiB: every offset fits).
+_SIZE_BITS = 16
+_OFF_BITS = 26
+_SEG_BITS = 64 - _OFF_BITS - _SIZE_BITS
+_SEG_AT = _OFF_BITS + _SIZE_BITS
+_SIZE_MASK = (1 << _SIZE_BITS) - 1
+_OFF_MASK = (1 << _OFF_BITS) - 1
+_LOW = (1 << 32) - 1
+# The bits of a reference int that must be 0 for it to be packed.
+_UNPACKABLE = ~(((1 << _SEG_BITS) - 1) << 64 | _OFF_MASK << 32 | _SIZE_MASK)
+_NO_AT = bytes(8 * CHUNK)
+
+
+class _Spilled:
+    """The payload list's mark of a body on disk (its reference is in the chunk's arrays)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "SPILLED"
+
+
+SPILLED = _Spilled()
+
+
+def _tally(packed: list[int], per_segment: Counter) -> int:
+    """Count packed references by segment into `per_segment`; their bodies' bytes."""
+    per_segment.update([a >> _SEG_AT for a in packed])
+    return sum([a & _SIZE_MASK for a in packed])
 
 # Positions in a state tuple (Message._state).
 _READY, _TTL, _RETRY, _PRIORITY, _DELIVERY_COUNT, _LEASE, _TOKEN, _EXTRA = range(8)
@@ -128,14 +167,77 @@ class Chunk:
     """The messages of msg_ids n*CHUNK .. n*CHUNK + CHUNK - 1: payload and state at position
     msg_id & MASK (None where no message is stored), and how many are stored. The two lists
     grow to a position when a message is stored there (a small queue keeps small lists); past
-    their end nothing is stored."""
+    their end nothing is stored. A payload SPILLED is a body on disk: its reference is packed
+    in `at` at the same position (None until a body of the chunk goes to disk); a payload that
+    is an int is a reference too big to pack."""
 
-    __slots__ = ("data", "states", "live")
+    __slots__ = ("data", "states", "live", "at")
 
     def __init__(self) -> None:
-        self.data: list[str | None] = []
+        self.data: list[str | _Spilled | None] = []
         self.states: list[tuple | None] = []
         self.live = 0
+        self.at: array | None = None  # 'Q': the packed reference of each SPILLED position
+
+    def spill(self, p: int, r: int) -> None:
+        """Keep the reference `r` (an int, workers/overflow.py `ref`) at position p: packed when
+        it fits, else as it is."""
+        size = r & _LOW
+        offset = (r >> 32) & _LOW
+        seg = r >> 64
+        if size > _SIZE_MASK or offset > _OFF_MASK or seg >> _SEG_BITS:
+            self.data[p] = r
+            return
+        at = self.at
+        if at is None:
+            at = self.at = array("Q", _NO_AT)
+        at[p] = seg << _SEG_AT | offset << _SIZE_BITS | size
+        self.data[p] = SPILLED
+
+    def ref(self, p: int) -> int:
+        """The reference (an int) kept at position p (its payload is SPILLED)."""
+        a = self.at[p]  # type: ignore[index]
+        return (a >> _SEG_AT) << 64 | ((a >> _SIZE_BITS) & _OFF_MASK) << 32 | a & _SIZE_MASK
+
+    def slot(self, p: int) -> str | int | None:
+        """The payload at position p, a body on disk as its reference int."""
+        d = self.data[p]
+        return self.ref(p) if d is SPILLED else d  # type: ignore[return-value]
+
+    def slots(self, p: int, k: int) -> list:
+        """slot() of positions p .. p + k - 1."""
+        out = self.data[p:p + k]
+        if self.at is not None and SPILLED in out:  # ref(), inlined
+            out = [(a >> _SEG_AT) << 64 | ((a >> _SIZE_BITS) & _OFF_MASK) << 32 | a & _SIZE_MASK
+                   if d is SPILLED else d for d, a in zip(out, self.at[p:p + k])]
+        return out
+
+    def spill_run(self, p: int, refs: list[int]) -> None:
+        """spill() of each reference of `refs` at positions p, p + 1, ... (a REFS frame loaded:
+        packed a run at a time)."""
+        if any(map(_UNPACKABLE.__and__, refs)):
+            for k, r in enumerate(refs):
+                self.spill(p + k, r)
+            return
+        if self.at is None:
+            self.at = array("Q", _NO_AT)
+        self.at[p:p + len(refs)] = array("Q", [(r >> 64) << _SEG_AT | ((r >> 32) & _OFF_MASK) << _SIZE_BITS
+                                               | r & _SIZE_MASK for r in refs])
+        self.data[p:p + len(refs)] = [SPILLED] * len(refs)
+
+    def packed(self, p: int = 0, k: int = CHUNK) -> list[int]:
+        """The packed references of the SPILLED positions among p .. p + k - 1."""
+        at = self.at
+        if at is None:
+            return []
+        return [a for a, d in zip(at[p:p + k], self.data[p:p + k]) if d is SPILLED]
+
+    def store(self, p: int, data: str | int) -> None:
+        """Keep a payload (a `str`, or a reference int: packed) at position p."""
+        if type(data) is int:
+            self.spill(p, data)
+        else:
+            self.data[p] = data
 
     def reach(self, end: int) -> None:
         """Make positions up to end - 1 exist (doubling, at most CHUNK; exact-size lists)."""
@@ -218,7 +320,7 @@ class MessageStore:
         if run is not None:
             for c, p, k in run:
                 if with_data:
-                    datas += c.data[p:p + k]
+                    datas += c.slots(p, k)
                 states += c.states[p:p + k]
             return datas, states
         chunks = self.chunks
@@ -232,7 +334,7 @@ class MessageStore:
                 last = n
             p = i & MASK
             if c is not None and p < len(c.states):
-                d, s = c.data[p], c.states[p]
+                d, s = c.slot(p), c.states[p]
             elif c is not None:
                 d = s = None
             else:
@@ -248,7 +350,7 @@ class MessageStore:
         if c is None:
             return self.side[msg_id][0]
         p = msg_id & MASK
-        data = c.data[p] if p < len(c.data) else None
+        data = c.slot(p) if p < len(c.data) else None
         if data is None:
             raise KeyError(msg_id)
         return data
@@ -263,7 +365,7 @@ class MessageStore:
                 return None
             m = _new_message(Message)
             m.msg_id = msg_id
-            m.data = c.data[p]
+            m.data = c.slot(p)
             m._state = s
         else:
             entry = self.side.get(msg_id)
@@ -334,7 +436,7 @@ class MessageStore:
             c = chunks[n]
             for p, s in enumerate(c.states):
                 if s is not None:
-                    yield base + p, c.data[p], s
+                    yield base + p, c.slot(p), s
 
     def items(self) -> Iterator[tuple[int, Message]]:
         """(msg_id, Message) pairs, msg_id ascending."""
@@ -368,7 +470,7 @@ class MessageStore:
                 budget.held += size
             else:
                 data = self._kept(data)
-        c.data[p] = data
+        c.store(p, data)
         c.states[p] = state
         c.live += 1
         self.n += 1
@@ -393,6 +495,9 @@ class MessageStore:
         if self.ov is not None:
             datas, spilled = self.ov.keep_many(datas)
             self.spilled += spilled
+            refs = spilled != 0 or (bool(datas) and int in map(type, datas))
+        else:
+            refs = bool(datas) and int in map(type, datas)
         chunks = self.chunks
         i = 0
         total = len(ids)
@@ -411,12 +516,19 @@ class MessageStore:
             if last - p == j - i - 1:
                 c.data[p:last + 1] = datas[i:j]
                 c.states[p:last + 1] = states[i:j]
+                if refs:  # the references among them, packed
+                    run = datas[i:j]
+                    if str in map(type, run):
+                        for k, d in enumerate(run):
+                            if type(d) is int:
+                                c.spill(p + k, d)
+                    else:
+                        c.spill_run(p, run)
             else:
-                cdata = c.data
                 cstates = c.states
                 for k in range(i, j):
                     p = ids[k] & MASK
-                    cdata[p] = datas[k]
+                    c.store(p, datas[k])
                     cstates[p] = states[k]
             c.live += j - i
             i = j
@@ -455,9 +567,8 @@ class MessageStore:
         s = states[p] if p < len(states) else None
         if s is None:
             raise KeyError(msg_id)
-        datas = c.data
-        data = datas[p]
-        datas[p] = states[p] = None
+        data = c.slot(p)
+        c.data[p] = states[p] = None
         self.n -= 1
         live = c.live = c.live - 1
         if live < SPARSE and n != self.top:
@@ -481,6 +592,26 @@ class MessageStore:
             return
         self.ov.drop_many(datas)
         self.spilled -= sum(type(d) is int for d in datas)
+
+    def _dropped_run(self, run: list[tuple[Chunk, int, int]]) -> None:
+        """_dropped() of the slots of a run (_run): the packed references counted from their
+        chunk's array, no int made."""
+        loose: list[str | int] = []
+        per: Counter = Counter()
+        size = n = 0
+        for c, p, k in run:
+            data = c.data[p:p + k]
+            if c.at is not None and SPILLED in data:
+                packed = c.packed(p, k)
+                size += _tally(packed, per)
+                n += len(packed)
+                loose += [d for d in data if d is not SPILLED]
+            else:
+                loose += data
+        if n:
+            self.ov.drop_refs(per, size)
+            self.spilled -= n
+        self._dropped_many(loose)
 
     def set_states(self, ids: list[int], states: list[tuple]) -> None:
         """set_state() of each stored msg_id."""
@@ -513,7 +644,7 @@ class MessageStore:
                 if None in c.states[p:p + k]:
                     raise KeyError(f"msg_ids from {ids[0]}: not all stored")
             if self.ov is not None:
-                self._dropped_many([d for c, p, k in run for d in c.data[p:p + k]])
+                self._dropped_run(run)
             for c, p, k in run:
                 c.data[p:p + k] = c.states[p:p + k] = [None] * k
                 c.live -= k
@@ -565,7 +696,7 @@ class MessageStore:
             side = self.side
             for p, s in enumerate(c.states):
                 if s is not None:
-                    side[base + p] = (c.data[p], s)
+                    side[base + p] = (c.slot(p), s)
 
     def thin_sparse(self) -> None:
         """Thin every sparse chunk but the newest (after a load, which fills chunks as it
@@ -584,18 +715,42 @@ class MessageStore:
     def _slots(self) -> Iterator[str | int]:
         """The payload slot of every stored message."""
         for c in self.chunks.values():
-            for d in c.data:
+            for p, d in enumerate(c.data):
                 if d is not None:
+                    yield c.ref(p) if d is SPILLED else d
+        for d, _ in self.side.values():
+            yield d
+
+    def _loose(self) -> Iterator[str | int]:
+        """The payload slot of every stored message but those packed in a chunk's array
+        (`_packed` counts them)."""
+        for c in self.chunks.values():
+            for d in c.data:
+                if d is not None and d is not SPILLED:
                     yield d
         for d, _ in self.side.values():
             yield d
+
+    def _packed(self) -> tuple[Counter, int, int]:
+        """The references packed in the chunks' arrays: how many per segment, their bodies'
+        bytes, and how many in all."""
+        per: Counter = Counter()
+        size = n = 0
+        for c in self.chunks.values():
+            packed = c.packed()
+            if packed:
+                size += _tally(packed, per)
+                n += len(packed)
+        return per, size, n
 
     def detach(self) -> None:
         """The overflow no longer counts this store's bodies (a purge swapped it out, or its
         queue was deleted: the undo journal may still hold it); `reattach` undoes it."""
         if self.ov is not None and self.n:
             if self.spilled:
-                self.ov.drop_many(self._slots())
+                per, size, _ = self._packed()
+                self.ov.drop_refs(per, size)
+                self.ov.drop_many(self._loose())
             else:  # every body in memory: one sum, at C speed
                 self.ov.budget.free(self._held())
 
@@ -603,7 +758,9 @@ class MessageStore:
         """The overflow counts this store's bodies again, where they are (undo of detach)."""
         if self.ov is not None and self.n:
             if self.spilled:
-                self.ov.hold_again(self._slots())
+                per, size, _ = self._packed()
+                self.ov.hold_refs(per, size)
+                self.ov.hold_again(self._loose())
             else:
                 self.ov.budget.hold(self._held())
 
@@ -614,23 +771,32 @@ class MessageStore:
         ov = self.ov
         if ov is None or not self.spilled:
             return 0
-        lo, hi = seg << 64, (seg + 1) << 64
         moved = 0
         if n is None:
+            lo, hi = seg << 64, (seg + 1) << 64
             side = self.side
             for i, (d, s) in list(side.items()):
                 if type(d) is int and lo <= d < hi:
                     side[i] = (ov.move(d), s)
-                    moved += d & 0xFFFFFFFF
+                    moved += d & _LOW
             return moved
         c = self.chunks.get(n)
         if c is None:
             return 0
         data = c.data
-        for p, d in enumerate(data):
-            if type(d) is int and lo <= d < hi:
-                data[p] = ov.move(d)
-                moved += d & 0xFFFFFFFF
+        if c.at is not None and not seg >> _SEG_BITS:  # the packed ones: by their array
+            lo, hi = seg << _SEG_AT, (seg + 1) << _SEG_AT
+            for p, (a, d) in enumerate(zip(c.at, data)):
+                if lo <= a < hi and d is SPILLED:
+                    r = c.ref(p)
+                    c.store(p, ov.move(r))
+                    moved += r & _LOW
+        if int in map(type, data):  # the ones too big to pack
+            lo, hi = seg << 64, (seg + 1) << 64
+            for p, d in enumerate(data):
+                if type(d) is int and lo <= d < hi:
+                    c.store(p, ov.move(d))
+                    moved += d & _LOW
         return moved
 
     def _held(self) -> int:
@@ -648,11 +814,14 @@ class MessageStore:
         self.spilled = 0
         if ov is None or not self.n:
             return
+        per, size, self.spilled = self._packed()  # references stay where they are
+        ov.hold_refs(per, size)
         for c in self.chunks.values():
             data = c.data
             for p, d in enumerate(data):
-                if d is not None:
-                    d = data[p] = ov.keep(d)
+                if d is not None and d is not SPILLED:
+                    d = ov.keep(d)
+                    c.store(p, d)
                     self.spilled += type(d) is int
         side = self.side
         for i, (d, s) in side.items():

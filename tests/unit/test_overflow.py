@@ -19,9 +19,9 @@ from queue_server.protocol import vocabulary as p
 from queue_server.protocol.origin import Origin
 from queue_server.workers.body_budget import BodyBudget, body_size, worker_share
 from queue_server.workers.compaction import Compaction
-from queue_server.workers.overflow import HEADER, BodyUnreadable, Overflow, unpack
+from queue_server.workers.overflow import HEADER, BodyUnreadable, Overflow, ref, unpack
 from queue_server.workers.service import PartitionService
-from queue_server.workers.store import MessageStore
+from queue_server.workers.store import SPILLED, MessageStore
 from tests.unit.service_replies import take_replies
 from tests.unit.test_rollback import Run, assert_same, service
 
@@ -192,13 +192,14 @@ def test_bodies_past_the_share_go_to_disk_and_memory_is_used_again_when_freed():
     store = MessageStore(ov)
     state = (0.0, 1.0, 0.0, 0, 0, None, None, None)
     store.add_run(1, ["aaaa", "bbbb", "cccc", "dd"], [state] * 4)
-    assert [type(d) for d in store.chunks[0].data[1:5]] == [str, str, int, str]
+    assert [type(store.data(i)) for i in range(1, 5)] == [str, str, int, str]
+    assert store.chunks[0].data[3] is SPILLED  # no int object kept: the reference is packed
     assert ov.budget.held == 10 and store.spilled == 1
     assert store.get(3).data == "cccc"  # read back
     store.pop(1)
     store.add(5, "eeee", state)  # back under the share: in memory again
-    assert type(store.chunks[0].data[5]) is str
-    assert store.chunks[0].data[3] is not None and type(store.chunks[0].data[3]) is int  # no promotion
+    assert type(store.data(5)) is str
+    assert type(store.data(3)) is int  # no promotion
     assert [m.data for m in store.get_many([2, 3, 4, 5])] == ["bbbb", "cccc", "dd", "eeee"]
 
 
@@ -232,7 +233,55 @@ def test_a_batch_consume_reads_each_run_of_bodies_at_once():
     got = store.get_many([i for i in range(1, 26) if i != 13])
     assert [m.data for m in got] == [b for i, b in enumerate(bodies, 1) if i != 13]
     assert ov.files.reads == 4  # segment 0, segment 1 before and after the gap, segment 2
-    assert ov.read_many([store.chunks[0].data[5], "mem", store.chunks[0].data[2]]) == ["b0004", "mem", "b0001"]
+    assert ov.read_many([store.data(5), "mem", store.data(2)]) == ["b0004", "mem", "b0001"]
+
+
+def test_a_chunk_packs_references_at_their_limits():
+    """A reference is kept packed in 8 B of its chunk's array('Q') (segment, offset and length
+    in 22, 26 and 16 bits) and one that does not fit stays an int in the payload list; both
+    come out as the same int through every raw read and the side dict."""
+    top = (1 << 32) - 1
+    packed = [ref(0, 0, 0), ref((1 << 22) - 1, (1 << 26) - 1, 65_535), ref(7, 4096, 100)]
+    unpacked = [ref(top, top, top), ref(1 << 22, 0, 1), ref(1, 1 << 26, 1), ref(3, 0, 65_536)]
+    assert [unpack(r) for r in unpacked[:2]] == [(top, top, top), (1 << 22, 0, 1)]
+    refs = [packed[0], unpacked[0], packed[1], unpacked[1], unpacked[2], packed[2], unpacked[3]]
+    state = (0.0, 1.0, 0.0, 0, 0, None, None, None)
+    store = MessageStore()  # no overflow: slots are stored as given (a snapshot's REFS, loaded)
+    store.add_ascending([1, 2, 3, 5, 6, 7, 8], refs, [state] * 7)
+    store.add(4, "in memory", state)
+    c = store.chunks[0]
+    assert c.data[1:9] == [SPILLED, refs[1], SPILLED, "in memory", refs[3], refs[4], SPILLED, refs[6]]
+    assert len(c.at) == 256 and c.at.itemsize == 8
+    everything = refs[:3] + ["in memory"] + refs[3:]
+    ids = [1, 2, 3, 4, 5, 6, 7, 8]
+    assert [store.data(i) for i in ids] == everything
+    assert store._columns(ids, True)[0] == everything
+    assert store._columns([7, 1, 4, 2], True)[0] == [refs[5], refs[0], "in memory", refs[1]]
+    assert [d for _, d, _ in store.entries(raw=True)] == everything
+    assert list(store._slots()) == everything
+    assert store.pop(3) == (refs[2], state)
+    store.add(3, packed[2], state)  # a position used again (an undo) keeps the new reference
+    assert store.data(3) == packed[2]
+    store.add(300, "x", state)  # chunk 1 made: chunk 0 thinned below SPARSE goes to the side dict
+    store.delete_many([1, 2])
+    store.pop(4)
+    assert 0 not in store.chunks
+    assert store.side == {3: (packed[2], state), 5: (refs[3], state), 6: (refs[4], state),
+                          7: (refs[5], state), 8: (refs[6], state)}
+
+
+def test_a_body_over_64_kb_goes_to_disk_and_back():
+    ov = Overflow(BodyBudget(0), FakeFiles())
+    store = MessageStore(ov)
+    state = (0.0, 1.0, 0.0, 0, 0, None, None, None)
+    big, wide = "b" * 70_000, "\u00e9" * 40_000  # 70,000 and 80,000 bytes
+    store.add_run(1, ["s", big, wide], [state] * 3)
+    assert store.spilled == 3 and [unpack(store.data(i))[2] for i in (1, 2, 3)] == [1, 70_000, 80_000]
+    assert store.get(2).data == big and store.get(3).data == wide
+    assert [m.data for m in store.get_many([1, 2, 3])] == ["s", big, wide]
+    assert ov.live_bytes == 150_001
+    store.delete_many([1, 2, 3])
+    assert ov.live_bytes == 0 and store.spilled == 0
 
 
 def test_single_consumes_of_a_fifo_queue_read_ahead():
@@ -365,3 +414,23 @@ def test_segments_mostly_dead_are_compacted_and_disk_use_tracks_what_is_stored(j
     s.handle({"action": "consume", "queue": "a", "count": 100}, Origin(1), 1000, T0)
     (_, _, reply), = take_replies(s)
     assert [m["data"] for m in reply["messages"]] == [f"a-{i:08d}" for i in range(0, 200, 5)]
+
+
+def test_a_chunk_moves_out_its_packed_and_its_unpacked_references():
+    """Compaction's walk of a chunk (MessageStore.move_out) moves the references packed in its
+    array and the ones kept as ints (a body of 64 KiB or more) that name the segment, and only
+    those."""
+    ov = Overflow(BodyBudget(0), FakeFiles(), segment_size=1 << 20)
+    store = MessageStore(ov)
+    state = (0.0, 1.0, 0.0, 0, 0, None, None, None)
+    bodies = ["small", "b" * 70_000, "small2"]
+    store.add_run(1, bodies, [state] * 3)  # segment 0
+    ov._rotate()
+    store.add_run(4, ["other"], [state])  # segment 1 (the current one)
+    assert store.chunks[0].data[1:5] == [SPILLED, store.data(2), SPILLED, SPILLED]
+    ov._rotate()  # the current segment is 2: segments 0 and 1 are closed
+    moved = store.move_out(0, 0)
+    assert moved == 5 + 70_000 + 6
+    assert [unpack(store.data(i))[0] for i in (1, 2, 3, 4)] == [2, 2, 2, 1]
+    assert [m.data for m in store.get_many([1, 2, 3, 4])] == bodies + ["other"]
+    assert ov.live == {1: 1, 2: 3} and ov.zero == {0: None}
