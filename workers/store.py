@@ -470,7 +470,10 @@ class MessageStore:
                 budget.held += size
             else:
                 data = self._kept(data)
-        c.store(p, data)
+        if type(data) is int:  # c.store, inlined: a produce's path
+            c.spill(p, data)
+        else:
+            c.data[p] = data
         c.states[p] = state
         c.live += 1
         self.n += 1
@@ -485,19 +488,20 @@ class MessageStore:
     def add_run(self, first: int, datas: list[str], states: list[tuple]) -> None:
         """Store messages under consecutive msg_ids from `first`, every one above all stored
         (so none is stored: a produce's new ids)."""
-        self.add_ascending(range(first, first + len(datas)), datas, states)
+        self.add_ascending(range(first, first + len(datas)), datas, states, bodies=True)
 
-    def add_ascending(self, ids: Sequence[int], datas: list[str] | list[int], states: list[tuple]) -> None:
+    def add_ascending(self, ids: Sequence[int], datas: list[str] | list[int], states: list[tuple],
+                      bodies: bool = False) -> None:
         """Store messages under ascending msg_ids, every one above all stored (a snapshot's
         rows, loaded a frame at a time): a chunk's share is stored with a slice when its msg_ids
         are consecutive. A REFS frame's references (`int`s) come only to a store with no overflow
-        yet (a load: `attach` counts them)."""
+        yet (a load: `attach` counts them); `bodies`: every data is a `str` (a produce's)."""
         if self.ov is not None:
             datas, spilled = self.ov.keep_many(datas)
             self.spilled += spilled
-            refs = spilled != 0 or (bool(datas) and int in map(type, datas))
+            refs = spilled != 0 or (not bodies and bool(datas) and int in map(type, datas))
         else:
-            refs = bool(datas) and int in map(type, datas)
+            refs = not bodies and bool(datas) and int in map(type, datas)
         chunks = self.chunks
         i = 0
         total = len(ids)
