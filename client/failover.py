@@ -162,8 +162,9 @@ class Failover:
         self._give_up_at = now + patience
         self._patient = patience > 0
         self._pause = ROUND_PAUSE
-        self._between_leaders = False  # a host of this round refused the request unapplied
-        self._refusal: QueueError | None = None  # the last such refusal (one host: the error to give up with)
+        # A host of this round refused the request unapplied (the cluster is between two
+        # leaders): its refusal, the last one (with one host, the error to give up with).
+        self._refusal: QueueError | None = None
 
     def next(self, now: float = 0.0) -> Attempt | QueueError | float:
         """The host to send to now; or the seconds to pause before calling again (every host
@@ -171,14 +172,14 @@ class Failover:
         lasts); or the error to give up with (every host failed)."""
         route = self.route
         if self._failed and route.host_set <= self._failed:
-            if not self._between_leaders or now + self._pause > self._give_up_at:
+            if self._refusal is None or now + self._pause > self._give_up_at:
                 if len(route.host_set) < 2 and self._refusal is not None:
                     return self._refusal
                 return self._unavailable()
             pause, self._pause = self._pause, min(self._pause * 2, ROUND_PAUSE_MAX)
             self._failed.clear()
             self._errors.clear()
-            self._between_leaders = self._timed_out = False
+            self._timed_out = False
             self._refusal = None
             return pause
         while route.address in self._failed:  # it failed this call already: skip it
@@ -208,7 +209,6 @@ class Failover:
             return AGAIN
         if len(self.route.host_set) < 2 and not self._patient:
             return error
-        self._between_leaders = True
         self._refusal = error
         return self._host_failed(attempt, error, timed_out=False)
 

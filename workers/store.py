@@ -39,7 +39,7 @@ import heapq
 from array import array
 from bisect import bisect_left
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from queue_server.workers.body_budget import body_size
@@ -600,22 +600,11 @@ class MessageStore:
     def _dropped_run(self, run: list[tuple[Chunk, int, int]]) -> None:
         """_dropped() of the slots of a run (_run): the packed references counted from their
         chunk's array, no int made."""
-        loose: list[str | int] = []
-        per: Counter = Counter()
-        size = n = 0
-        for c, p, k in run:
-            data = c.data[p:p + k]
-            if c.at is not None and SPILLED in data:
-                packed = c.packed(p, k)
-                size += _tally(packed, per)
-                n += len(packed)
-                loose += [d for d in data if d is not SPILLED]
-            else:
-                loose += data
+        per, size, n = self._packed(run)
         if n:
             self.ov.drop_refs(per, size)
             self.spilled -= n
-        self._dropped_many(loose)
+        self._dropped_many([d for c, p, k in run for d in c.data[p:p + k] if d is not SPILLED])
 
     def set_states(self, ids: list[int], states: list[tuple]) -> None:
         """set_state() of each stored msg_id."""
@@ -735,13 +724,13 @@ class MessageStore:
         for d, _ in self.side.values():
             yield d
 
-    def _packed(self) -> tuple[Counter, int, int]:
-        """The references packed in the chunks' arrays: how many per segment, their bodies'
-        bytes, and how many in all."""
+    def _packed(self, run: Iterable[tuple[Chunk, int, int]] | None = None) -> tuple[Counter, int, int]:
+        """The references packed in the chunks' arrays (those of `run`'s slots, else all): how
+        many per segment, their bodies' bytes, and how many in all."""
         per: Counter = Counter()
         size = n = 0
-        for c in self.chunks.values():
-            packed = c.packed()
+        for c, p, k in (run if run is not None else ((c, 0, CHUNK) for c in self.chunks.values())):
+            packed = c.packed(p, k)
             if packed:
                 size += _tally(packed, per)
                 n += len(packed)
