@@ -53,6 +53,12 @@ def _ms(text: str) -> float:
     return float(value) * {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3, "h": 3600e3}[unit]
 
 
+def percentile(text: str, q: int) -> float:
+    """The q% latency of wrk's --latency distribution, in ms: its own line, not a "+/- Stdev"
+    column that ends in the same digits (92.50% is no 50% line)."""
+    return _ms(re.search(rf"^\s*{q}%\s+(\S+)", text, re.M).group(1))
+
+
 def run(port: int, conns: int, seconds: float, payload: int, workdir: str) -> dict:
     """One closed-loop run against 127.0.0.1:port; ops (requests), messages (completed cycles),
     their rates and request latency p50/p99, as cbench reports them."""
@@ -71,7 +77,7 @@ def run(port: int, conns: int, seconds: float, payload: int, workdir: str) -> di
     ops = int(done.group(1))
     elapsed = float(done.group(2)) * {"s": 1, "ms": 1e-3, "m": 60}[done.group(3)]
     try:
-        p50, p99 = (_ms(re.search(rf"{q}%\s+(\S+)", text).group(1)) for q in (50, 99))
+        p50, p99 = (percentile(text, q) for q in (50, 99))
     except (AttributeError, ValueError) as exc:  # shown whole: which line wrk printed is the question
         raise RuntimeError(f"wrk's latency distribution was not read ({exc}): {text.strip()[-600:]}") from None
     messages = ops // 3
