@@ -275,10 +275,14 @@ class GroupNode:
         self._snapshot_progress(now)
 
     def wake_at(self) -> float:
-        """When tick() (or its Forwarding's) next has something to do."""
+        """When tick() (or its Forwarding's) next has something to do: the election's and the
+        hand-off's timers, the running cut's hold, forwarded requests, and the next cut once it
+        is due (a follower's election timer never fires while its leader is heard)."""
         wake = self.election.wake_at
         if self.handoff_until is not None:
             wake = min(wake, self.handoff_until)
+        if self.storage_ok and self.fence_epoch != self.epoch:  # as _snapshot_progress starts one
+            wake = min(wake, self.cuts.due_at(self.log.commit_trans_id))
         return min(wake, self.cuts.wake_at(), self.forwarding.wake_at())
 
     def on_message(self, msg: object, now: float) -> None:

@@ -113,6 +113,15 @@ class SnapshotCut:
             return True
         return not self.urgent and self.every is not None and commit - self.last >= self.every
 
+    def due_at(self, commit: int) -> float:
+        """The time from which due() holds at this commit point (inf: not before the commit
+        moves on or a cut is wanted)."""
+        if self.snapshot_dir is None or self.running:
+            return float("inf")
+        if not self.urgent and self.every is not None and commit - self.last >= self.every:
+            return 0.0
+        return self.retry_at if self.urgent or self.timeouts else float("inf")
+
     def request(self) -> list[tuple[int, list[bytes]]]:
         """A cut is wanted at once (the state was replaced) on a node that keeps snapshots: the
         running one, if any, ends."""

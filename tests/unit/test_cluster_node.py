@@ -971,6 +971,29 @@ def test_a_follower_s_cut_holds_nothing_and_its_t_is_what_its_workers_were_sent(
     assert failed.reason == "worker 1 could not write its part: No space left on device"
 
 
+def test_a_follower_whose_commits_reach_snapshot_every_asks_to_be_woken_for_its_cut():
+    # A follower's election timer never fires while its leader is heard: the coordinator ticks it
+    # when wake_at says, so the cut that is due must say so itself.
+    node = ClusterNode(_config(3, snapshot_every=2), T0, recovered=Recovered(), rng=random.Random(1),
+                       snapshot_dir=SNAPS)
+    node.on_peer(Heartbeat(1, 2, 0, 0, 0, 0), NODE2, T0)
+    node.on_peer(AppendEntries(1, 2, 0, 0, (Entry(1, 1, decode(orjson.dumps(PRODUCE))),), 1), NODE2, T0 + 0.01)
+    _drain(node)
+    assert node.wake_at() > T0 + 0.15  # one record committed: nothing due before the election timer
+    node.on_peer(AppendEntries(1, 2, 1, 1, (Entry(2, 1, decode(orjson.dumps(PRODUCE))),), 2), NODE2, T0 + 0.02)
+    _drain(node)
+    assert node.wake_at() <= T0 + 0.02  # two: the cut is due now
+    epoch, cut_id, tmp, holds = _cutting(node, T0 + 0.02)
+    assert holds == [False, False] and node.cuts.trans_id == 2
+    assert node.wake_at() > T0 + 0.15  # running: no busy wake for it
+    node.on_part_done(cut_id, 0, True, PART, T0 + 0.1)
+    node.on_part_done(cut_id, 1, True, PART, T0 + 0.1)
+    (published,) = node.ready().snapshots
+    assert (type(published), published.trans_id) == (Publish, 2)
+    _drain(node)
+    assert node.wake_at() > T0 + 0.15  # the next one waits for two more committed records
+
+
 def test_a_node_without_a_disk_makes_no_cuts():
     node = ClusterNode(_config(1, snapshot_every=1), T0, recovered=None, rng=random.Random(1))
     node.tick(T0 + 1)
