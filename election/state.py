@@ -128,8 +128,7 @@ class Election:
     def wake_at(self) -> float:
         """The latest time at which tick() should next be called."""
         if self._role is Role.LEADER:
-            expiry = min(self._acks.values(), default=float("inf")) + self.election_timeout
-            wake = min(self._next_heartbeat, expiry) if self.check_quorum else self._next_heartbeat
+            wake = min(self._next_heartbeat, self._quorum_expiry()) if self.check_quorum else self._next_heartbeat
             return min(wake, self._transfer_deadline)
         return self._deadline
 
@@ -376,6 +375,17 @@ class Election:
         """The live follower whose log reaches furthest (the lower id on a tie), or None."""
         live = [p for p in self.peers if self._live(now, p)]
         return max(live, key=lambda p: (matches.get(p, 0), -p)) if live else None
+
+    def _quorum_expiry(self) -> float:
+        """When this leader stops hearing from a majority if no follower answers again: an
+        election timeout after the answer of the follower that makes the majority (the
+        (quorum-1)-th most recent). Not the oldest answer: a follower that is down must not
+        keep this time in the past, which would wake the leader's loop at once, over and over."""
+        needed = self.quorum - 1  # followers, with this node
+        if needed <= 0:
+            return float("inf")
+        acks = sorted(self._acks.values(), reverse=True)
+        return (acks[needed - 1] if len(acks) >= needed else float("-inf")) + self.election_timeout
 
     def _has_quorum(self, now: float) -> bool:
         return 1 + sum(1 for p in self.peers if self._live(now, p)) >= self.quorum

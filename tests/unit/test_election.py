@@ -399,6 +399,34 @@ def test_leader_with_majority_stays():
         assert e.is_leader
 
 
+def test_a_leader_with_a_follower_down_is_woken_by_its_heartbeats_not_at_once():
+    # wake_at once took the oldest answer: with one follower of three down, it stayed an
+    # election timeout after that follower's last answer, in the past, and the coordinator's loop
+    # woke at once, over and over, for as long as the follower was down (a core at 100 %).
+    e = make(1, [1, 2, 3], pre_vote=False)
+    e.tick(5.0)
+    e.on_message(VoteReply(1, 2, True), 5.0)
+    t = 5.0
+    while t < 5.0 + 3 * T:
+        t = round(t + HB, 6)
+        e.on_message(HeartbeatAck(1, 2, 0, 0), t)  # node 3 never answers
+        e.tick(t)
+        assert e.is_leader and e.wake_at > t, (t, e.wake_at)
+    # Five nodes, two followers answering (a majority with this one), two down: the same.
+    e = make(1, [1, 2, 3, 4, 5], pre_vote=False)
+    e.tick(5.0)
+    for voter in (2, 3):
+        e.on_message(VoteReply(1, voter, True), 5.0)
+    t = 5.0
+    while t < 5.0 + 3 * T:
+        t = round(t + HB, 6)
+        e.on_message(HeartbeatAck(1, 2, 0, 0), t)
+        e.on_message(HeartbeatAck(1, 3, 0, 0), t - HB / 2)
+        e.tick(t)
+        assert e.is_leader and e.wake_at > t, (t, e.wake_at)
+    assert e.wake_at <= t - HB / 2 + T  # still woken to step down once node 3 goes silent too
+
+
 def test_partitioned_leader_steps_down_and_returns_as_follower():
     net = Net(3)
     net.run(3 * T)
