@@ -165,6 +165,13 @@ def _node_with_a_cut_running(tmp_path) -> tuple[NodeProcess, Producers, tuple[in
     return node, work, writer  # type: ignore[return-value]
 
 
+def _recovery_line(log: str) -> str | None:
+    """The node's recovery line, once it is whole in `log` (read once: a line read while it is
+    written is not yet whole)."""
+    lines = [line for line in log.splitlines(keepends=True) if "recovered in" in line and line.endswith("\n")]
+    return lines[-1] if lines else None
+
+
 def _restart_and_check(node: NodeProcess, work: Producers, newest: int) -> None:
     """kill -9 of the node, a restart, and every acknowledged message back, from the snapshot at
     `newest` (or a newer one) and the log after it."""
@@ -172,9 +179,9 @@ def _restart_and_check(node: NodeProcess, work: Producers, newest: int) -> None:
     earlier = len(node.log())
     node = _restart(node)
     try:
-        line = wait_for(lambda: _RECOVERED.search(node.log()[earlier:]) or "recovered in" in node.log()[earlier:],
-                        60, "the recovery line")
-        assert line is not True and int(line[1]) >= newest, node.log()[earlier:]
+        line = wait_for(lambda: _recovery_line(node.log()[earlier:]), 60, "the recovery line")
+        found = _RECOVERED.search(line)
+        assert found is not None and int(found[1]) >= newest, node.log()[earlier:]
         work.check(node, ["bulk", *QUEUES])
         assert not [p for p in cut_short if os.path.exists(os.path.join(node.config["queue_data_dir"], "snapshots", p))]
         with QueueClient(node.hosts) as q:  # ids go on after the highest acknowledged ones
