@@ -326,7 +326,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("tls_cert_file", "", _string(False), "PEM certificate (chain) of the client TCP port: with tls_key_file, clients must speak TLS; '' = plain TCP"),
     _Key("tls_key_file", "", _string(False), "PEM private key of tls_cert_file"),
     _Key("tls_ca_file", "", _string(False), "PEM CA certificates: clients must present a certificate they signed; '' = no client certificates"),
-    _Key("queue_groups", 1, _int(1, 1024), "queue groups, each with its own leader and replica set (docs/plans/queue-groups.md; only 1 is built yet)"),
+    _Key("queue_groups", 1, _int(1, 1024), "queue groups, each with its own leader and replica set (docs/architecture.md)"),
     _Key("group_replicas", 0, _int(0, 255), "nodes that replicate each queue group (odd); 0 = every node"),
     _Key("queue_group_list", [], _group_rules, 'placement rules: [{"pattern": "orders.*", "group": 2, "nodes": [1, 4, 5]}], first match wins'),
     _Key("udp_amplification_limit", 3, _int(0, 1000), "on a non-loopback UDP address: a reply to an unauthenticated datagram is at most this many times its size; 0 = off"),
@@ -525,10 +525,11 @@ def _check_groups(c: NodeConfig) -> None:
         names, (a, b) = split
         raise ConfigError("queue_group_list", f"the virtual queue of {', '.join(names)} would span groups {a} and {b}: "
                           "place all of its queues in one group")
-    if c.queue_groups > 1 or c.group_replicas not in (0, max(nodes, 1)) or c.queue_group_list:
-        key = "queue_groups" if c.queue_groups > 1 else "group_replicas" if c.group_replicas else "queue_group_list"
-        raise ConfigError(key, "more than one queue group, or a group on fewer than every node, is not built yet "
-                          "(issue 28, docs/plans/queue-groups.md): leave it at its default")
+    partial = [rule for rule in c.queue_group_list if rule.nodes and set(rule.nodes) != ids]
+    if c.group_replicas not in (0, max(nodes, 1)) or partial:
+        key = "group_replicas" if not partial else "queue_group_list"
+        raise ConfigError(key, "a queue group on fewer than every node is not built yet (issue 28, "
+                          "docs/plans/queue-groups.md step 5): replicate every group on every node")
 
 
 # -- text ------------------------------------------------------------------------------------
@@ -656,7 +657,7 @@ DEFAULT_CONFIG_TEXT = """\
     "tls_cert_file" : "",           // with tls_key_file: the client TCP port speaks TLS; "" = plain
     "tls_key_file" : "",
     "tls_ca_file" : "",             // CA of the client certificates required; "" = none required
-    "queue_groups" : 1,             // queue groups, each with its own leader (only 1 is built yet: issue 28)
+    "queue_groups" : 1,             // queue groups, each with its own leader and log
     "group_replicas" : 0,           // nodes that replicate each group (odd); 0 = every node
     "queue_group_list" : [],        // [{"pattern": "orders.*", "group": 2, "nodes": [1, 4, 5]}], first match wins
     "udp_amplification_limit" : 3,  // non-loopback UDP: a reply is at most 3x an unauthenticated request; 0 = off

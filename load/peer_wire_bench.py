@@ -80,7 +80,9 @@ def cluster(tmp: str, multipart: bool = False) -> tuple[dict[int, Coordinator], 
         c.log = logging.getLogger(f"node{i}")
         c.node = ClusterNode(cfg, 0.0, recovered=Recovered(), rng=random.Random(i))
         c.transfers = Transfers(c.node, None, tmp, c.log)
-        c.client = (cfg.host, cfg.port, cfg.node_type, cfg.http_port, 0, 0)[:envelope]
+        c.storages, c.transfers_of = {0: None}, {0: c.transfers}  # (read by versions with queue groups)
+        # The envelope's fields but the group, which a version with queue groups passes apart.
+        c.client = (cfg.host, cfg.port, cfg.node_type, cfg.http_port, 0, 0)[:min(envelope, 5)]
         c.workers, c.acceptor = [Sink()], Sink()
         c.peers = {j: Link(net, i, j) for j in (1, 2, 3) if j != i}
         c.next_observe = float("inf")  # no metrics

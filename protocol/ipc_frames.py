@@ -47,15 +47,16 @@ FENCE = b"fence"  # acceptor | coordinator -> worker: [FENCE, epoch, sender, gro
 FENCED = b"fenced"  # worker -> coordinator: [FENCED, epoch, worker index, group]
 # Worker-made snapshots (server/snapshots.py SnapshotCut): each worker forks a child that writes
 # its part; a leading worker sends nothing more to the coordinator between SNAPPED and the end of
-# the cut (RELEASE, or the next MODE), so that the log up to T holds exactly its pre-fork records.
+# the cut (RELEASE, or the group's next MODE), so that the log up to T holds exactly its pre-fork records.
 # A leader's cut first makes a round trip (SYNC, SYNCED), so that its hold starts only once every
 # worker has handled what it was sent before (a long replay would make the hold time out).
-SYNC = b"sync"  # coordinator -> worker: [SYNC, json [epoch, cut id]] answer SYNCED
-SYNCED = b"synced"  # worker -> coordinator: [SYNCED, json [epoch, cut id, worker index]]
-SNAP = b"snap"  # coordinator -> worker: [SNAP, json [epoch, cut id, tmp dir, hold]]
-SNAPPED = b"snapped"  # worker -> coordinator: [SNAPPED, json [epoch, cut id, worker index]] right after the fork
-RELEASE = b"release"  # coordinator -> worker: [RELEASE, cut id] the cut needs no more holding
-PART_DONE = b"part_done"  # worker -> coordinator: [PART_DONE, json [cut id, worker index, ok, part entry]]
+# Each is about one queue group's cut (its last frame); a node runs one cut at a time.
+SYNC = b"sync"  # coordinator -> worker: [SYNC, json [epoch, cut id], group] answer SYNCED
+SYNCED = b"synced"  # worker -> coordinator: [SYNCED, json [epoch, cut id, worker index], group]
+SNAP = b"snap"  # coordinator -> worker: [SNAP, json [epoch, cut id, tmp dir, hold], group]
+SNAPPED = b"snapped"  # worker -> coordinator: [SNAPPED, json [epoch, cut id, worker index], group] right after the fork
+RELEASE = b"release"  # coordinator -> worker: [RELEASE, cut id, group] the cut needs no more holding
+PART_DONE = b"part_done"  # worker -> coordinator: [PART_DONE, json [cut id, worker index, ok, part entry], group]
 LOAD = b"load"  # coordinator -> worker: [LOAD, json [trans_id, [part path, ...]], group] replace all the group's queues
 WAKE = b"wake"  # coordinator -> itself: [WAKE] a signal's handler ends the wait for the next message
 FROM_ACCEPTOR = b"acceptor"
@@ -72,8 +73,8 @@ Request = tuple[Origin, int, Any, "list | None"]
 
 
 def group_of(frames: list[bytes]) -> int:
-    """The queue group of a REQ, MODE, FENCE, FENCED, APPLY, COMMITTED, LOAD or UNDELIVER: its
-    last frame."""
+    """The queue group of a REQ, MODE, FENCE, FENCED, APPLY, COMMITTED, LOAD, UNDELIVER or a
+    snapshot cut's message (SYNC ... PART_DONE): its last frame."""
     return int(frames[-1])
 
 
@@ -191,9 +192,10 @@ def read_committed(frames: list[bytes]) -> tuple[int, int]:
     return int(frames[1]), int(frames[2])
 
 
-def sync_frames(epoch: int, cut_id: int) -> list[bytes]:
-    """A SYNC: answer SYNCED once this (and so everything sent before it) is handled."""
-    return [SYNC, _DUMPS([epoch, cut_id])]
+def sync_frames(epoch: int, cut_id: int, group: int = 0) -> list[bytes]:
+    """A SYNC of `group`'s cut: answer SYNCED once this (and so everything sent before it) is
+    handled."""
+    return [SYNC, _DUMPS([epoch, cut_id]), b"%d" % group]
 
 
 def read_sync(frames: list[bytes]) -> tuple[int, int]:
@@ -202,9 +204,9 @@ def read_sync(frames: list[bytes]) -> tuple[int, int]:
     return epoch, cut_id
 
 
-def synced_frames(epoch: int, cut_id: int, index: int) -> list[bytes]:
-    """A SYNCED: worker `index` has handled the SYNC of cut `cut_id`."""
-    return [SYNCED, _DUMPS([epoch, cut_id, index])]
+def synced_frames(epoch: int, cut_id: int, index: int, group: int = 0) -> list[bytes]:
+    """A SYNCED: worker `index` has handled the SYNC of `group`'s cut `cut_id`."""
+    return [SYNCED, _DUMPS([epoch, cut_id, index]), b"%d" % group]
 
 
 def read_synced(frames: list[bytes]) -> tuple[int, int, int]:
@@ -212,10 +214,11 @@ def read_synced(frames: list[bytes]) -> tuple[int, int, int]:
     return read_snapped(frames)
 
 
-def snap_frames(epoch: int, cut_id: int, tmp: str, hold: bool) -> list[bytes]:
-    """A SNAP: flush, fork a child that writes this worker's part into directory `tmp`, answer
-    SNAPPED; with `hold`, send nothing more to the coordinator until RELEASE (or MODE)."""
-    return [SNAP, _DUMPS([epoch, cut_id, tmp, hold])]
+def snap_frames(epoch: int, cut_id: int, tmp: str, hold: bool, group: int = 0) -> list[bytes]:
+    """A SNAP: flush, fork a child that writes this worker's part of `group` into directory
+    `tmp`, answer SNAPPED; with `hold`, send nothing more to the coordinator until RELEASE (or
+    the group's MODE)."""
+    return [SNAP, _DUMPS([epoch, cut_id, tmp, hold]), b"%d" % group]
 
 
 def read_snap(frames: list[bytes]) -> tuple[int, int, str, bool]:
@@ -224,9 +227,9 @@ def read_snap(frames: list[bytes]) -> tuple[int, int, str, bool]:
     return epoch, cut_id, tmp, hold
 
 
-def release_frames(cut_id: int) -> list[bytes]:
-    """A RELEASE: cut `cut_id` holds this worker's output no longer."""
-    return [RELEASE, b"%d" % cut_id]
+def release_frames(cut_id: int, group: int = 0) -> list[bytes]:
+    """A RELEASE: `group`'s cut `cut_id` holds this worker's output no longer."""
+    return [RELEASE, b"%d" % cut_id, b"%d" % group]
 
 
 def read_release(frames: list[bytes]) -> int:
@@ -354,10 +357,10 @@ def read_fenced(frames: list[bytes]) -> tuple[int, int]:
     return int(frames[1]), int(frames[2])
 
 
-def snapped_frames(epoch: int, cut_id: int, index: int) -> list[bytes]:
-    """A SNAPPED: worker `index` has forked the writer of its part of cut `cut_id`; every batch it
-    decided before is ahead of this on the pipe."""
-    return [SNAPPED, _DUMPS([epoch, cut_id, index])]
+def snapped_frames(epoch: int, cut_id: int, index: int, group: int = 0) -> list[bytes]:
+    """A SNAPPED: worker `index` has forked the writer of its part of `group`'s cut `cut_id`;
+    every batch it decided before is ahead of this on the pipe."""
+    return [SNAPPED, _DUMPS([epoch, cut_id, index]), b"%d" % group]
 
 
 def read_snapped(frames: list[bytes]) -> tuple[int, int, int]:
@@ -366,10 +369,10 @@ def read_snapped(frames: list[bytes]) -> tuple[int, int, int]:
     return epoch, cut_id, index
 
 
-def part_done_frames(cut_id: int, index: int, ok: bool, part: dict | None) -> list[bytes]:
-    """A PART_DONE: worker `index`'s writer of cut `cut_id` has ended; ok with its part's entry
-    for the manifest ({file, bytes, queues, messages}), or not ({error: why})."""
-    return [PART_DONE, _DUMPS([cut_id, index, ok, part])]
+def part_done_frames(cut_id: int, index: int, ok: bool, part: dict | None, group: int = 0) -> list[bytes]:
+    """A PART_DONE: worker `index`'s writer of `group`'s cut `cut_id` has ended; ok with its
+    part's entry for the manifest ({file, bytes, queues, messages}), or not ({error: why})."""
+    return [PART_DONE, _DUMPS([cut_id, index, ok, part]), b"%d" % group]
 
 
 def read_part_done(frames: list[bytes]) -> tuple[int, int, bool, dict | None]:

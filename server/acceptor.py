@@ -250,12 +250,12 @@ class Acceptor(Dispatch):
 
     def __init__(self, config: NodeConfig, ctx: zmq.Context, run_dir: str, log, loop: asyncio.AbstractEventLoop) -> None:
         router = Router(config.workers, [(v.name, v.queue_list) for v in config.virtual_queue_list],
-                        config.dead_letter_suffix)
+                        config.dead_letter_suffix, groups=config.queue_groups)
         Dispatch.__init__(self, router, config.node_id, config.forward_request, {
             "leader_node_id": config.node_id,
             "leader_host": config.host,
             "leader_port": config.port,
-        })
+        }, config.placement())
         self.config = config
         self.log = log
         self.loop = loop

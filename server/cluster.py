@@ -67,7 +67,8 @@ class ClusterNode:
         rng = rng or random.Random()
         heartbeat = config.heartbeat_ms / 1000
         virtual = [(v.name, v.queue_list) for v in config.virtual_queue_list]
-        self.router = Router(config.workers, virtual, config.dead_letter_suffix, first_gather=1)
+        self.router = Router(config.workers, virtual, config.dead_letter_suffix, first_gather=1,
+                             groups=config.queue_groups)
         # What is decided and not yet taken by advance(): the messages here, each group's own
         # parts (its log, vote, snapshot files) in its GroupNode. See Ready (server/ready.py).
         self.out = Outbox()
@@ -141,8 +142,12 @@ class ClusterNode:
 
     # ----------------------------------------------------------------- status
     def status_fields(self) -> dict:
-        """The role and the leader's client address (group 0's), as the acceptor needs them."""
-        return {**self._view(self.group0), "http_ports": self.http_ports}
+        """The role and the leader's client address (group 0's), as the acceptor needs them; with
+        queue groups, each group's too (`groups`: [{"group", role, leader_*, epoch}])."""
+        fields = {**self._view(self.group0), "http_ports": self.http_ports}
+        if len(self.groups) > 1:
+            fields["groups"] = [{"group": g, **self._view(group)} for g, group in sorted(self.groups.items())]
+        return fields
 
     def _view(self, group: GroupNode) -> dict:
         """`group`'s role, leader and its client address, and its workers' mode. While this
@@ -180,6 +185,14 @@ class ClusterNode:
     def handing_off(self, now: float) -> bool:
         """Whether a hand-off is still under way: requests are being held."""
         return any(g.handing_off(now) for g in self.groups.values())
+
+    def cut_running(self) -> bool:
+        """Whether a snapshot cut of any group runs (the node runs one at a time)."""
+        return any(g.cuts.running for g in self.groups.values())
+
+    def cut_writing(self) -> bool:
+        """Whether a cut whose T is set is being written (see Coordinator._finishing_cut)."""
+        return any(g.cuts.writing for g in self.groups.values())
 
     def on_fenced(self, epoch: int, index: int, now: float, group: int = 0) -> None:
         """Worker `index` has sent every batch of `group`'s mode `epoch` and decides nothing more in it."""
@@ -442,6 +455,10 @@ class ClusterNode:
             group = self.group0
             self.carry(group.forwarding.release(*replies.encode(finished), group.election.vote_id), group)
 
+    def replies_lost(self) -> int:
+        """Replies to other nodes' forwarded requests given up on so far (Forwarding.replies_lost)."""
+        return sum(g.forwarding.replies_lost for g in self.groups.values())
+
     def take_replied(self) -> dict:
         """The replies the node's Forwardings made themselves since the last call, by (action,
         code): for queue_server_requests_total."""
@@ -473,7 +490,18 @@ class ClusterNode:
             "role": group.role,
             "vote_id": group.election.vote_id,
             **self._followers(),
+            **self._group_rows(),
         }
+
+    def _group_rows(self) -> dict:
+        """With queue groups: {"groups": [{group, leader_node_id, role, trans_id, commit_trans_id,
+        replicas}, ...]}, one row per group this node is a replica of; nothing with one group."""
+        if len(self.groups) == 1:
+            return {}
+        return {"groups": [{"group": g, "leader_node_id": group.election.leader_id or 0, "role": group.role,
+                            "trans_id": group.log.last_trans_id, "commit_trans_id": group.log.commit_trans_id,
+                            "replicas": list(group.members)}
+                           for g, group in sorted(self.groups.items())]}
 
     def _followers(self) -> dict:
         """On a leader, each follower's replication state: {"followers": [{node_id, match_trans_id,

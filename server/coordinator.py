@@ -26,7 +26,7 @@ from queue_server.server.cluster import ClusterNode
 from queue_server.server.forwarding import REPLY_RETRY
 from queue_server.server.metrics import CoordinatorMetrics
 from queue_server.server.peer_check import BAD_KEY, peer_rejection
-from queue_server.server.ready import Ready
+from queue_server.server.ready import GroupPart, Ready
 from queue_server.server.snapshots import STOP_WAIT, Clear, Failed, Publish
 from queue_server.server.reachability import Reachability
 from queue_server.server.transfers import Transfers, convert_v1
@@ -53,19 +53,38 @@ class Coordinator:
         self.stop_asked = False
         self.stop_by: float | None = None  # after SIGTERM: until when a running cut may finish
         self.handoff_started: float | None = None
-        self.handoff_target: int | None = None  # the node the hand-off was last said to go to
+        # Each group's node the hand-off was last said to go to (None: no hand-off under way).
+        self.handoff_target: dict[int, int] | None = None
         self.log = log
-        self.storage = storage
         started = time.monotonic()
-        recovered = storage.recover() if storage is not None else None
-        if storage is not None and recovered is not None and recovered.state:
-            convert_v1(storage, recovered)  # the workers LOAD v2 parts only
-        # An in_memory node cuts snapshots only for a follower that needs one, into the run dir.
-        snapshot_dir = storage.snapshot_dir if storage is not None else os.path.join(run_dir, "snapshots")
-        self.node = ClusterNode(config, time.time(), recovered=recovered, snapshot_dir=snapshot_dir)
-        if storage is not None:
-            self.node.set_wal_from(storage.wal_from)  # a follower behind the log is fed from the WAL
-        self.transfers = Transfers(self.node, storage, snapshot_dir, log)  # snapshots streamed to and from peers
+        # Each queue group's disk: group 0's is the data dir's own (`storage`, which holds its
+        # lock), another group's is its group-<g>/ folder (replication/datadir.py). None: in_memory.
+        groups = config.placement().groups_of(config.node_id)
+        self.storages: dict[int, Storage | None] = {0: storage}
+        for g in groups:
+            if g != 0:
+                self.storages[g] = None if storage is None else Storage(
+                    config.queue_data_dir, config.fsync, repair=config.repair, log=log,
+                    segment_bytes=config.wal_segment_bytes, group=g)
+        self.storage = storage
+        disks: dict[int, tuple] = {}
+        for g, group_storage in self.storages.items():
+            recovered = group_storage.recover() if group_storage is not None else None
+            if group_storage is not None and recovered is not None and recovered.state:
+                convert_v1(group_storage, recovered)  # the workers LOAD v2 parts only
+            # An in_memory node cuts snapshots only for a follower that needs one, into the run dir.
+            disks[g] = (recovered, group_storage.snapshot_dir if group_storage is not None else
+                        os.path.join(run_dir, "snapshots" if g == 0 else f"group-{g}-snapshots"))
+        recovered, snapshot_dir = disks.pop(0)
+        self.node = ClusterNode(config, time.time(), recovered=recovered, snapshot_dir=snapshot_dir, disks=disks)
+        disks[0] = (recovered, snapshot_dir)
+        # Each group's snapshots streamed to and from peers.
+        self.transfers_of: dict[int, Transfers] = {}
+        for g, group_storage in self.storages.items():
+            if group_storage is not None:
+                self.node.set_wal_from(group_storage.wal_from, g)  # a follower behind the log is fed from the WAL
+            self.transfers_of[g] = Transfers(self.node.groups[g], group_storage, disks[g][1], log)
+        self.transfers = self.transfers_of[0]
         # Until the recovery line is logged (_log_recovery): when recovery began, and what the disk held.
         self.recovery = None if recovered is None else (started, recovered.trans_id, len(recovered.entries))
         self.inbox = ipc.inbox(ctx, run_dir, "coordinator")
@@ -107,7 +126,7 @@ class Coordinator:
         # Several messages to one peer go as the frames of one send only with queue groups: a node
         # of the default placement sends one message a send, as every earlier version reads them.
         self.multipart = self.placement_hash != 0
-        # wire.encode's envelope (the queue group: 0, the only one yet)
+        # wire.encode's envelope, but for the queue group
         self.client = (config.host, config.port, config.node_type, config.http_port, self.placement_hash)
         self.rejections_logged: set[str] = set()
         self.zap_refused = 0
@@ -150,8 +169,8 @@ class Coordinator:
         self.flush()
         while not self.stop_asked or self._finishing_cut():
             wake = node.wake_at()
-            if self.storage is not None:
-                sync_at = self.storage.sync_deadline()
+            for group_storage in self.storages.values():
+                sync_at = group_storage.sync_deadline() if group_storage is not None else None
                 if sync_at is not None:
                     wake = min(wake, sync_at)
             timeout = max(0.0, min(wake - time.time(), 1.0))
@@ -273,39 +292,52 @@ class Coordinator:
         rather than lost; for at most STOP_WAIT (the workers let their writers finish as long)."""
         if self.stop_by is None:
             self.stop_by = time.monotonic() + STOP_WAIT
-        return self.node.cuts.writing and time.monotonic() < self.stop_by
+        return self.node.cut_writing() and time.monotonic() < self.stop_by
 
     def hand_off(self, now: float) -> None:
-        """The node is stopping: hand leadership to an up-to-date follower (for up to half of
-        shutdown_grace), then tell the supervisor (HANDOFF_DONE)."""
+        """The node is stopping: hand the leadership of each group it leads to an up-to-date
+        follower (for up to half of shutdown_grace), then tell the supervisor (HANDOFF_DONE)."""
         node = self.node
+        groups = node.groups
         if self.handoff_started is None:
             self.handoff_started = now
             if node.begin_handoff(now, self.config.shutdown_grace / 2):
-                self.handoff_target = node.election.transfer_target
-                self.log.info("stopping: handing leadership to node %d", self.handoff_target)
+                self.handoff_target = self._handoff_targets()
+                for g, target in sorted(self.handoff_target.items()):
+                    self.log.info("stopping: handing leadership to node %d%s", target, _in_group(g, groups))
                 self.flush()
                 return
         elif node.handing_off(now):
-            target = node.election.transfer_target
-            if target is not None and target != self.handoff_target:
-                self.log.info("stopping: node %s did not answer for an election timeout; handing leadership to "
-                              "node %d instead", self.handoff_target, target)
-                self.handoff_target = target
+            targets = self._handoff_targets()
+            for g, target in sorted(targets.items()):
+                before = self.handoff_target.get(g)
+                if target != before:
+                    self.log.info("stopping: node %s did not answer for an election timeout; handing leadership to "
+                                  "node %d instead%s", before, target, _in_group(g, groups))
+            self.handoff_target.update(targets)
             return
-        elif node.leader is not None:
-            self.log.warning("stopping: no follower took over within %.1f s; leading until the end",
-                             now - self.handoff_started)
-        elif node.election.leader_id is None:
-            self.log.info("stopping: hand-off over after %.0f ms with no leader known (the followers may be "
-                          "stopping too)", (now - self.handoff_started) * 1000)
         else:
-            self.log.info("stopping: node %s leads now (hand-off took %.0f ms)", node.election.leader_id,
-                          (now - self.handoff_started) * 1000)
+            took = now - self.handoff_started
+            for g in sorted(self.handoff_target or ()):
+                group = groups[g]
+                if group.leader is not None:
+                    self.log.warning("stopping: no follower took over within %.1f s; leading until the end%s", took,
+                                     _in_group(g, groups))
+                elif group.election.leader_id is None:
+                    self.log.info("stopping: hand-off over after %.0f ms with no leader known (the followers may be "
+                                  "stopping too)%s", took * 1000, _in_group(g, groups))
+                else:
+                    self.log.info("stopping: node %s leads now (hand-off took %.0f ms)%s", group.election.leader_id,
+                                  took * 1000, _in_group(g, groups))
         self.handoff_asked = False
         self.handoff_started = self.handoff_target = None  # another SIGUSR1 hands over afresh
         with open(os.path.join(self.run_dir, HANDOFF_DONE), "w"):
             pass
+
+    def _handoff_targets(self) -> dict[int, int]:
+        """Each group whose leadership this node is handing over, and to which node."""
+        return {g: group.election.transfer_target for g, group in self.node.groups.items()
+                if group.election.transfer_target is not None}
 
     def dispatch_batches(self, batches: list[list[bytes]], now: float) -> None:
         """Handle BATCH messages from the workers that came one after another: each group's part
@@ -326,11 +358,11 @@ class Coordinator:
         elif kind == ipc_frames.FENCED:
             self.node.on_fenced(*ipc_frames.read_fenced(frames), now, ipc_frames.group_of(frames))
         elif kind == ipc_frames.SYNCED:
-            self.node.on_synced(*ipc_frames.read_synced(frames), now)
+            self.node.on_synced(*ipc_frames.read_synced(frames), now, ipc_frames.group_of(frames))
         elif kind == ipc_frames.SNAPPED:
-            self.node.on_snapped(*ipc_frames.read_snapped(frames), now)
+            self.node.on_snapped(*ipc_frames.read_snapped(frames), now, ipc_frames.group_of(frames))
         elif kind == ipc_frames.PART_DONE:
-            self.node.on_part_done(*ipc_frames.read_part_done(frames), now)
+            self.node.on_part_done(*ipc_frames.read_part_done(frames), now, ipc_frames.group_of(frames))
         elif kind == ipc_frames.WAKE:
             pass  # it has ended the wait: the loop reads the flags the signal set
         else:
@@ -360,26 +392,36 @@ class Coordinator:
             self.observe()
 
     def carry_out(self, ready: Ready, write: bool) -> bool:
-        """Write the log and the vote to disk (unless told there is nothing to write), then send:
-        nothing that depends on a record leaves before the record is on disk. Then advance the
-        node. Whether the log was stored."""
+        """Write each queue group's log and vote to disk (group 0's unless told there is nothing
+        to write), then send: nothing that depends on a record leaves before the record is on
+        disk. Then advance the node. Whether group 0's log was stored."""
         node = self.node
-        storage = self.storage
-        durable = None
-        log_stored = vote_stored = True
-        if storage is not None and write:
-            try:
-                durable = storage.write(node.log, ready.truncate_after, time.time())
-            except StorageError:
-                log_stored = False
-            node.set_wal_from(storage.wal_from)
-            if ready.vote is not None:
-                try:
-                    storage.save_vote(*ready.vote)
-                except StorageError as exc:
-                    self.log.error("could not store the vote: %s", exc)
-                    vote_stored = False
-        chunks_written = self.transfers.write(ready.chunk_writes) if ready.chunk_writes else True
+        # Group 0's part is the Ready's own fields; every other group's is a GroupPart.
+        pieces = [(0, ready, write), *((part.group, part, True) for part in ready.parts)]
+        stored: dict[int, tuple[int | None, bool]] = {}
+        sent: dict[int, bytes] = {}  # id of a message -> its bytes: one batch for several followers
+        # Each peer's messages of every group, in order, go as the frames of one send (one wake
+        # of the peer), or one a send (self.multipart): (frames, [(group, message)]).
+        to_peer: dict[int, tuple[list[bytes], list[tuple[int, object]]]] = {}
+        for g, piece, must_write in pieces:
+            durable, log_stored, vote_stored = self._persist(g, piece, must_write)
+            stored[g] = (durable, log_stored)
+            transfers = self.transfers_of[g]
+            chunks_written = transfers.write(piece.chunk_writes) if piece.chunk_writes else True
+            for target, msg in piece.peer_messages(log_stored, vote_stored):
+                if target not in self.peers or (not chunks_written and type(msg) is SnapshotAck):
+                    continue
+                data = sent.get(id(msg))
+                if data is None:
+                    filled = transfers.filled(msg, time.time())
+                    if filled is None:
+                        continue
+                    data = sent[id(msg)] = wire.encode(filled, *self.client, g)
+                frames_msgs = to_peer.get(target)
+                if frames_msgs is None:
+                    frames_msgs = to_peer[target] = ([], [])
+                frames_msgs[0].append(data)
+                frames_msgs[1].append((g, msg))
         if ready.to_workers:
             for index, message in batching.for_workers(ready.to_workers):
                 self.workers[index].send_multipart(message)
@@ -387,73 +429,82 @@ class Coordinator:
             for message in batching.for_acceptor(ready.to_acceptor):
                 self.acceptor.send_multipart(message)
         unsent = []
-        if ready.to_peers:
-            sent: dict[int, bytes] = {}  # id of a message -> its bytes: one batch for several followers
-            # Each peer's messages, in order, go as the frames of one send (one wake of the peer),
-            # or one a send (self.multipart).
-            to_peer: dict[int, tuple[list[bytes], list[object]]] = {}
-            for target, msg in ready.peer_messages(log_stored, vote_stored):
-                if target not in self.peers or (not chunks_written and type(msg) is SnapshotAck):
-                    continue
-                data = sent.get(id(msg))
-                if data is None:
-                    filled = self.transfers.filled(msg, time.time())
-                    if filled is None:
-                        continue
-                    data = sent[id(msg)] = wire.encode(filled, *self.client)
-                frames_msgs = to_peer.get(target)
-                if frames_msgs is None:
-                    frames_msgs = to_peer[target] = ([], [])
-                frames_msgs[0].append(data)
-                frames_msgs[1].append(msg)
-            for target, (frames, msgs) in to_peer.items():
-                link = self.peers[target]
-                sends = [(frames, msgs)] if self.multipart else [([f], [m]) for f, m in zip(frames, msgs)]
-                for part, part_msgs in sends:
-                    try:
-                        link.send(part)
-                    except zmq.Again:  # not connected yet, or too far behind
-                        unsent.extend((target, m) for m in part_msgs)
-        node.advance(ready, durable_trans_id=durable, log_stored=log_stored)
+        for target, (frames, msgs) in to_peer.items():
+            link = self.peers[target]
+            sends = [(frames, msgs)] if self.multipart else [([f], [m]) for f, m in zip(frames, msgs)]
+            for part, part_msgs in sends:
+                try:
+                    link.send(part)
+                except zmq.Again:  # not connected yet, or too far behind
+                    unsent.extend((target, g, m) for g, m in part_msgs)
+        durable, log_stored = stored[0]
+        node.advance(ready, durable_trans_id=durable, log_stored=log_stored,
+                     parts={g: got for g, got in stored.items() if g != 0})
         if self.recovery is not None:
             self._log_recovery()
         if unsent:
-            lost = node.forwarding.replies_lost
-            for target, msg in unsent:
-                node.on_unsent(msg, time.time(), to=target)
-            if node.forwarding.replies_lost > lost:
+            lost = node.replies_lost()
+            for target, g, msg in unsent:
+                node.on_unsent(msg, time.time(), group=g, to=target)
+            if node.replies_lost() > lost:
                 self.log.warning("could not send another node the replies to %d requests it forwarded for %g s (not "
                                  "connected, or too far behind): they time out there, and the messages of consumes "
-                                 "among them are given back", node.forwarding.replies_lost - lost, REPLY_RETRY)
-        if storage is not None:
-            for read in node.take_log_reads():
-                self.read_log(storage, read)
-        for staged in ready.staged:
-            self.transfers.install(staged, time.time())
-        for cut in ready.snapshots:
-            if storage is not None:
-                self.snapshot(storage, cut)
-            else:
-                self.transfers.transient(cut, time.time())
-        if ready.role is not None:
-            self.log.info("role: %s (vote_id %d, leader %s, trans_id %d)", ready.role, node.election.vote_id,
-                          node.election.leader_id, ready.log_through)
+                                 "among them are given back", node.replies_lost() - lost, REPLY_RETRY)
+        for g, group_storage in self.storages.items():
+            if group_storage is not None:
+                for read in node.take_log_reads(g):
+                    self.read_log(group_storage, read, g)
+        for g, piece, _ in pieces:
+            group_storage, transfers = self.storages[g], self.transfers_of[g]
+            for staged in piece.staged:
+                transfers.install(staged, time.time())
+            for cut in piece.snapshots:
+                if group_storage is not None:
+                    self.snapshot(group_storage, cut, g)
+                else:
+                    transfers.transient(cut, time.time())
+            if piece.role is not None:
+                election = node.groups[g].election
+                self.log.info("%srole: %s (vote_id %d, leader %s, trans_id %d)", _of_group(g), piece.role,
+                              election.vote_id, election.leader_id, piece.log_through)
         return log_stored
 
-    def read_log(self, storage: Storage, read: ReadLog) -> None:
-        """Read from the WAL the batch a follower behind the log needs (at most read.max_bytes,
-        1 MiB), or fall back to a snapshot for it when the disk fails to give it."""
+    def _persist(self, g: int, piece: Ready | GroupPart, write: bool) -> tuple[int | None, bool, bool]:
+        """Write group `g`'s log and vote of a Ready to its disk (none on an in_memory node, or
+        when told there is nothing to write): (durable trans_id or None, log stored, vote stored)."""
+        storage = self.storages[g]
+        if storage is None or not write:
+            return None, True, True
+        durable = None
+        log_stored = vote_stored = True
+        group = self.node.groups[g]
+        try:
+            durable = storage.write(group.log, piece.truncate_after, time.time())
+        except StorageError:
+            log_stored = False
+        group.set_wal_from(storage.wal_from)
+        if piece.vote is not None:
+            try:
+                storage.save_vote(*piece.vote)
+            except StorageError as exc:
+                self.log.error("%scould not store the vote: %s", _of_group(g), exc)
+                vote_stored = False
+        return durable, log_stored, vote_stored
+
+    def read_log(self, storage: Storage, read: ReadLog, group: int = 0) -> None:
+        """Read from `group`'s WAL the batch a follower behind the log needs (at most
+        read.max_bytes, 1 MiB), or fall back to a snapshot for it when the disk fails to give it."""
         try:
             frames = storage.read_log(read.after, read.max_bytes, read.limit)
         except StorageError as exc:
-            self.log.warning("cannot read the log after trans_id %d for node %d, sending it a snapshot: %s",
-                             read.after, read.to, exc)
-            self.node.on_log_unreadable(read, time.time())
+            self.log.warning("%scannot read the log after trans_id %d for node %d, sending it a snapshot: %s",
+                             _of_group(group), read.after, read.to, exc)
+            self.node.on_log_unreadable(read, time.time(), group)
             return
-        self.node.on_log_read(read, frames, time.time())
+        self.node.on_log_read(read, frames, time.time(), group)
 
-    def snapshot(self, storage: Storage, cut: Publish | Failed | Clear) -> None:
-        """Publish a cut the workers wrote, or clear one away, saying why in one line."""
+    def snapshot(self, storage: Storage, cut: Publish | Failed | Clear, group: int = 0) -> None:
+        """Publish a cut of `group` the workers wrote, or clear one away, saying why in one line."""
         if type(cut) is Clear:
             storage.abort_snapshot(cut.tmp)
             return
@@ -462,16 +513,16 @@ class Coordinator:
                 storage.finish_snapshot(cut.trans_id, cut.vote_id, cut.tmp, list(cut.parts),
                                         f"workers held {cut.held * 1000:.0f} ms, written in {cut.took:.1f} s")
                 self.metrics.snapshot("written")
-                self.node.set_wal_from(storage.wal_from)  # old segments may be gone
-                self.transfers.source_changed(time.time())
+                self.node.set_wal_from(storage.wal_from, group)  # old segments may be gone
+                self.transfers_of[group].source_changed(time.time())
                 return
             except StorageError as exc:
                 cut = Failed(cut.trans_id, cut.tmp, str(exc))
         storage.abort_snapshot(cut.tmp)
         self.metrics.snapshot("failed")
         at = f" at trans_id {cut.trans_id}" if cut.trans_id is not None else ""
-        self.log.warning("snapshot%s failed: %s; keeping the snapshot at trans_id %d and the log",
-                         at, cut.reason, storage.valid_at)
+        self.log.warning("%ssnapshot%s failed: %s; keeping the snapshot at trans_id %d and the log",
+                         _of_group(group), at, cut.reason, storage.valid_at)
 
     def _log_recovery(self) -> None:
         """Once the committed state holds what the disk held (the log after the snapshot is
@@ -516,6 +567,16 @@ class Coordinator:
         m.maybe_fold()
 
 
+def _in_group(group: int, groups: dict) -> str:
+    """The end of a log line about queue group `group` ("" on a node of one group)."""
+    return f" (queue group {group})" if len(groups) > 1 else ""
+
+
+def _of_group(group: int) -> str:
+    """The start of a log line about queue group `group` ("" for group 0: the node's own)."""
+    return f"group {group}: " if group else ""
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
@@ -558,7 +619,11 @@ def main(argv: list[str] | None = None) -> None:
         if coordinator is not None and coordinator.zap is not None:
             coordinator.zap.stop()
         if coordinator is not None:
-            coordinator.transfers.close()
+            for transfers in coordinator.transfers_of.values():
+                transfers.close()
+            for g, group_storage in coordinator.storages.items():
+                if g != 0 and group_storage is not None:
+                    group_storage.close()
         ctx.destroy(linger=0)
         if storage is not None:
             storage.close()

@@ -13,7 +13,8 @@ from queue_server.protocol.roles import Role
 from queue_server.protocol import vocabulary as p
 from queue_server.protocol.framing import FramingError
 from queue_server.protocol.origin import Origin
-from queue_server.server.router import Router
+from queue_server.protocol.placement import Placement
+from queue_server.server.router import SCATTER_ACTIONS, Router
 
 # This node's role, as the coordinator last reported it.
 LEADER, FOLLOWER, NONE = Role.LEADER, Role.FOLLOWER, Role.NONE
@@ -53,16 +54,28 @@ class Dispatch:
     request here), `send` (one message to worker `index` or TO_COORDINATOR) and
     `schedule_requests` (call flush_requests once this loop turn's requests are all in)."""
 
-    def __init__(self, router: Router, node_id: int, forward_request: bool, leader: dict[str, Any]) -> None:
-        """leader: leader_node_id, leader_host, leader_port, until the coordinator says otherwise."""
+    def __init__(self, router: Router, node_id: int, forward_request: bool, leader: dict[str, Any],
+                 placement: Placement | None = None) -> None:
+        """leader: leader_node_id, leader_host, leader_port, until the coordinator says otherwise;
+        placement: the queue groups (None or one group: the node's role is its one group's)."""
         self.router = router
         self.node_id = node_id
         self.forward_request = forward_request
         self.leader = leader
-        self.role = NONE  # until the coordinator's first status
+        self.role = NONE  # until the coordinator's first status (group 0's)
         self.epoch = 0  # of the workers' mode, as last reported (see GroupNode.epoch)
         self.http_ports: dict[int, int] = {}  # each node's http_port as the coordinator knows it (0: none)
         self.pending: list[list] = [[] for _ in range(router.workers)]
+        # With several queue groups: each group's role, leader and epoch as last reported
+        # (ClusterNode._view), its requests per worker (group 0's are `pending`), and which group
+        # each queue is in. None with one group: the node's fields above are all there is.
+        self.placement = placement if placement is not None and placement.queue_groups > 1 else None
+        self.views: dict[int, dict[str, Any]] | None = None
+        self.group_pending: dict[int, list[list]] = {0: self.pending}
+        if self.placement is not None:
+            self.views = {g: {"role": NONE, "epoch": 0, **leader} for g in range(self.placement.queue_groups)}
+            for g in range(1, self.placement.queue_groups):
+                self.group_pending[g] = [[] for _ in range(router.workers)]
         self.forwarding: list = []
         # Long polls of this node's TCP and HTTP clients parked on the leader, by connection and
         # req_no: (origin, request). A stopping node answers them itself (end_forwarded_polls).
@@ -87,12 +100,16 @@ class Dispatch:
         """Route one decoded request: to the workers (this node leads, or the action is local),
         to the leader (forwarded through the coordinator, or a code -2 redirect), or answer it
         here."""
-        if type(value) is dict and self.role == LEADER:
-            index = self.router.owner(value.get("action"), value)
-            if index is not None:  # the common case: a queue request, for the worker owning it
-                self.pending[index].append(ipc_frames.req_item(origin, req_no, value))
-                self.schedule_requests()
-                return
+        if type(value) is dict:
+            if self.views is not None:
+                if self.submit_to_group(origin, req_no, value):
+                    return
+            elif self.role == LEADER:
+                index = self.router.owner(value.get("action"), value)
+                if index is not None:  # the common case: a queue request, for the worker owning it
+                    self.pending[index].append(ipc_frames.req_item(origin, req_no, value))
+                    self.schedule_requests()
+                    return
         if isinstance(value, FramingError):
             self.reply(origin, req_no, p.error_reply(None, value.reason, self.node_id))
             return
@@ -118,15 +135,51 @@ class Dispatch:
         else:
             self.reply(origin, req_no, p.error_reply(value, p.NO_LEADER, self.node_id))
 
-    def route(self, action: int, value: dict, origin: Origin, req_no: int) -> None:
-        """Queue the request for the worker(s) that serve it."""
-        plan = self.router.plan(action, value, origin, req_no)
+    def submit_to_group(self, origin: Origin, req_no: int, value: dict) -> bool:
+        """With queue groups: route a request about one queue (a queue action, or a monitor or
+        list naming its queue) by the role of this node in the queue's group, as submit does by
+        the node's with one group; a monitor or list of every queue is served by this node's
+        workers from every group they hold. False: not such a request (submit goes on)."""
+        action = value.get("action")
+        if type(action) is not int:
+            return False
+        queue = value.get("queue")
+        if type(queue) is not str:
+            if action in SCATTER_ACTIONS and queue is None:
+                self.route(action, value, origin, req_no)
+                return True
+            return False
+        if not (action in p.QUEUE_ACTIONS or action in SCATTER_ACTIONS):
+            return False
+        assert self.placement is not None and self.views is not None
+        group = self.placement.group_of(queue)
+        view = self.views[group]
+        role = view["role"]
+        if role == LEADER or action in p.LOCAL_ACTIONS:
+            self.route(action, value, origin, req_no, group)
+        elif role == FOLLOWER:
+            if p.passes_to_coordinator(self.forward_request, view["leader_node_id"], self.node_id):
+                self.forwarding.append(ipc_frames.req_item(origin, req_no, value))
+                if value.get("wait") and not origin.udp and action == p.CONSUME:
+                    self.polls.setdefault(origin.conn, {})[req_no] = (origin, value)
+                self.schedule_requests()
+            else:
+                self.reply(origin, req_no, p.redirect_reply(value, self.node_id, _leader_fields(view)))
+        else:
+            self.reply(origin, req_no, p.error_reply(value, p.NO_LEADER, self.node_id))
+        return True
+
+    def route(self, action: int, value: dict, origin: Origin, req_no: int, group: int | None = None) -> None:
+        """Queue the request for the worker(s) that serve it: of `group`; None: of the only
+        group, or with queue groups a request of every queue, for each group the workers hold."""
+        groups = self.group_pending if group is None else {group: self.group_pending[group]}
+        plan = self.router.plan(action, value, origin, req_no, len(groups))
         if type(plan) is str:
             self.reply(origin, req_no, p.error_reply(value, plan, self.node_id))
             return
-        pending = self.pending
-        for index, item in plan:
-            pending[index].append(item)
+        for pending in groups.values():
+            for index, item in plan:
+                pending[index].append(item)
         self.schedule_requests()
 
     def end_forwarded_polls(self) -> None:
@@ -162,24 +215,41 @@ class Dispatch:
 
     def answer_leader(self, origin: Origin, req_no: int, value: dict) -> None:
         """Action 8: the leader's client address."""
-        if self.role == NONE:
+        leader, role = self.leader, self.role
+        queue = value.get("queue")
+        if self.views is not None and self.placement is not None and type(queue) is str:
+            view = self.views[self.placement.group_of(queue)]
+            leader, role = _leader_fields(view), view["role"]
+        if role == NONE:
             self.reply(origin, req_no, p.error_reply(value, p.NO_LEADER, self.node_id))
             return
         reply = p.echo(value)
-        reply.update(code=p.CODE_OK, node_id=self.node_id, **self.leader)
+        reply.update(code=p.CODE_OK, node_id=self.node_id, **leader)
+        if self.views is not None and queue is None:
+            reply["groups"] = [{"group": g, **_leader_fields(view)} for g, view in sorted(self.views.items())]
         self.reply(origin, req_no, reply)
 
     def flush_requests(self) -> None:
         """Send each worker the requests gathered for it since the last flush, as one REQ, and
         the coordinator the ones for the leader, as one FORWARD."""
         send = self.send
-        epoch = self.epoch
-        for index, items in enumerate(self.pending):
-            if items:
-                frames = self._encoded(ipc_frames.req_frames, items, epoch)
-                items.clear()
-                if frames is not None:
-                    send(index, frames)
+        if self.views is None:
+            epoch = self.epoch
+            for index, items in enumerate(self.pending):
+                if items:
+                    frames = self._encoded(ipc_frames.req_frames, items, epoch)
+                    items.clear()
+                    if frames is not None:
+                        send(index, frames)
+        else:
+            for group, pending in self.group_pending.items():
+                epoch = self.views[group]["epoch"]
+                for index, items in enumerate(pending):
+                    if items:
+                        frames = self._encoded(ipc_frames.req_frames, items, epoch, group)
+                        items.clear()
+                        if frames is not None:
+                            send(index, frames)
         if self.forwarding:
             frames = self._encoded(ipc_frames.forward_frames, self.forwarding)
             self.forwarding.clear()
@@ -205,22 +275,39 @@ class Dispatch:
                 kept.append(item)
         return encode(kept, *args) if kept else None
 
-    def fence(self) -> None:
-        """This node stopped leading (or is handing leadership over): behind the requests routed
-        while it led, tell each worker that no more come in that mode (see ipc_frames FENCE)."""
+    def fence(self, group: int = 0) -> None:
+        """This node stopped leading `group` (or is handing its leadership over): behind the
+        requests routed while it led, tell each worker that no more come in that mode (see
+        ipc_frames FENCE)."""
         self.flush_requests()
+        epoch = self.epoch if self.views is None else self.views[group]["epoch"]
         for index in range(len(self.pending)):
-            self.send(index, ipc_frames.fence_frames(self.epoch, ipc_frames.FROM_ACCEPTOR))
+            self.send(index, ipc_frames.fence_frames(epoch, ipc_frames.FROM_ACCEPTOR, group))
 
     def on_status(self, status: dict[str, Any]) -> None:
         """The coordinator's STATUS: this node's role, the leader, the workers' mode and the
         nodes' http_ports. A node that stops leading fences the workers first, under the mode it
         led in."""
         status = dict(status)
+        groups = status.pop("groups", None)
         role = Role(status.pop("role"))
-        if self.role == LEADER and role != LEADER:
+        if self.views is not None and groups is not None:
+            self.flush_requests()  # what was routed so far leaves under the modes it was routed in
+            for row in groups:
+                view = self.views[row["group"]]
+                group_role = Role(row["role"])
+                if view["role"] == LEADER and group_role != LEADER:
+                    self.fence(row["group"])
+                view.update(row, role=group_role)
+        elif self.role == LEADER and role != LEADER:
             self.fence()
         self.role = role
         self.epoch = status.pop("epoch")
         self.http_ports = status.pop("http_ports", self.http_ports)
         self.leader.update(status)
+
+
+def _leader_fields(view: dict[str, Any]) -> dict[str, Any]:
+    """The leader_* fields of a group's view (what a redirect and action 8 name)."""
+    return {"leader_node_id": view["leader_node_id"], "leader_host": view["leader_host"],
+            "leader_port": view["leader_port"]}

@@ -119,7 +119,7 @@ class GroupNode:
         self.fenced: set[int] = set()
         # Snapshots made by the workers (server/snapshots.py).
         self.cuts = SnapshotCut(config.workers, config.snapshot_every if recovered is not None else None,
-                                snapshot_dir, last=found.trans_id)
+                                snapshot_dir, last=found.trans_id, group=group)
         if found.parts:  # each worker reads the snapshot's parts itself
             for index in range(config.workers):
                 self.out.workers.append((index, ipc_frames.load_frames(found.trans_id, list(found.parts), group)))
@@ -515,12 +515,14 @@ class GroupNode:
 
     def _snapshot_progress(self, now: float | None) -> None:
         """Move the running cut on (None: the time has not moved), or start one when due: on a
-        node whose disk takes the log, not while a hand-off fences the workers."""
+        node whose disk takes the log, not while a hand-off fences the workers, nor while another
+        group's cut runs (a worker writes one part at a time)."""
         cuts = self.cuts
         commit = self.log.commit_trans_id
         if cuts.running:
             self.out.workers.extend(cuts.poll(now, commit, self.log.term_at))
-        elif now is not None and self.storage_ok and cuts.due(commit, now) and self.fence_epoch != self.epoch:
+        elif (now is not None and self.storage_ok and cuts.due(commit, now) and self.fence_epoch != self.epoch
+              and not self.host.cut_running()):
             leading = self.leader is not None
             point = self.log.last_trans_id if leading else self.workers_trans_id
             self.out.workers.extend(cuts.start(self.epoch, now, min(commit, point), hold=leading, point=point,

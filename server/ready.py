@@ -28,6 +28,18 @@ class Outbox:
         self.peers: list[tuple[int, object]] = []  # (node id, peer message)
 
 
+def peer_messages(to_peers: tuple[tuple[int, object], ...], log_stored: bool,
+                  vote_stored: bool) -> tuple[tuple[int, object], ...]:
+    """The peer messages that may go once persisting is done: none if the vote could not be
+    stored (a vote not on disk must not be acted on), and none that claim the log if it could
+    not be written."""
+    if not vote_stored:
+        return ()
+    if not log_stored:
+        return tuple((to, m) for to, m in to_peers if type(m) not in CLAIMS_LOG)
+    return to_peers
+
+
 class GroupPart(NamedTuple):
     """A queue group's part of a Ready (a group other than 0): its log, vote, role and snapshot
     files, and its peer messages (sent with the group on the wire); fields as in Ready."""
@@ -41,6 +53,10 @@ class GroupPart(NamedTuple):
     snapshots: tuple
     chunk_writes: tuple
     staged: tuple
+
+    def peer_messages(self, log_stored: bool, vote_stored: bool) -> tuple[tuple[int, object], ...]:
+        """As Ready.peer_messages."""
+        return peer_messages(self.to_peers, log_stored, vote_stored)
 
 
 class Ready(NamedTuple):
@@ -72,11 +88,5 @@ class Ready(NamedTuple):
                 or self.truncate_after is not None)
 
     def peer_messages(self, log_stored: bool, vote_stored: bool) -> tuple[tuple[int, object], ...]:
-        """The peer messages that may go once persisting is done: none if the vote could not be
-        stored (a vote not on disk must not be acted on), and none that claim the log if it could
-        not be written."""
-        if not vote_stored:
-            return ()
-        if not log_stored:
-            return tuple((to, m) for to, m in self.to_peers if type(m) not in CLAIMS_LOG)
-        return self.to_peers
+        """The peer messages that may go once persisting is done (see peer_messages)."""
+        return peer_messages(self.to_peers, log_stored, vote_stored)

@@ -19,23 +19,26 @@ class Router:
     """Maps queue names (real or virtual) to worker indexes; the same on every node."""
 
     def __init__(self, workers: int, virtual_queues: Iterable[tuple[str, Iterable[str]]] = (),
-                 dead_letter_suffix: str = "", *, first_gather: int = 0) -> None:
+                 dead_letter_suffix: str = "", *, first_gather: int = 0, groups: int = 1) -> None:
         """dead_letter_suffix: config `dead_letter_suffix` ("" for none); it must be the same on
-        every node, like `workers`. first_gather: the gather id of the first scatter request this
+        every node, like `workers` and `groups` (config `queue_groups`). first_gather: the gather id of the first scatter request this
         router plans; the next ones follow in steps of two, so that the acceptor (even, from 0) and
         the coordinator (odd, from 1) never tag two gathers alike."""
         if workers < 1:
             raise ValueError("workers must be >= 1")
         self.workers = workers
+        self.groups = groups
         self.keys = RoutingKeys(virtual_queues, dead_letter_suffix)
         self._cache: dict[str, int] = {}
         self._next_gather = first_gather
 
     def worker_for(self, queue: str) -> int:
-        """The index of the worker owning `queue` (Placement.worker_of with one group)."""
+        """The index of the worker owning `queue`. Of the routing key's hash, the queue group takes
+        the rest mod `groups` (Placement.group_of) and the worker the quotient's rest mod
+        `workers`, so that each group's queues spread over every worker."""
         index = self._cache.get(queue)
         if index is None:
-            index = self.keys.hash(queue) % self.workers
+            index = (self.keys.hash(queue) // self.groups) % self.workers
             if len(self._cache) < 1_000_000:
                 self._cache[queue] = index
         return index
@@ -50,10 +53,13 @@ class Router:
                 return self.worker_for(queue)
         return None
 
-    def plan(self, action: int, request: dict, origin: Origin, req_no: int) -> list[tuple[int, tuple]] | str:
+    def plan(self, action: int, request: dict, origin: Origin, req_no: int,
+             groups: int = 1) -> list[tuple[int, tuple]] | str:
         """Where a queue or scatter request goes: (worker index, item for that worker's batch)
         pairs, or the reason it cannot be routed. A scatter item carries the gather tag the
-        coordinator merges the workers' parts by, under a gather id of this router's own."""
+        coordinator merges the workers' parts by, under a gather id of this router's own; it
+        counts a part from each worker for each of `groups` queue groups (the caller sends the
+        item to each worker once per group)."""
         queue = request.get("queue")
         if action in p.QUEUE_ACTIONS:
             if type(queue) is not str:
@@ -70,5 +76,5 @@ class Router:
         if action in SCATTER_ACTIONS:
             gather_id = self._next_gather
             self._next_gather += 2
-        tag = [gather_id, origin.wire(), req_no, len(targets), request]
+        tag = [gather_id, origin.wire(), req_no, len(targets) * groups, request]
         return [(index, ipc_frames.req_item(origin, req_no, request, tag)) for index in targets]

@@ -64,15 +64,16 @@ class Clear(NamedTuple):
 
 
 class SnapshotCut:
-    """The cuts of one node, one at a time. Methods return the frames to send to the workers,
+    """The cuts of one queue group on a node, one at a time. Methods return the frames to send to the workers,
     [(worker index, frames)]; what the coordinator must do on disk gathers in `done`."""
 
     def __init__(self, workers: int, every: int | None, snapshot_dir: str | None, last: int = 0,
-                 hold_timeout: float = SNAP_HOLD_TIMEOUT) -> None:
+                 hold_timeout: float = SNAP_HOLD_TIMEOUT, group: int = 0) -> None:
         """every: committed records between two cuts (None: cuts only when a follower needs one,
         as on an in_memory node); snapshot_dir: where the parts go (None: no cuts at all);
-        last: the trans_id of the snapshot the node started from."""
+        last: the trans_id of the snapshot the node started from; group: the queue group cut."""
         self.workers = workers
+        self.group = group
         self.every = every
         self.snapshot_dir = snapshot_dir
         self.hold_timeout = hold_timeout
@@ -151,14 +152,14 @@ class SnapshotCut:
         self.started = now
         if hold:  # no deadline before the SNAPs
             self.syncing = set()
-            return [(i, ipc_frames.sync_frames(epoch, self.cut_id)) for i in range(self.workers)]
+            return [(i, ipc_frames.sync_frames(epoch, self.cut_id, self.group)) for i in range(self.workers)]
         self._set_point(point, term_at)
         return self._snaps(now)
 
     def _snaps(self, now: float) -> list[tuple[int, list[bytes]]]:
         self.deadline = now + self.hold_timeout
         self.started = now
-        return [(i, ipc_frames.snap_frames(self.epoch, self.cut_id, self.tmp, self.hold))
+        return [(i, ipc_frames.snap_frames(self.epoch, self.cut_id, self.tmp, self.hold, self.group))
                 for i in range(self.workers)]
 
     def _set_point(self, trans_id: int, term_at: TermAt) -> None:
@@ -249,7 +250,7 @@ class SnapshotCut:
         return releases
 
     def _releases(self) -> list[tuple[int, list[bytes]]]:
-        return [(i, ipc_frames.release_frames(self.cut_id)) for i in range(self.workers)]
+        return [(i, ipc_frames.release_frames(self.cut_id, self.group)) for i in range(self.workers)]
 
     @property
     def writing(self) -> bool:

@@ -82,11 +82,13 @@ class Worker:
         self.undone = 0  # records the last MODE rolled back
         self.rollbacks = 0  # MODEs that rolled records back
         self.owns = owns
-        # A snapshot cut (ipc_frames SNAP): the writer child (pid, cut id, tmp dir), and while the
-        # cut holds this worker's output, what it would have sent the coordinator.
-        self.writer: tuple[int, int, str] | None = None
+        # A snapshot cut (ipc_frames SNAP): the writer child (pid, cut id, tmp dir, group), and
+        # while the cut holds this worker's output, what it would have sent the coordinator (and
+        # the cut's id and group).
+        self.writer: tuple[int, int, str, int] | None = None
         self.out_held: list[list[bytes]] | None = None
         self.hold_cut = 0
+        self.hold_group = 0
         self.segments: list[list[int]] = []  # the overflow segments the running cut's part refers to
         self.write_inline = write_inline
 
@@ -223,11 +225,13 @@ class Worker:
             if service is not None:
                 self.dispatch_group(kind, frames, group, service, now)
         elif kind == ipc_frames.SYNC:
-            self.send(ipc_frames.synced_frames(*ipc_frames.read_sync(frames), self.index))
+            self.send(ipc_frames.synced_frames(*ipc_frames.read_sync(frames), self.index, ipc_frames.group_of(frames)))
         elif kind == ipc_frames.SNAP:
-            self.snap(*ipc_frames.read_snap(frames))
+            group, service = self.service_of(frames)
+            if service is not None:
+                self.snap(*ipc_frames.read_snap(frames), group)
         elif kind == ipc_frames.RELEASE:
-            if ipc_frames.read_release(frames) == self.hold_cut:
+            if (ipc_frames.read_release(frames), ipc_frames.group_of(frames)) == (self.hold_cut, self.hold_group):
                 self.release()
         elif kind == ipc_frames.DRAIN:
             for service in self.services.values():
@@ -262,7 +266,8 @@ class Worker:
             # What was decided under the old mode leaves stamped with it (the coordinator refuses
             # changes from a mode that is over, and the rollback below undoes them here).
             self.flush()
-            self.release()  # a cut ends with the mode
+            if group == self.hold_group:
+                self.release()  # a cut ends with its group's mode
             accepting, self.epochs[group], keep_through, _trans_id = ipc_frames.read_mode(frames)
             if keep_through is not None and service.journal is not None:
                 self.undone = service.rollback(keep_through)
@@ -354,37 +359,38 @@ class Worker:
             self.out_held.append(frames)
 
     # ----------------------------------------------------------------- snapshots
-    def snap(self, epoch: int, cut_id: int, tmp: str, hold: bool) -> None:
-        """Snapshot cut `cut_id`: send what was decided so far, fork the writer of this worker's
-        part into `tmp`, say so (SNAPPED, on the same pipe: every earlier batch is ahead of it);
-        with `hold`, keep what is decided from now on until the cut says (RELEASE, or MODE)."""
+    def snap(self, epoch: int, cut_id: int, tmp: str, hold: bool, group: int = 0) -> None:
+        """Cut `cut_id` of `group`: send what was decided so far, fork the writer of this worker's
+        part of the group into `tmp`, say so (SNAPPED, on the same pipe: every earlier batch is
+        ahead of it); with `hold`, keep what is decided from now on until the cut says (RELEASE,
+        or the group's MODE). The node runs one cut at a time (ClusterNode.cut_running)."""
         self.flush()
         self.release()
-        if self.writer is not None:  # an older cut's writer: that cut is over (one runs at a time)
+        if self.writer is not None:  # an older cut's writer: that cut is over
             self.end_writer(kill=True)
-        service = self.services[0]  # a cut's messages carry no group yet: group 0's (ipc_frames)
+        service = self.services[group]
         try:  # the part refers to the overflowed bodies in these (linked before anything changes)
             self.segments = link_segments(service.overflow, tmp, part_name(self.index))
         except OSError as exc:
-            self.send(ipc_frames.snapped_frames(epoch, cut_id, self.index))
-            self.send(ipc_frames.part_done_frames(cut_id, self.index, False, {"error": str(exc)}))
+            self.send(ipc_frames.snapped_frames(epoch, cut_id, self.index, group))
+            self.send(ipc_frames.part_done_frames(cut_id, self.index, False, {"error": str(exc)}, group))
             return
         if self.write_inline is not None:
-            self.send(ipc_frames.snapped_frames(epoch, cut_id, self.index))
+            self.send(ipc_frames.snapped_frames(epoch, cut_id, self.index, group))
             try:
                 self.write_inline(service, tmp, self.index)
                 part = self._part_entry(tmp)
             except (OSError, ValueError) as exc:
                 part = {"error": str(exc)}
-            self.send(ipc_frames.part_done_frames(cut_id, self.index, "error" not in part, part))
+            self.send(ipc_frames.part_done_frames(cut_id, self.index, "error" not in part, part, group))
             if hold:
-                self.out_held, self.hold_cut = [], cut_id
+                self.out_held, self.hold_cut, self.hold_group = [], cut_id, group
             return
         pid = fork_writer(service, tmp, self.index, close=self._locks())
-        self.writer = (pid, cut_id, tmp)
-        self.send(ipc_frames.snapped_frames(epoch, cut_id, self.index))
+        self.writer = (pid, cut_id, tmp, group)
+        self.send(ipc_frames.snapped_frames(epoch, cut_id, self.index, group))
         if hold:
-            self.out_held, self.hold_cut = [], cut_id
+            self.out_held, self.hold_cut, self.hold_group = [], cut_id, group
 
     def _locks(self) -> list[int]:
         """The descriptors holding this worker's overflow folders' locks."""
@@ -429,7 +435,7 @@ class Worker:
         self._part_done(status)
 
     def _part_done(self, status: int) -> None:
-        _, cut_id, tmp = self.writer  # type: ignore[misc]
+        _, cut_id, tmp, group = self.writer  # type: ignore[misc]
         self.writer = None
         code = os.waitstatus_to_exitcode(status)
         if code != 0:  # the coordinator says it in its line on the failed cut
@@ -439,7 +445,7 @@ class Worker:
                 part = self._part_entry(tmp)
             except (OSError, ValueError) as exc:
                 part = {"error": str(exc)}
-        self.send(ipc_frames.part_done_frames(cut_id, self.index, "error" not in part, part))
+        self.send(ipc_frames.part_done_frames(cut_id, self.index, "error" not in part, part, group))
 
     def _part_entry(self, tmp: str) -> dict:
         """The manifest entry of this worker's part written into `tmp`, with the overflow
@@ -464,7 +470,8 @@ def main(argv: list[str] | None = None) -> None:
     acceptor = ipc.outbox(ctx, ctx_info.run_dir, "acceptor")
     for service in services.values():
         service.accepting = False  # until the coordinator has restored the queues and leads
-    router = Router(cfg.workers, [(v.name, v.queue_list) for v in cfg.virtual_queue_list], cfg.dead_letter_suffix)
+    router = Router(cfg.workers, [(v.name, v.queue_list) for v in cfg.virtual_queue_list], cfg.dead_letter_suffix,
+                    groups=cfg.queue_groups)
     ctx_info.log.info("worker %d ready", ctx_info.index)
     linger = 0
     try:

@@ -47,7 +47,10 @@ def _coordinator(node: ClusterNode, tmp_path) -> Coordinator:
     coordinator.workers = [Outbox() for _ in range(node.config.workers)]
     coordinator.acceptor = Outbox()
     coordinator.peers = {2: Outbox(), 3: Outbox()}
-    coordinator.transfers = Transfers(node, None, str(tmp_path), coordinator.log)
+    coordinator.storages = {g: None for g in node.groups}
+    coordinator.transfers_of = {g: Transfers(group, None, str(tmp_path), coordinator.log)
+                                for g, group in node.groups.items()}
+    coordinator.transfers = coordinator.transfers_of[0]
     return coordinator
 
 
@@ -107,6 +110,6 @@ def test_a_send_a_peer_does_not_take_leaves_all_of_its_messages_unsent(tmp_path,
     coordinator.multipart = multipart
     coordinator.peers[2].connected = False
     unsent = []
-    monkeypatch.setattr(node, "on_unsent", lambda msg, now, to=None: unsent.append(type(msg)))
+    monkeypatch.setattr(node, "on_unsent", lambda msg, now, group=0, to=None: unsent.append(type(msg)))
     assert coordinator.carry_out(node.ready(), True)
     assert unsent == [Forward, HeartbeatAck]

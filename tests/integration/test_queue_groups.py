@@ -1,0 +1,98 @@
+"""Queue groups on a real 3-node cluster (issue 28, docs/architecture.md): with `queue_groups` 3
+and every group on every node, each group elects a leader of its own; any node serves a request
+of any group (its own workers when it leads the group, else forwarded to the group's leader);
+action 8 and monitor say which node leads which group; each group keeps its own log and
+snapshots in the data dir, and a restart of every node brings every group's messages back."""
+from __future__ import annotations
+
+import glob
+import os
+
+from queue_server.protocol.placement import Placement
+from tests.harness import Cluster, wait_for
+
+GROUPS = 3
+QUEUES = [f"orders-{i}" for i in range(30)]
+
+
+def _leaders(cluster: Cluster, node_id: int) -> dict[int, int] | None:
+    """Each group's leader as node_id names it (action 8 without a queue), once it knows all."""
+    reply = cluster.ask(node_id, {"action": 8})
+    if not reply or reply.get("code") != 0 or "groups" not in reply:
+        return None
+    leaders = {row["group"]: row["leader_node_id"] for row in reply["groups"]}
+    return leaders if all(leaders.values()) and len(leaders) == GROUPS else None
+
+
+def _agreed_leaders(cluster: Cluster) -> dict[int, int]:
+    """Each group's leader, once every node names the same ones."""
+    def agreed() -> dict[int, int] | None:
+        views = [_leaders(cluster, i) for i in cluster.nodes]
+        return views[0] if views[0] is not None and all(v == views[0] for v in views) else None
+    return wait_for(agreed, 30, "every node to know every group's leader")  # type: ignore[return-value]
+
+
+def test_three_groups_elect_serve_through_any_node_snapshot_and_recover(tmp_path) -> None:
+    cluster = Cluster(str(tmp_path), 3, queue_groups=GROUPS, snapshot_every=40)
+    placement = Placement([1, 2, 3], GROUPS)
+    group_of = {q: placement.group_of(q) for q in QUEUES}
+    assert set(group_of.values()) == set(range(GROUPS))
+    try:
+        cluster.start()
+        leaders = _agreed_leaders(cluster)
+        # Through every node, to queues of every group: each message produced through one node,
+        # consumed through the next and confirmed through the third.
+        for i, q in enumerate(QUEUES):
+            reply = cluster.ask(1 + i % 3, {"action": 1, "queue": q, "data": f"first {q}", "retry": 60})
+            assert reply is not None and reply["code"] == 0, (q, reply)
+        for i, q in enumerate(QUEUES):
+            got = cluster.ask(1 + (i + 1) % 3, {"action": 2, "queue": q})
+            assert got is not None and got["code"] == 0 and got["data"] == f"first {q}", (q, got)
+            done = cluster.ask(1 + (i + 2) % 3, {"action": 3, "queue": q, "msg_id": got["msg_id"]})
+            assert done is not None and done["code"] == 0, (q, done)
+        # Action 8 with a queue names the leader of its group, from any node.
+        for q in QUEUES[:6]:
+            for node_id in cluster.nodes:
+                reply = cluster.ask(node_id, {"action": 8, "queue": q})
+                assert reply is not None and reply["leader_node_id"] == leaders[group_of[q]], (q, node_id, reply)
+        # Monitor: one row per group, with its replica set (preferred leader first) and log.
+        monitor = cluster.ask(2, {"action": 4})
+        assert monitor is not None and monitor["code"] == 0
+        rows = monitor["groups"]
+        assert [row["group"] for row in rows] == list(range(GROUPS))
+        assert [row["replicas"] for row in rows] == [[1, 2, 3], [2, 3, 1], [3, 1, 2]]
+        assert all(row["commit_trans_id"] > 0 for row in rows), rows
+        assert {row["group"]: row["leader_node_id"] for row in rows} == leaders
+        assert [row["role"] == "leader" for row in rows] == [leaders[g] == 2 for g in range(GROUPS)]
+        listed = cluster.ask(3, {"action": 7})
+        assert listed is not None and listed["code"] == 0
+        assert sorted(listed["queue_list"]) == sorted(QUEUES)
+        # Enough records in every group for its own snapshots (snapshot_every 40), then more after.
+        for round_ in range(3):
+            for q in QUEUES:
+                reply = cluster.ask(1, {"action": 1, "queue": q, "data": f"{q} {round_}", "retry": 60})
+                assert reply is not None and reply["code"] == 0, (q, reply)
+        for node_id, node in cluster.nodes.items():
+            data_dir = node.config["queue_data_dir"]
+            for g in range(GROUPS):
+                folder = data_dir if g == 0 else os.path.join(data_dir, f"group-{g}")
+                wait_for(lambda: glob.glob(os.path.join(folder, "snapshots", "snapshot-*.snap")), 30,
+                         f"node {node_id} to write a snapshot of group {g}")
+                assert glob.glob(os.path.join(folder, "wal", "*")), (node_id, g)
+        # Every node stopped and started again: every group's messages come back, in order.
+        for node in cluster.nodes.values():
+            node.stop()
+        for node in cluster.nodes.values():
+            node.start(wait=False)
+        for node in cluster.nodes.values():
+            node.wait_ready()
+        _agreed_leaders(cluster)
+        for i, q in enumerate(QUEUES):
+            for round_ in range(3):
+                got = cluster.ask(1 + i % 3, {"action": 2, "queue": q})
+                assert got is not None and got["code"] == 0 and got["data"] == f"{q} {round_}", (q, round_, got)
+            empty = cluster.ask(1 + i % 3, {"action": 2, "queue": q})
+            assert empty is not None and empty.get("data") is None, (q, empty)
+    finally:
+        for node in cluster.nodes.values():
+            node.stop()
