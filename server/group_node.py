@@ -281,8 +281,8 @@ class GroupNode:
         wake = self.election.wake_at
         if self.handoff_until is not None:
             wake = min(wake, self.handoff_until)
-        if self.storage_ok and self.fence_epoch != self.epoch:  # as _snapshot_progress starts one
-            wake = min(wake, self.cuts.due_at(self.log.commit_trans_id))
+        if self.storage_ok and self.fence_epoch != self.epoch and not self.host.cut_running():
+            wake = min(wake, self.cuts.due_at(self.log.commit_trans_id))  # as _snapshot_progress starts one
         return min(wake, self.cuts.wake_at(), self.forwarding.wake_at())
 
     def on_message(self, msg: object, now: float) -> None:

@@ -14,6 +14,7 @@ from queue_server.server import dispatch
 from queue_server.server.dispatch import FOLLOWER, LEADER, TO_COORDINATOR, Dispatch, ReplyOrder
 from queue_server.protocol.framing import FramingError
 from queue_server.protocol.origin import Origin
+from queue_server.protocol.placement import Placement
 from queue_server.server.router import Router
 
 NODE = 1
@@ -277,3 +278,86 @@ def test_a_request_that_cannot_be_passed_on_is_answered_alone_and_stops_nothing(
     d.submit(Origin(7), 3, produce("a"))
     d.flush_requests()
     assert len(d.sent) == 2 and [item[1] for item in read(d.sent[1][1])] == [3]
+
+
+# ----------------------------------------------------------------- queue groups
+GROUPS = 3
+
+
+class GroupDispatch(FakeDispatch):
+    """A node of a 3-node cluster with three queue groups, every group on every node."""
+
+    def __init__(self, forward_request: bool = True) -> None:
+        Dispatch.__init__(self, Router(WORKERS, groups=GROUPS), NODE, forward_request,
+                          {"leader_node_id": NODE, "leader_host": "127.0.0.1", "leader_port": 1111},
+                          Placement([1, 2, 3], GROUPS))
+        self.sent, self.answers, self.scheduled = [], [], 0
+
+    def groups(self, *rows: tuple[str, int, int]) -> None:
+        """Each group's (role, epoch, leader), group 0's also the node's own fields."""
+        views = [{"group": g, "role": role, "epoch": epoch, "leader_node_id": leader,
+                  "leader_host": "127.0.0.%d" % leader, "leader_port": 1000 + leader}
+                 for g, (role, epoch, leader) in enumerate(rows)]
+        self.on_status({**{k: v for k, v in views[0].items() if k != "group"}, "groups": views})
+
+
+def _queue_of_group(group: int) -> str:
+    placement = Placement([1, 2, 3], GROUPS)
+    return next(q for q in (f"q{i}" for i in range(100)) if placement.group_of(q) == group)
+
+
+def test_with_queue_groups_a_request_follows_its_group_s_role_and_epoch():
+    d = GroupDispatch()
+    d.groups((LEADER, 4, NODE), (FOLLOWER, 7, 2), (dispatch.NONE, 0, 0))
+    q0, q1, q2 = (_queue_of_group(g) for g in range(GROUPS))
+    d.submit(Origin(7), 0, produce(q0))
+    d.submit(Origin(7), 1, produce(q1))
+    d.submit(Origin(7), 2, produce(q2))
+    d.flush_requests()
+    # Group 0 is led here: to its queue's worker, under group 0's epoch and with its group frame.
+    ((index, frames),) = [s for s in d.sent if s[0] != TO_COORDINATOR]
+    forward = [s for s in d.sent if s[0] == TO_COORDINATOR]
+    assert index == d.router.worker_for(q0) and ipc_frames.req_epoch(frames) == 4 and ipc_frames.group_of(frames) == 0
+    # Group 1 is led by node 2: forwarded through the coordinator; group 2 has no leader.
+    assert [r[2]["queue"] for r in ipc_frames.read_forward(forward[0][1])] == [q1]
+    assert [(no, a["code"], a.get("reason")) for _, no, a in d.answers] == [(2, p.CODE_ERROR, p.NO_LEADER)]
+
+
+def test_with_queue_groups_a_redirect_and_action_8_name_the_leader_of_the_queue_s_group():
+    d = GroupDispatch(forward_request=False)
+    d.groups((LEADER, 4, NODE), (FOLLOWER, 7, 2), (FOLLOWER, 2, 3))
+    q1, q2 = _queue_of_group(1), _queue_of_group(2)
+    d.submit(Origin(7), 0, produce(q1))
+    d.submit(Origin(7), 1, {"action": p.LEADER, "queue": q2})
+    d.submit(Origin(7), 2, {"action": p.LEADER})
+    redirect, leader_of_q2, leaders = (a for _, _, a in d.answers)
+    assert (redirect["code"], redirect["leader_node_id"], redirect["leader_port"]) == (p.CODE_REDIRECT, 2, 1002)
+    assert (leader_of_q2["leader_node_id"], leader_of_q2["leader_port"]) == (3, 1003)
+    assert leaders["leader_node_id"] == NODE  # group 0's, for clients that know no groups
+    assert [(row["group"], row["leader_node_id"]) for row in leaders["groups"]] == [(0, 1), (1, 2), (2, 3)]
+
+
+def test_with_queue_groups_only_the_group_that_stopped_leading_is_fenced():
+    d = GroupDispatch()
+    d.groups((LEADER, 4, NODE), (LEADER, 7, NODE), (FOLLOWER, 2, 3))
+    q1 = _queue_of_group(1)
+    d.submit(Origin(7), 0, produce(q1))
+    d.groups((LEADER, 4, NODE), (FOLLOWER, 8, 2), (FOLLOWER, 2, 3))
+    reqs = [f for _, f in d.sent if f[0] == ipc_frames.REQ]
+    fences = [f for _, f in d.sent if f[0] == ipc_frames.FENCE]
+    # The request routed while group 1 was led leaves first, under its old epoch; then each
+    # worker's FENCE of group 1's old mode, and none of group 0's.
+    assert [(ipc_frames.req_epoch(f), ipc_frames.group_of(f)) for f in reqs] == [(7, 1)]
+    assert d.sent.index(next(s for s in d.sent if s[1][0] == ipc_frames.REQ)) == 0
+    assert sorted((ipc_frames.read_fence(f)[0], ipc_frames.group_of(f)) for f in fences) == [(7, 1)] * WORKERS
+
+
+def test_with_queue_groups_a_list_of_every_queue_gathers_each_group_from_every_worker():
+    d = GroupDispatch()
+    d.groups((LEADER, 4, NODE), (FOLLOWER, 7, 2), (FOLLOWER, 2, 3))
+    d.submit(Origin(7), 0, {"action": p.LIST})
+    d.flush_requests()
+    sent = sorted((index, ipc_frames.group_of(frames), ipc_frames.req_epoch(frames)) for index, frames in d.sent)
+    assert sent == sorted((i, g, e) for i in range(WORKERS) for g, e in ((0, 4), (1, 7), (2, 2)))
+    tags = {(item[3][0], item[3][2], item[3][3]) for _, frames in d.sent for item in ipc_frames.read_req(frames)}
+    assert tags == {(tags.copy().pop()[0], 0, WORKERS * GROUPS)}  # one gather, a part per worker and group

@@ -129,3 +129,59 @@ def test_a_request_is_forwarded_to_the_leader_of_its_queue_s_group():
         net.nodes[follower].on_forward_requests([(Origin(5), 1, {"action": 1, "queue": queue, "data": "x"})], net.now)
         net.flush()
         assert net.forwards == [(g, follower, leader)]
+
+
+def test_a_node_cuts_one_group_at_a_time_and_wakes_for_the_next_once_the_first_is_published():
+    cfg, _ = parse_config(orjson.dumps({"node_id": 1, "workers": 2, "snapshot_every": 1}).decode())
+    cfg = dataclasses.replace(cfg, queue_groups=GROUPS)
+    node = ClusterNode(cfg, T0, recovered=Recovered(), rng=random.Random(1), snapshot_dir="/snaps/0",
+                       disks={g: (Recovered(), f"/snaps/{g}") for g in range(1, GROUPS)})
+    now = T0
+    while any(group.leader is None for group in node.groups.values()):  # alone: it leads every group
+        now += 0.05
+        node.tick(now)
+        _carry(node)
+    while node.wake_at() <= now or node.cut_running():  # each group's cut of its first (empty) entry
+        node.tick(now)
+        _carry(node)
+        for g, group in node.groups.items():
+            if group.cuts.running:
+                _finish_cut(node, g, now)
+        _carry(node)
+    header, blob = replies.encode([])
+    for g in (1, 2):
+        node.on_batch(orjson.dumps([PRODUCE]), header, blob, ipc_frames.EMPTY_LIST, node.groups[g].epoch, now, 0, g)
+    _carry(node)
+    assert node.wake_at() <= now  # a cut is due
+    node.tick(now)
+    first = [g for g, group in node.groups.items() if group.cuts.running]
+    assert len(first) == 1 and first[0] in (1, 2)
+    assert node.wake_at() > now + 0.01  # the other group's cut waits, without a busy wake
+    for g in first:
+        _finish_cut(node, g, now)
+    published = [(part.group, type(cut).__name__) for part in node.ready().parts for cut in part.snapshots]
+    assert published == [(first[0], "Publish")]
+    _carry(node)
+    assert node.wake_at() <= now  # the other group's turn
+    node.tick(now)
+    assert [g for g, group in node.groups.items() if group.cuts.running] == [3 - first[0]]
+
+
+def _carry(node: ClusterNode) -> None:
+    """Carry out every Ready, as a coordinator whose disk takes every write."""
+    while node.has_ready():
+        ready = node.ready()
+        node.advance(ready, durable_trans_id=ready.log_through,
+                     parts={part.group: (part.log_through, True) for part in ready.parts})
+
+
+def _finish_cut(node: ClusterNode, g: int, now: float) -> None:
+    """Every worker answers group g's cut at once: SYNCED, SNAPPED, PART_DONE."""
+    cut = node.groups[g].cuts
+    for i in range(2):
+        node.on_synced(cut.epoch, cut.cut_id, i, now, g)
+    for i in range(2):
+        node.on_snapped(cut.epoch, cut.cut_id, i, now, g)
+    for i in range(2):
+        node.on_part_done(cut.cut_id, i, True, {"file": f"part-{i}.qsp", "bytes": 1, "queues": 1, "messages": 1},
+                          now, g)

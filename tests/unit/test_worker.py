@@ -537,3 +537,29 @@ def test_a_torn_overflow_segment_is_logged_once_per_group_and_segment():
     assert [line.split(" holds")[0] for line in said] == [
         "overflow segment 3 in /ov/g0", "overflow segment 3 in /ov/g2", "overflow segment 5 in /ov/g2"]
     assert all(line.endswith("reason 'body unreadable'") for line in said)
+
+
+def test_a_cut_writes_its_own_group_s_part_and_only_that_group_s_mode_ends_its_hold(tmp_path):
+    w = _two_groups()
+    for group, queue in ((0, "a"), (2, "b")):
+        w.dispatch(ipc_frames.mode_frames(True, 1, group=group), NOW)
+        w.dispatch(ipc_frames.req_frames([ipc_frames.req_item(Origin(5), 1, produce(queue, "x"))], 1, group), NOW)
+    w.flush()
+    sent = len(w.coordinator.sent)
+    tmp = str(tmp_path / "tmp-cut-1")
+    w.dispatch(ipc_frames.snap_frames(1, 1, tmp, True, 2), NOW)  # group 2's cut, holding
+    snapped = w.coordinator.sent[sent]
+    assert ipc_frames.read_snapped(snapped) == (1, 1, 4) and ipc_frames.group_of(snapped) == 2
+    w.end_writer()
+    w.dispatch(ipc_frames.mode_frames(False, 2, group=0), NOW)  # group 0's mode changes: the hold stays
+    assert len(w.coordinator.sent) == sent + 1 and w.out_held
+    w.dispatch(ipc_frames.release_frames(1, 0), NOW)  # group 0's cut 1 is another cut: the hold stays
+    assert len(w.coordinator.sent) == sent + 1
+    w.dispatch(ipc_frames.release_frames(1, 2), NOW)
+    part_done = w.coordinator.sent[-1]
+    assert part_done[0] == ipc_frames.PART_DONE and ipc_frames.group_of(part_done) == 2
+    _, _, ok, part = ipc_frames.read_part_done(part_done)
+    assert ok and part["queues"] == 1  # group 2's queue "b", not group 0's "a"
+    loaded = PartitionService(1, 1000, {}, max_wait=30)
+    loaded.load_frames(iter_frames(os.path.join(tmp, part["file"]), 0))
+    assert list(loaded.queues) == ["b"]
