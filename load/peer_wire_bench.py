@@ -40,6 +40,11 @@ from queue_server.server.cluster import ClusterNode  # noqa: E402
 from queue_server.server.coordinator import Coordinator  # noqa: E402
 from queue_server.server.transfers import Transfers  # noqa: E402
 
+try:  # a version with queue groups keeps each group's disk in a GroupDisks
+    from queue_server.server.group_disks import GroupDisks  # noqa: E402
+except ImportError:
+    GroupDisks = None  # type: ignore[assignment,misc]
+
 HEARTBEAT_MS = 50
 STEP = 0.005  # the fake clock's step, in seconds
 
@@ -80,7 +85,8 @@ def cluster(tmp: str, multipart: bool = False) -> tuple[dict[int, Coordinator], 
         c.log = logging.getLogger(f"node{i}")
         c.node = ClusterNode(cfg, 0.0, recovered=Recovered(), rng=random.Random(i))
         c.transfers = Transfers(c.node, None, tmp, c.log)
-        c.storages, c.transfers_of = {0: None}, {0: c.transfers}  # (read by versions with queue groups)
+        if GroupDisks is not None:  # a version with queue groups reads its disks from here
+            c.disks = GroupDisks.without_storage(c.node, tmp, c.log)
         # The envelope's fields but the group, which a version with queue groups passes apart.
         c.client = (cfg.host, cfg.port, cfg.node_type, cfg.http_port, 0, 0)[:min(envelope, 5)]
         c.workers, c.acceptor = [Sink()], Sink()

@@ -15,8 +15,8 @@ import zmq
 from queue_server.config.loader import NodeConfig
 from queue_server.replication import group_marker, wire
 from queue_server.replication.datadir import DamagedVoteState, DataDirLocked
-from queue_server.replication.messages import ReadLog, SnapshotAck
-from queue_server.replication.storage import Storage, StorageError
+from queue_server.replication.messages import SnapshotAck
+from queue_server.replication.storage import Storage
 from queue_server.replication.wal import CorruptLog
 from queue_server.server import batching, ipc, peer_keys
 from queue_server.protocol import ipc_frames
@@ -26,10 +26,10 @@ from queue_server.server.cluster import ClusterNode
 from queue_server.server.forwarding import REPLY_RETRY
 from queue_server.server.metrics import CoordinatorMetrics
 from queue_server.server.peer_check import BAD_KEY, peer_rejection
-from queue_server.server.ready import GroupPart, Ready
-from queue_server.server.snapshots import STOP_WAIT, Clear, Failed, Publish
+from queue_server.server.ready import Ready
+from queue_server.server.snapshots import STOP_WAIT
 from queue_server.server.reachability import Reachability
-from queue_server.server.transfers import Transfers, convert_v1
+from queue_server.server.group_disks import GroupDisks, of_group
 
 # Messages queued for a peer that is not answering are dropped past this many: the election and
 # replication resend what matters.
@@ -57,34 +57,15 @@ class Coordinator:
         self.handoff_target: dict[int, int] | None = None
         self.log = log
         started = time.monotonic()
-        # Each queue group's disk: group 0's is the data dir's own (`storage`, which holds its
-        # lock), another group's is its group-<g>/ folder (replication/datadir.py). None: in_memory.
-        groups = config.placement().groups_of(config.node_id)
-        self.storages: dict[int, Storage | None] = {0: storage}
-        for g in groups:
-            if g != 0:
-                self.storages[g] = None if storage is None else Storage(
-                    config.queue_data_dir, config.fsync, repair=config.repair, log=log,
-                    segment_bytes=config.wal_segment_bytes, group=g)
+        # Each queue group's disk (group 0's is `storage`, which holds the data dir's lock) and
+        # what it held; then the snapshots streamed to and from peers, per group.
+        self.disks, found = GroupDisks.open(config, storage, run_dir, log)
+        recovered = found.pop(0)
+        self.node = ClusterNode(config, time.time(), recovered=recovered, snapshot_dir=self.disks.snapshot_dirs[0],
+                                disks={g: (r, self.disks.snapshot_dirs[g]) for g, r in found.items()})
+        self.disks.attach(self.node)
         self.storage = storage
-        disks: dict[int, tuple] = {}
-        for g, group_storage in self.storages.items():
-            recovered = group_storage.recover() if group_storage is not None else None
-            if group_storage is not None and recovered is not None and recovered.state:
-                convert_v1(group_storage, recovered)  # the workers LOAD v2 parts only
-            # An in_memory node cuts snapshots only for a follower that needs one, into the run dir.
-            disks[g] = (recovered, group_storage.snapshot_dir if group_storage is not None else
-                        os.path.join(run_dir, "snapshots" if g == 0 else f"group-{g}-snapshots"))
-        recovered, snapshot_dir = disks.pop(0)
-        self.node = ClusterNode(config, time.time(), recovered=recovered, snapshot_dir=snapshot_dir, disks=disks)
-        disks[0] = (recovered, snapshot_dir)
-        # Each group's snapshots streamed to and from peers.
-        self.transfers_of: dict[int, Transfers] = {}
-        for g, group_storage in self.storages.items():
-            if group_storage is not None:
-                self.node.set_wal_from(group_storage.wal_from, g)  # a follower behind the log is fed from the WAL
-            self.transfers_of[g] = Transfers(self.node.groups[g], group_storage, disks[g][1], log)
-        self.transfers = self.transfers_of[0]
+        self.transfers = self.disks.transfers[0]
         # Until the recovery line is logged (_log_recovery): when recovery began, and what the disk held.
         self.recovery = None if recovered is None else (started, recovered.trans_id, len(recovered.entries))
         self.inbox = ipc.inbox(ctx, run_dir, "coordinator")
@@ -169,10 +150,9 @@ class Coordinator:
         self.flush()
         while not self.stop_asked or self._finishing_cut():
             wake = node.wake_at()
-            for group_storage in self.storages.values():
-                sync_at = group_storage.sync_deadline() if group_storage is not None else None
-                if sync_at is not None:
-                    wake = min(wake, sync_at)
+            sync_at = self.disks.sync_deadline()
+            if sync_at is not None:
+                wake = min(wake, sync_at)
             timeout = max(0.0, min(wake - time.time(), 1.0))
             first = None
             if wait is not None:
@@ -404,9 +384,9 @@ class Coordinator:
         # of the peer), or one a send (self.multipart): (frames, [(group, message)]).
         to_peer: dict[int, tuple[list[bytes], list[tuple[int, object]]]] = {}
         for g, piece, must_write in pieces:
-            durable, log_stored, vote_stored = self._persist(g, piece, must_write)
+            durable, log_stored, vote_stored = self.disks.persist(node.groups[g], piece, must_write)
             stored[g] = (durable, log_stored)
-            transfers = self.transfers_of[g]
+            transfers = self.disks.transfers[g]
             chunks_written = transfers.write(piece.chunk_writes) if piece.chunk_writes else True
             for target, msg in piece.peer_messages(log_stored, vote_stored):
                 if target not in self.peers or (not chunks_written and type(msg) is SnapshotAck):
@@ -450,79 +430,15 @@ class Coordinator:
                 self.log.warning("could not send another node the replies to %d requests it forwarded for %g s (not "
                                  "connected, or too far behind): they time out there, and the messages of consumes "
                                  "among them are given back", node.replies_lost() - lost, REPLY_RETRY)
-        for g, group_storage in self.storages.items():
-            if group_storage is not None:
-                for read in node.take_log_reads(g):
-                    self.read_log(group_storage, read, g)
+        self.disks.read_logs(node)
         for g, piece, _ in pieces:
-            group_storage, transfers = self.storages[g], self.transfers_of[g]
-            for staged in piece.staged:
-                transfers.install(staged, time.time())
-            for cut in piece.snapshots:
-                if group_storage is not None:
-                    self.snapshot(group_storage, cut, g)
-                else:
-                    transfers.transient(cut, time.time())
+            if piece.staged or piece.snapshots:
+                self.disks.carry_files(node, g, piece, self.metrics)
             if piece.role is not None:
                 election = node.groups[g].election
-                self.log.info("%srole: %s (vote_id %d, leader %s, trans_id %d)", _of_group(g), piece.role,
+                self.log.info("%srole: %s (vote_id %d, leader %s, trans_id %d)", of_group(g), piece.role,
                               election.vote_id, election.leader_id, piece.log_through)
         return log_stored
-
-    def _persist(self, g: int, piece: Ready | GroupPart, write: bool) -> tuple[int | None, bool, bool]:
-        """Write group `g`'s log and vote of a Ready to its disk (none on an in_memory node, or
-        when told there is nothing to write): (durable trans_id or None, log stored, vote stored)."""
-        storage = self.storages[g]
-        if storage is None or not write:
-            return None, True, True
-        durable = None
-        log_stored = vote_stored = True
-        group = self.node.groups[g]
-        try:
-            durable = storage.write(group.log, piece.truncate_after, time.time())
-        except StorageError:
-            log_stored = False
-        group.set_wal_from(storage.wal_from)
-        if piece.vote is not None:
-            try:
-                storage.save_vote(*piece.vote)
-            except StorageError as exc:
-                self.log.error("%scould not store the vote: %s", _of_group(g), exc)
-                vote_stored = False
-        return durable, log_stored, vote_stored
-
-    def read_log(self, storage: Storage, read: ReadLog, group: int = 0) -> None:
-        """Read from `group`'s WAL the batch a follower behind the log needs (at most
-        read.max_bytes, 1 MiB), or fall back to a snapshot for it when the disk fails to give it."""
-        try:
-            frames = storage.read_log(read.after, read.max_bytes, read.limit)
-        except StorageError as exc:
-            self.log.warning("%scannot read the log after trans_id %d for node %d, sending it a snapshot: %s",
-                             _of_group(group), read.after, read.to, exc)
-            self.node.on_log_unreadable(read, time.time(), group)
-            return
-        self.node.on_log_read(read, frames, time.time(), group)
-
-    def snapshot(self, storage: Storage, cut: Publish | Failed | Clear, group: int = 0) -> None:
-        """Publish a cut of `group` the workers wrote, or clear one away, saying why in one line."""
-        if type(cut) is Clear:
-            storage.abort_snapshot(cut.tmp)
-            return
-        if type(cut) is Publish:
-            try:
-                storage.finish_snapshot(cut.trans_id, cut.vote_id, cut.tmp, list(cut.parts),
-                                        f"workers held {cut.held * 1000:.0f} ms, written in {cut.took:.1f} s")
-                self.metrics.snapshot("written")
-                self.node.set_wal_from(storage.wal_from, group)  # old segments may be gone
-                self.transfers_of[group].source_changed(time.time())
-                return
-            except StorageError as exc:
-                cut = Failed(cut.trans_id, cut.tmp, str(exc))
-        storage.abort_snapshot(cut.tmp)
-        self.metrics.snapshot("failed")
-        at = f" at trans_id {cut.trans_id}" if cut.trans_id is not None else ""
-        self.log.warning("%ssnapshot%s failed: %s; keeping the snapshot at trans_id %d and the log",
-                         _of_group(group), at, cut.reason, storage.valid_at)
 
     def _log_recovery(self) -> None:
         """Once the committed state holds what the disk held (the log after the snapshot is
@@ -572,11 +488,6 @@ def _in_group(group: int, groups: dict) -> str:
     return f" (queue group {group})" if len(groups) > 1 else ""
 
 
-def _of_group(group: int) -> str:
-    """The start of a log line about queue group `group` ("" for group 0: the node's own)."""
-    return f"group {group}: " if group else ""
-
-
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
@@ -619,11 +530,7 @@ def main(argv: list[str] | None = None) -> None:
         if coordinator is not None and coordinator.zap is not None:
             coordinator.zap.stop()
         if coordinator is not None:
-            for transfers in coordinator.transfers_of.values():
-                transfers.close()
-            for g, group_storage in coordinator.storages.items():
-                if g != 0 and group_storage is not None:
-                    group_storage.close()
+            coordinator.disks.close()
         ctx.destroy(linger=0)
         if storage is not None:
             storage.close()

@@ -15,7 +15,7 @@ from queue_server.replication import wire
 from queue_server.replication.messages import AppendAck, AppendEntries, Forward
 from queue_server.server.cluster import ClusterNode
 from queue_server.server.coordinator import Coordinator
-from queue_server.server.transfers import Transfers
+from queue_server.server.group_disks import GroupDisks
 from tests.unit.test_cluster_node import NODE2, PRODUCE, T0, _batch, _drain, _elected, _config, _follower
 
 NODE3 = ("127.0.0.1", 3333)
@@ -47,10 +47,8 @@ def _coordinator(node: ClusterNode, tmp_path) -> Coordinator:
     coordinator.workers = [Outbox() for _ in range(node.config.workers)]
     coordinator.acceptor = Outbox()
     coordinator.peers = {2: Outbox(), 3: Outbox()}
-    coordinator.storages = {g: None for g in node.groups}
-    coordinator.transfers_of = {g: Transfers(group, None, str(tmp_path), coordinator.log)
-                                for g, group in node.groups.items()}
-    coordinator.transfers = coordinator.transfers_of[0]
+    coordinator.disks = GroupDisks.without_storage(node, str(tmp_path), coordinator.log)
+    coordinator.transfers = coordinator.disks.transfers[0]
     return coordinator
 
 
