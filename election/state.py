@@ -210,7 +210,7 @@ class Election:
         the live follower whose log reaches furthest the target instead, if there is one
         (on_progress then tells it). Should the first still campaign, the votes elect one."""
         target = self._transfer_target
-        if target is None or self._role is not Role.LEADER or self._live(now, target):
+        if target is None or self._role is not Role.LEADER or self.live(now, target):
             return
         other = self._furthest_live(now, matches)
         if other is not None:
@@ -367,13 +367,13 @@ class Election:
     def _ack(self) -> HeartbeatAck:
         return HeartbeatAck(self._vote_id, self.node_id, self.log.last_trans_id, self.log.last_vote_id)
 
-    def _live(self, now: float, peer: int) -> bool:
+    def live(self, now: float, peer: int) -> bool:
         """Whether `peer` answered this leader within an election timeout."""
         return now - self._acks.get(peer, float("-inf")) < self.election_timeout
 
     def _furthest_live(self, now: float, matches: Mapping[int, int]) -> int | None:
         """The live follower whose log reaches furthest (the lower id on a tie), or None."""
-        live = [p for p in self.peers if self._live(now, p)]
+        live = [p for p in self.peers if self.live(now, p)]
         return max(live, key=lambda p: (matches.get(p, 0), -p)) if live else None
 
     def _quorum_expiry(self) -> float:
@@ -388,7 +388,7 @@ class Election:
         return (acks[needed - 1] if len(acks) >= needed else float("-inf")) + self.election_timeout
 
     def _has_quorum(self, now: float) -> bool:
-        return 1 + sum(1 for p in self.peers if self._live(now, p)) >= self.quorum
+        return 1 + sum(1 for p in self.peers if self.live(now, p)) >= self.quorum
 
     def _in_lease(self, now: float) -> bool:
         if self._role is Role.LEADER:

@@ -93,6 +93,7 @@ class ClusterNode:
         self.held: list = []  # client requests of this node's acceptor, as on_forward_requests takes them
         self.held_forwards: list[tuple[Forward, int]] = []  # other replicas' requests, and their group
         self.held_undelivered: list[tuple[str, list[list[int]]]] = []  # messages to give back
+        self.moves: list[tuple[int, int]] = []  # (group, node): leadership handed to a preferred leader, to log
 
     # ----------------------------------------------------------------- group 0's fields
     # (the node's own while it has one group; what tests and the coordinator read of it)
@@ -430,6 +431,12 @@ class ClusterNode:
         once, and on a node without a disk."""
         group = self.group0
         return group.recovery.take(group.log.commit_trans_id)
+
+    def take_moves(self) -> list[tuple[int, int]]:
+        """The groups whose leadership this node began to hand to their preferred leader since
+        the last call, (group, node) each (election/balance.py)."""
+        taken, self.moves = self.moves, []
+        return taken
 
     def take_refused(self) -> dict[str, int]:
         """The workers' replies refused since the last call, by REFUSALS label: for

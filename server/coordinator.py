@@ -438,6 +438,8 @@ class Coordinator:
                 election = node.groups[g].election
                 self.log.info("%srole: %s (vote_id %d, leader %s, trans_id %d)", of_group(g), piece.role,
                               election.vote_id, election.leader_id, piece.log_through)
+        for g, target in node.take_moves():
+            self.log.info("group %d: handing leadership to node %d, its preferred leader", g, target)
         return log_stored
 
     def _log_recovery(self) -> None:

@@ -19,6 +19,7 @@ from queue_server.config.loader import NodeConfig
 from queue_server.election.messages import (
     BecomeCandidate, BecomeFollower, BecomeLeader, PersistVote, Send, TransferAborted,
 )
+from queue_server.election.balance import Balance
 from queue_server.election.state import Election
 from queue_server.protocol import ipc_frames
 from queue_server.protocol import vocabulary as p
@@ -126,6 +127,10 @@ class GroupNode:
         # The recovery line's counts (None: no disk), asked of the workers in _count_if_replayed.
         self.recovery = RecoveryCount(None if recovered is None else self.log.last_trans_id)
         self._count_if_replayed()
+        # When to hand the group to its preferred leader (only with queue groups: one group has
+        # no preferred leader, and leads wherever it was elected, as always).
+        placement = host.placement
+        self.balance = Balance(self.node_id, placement.preferred_leader(group) if placement.queue_groups > 1 else None)
         # The client requests forwarded to this group's leader, or served for other replicas
         # (made last: the election drew from rng first, as it always did).
         self.forwarding = Forwarding(self.node_id, (config.host, config.port), host.router, rng, heartbeat=heartbeat,
@@ -139,15 +144,16 @@ class GroupNode:
         return FOLLOWER if self.election.leader_id is not None else NONE
 
     # ----------------------------------------------------------------- hand-off
-    def begin_handoff(self, now: float, timeout: float) -> bool:
-        """Hand this group's leadership to an up-to-date follower (Raft's leadership transfer);
+    def begin_handoff(self, now: float, timeout: float, target: int | None = None) -> bool:
+        """Hand this group's leadership to `target`, or to the most up-to-date live follower
+        (Raft's leadership transfer);
         its workers are fenced (_fence_workers): TimeoutNow goes out once every worker has
         answered FENCED, so that every record decided while leading is in the log, and once the
         target holds all of it, committed. False if there is nothing to hand over (not leading,
         or no live follower)."""
         if self.leader is None:
             return False
-        self._run(self.election.transfer_leadership(now, timeout, self._matches(), settled=False), now)
+        self._run(self.election.transfer_leadership(now, timeout, self._matches(), target, settled=False), now)
         if self.election.transfer_target is None:
             return False
         self.handoff_until = now + timeout
@@ -272,7 +278,20 @@ class GroupNode:
             self._run(self.leader.tick(now), now)
             self._send_committed(now)
         self._handoff_progress(now)
+        self._balance_progress(now)
         self._snapshot_progress(now)
+
+    def _balance_progress(self, now: float) -> None:
+        """Hand the group to its preferred leader once that node has kept up for a while
+        (election/balance.py), as a stopping node hands its groups over; one move at a time."""
+        election = self.election
+        preferred = self.balance.preferred
+        leading = self.leader is not None and election.transfer_target is None
+        target = self.balance.check(now, leading, self.log.last_trans_id, self._matches() if leading else {},
+                                    leading and preferred is not None and election.live(now, preferred),
+                                    self.host.handing_off(now))
+        if target is not None and self.begin_handoff(now, 2 * self.config.election_timeout_ms / 1000, target):
+            self.host.moves.append((self.group, target))
 
     def wake_at(self) -> float:
         """When tick() (or its Forwarding's) next has something to do: the election's and the
@@ -283,7 +302,7 @@ class GroupNode:
             wake = min(wake, self.handoff_until)
         if self.storage_ok and self.fence_epoch != self.epoch and not self.host.cut_running():
             wake = min(wake, self.cuts.due_at(self.log.commit_trans_id))  # as _snapshot_progress starts one
-        return min(wake, self.cuts.wake_at(), self.forwarding.wake_at())
+        return min(wake, self.cuts.wake_at(), self.forwarding.wake_at(), self.balance.wake_at())
 
     def on_message(self, msg: object, now: float) -> None:
         """An election or replication message from a peer (ClusterNode.on_peer checked its src)."""

@@ -10,6 +10,7 @@ from collections import Counter
 from datetime import datetime
 
 from queue_server.client import QueueClient, QueueError
+from tests.harness import wait_for
 
 AT_LEAST_ONCE = "alo"
 AT_MOST_ONCE = "amo"
@@ -45,6 +46,12 @@ class History:
             assert not phantom, f"delivered but never produced: {_names(phantom)}"
         twice = [d for d, n in Counter(self.delivered[AT_MOST_ONCE]).items() if n > 1]
         assert not twice, f"at-most-once messages delivered twice: {_names(twice)}"
+
+
+def wait_acks(history: History, n: int, timeout: float = 30.0) -> None:
+    """Wait until `n` more produces are acknowledged than now."""
+    start = history.acked_count()
+    wait_for(lambda: history.acked_count() >= start + n, timeout, f"{n} more acknowledged produces")
 
 
 def _names(bodies) -> list[str]:

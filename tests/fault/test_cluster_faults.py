@@ -15,7 +15,7 @@ import pytest
 from queue_server.client import QueueClient, QueueError
 from queue_server.client import protocol as client_protocol
 from queue_server.server.forwarding import FORWARD_GRACE
-from tests.fault.history import History, Workload, drain
+from tests.fault.history import History, Workload, drain, wait_acks
 from tests.harness import Cluster, RawTcp, alive, can_connect, free_port, wait_for
 
 
@@ -60,10 +60,6 @@ def _leader_term(node, timeout: float = 10.0) -> int:
     return wait_for(leading, timeout, f"{node.name}'s metrics to say it leads")
 
 
-def _wait_acks(history: History, n: int, timeout: float = 30.0) -> None:
-    start = history.acked_count()
-    wait_for(lambda: history.acked_count() >= start + n, timeout, f"{n} more acknowledged produces")
-
 
 def test_kill_leader_under_load(cluster):
     c = cluster(metrics=True)
@@ -72,7 +68,7 @@ def test_kill_leader_under_load(cluster):
     history = History()
     work = Workload(c.hosts, history).start()
     try:
-        _wait_acks(history, 200)
+        wait_acks(history, 200)
         pids = c.nodes[leader].pids()
         committed = wait_for(lambda: c.ask(leader, {"action": 104}), 5, "the leader's monitor")["commit_trans_id"]
         c.nodes[leader].signal_all(signal.SIGKILL)
@@ -88,7 +84,7 @@ def test_kill_leader_under_load(cluster):
         assert new_term > old_term, f"node {new_leader} leads in term {new_term}, node {leader} led in {old_term}"
         last = wait_for(lambda: c.ask(new_leader, {"action": 104}), 5, "the new leader's monitor")["trans_id"]
         assert last >= committed, f"the new leader's log ends at {last}, before the old commit point {committed}"
-        _wait_acks(history, 200)
+        wait_acks(history, 200)
     finally:
         work.stop()
     drain(",".join(c.nodes[i].hosts for i in survivors), history)
@@ -101,17 +97,17 @@ def test_paused_leader_steps_down_and_no_two_leaders_accept_writes(cluster):
     history = History()
     work = Workload(c.hosts, history).start()
     try:
-        _wait_acks(history, 100)
+        wait_acks(history, 100)
         c.nodes[leader].signal_all(signal.SIGSTOP)
         paused_at = time.monotonic()
         others = [i for i in c.nodes if i != leader]
         new_leader = c.wait_leader(among=others, exclude=leader)
         print(f"new leader {new_leader} {time.monotonic() - paused_at:.3f} s after pausing {leader}")
-        _wait_acks(history, 100)
+        wait_acks(history, 100)
         c.nodes[leader].signal_all(signal.SIGCONT)
         wait_for(lambda: c.role(leader) == "follower", 15, "the old leader to step down")
         assert c.wait_leader() == new_leader
-        _wait_acks(history, 100)
+        wait_acks(history, 100)
     finally:
         c.nodes[leader].signal_all(signal.SIGCONT)
         work.stop()
@@ -126,7 +122,7 @@ def test_leader_cut_off_from_both_followers(cluster):
     work = Workload(c.hosts, history).start()
     others = [i for i in c.nodes if i != leader]
     try:
-        _wait_acks(history, 100)
+        wait_acks(history, 100)
         for (a, b), proxy in c.proxies.items():
             if leader in (a, b):
                 proxy.cut()
@@ -138,11 +134,11 @@ def test_leader_cut_off_from_both_followers(cluster):
         finally:
             isolated.close()
         assert r["code"] == -1, r
-        _wait_acks(history, 100)
+        wait_acks(history, 100)
         for proxy in c.proxies.values():
             proxy.heal()
         assert c.wait_leader(timeout=20) in others
-        _wait_acks(history, 100)
+        wait_acks(history, 100)
     finally:
         for proxy in c.proxies.values():
             proxy.heal()

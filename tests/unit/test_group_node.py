@@ -14,6 +14,7 @@ from queue_server.config.loader import parse_config
 from queue_server.protocol import ipc_frames, replies
 from queue_server.protocol.origin import Origin
 from queue_server.replication.messages import Forward, Recovered
+from queue_server.election.balance import BALANCE_SETTLE
 from queue_server.server.cluster import ClusterNode
 
 T0 = 1_000_000.0
@@ -30,7 +31,8 @@ def _config(node_id: int):
 
 
 class Net:
-    """Three nodes whose Readies are carried out at once, every peer message delivered in order."""
+    """Three nodes whose Readies are carried out at once, every peer message delivered in order,
+    every worker answering a FENCE at once."""
 
     def __init__(self) -> None:
         self.nodes = {i: ClusterNode(_config(i), T0, recovered=Recovered(), rng=random.Random(i),
@@ -49,6 +51,10 @@ class Net:
                     ready = node.ready()
                     node.advance(ready, durable_trans_id=ready.log_through,
                                  parts={part.group: (part.log_through, True) for part in ready.parts})
+                    for index, frames in ready.to_workers:  # each worker answers its coordinator's FENCE
+                        if frames[0] == ipc_frames.FENCE and ipc_frames.read_fence(frames)[1] == ipc_frames.FROM_COORDINATOR:
+                            node.on_fenced(ipc_frames.read_fence(frames)[0], index, self.now, ipc_frames.group_of(frames))
+                            moved = True
                     mail = [(0, to, m) for to, m in ready.peer_messages(True, True)]
                     mail += [(part.group, to, m) for part in ready.parts for to, m in part.to_peers]
                     for group, to, msg in mail:
@@ -185,3 +191,28 @@ def _finish_cut(node: ClusterNode, g: int, now: float) -> None:
     for i in range(2):
         node.on_part_done(cut.cut_id, i, True, {"file": f"part-{i}.qsp", "bytes": 1, "queues": 1, "messages": 1},
                           now, g)
+
+
+def test_each_group_moves_to_its_preferred_leader_and_stays_there():
+    net = Net()
+    net.run(3.0)
+    net.run(BALANCE_SETTLE + 3.0)
+    assert [net.leaders(g) for g in range(GROUPS)] == [[1], [2], [3]]  # replicas(g)[0]: node g + 1
+    for g in range(GROUPS):
+        assert len({n.groups[g].election.vote_id for n in net.nodes.values()}) == 1
+    moved = [m for n in net.nodes.values() for m in n.take_moves()]
+    assert all(net.nodes[target].placement.preferred_leader(g) == target for g, target in moved)
+    net.run(BALANCE_SETTLE * 2)
+    assert [net.leaders(g) for g in range(GROUPS)] == [[1], [2], [3]]
+    assert [m for n in net.nodes.values() for m in n.take_moves()] == []  # no more moves
+
+
+def test_a_node_that_comes_back_gets_its_group_back_once_it_has_kept_up():
+    net = Net()
+    net.run(3.0 + BALANCE_SETTLE + 3.0)
+    gone = net.nodes.pop(2)  # node 2, group 1's preferred leader, stops
+    net.run(3.0)
+    assert net.leaders(1) and net.leaders(1) != [2]
+    net.nodes[2] = gone  # back (its state as it was: a pause)
+    net.run(BALANCE_SETTLE + 3.0)
+    assert [net.leaders(g) for g in range(GROUPS)] == [[1], [2], [3]]
