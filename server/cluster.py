@@ -425,12 +425,12 @@ class ClusterNode:
         self.groups[group].on_whole_snapshot(trans_id, parts)
 
     # ----------------------------------------------------------------- replies
-    def take_replayed(self) -> tuple[int, int, int] | None:
-        """Once the workers hold all a recovered node found on its disk (GroupNode.take_replayed):
-        (queues, messages, trans_id) for the recovery line; None before, after it was taken
-        once, and on a node without a disk."""
-        group = self.group0
-        return group.recovery.take(group.log.commit_trans_id)
+    def take_replayed(self, group: int = 0) -> tuple[int, int, int] | None:
+        """Once the workers hold all a recovered node found on `group`'s disk: (queues,
+        messages, trans_id) for its recovery line; None before, after it was taken once, and on
+        a node without a disk."""
+        part = self.groups[group]
+        return part.recovery.take(part.log.commit_trans_id)
 
     def take_moves(self) -> list[tuple[int, int]]:
         """The groups whose leadership this node began to hand to their preferred leader since
@@ -452,9 +452,9 @@ class ClusterNode:
             done = self.gatherer.add(tag, part)
             if done is not None:
                 origin, req_no, request, parts = done
-                if origin == RECOVERY_ORIGIN:
+                if origin.node == RECOVERY_ORIGIN.node:  # a group's recovery count: its number is the conn
                     merged = gather.merge(request, parts, {})
-                    group = self.group0
+                    group = self.groups[origin.conn]
                     group.recovery.counted(merged.get("queue_count", 0), merged.get("size", 0), group.log.commit_trans_id)
                     continue
                 finished.append((origin, req_no, gather.merge(request, parts, self.node_fields())))

@@ -66,8 +66,10 @@ class Coordinator:
         self.disks.attach(self.node)
         self.storage = storage
         self.transfers = self.disks.transfers[0]
-        # Until the recovery line is logged (_log_recovery): when recovery began, and what the disk held.
-        self.recovery = None if recovered is None else (started, recovered.trans_id, len(recovered.entries))
+        # Until each group's recovery line is logged (_log_recovery): when recovery began, and what
+        # the disk held (None: every line is logged, or the node has no disk).
+        self.recovery = None if recovered is None else {
+            g: (started, r.trans_id, len(r.entries)) for g, r in {0: recovered, **found}.items() if r is not None}
         self.inbox = ipc.inbox(ctx, run_dir, "coordinator")
         self.acceptor = ipc.outbox(ctx, run_dir, "acceptor")
         self.workers = [ipc.outbox(ctx, run_dir, ipc.worker_name(i)) for i in range(config.workers)]
@@ -446,16 +448,21 @@ class Coordinator:
         """Once the committed state holds what the disk held (the log after the snapshot is
         replayed as it commits: at once on a single node, when the leader says so on a follower),
         log what the node holds, how long that took, and where it came from."""
-        replayed = self.node.take_replayed()
-        if replayed is None:
-            return
-        started, snapshot_trans_id, records = self.recovery  # type: ignore[misc]
-        self.recovery = None
-        queues, messages, trans_id = replayed
-        source = (f"a snapshot at trans_id {snapshot_trans_id} and {_count(records, 'log record')} after it"
-                  if snapshot_trans_id else f"{_count(records, 'log record')} (no snapshot)")
-        self.log.info("recovered in %.2f s: %s holding %s at trans_id %d, from %s", time.monotonic() - started,
-                      _count(queues, "queue"), _count(messages, "message"), trans_id, source)
+        recovery = self.recovery
+        assert recovery is not None
+        for g in list(recovery):
+            replayed = self.node.take_replayed(g)
+            if replayed is None:
+                continue
+            started, snapshot_trans_id, records = recovery.pop(g)
+            queues, messages, trans_id = replayed
+            source = (f"a snapshot at trans_id {snapshot_trans_id} and {_count(records, 'log record')} after it"
+                      if snapshot_trans_id else f"{_count(records, 'log record')} (no snapshot)")
+            self.log.info("%srecovered in %.2f s: %s holding %s at trans_id %d, from %s", of_group(g),
+                          time.monotonic() - started, _count(queues, "queue"), _count(messages, "message"), trans_id,
+                          source)
+        if not recovery:
+            self.recovery = None
 
     def observe(self) -> None:
         """Hand the node's figures to the metrics (published about once a second)."""

@@ -34,7 +34,7 @@ from queue_server.replication.progress import Flow, LeaderReplication
 from queue_server.replication.transfer import SnapshotSource
 from queue_server.server.forwarding import Forwarding
 from queue_server.server.ready import GroupPart, Outbox, Ready
-from queue_server.server.recovery_count import RECOVERY_ORIGIN, RecoveryCount
+from queue_server.server.recovery_count import RecoveryCount, recovery_origin
 from queue_server.server.snapshots import SnapshotCut
 from queue_server.server.worker_seqs import WorkerSeqs
 
@@ -640,7 +640,7 @@ class GroupNode:
         (a monitor gathered from every worker, behind what they were sent on the same pipe)."""
         if not self.recovery.ask(self.workers_trans_id):
             return
-        items = self.host.router.plan(p.MONITOR, {"action": p.MONITOR}, RECOVERY_ORIGIN, 0)
+        items = self.host.router.plan(p.MONITOR, {"action": p.MONITOR}, recovery_origin(self.group), 0)
         assert not isinstance(items, str)
         for index, item in items:
             self.out.workers.append((index, ipc_frames.req_frames([item], self.epoch, self.group)))

@@ -7,8 +7,13 @@ from __future__ import annotations
 from queue_server.protocol.origin import Origin
 
 # The origin of the monitor a recovered node gathers from its workers for its recovery line
-# (no client's: node -1 is no node).
+# (no client's: node -1 is no node); group 0's, and recovery_origin(g) group g's.
 RECOVERY_ORIGIN = Origin(0, False, -1)
+
+
+def recovery_origin(group: int) -> Origin:
+    """The origin of the recovery monitor of queue group `group` (its number as the conn)."""
+    return Origin(group, False, -1)
 
 
 class RecoveryCount:

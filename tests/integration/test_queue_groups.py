@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import glob
 import os
+import re
 
 from queue_server.protocol.placement import Placement
 from tests.harness import Cluster, wait_for
@@ -87,6 +88,12 @@ def test_three_groups_elect_serve_through_any_node_snapshot_and_recover(tmp_path
         for node in cluster.nodes.values():
             node.wait_ready()
         _agreed_leaders(cluster)
+        for node in cluster.nodes.values():  # one recovery line per group and start, counting its own queues
+            for g in range(GROUPS):
+                pattern = "INFO " + ("" if g == 0 else f"group {g}: ") + r"recovered in [\d.]+ s: (\d+) queues?"
+                lines = wait_for(lambda: (found := re.findall(pattern, node.log())) and len(found) == 2 and found, 20,
+                                 f"{node.name}'s recovery line of group {g}")
+                assert int(lines[-1]) == sum(1 for q in QUEUES if group_of[q] == g), (node.name, g, lines)
         for i, q in enumerate(QUEUES):
             for round_ in range(3):
                 got = cluster.ask(1 + i % 3, {"action": 2, "queue": q})
