@@ -47,7 +47,3 @@ class Balance:
             return None
         self.caught_up_since = None
         return preferred
-
-    def wake_at(self) -> float:
-        """When check() may next decide a move on its own (inf: not before the followers move)."""
-        return float("inf") if self.caught_up_since is None else self.caught_up_since + self.settle

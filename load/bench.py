@@ -292,7 +292,8 @@ class Cluster:
     """Three queue-server nodes configured as one cluster (from config/examples/node1..3.json,
     on free ports, with data directories in `workdir`)."""
 
-    def __init__(self, repo: str, workdir: str, workers: int, metrics: bool) -> None:
+    def __init__(self, repo: str, workdir: str, workers: int, metrics: bool, extra: dict | None = None) -> None:
+        """extra: config keys every node gets besides the example's (e.g. queue_groups)."""
         sys.path.insert(0, repo)
         from queue_server.config.loader import strip_comments
 
@@ -306,7 +307,7 @@ class Cluster:
         try:
             for i, example in enumerate(examples):
                 cfg = dict(example)
-                cfg.update(cluster_node_list=node_list, log_prefix="", log_level=1)
+                cfg.update(cluster_node_list=node_list, log_prefix="", log_level=1, **(extra or {}))
                 for key in ("queue_data_dir", "port", "http_port"):  # QueueServer's own: free ports, HTTP off
                     cfg.pop(key, None)
                 self.nodes.append(QueueServer(repo, workdir, workers, metrics, cfg, name=f"node{i + 1}"))

@@ -283,7 +283,8 @@ class GroupNode:
 
     def _balance_progress(self, now: float) -> None:
         """Hand the group to its preferred leader once that node has kept up for a while
-        (election/balance.py), as a stopping node hands its groups over; one move at a time."""
+        (election/balance.py), as a stopping node hands its groups over; one move at a time. (A
+        leader ticks every heartbeat: wake_at needs no time of its own for this.)"""
         election = self.election
         preferred = self.balance.preferred
         leading = self.leader is not None and election.transfer_target is None
@@ -302,7 +303,7 @@ class GroupNode:
             wake = min(wake, self.handoff_until)
         if self.storage_ok and self.fence_epoch != self.epoch and not self.host.cut_running():
             wake = min(wake, self.cuts.due_at(self.log.commit_trans_id))  # as _snapshot_progress starts one
-        return min(wake, self.cuts.wake_at(), self.forwarding.wake_at(), self.balance.wake_at())
+        return min(wake, self.cuts.wake_at(), self.forwarding.wake_at())
 
     def on_message(self, msg: object, now: float) -> None:
         """An election or replication message from a peer (ClusterNode.on_peer checked its src)."""

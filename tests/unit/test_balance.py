@@ -9,17 +9,15 @@ T0 = 1_000.0
 def test_the_preferred_leader_gets_the_group_once_it_has_kept_up_for_the_settle_time():
     b = Balance(1, preferred=2)
     assert b.check(T0, True, 500, {2: 500, 3: 500}, live=True, busy=False) is None  # caught up from now
-    assert b.wake_at() == T0 + BALANCE_SETTLE
     assert b.check(T0 + BALANCE_SETTLE - 0.1, True, 600, {2: 590}, live=True, busy=False) is None
     assert b.check(T0 + BALANCE_SETTLE, True, 600, {2: 590}, live=True, busy=False) == 2
-    assert b.wake_at() == float("inf")  # a move was decided: the clock starts again
+    assert b.check(T0 + BALANCE_SETTLE + 1, True, 600, {2: 600}, live=True, busy=False) is None  # the clock starts again
 
 
 def test_falling_behind_or_going_silent_starts_the_settle_time_again():
     b = Balance(1, preferred=2)
     b.check(T0, True, 500, {2: 500}, live=True, busy=False)
     assert b.check(T0 + 3, True, 500 + BALANCE_LAG + 1, {2: 500}, live=True, busy=False) is None  # behind
-    assert b.wake_at() == float("inf")
     b.check(T0 + 4, True, 600, {2: 600}, live=True, busy=False)
     assert b.check(T0 + 6, True, 600, {2: 600}, live=False, busy=False) is None  # silent
     b.check(T0 + 7, True, 600, {2: 600}, live=True, busy=False)
@@ -35,4 +33,4 @@ def test_no_move_by_the_preferred_leader_itself_a_follower_a_group_without_one_o
     assert b.check(T0 + BALANCE_SETTLE + 1, True, 1, {2: 1}, live=True, busy=False) == 2  # its turn now
     b.check(T0 + 20, True, 1, {2: 1}, live=True, busy=False)
     assert b.check(T0 + 30, False, 1, {2: 1}, live=True, busy=False) is None  # no longer leads
-    assert b.wake_at() == float("inf")
+    assert b.caught_up_since is None
