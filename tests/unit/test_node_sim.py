@@ -32,6 +32,10 @@ Checked on every seed:
 * the nodes converge: one leader, every node committed all of its log, and every node's workers
   hold exactly the committed log replayed.
 
+GroupSim runs the same with three queue groups on every node (issue 28): each group's
+election, log, commit, snapshots and workers' modes, checked per group as above, with the
+leaders spreading by election/balance.py under the faults.
+
 SIM_SEEDS=<n> runs more seeds; a failing seed is printed with its first violation and can be
 rerun alone: `python -m tests.unit.test_node_sim 3 <seed>`.
 """
@@ -53,7 +57,7 @@ from queue_server.config.loader import parse_config
 from queue_server.replication import wire
 from tests.unit import simulation
 from queue_server.replication.log import Entry
-from queue_server.replication.messages import Forward, GiveBack, Recovered, SnapshotAck
+from queue_server.replication.messages import Forward, Recovered, SnapshotAck
 from queue_server.replication.snapshot import clean, latest_manifest, manifest_files, publish, snapshot_name
 from queue_server.replication.transfer import SnapshotSource
 from queue_server.protocol import ipc_frames, replies
@@ -74,6 +78,7 @@ from queue_server.workers.undo import UNDO_LIMIT
 from queue_server.server.worker import Worker
 
 SEEDS = int(os.environ.get("SIM_SEEDS", "60"))
+GROUP_SEEDS = int(os.environ.get("SIM_SEEDS", "20"))  # GroupSim's: each seed runs three groups
 IDEMPOTENT_PRODUCE = os.environ.get("SIM_PLAIN_PRODUCE") is None
 
 CHAOS = 6.0  # seconds of faults
@@ -82,7 +87,6 @@ WRITES_UNTIL = CHAOS + 0.5  # producers stop here; consumers go on draining
 # (a slow seed drains a long queue at its own pace) until every acknowledged one is delivered;
 # STALL seconds without such a delivery, or DRAIN_CAP in all, is a violation.
 STALL = 10.0
-ONCE = (Forward, GiveBack)  # the peer messages the sim's network never duplicates (Sim.net)
 DRAIN_CAP = 120.0
 CLIENT_TIMEOUT = 1.0
 TICK = 0.005
@@ -129,8 +133,10 @@ class SimAcceptor(Dispatch):
         self.node = node
         cfg = node.config
         Dispatch.__init__(self, Router(cfg.workers, [(v.name, v.queue_list) for v in cfg.virtual_queue_list],
-                                       cfg.dead_letter_suffix), node.node_id, cfg.forward_request,
-                          {"leader_node_id": node.node_id, "leader_host": cfg.host, "leader_port": cfg.port})
+                                       cfg.dead_letter_suffix, groups=cfg.queue_groups), node.node_id,
+                          cfg.forward_request,
+                          {"leader_node_id": node.node_id, "leader_host": cfg.host, "leader_port": cfg.port},
+                          cfg.placement())
         self.conns: dict[int, "SimClient"] = {}
         self.next_conn = 1
         # Requests taken and not yet answered, (conn, req_no) -> (when, request): each must get
@@ -286,7 +292,8 @@ def _fail(line: str) -> None:
 class SimNode:
     """One node's processes, each fed by the simulation's event loop."""
 
-    def __init__(self, sim: "Sim", node_id: int, disk: SimDisk) -> None:
+    def __init__(self, sim: "Sim", node_id: int, disk: dict[int, SimDisk]) -> None:
+        """disk: the node's disk of each queue group."""
         self.sim = sim
         self.node_id = node_id
         self.config = sim.configs[node_id]
@@ -294,50 +301,57 @@ class SimNode:
         self.paused: set[str] = set()  # processes stopped (SIGSTOP, or descheduled under load)
         self.backlog: dict[str, list] = {}
         self.disk = disk
-        recovered = disk.recover()
-        self.cn = ClusterNode(self.config, sim.now, recovered=recovered,
+        found = {g: d.recover() for g, d in disk.items()}
+        self.cn = ClusterNode(self.config, sim.now, recovered=found[0],
                               rng=random.Random(sim.seed * 7919 + node_id * 101 + self.incarnation),
-                              snapshot_dir=disk.snapshot_dir)
+                              snapshot_dir=disk[0].snapshot_dir,
+                              disks={g: (found[g], disk[g].snapshot_dir) for g in found if g != 0})
         self.watch_commits()
-        self.transfers = Transfers(self.cn, disk, disk.snapshot_dir, _SIM_LOG)  # type: ignore[arg-type]
+        self.transfers = {g: Transfers(self.cn.groups[g], d, d.snapshot_dir, _SIM_LOG)  # type: ignore[arg-type]
+                          for g, d in disk.items()}
         self.workers = []
         for i in range(self.config.workers):
-            service = PartitionService(node_id, self.config.queue_size, {}, max_wait=self.config.max_wait,
-                                       max_deliveries=self.config.max_deliveries,
-                                       dead_letter_suffix=self.config.dead_letter_suffix,
-                                       undo_limit=UNDO_LIMIT)
-            service.accepting = False
-            self.workers.append(Worker({0: service}, None, _Pipe(self, _worker_proc(i), COORD), _Quiet(), i,
+            services = {g: PartitionService(node_id, self.config.queue_size, {}, max_wait=self.config.max_wait,
+                                            max_deliveries=self.config.max_deliveries,
+                                            dead_letter_suffix=self.config.dead_letter_suffix,
+                                            undo_limit=UNDO_LIMIT) for g in disk}
+            for service in services.values():
+                service.accepting = False
+            self.workers.append(Worker(services, None, _Pipe(self, _worker_proc(i), COORD), _Quiet(), i,
                                        metrics=WorkerMetrics(CollectorRegistry()),
                                        acceptor=_Pipe(self, _worker_proc(i), ACCEPTOR),
                                        owns=lambda q, i=i: self.cn.router.worker_for(q) == i,
                                        write_inline=write_part_inline))
         for i, w in enumerate(self.workers):
-            w.services[0].rollback = self.checked_rollback(i)  # type: ignore[method-assign]
+            for g, service in w.services.items():
+                service.rollback = self.checked_rollback(i, g)  # type: ignore[method-assign]
         self.acceptor = SimAcceptor(self)
-        # The oracle of rollbacks: what each worker must hold after the MODE of an epoch, built
-        # from the committed log (this node's replay of it: `oracle`, at oracle_trans_id) and
-        # this node's log up to the trans_id the MODE names.
-        self.expected: dict[tuple[int, int], tuple[int, bytes]] = {}
-        self.oracle = sim.replay_to(recovered.trans_id)
-        self.oracle_trans_id = recovered.trans_id
+        # The oracle of rollbacks, per queue group: what each worker must hold after the MODE of
+        # an epoch, built from the committed log (this node's replay of it: `oracle`, at
+        # oracle_trans_id) and this node's log up to the trans_id the MODE names.
+        self.expected: dict[tuple[int, int, int], tuple[int, bytes]] = {}
+        self.oracle = {g: sim.replay_to(found[g].trans_id, g) for g in disk}
+        self.oracle_trans_id = {g: found[g].trans_id for g in disk}
         self.coord_flush()
 
     def watch_commits(self) -> None:
         """Every committed entry the node sees goes into the sim's history of the committed log
         (checked to agree across nodes) and into this node's oracle."""
-        group = self.cn.group0
+        for g, group in self.cn.groups.items():
+            self._watch(g, group)
+
+    def _watch(self, g: int, group) -> None:
         commit = group._commit
 
         def watched(c) -> None:
-            self.sim.record_committed(c.entries)
-            fresh = [e for e in c.entries if e.trans_id > self.oracle_trans_id]
-            if fresh and fresh[0].trans_id != self.oracle_trans_id + 1:  # an installed snapshot in between
-                self.oracle = self.sim.replay_to(fresh[0].trans_id - 1)
+            self.sim.record_committed(c.entries, g)
+            fresh = [e for e in c.entries if e.trans_id > self.oracle_trans_id[g]]
+            if fresh and fresh[0].trans_id != self.oracle_trans_id[g] + 1:  # an installed snapshot in between
+                self.oracle[g] = self.sim.replay_to(fresh[0].trans_id - 1, g)
             for e in fresh:
-                self.oracle.apply(e.record)
+                self.oracle[g].apply(e.record)
             if fresh:
-                self.oracle_trans_id = fresh[-1].trans_id
+                self.oracle_trans_id[g] = fresh[-1].trans_id
             commit(c)
         group._commit = watched  # type: ignore[method-assign]
 
@@ -359,11 +373,11 @@ class SimNode:
             elif kind == ipc_frames.FENCED:
                 self.cn.on_fenced(*ipc_frames.read_fenced(frames), now, ipc_frames.group_of(frames))
             elif kind == ipc_frames.SYNCED:
-                self.cn.on_synced(*ipc_frames.read_synced(frames), now)
+                self.cn.on_synced(*ipc_frames.read_synced(frames), now, ipc_frames.group_of(frames))
             elif kind == ipc_frames.SNAPPED:
-                self.cn.on_snapped(*ipc_frames.read_snapped(frames), now)
+                self.cn.on_snapped(*ipc_frames.read_snapped(frames), now, ipc_frames.group_of(frames))
             elif kind == ipc_frames.PART_DONE:
-                self.cn.on_part_done(*ipc_frames.read_part_done(frames), now)
+                self.cn.on_part_done(*ipc_frames.read_part_done(frames), now, ipc_frames.group_of(frames))
             else:
                 raise Violation(f"coordinator got {kind!r}")
             self.coord_timer()
@@ -378,55 +392,57 @@ class SimNode:
     def expect(self, index: int, frames: list[bytes]) -> None:
         """A MODE leaves for worker `index`: note what the worker must then hold."""
         _accepting, epoch, keep_through, trans_id = ipc_frames.read_mode(frames)
-        cn = self.cn
-        if keep_through is None or trans_id is None or self.oracle_trans_id > trans_id:
+        g = ipc_frames.group_of(frames)
+        log = self.cn.groups[g].log
+        if keep_through is None or trans_id is None or self.oracle_trans_id[g] > trans_id:
             return
-        if cn.log.base_trans_id > self.oracle_trans_id:  # a snapshot was installed since the last commit
-            self.oracle = self.sim.replay_to(cn.log.base_trans_id)
-            self.oracle_trans_id = cn.log.base_trans_id
-        entries = cn.log.entries_after(self.oracle_trans_id, 1 << 62)
+        if log.base_trans_id > self.oracle_trans_id[g]:  # a snapshot was installed since the last commit
+            self.oracle[g] = self.sim.replay_to(log.base_trans_id, g)
+            self.oracle_trans_id[g] = log.base_trans_id
+        entries = log.entries_after(self.oracle_trans_id[g], 1 << 62)
         if entries is None:
-            raise Violation(f"node {self.node_id}'s log lost entries after its commit point")
+            raise Violation(f"node {self.node_id}'s log of group {g} lost entries after its commit point")
         replay = self.sim.service()
-        replay.load_snapshot(orjson.loads(orjson.dumps(self.oracle.snapshot())))
+        replay.load_snapshot(orjson.loads(orjson.dumps(self.oracle[g].snapshot())))
         for e in entries:
             if e.trans_id <= trans_id:
                 replay.apply(e.record)
-        worker_for = cn.router.worker_for
+        worker_for = self.cn.router.worker_for
         part = {name: snap for name, snap in replay.snapshot().items() if worker_for(name) == index}
-        self.expected[(index, epoch)] = (trans_id, orjson.dumps(part, option=orjson.OPT_SORT_KEYS))
+        self.expected[(g, index, epoch)] = (trans_id, orjson.dumps(part, option=orjson.OPT_SORT_KEYS))
 
-    def checked_rollback(self, index: int) -> Callable[[int], int]:
-        """Worker `index`'s PartitionService.rollback, checked against the oracle as soon as it
-        returns (before the requests the MODE held are served)."""
+    def checked_rollback(self, index: int, g: int) -> Callable[[int], int]:
+        """Worker `index`'s PartitionService.rollback of group g, checked against the oracle as
+        soon as it returns (before the requests the MODE held are served)."""
         w = self.workers[index]
-        rollback = w.services[0].rollback
+        rollback = w.services[g].rollback
 
         def checked(keep_through: int) -> int:
             undone = rollback(keep_through)
-            self.check_rollback(index, w, keep_through, undone)
+            self.check_rollback(index, g, w, keep_through, undone)
             return undone
         return checked
 
-    def check_rollback(self, index: int, w: Worker, keep_through: int, undone: int) -> None:
-        epoch = w.epochs[0]
-        trans_id, expected = self.expected.pop((index, epoch), (None, None))
-        if w.services[0].seq != keep_through:
-            raise Violation(f"node {self.node_id} worker {index}: seq {w.services[0].seq} after a MODE "
+    def check_rollback(self, index: int, g: int, w: Worker, keep_through: int, undone: int) -> None:
+        epoch = w.epochs[g]
+        trans_id, expected = self.expected.pop((g, index, epoch), (None, None))
+        if w.services[g].seq != keep_through:
+            raise Violation(f"node {self.node_id} worker {index}: seq {w.services[g].seq} of group {g} after a MODE "
                             f"that keeps through {keep_through}")
         if not undone:
             return
         self.sim.rollbacks += 1
         if expected is None:
             return
-        got = orjson.dumps(orjson.loads(orjson.dumps(w.services[0].snapshot())), option=orjson.OPT_SORT_KEYS)
+        got = orjson.dumps(orjson.loads(orjson.dumps(w.services[g].snapshot())), option=orjson.OPT_SORT_KEYS)
         if got != expected:
             raise Violation(f"node {self.node_id} worker {index}: after rolling back {undone} records "
-                            f"(epoch {epoch}) its queues differ from the log through trans_id {trans_id}")
+                            f"(group {g}, epoch {epoch}) its queues differ from the log through trans_id {trans_id}")
         self.sim.rollbacks_checked += 1
 
     def worker_after(self, w: Worker) -> None:
-        w.services[0].tick(self.sim.now)
+        for service in w.services.values():
+            service.tick(self.sim.now)
         w.flush()
 
     def on_peer(self, data: bytes) -> None:
@@ -443,27 +459,31 @@ class SimNode:
 
     def unsent(self, msgs: list) -> None:
         """server/coordinator.py flush: the messages whose send failed, after advance."""
-        for target, msg in msgs:
+        for target, g, msg in msgs:
             self.sim.unsent += 1
-            self.cn.on_unsent(msg, self.sim.now, to=target)
+            self.cn.on_unsent(msg, self.sim.now, group=g, to=target)
 
     def coord_flush(self) -> None:
-        """server/coordinator.py flush: each Ready's log and vote to 'disk', then everything it
-        holds sent, then advance, until the node has nothing more."""
+        """server/coordinator.py flush: each Ready's logs and votes (each group's) to 'disk', then
+        everything it holds sent, then advance, until the node has nothing more."""
         cn = self.cn
         sim = self.sim
         sim.on_role(self)
         while cn.has_ready():
             ready = cn.ready()
-            # Now and then the disk refuses the log (then writes are refused and undone in the
-            # workers, and the next flush tries again).
-            stored = not (sim.faults and ready.log_through != cn.group0._stable_through
-                          and sim.disk_rng.random() < sim.disk_fail)
-            if stored:
-                self.disk.write(cn.log, ready.truncate_after, ready.log_through)
-            if ready.vote is not None:
-                self.disk.vote = ready.vote
-            chunks_written = self.transfers.write(ready.chunk_writes) if ready.chunk_writes else True
+            pieces = [(0, ready), *((part.group, part) for part in ready.parts)]
+            stored: dict[int, bool] = {}
+            chunks_written: dict[int, bool] = {}
+            for g, piece in pieces:
+                # Now and then the disk refuses the log (then writes are refused and undone in
+                # the workers, and the next flush tries again).
+                stored[g] = ok = not (sim.faults and piece.log_through != cn.groups[g]._stable_through
+                                      and sim.disk_rng.random() < sim.disk_fail)
+                if ok:
+                    self.disk[g].write(cn.groups[g].log, piece.truncate_after, piece.log_through)
+                if piece.vote is not None:
+                    self.disk[g].vote = piece.vote
+                chunks_written[g] = self.transfers[g].write(piece.chunk_writes) if piece.chunk_writes else True
             for index, message in batching.for_workers(ready.to_workers):
                 if message[0] == ipc_frames.MODE:
                     self.expect(index, message)
@@ -471,41 +491,43 @@ class SimNode:
             for message in batching.for_acceptor(ready.to_acceptor):
                 self.pipe(COORD, ACCEPTOR, message)
             unsent = []
-            for target, msg in ready.peer_messages(stored, True):
-                if not chunks_written and type(msg) is SnapshotAck:
-                    continue
-                filled = self.transfers.filled(msg, sim.now)  # a chunk's bytes read from the snapshot files
-                if filled is None:  # unreadable: its transfers start again from the newest snapshot
-                    sim.unreadable_chunks += 1
-                    continue
-                if sim.nodes.get(target) is None:  # down: the link's send fails at once (zmq.Again)
-                    unsent.append((target, msg))
-                    continue
-                data = wire.encode(filled, "127.0.0.1", self.config.port, self.config.node_type, self.config.http_port)
-                self.sim.net(self.node_id, target, data, once=type(msg) in ONCE)
-            if not stored:
-                sim.disk_refusals += 1
-                cn.advance(ready, log_stored=False)
-                self.unsent(unsent)
-                break
-            cn.advance(ready, durable_trans_id=ready.log_through)
+            for g, piece in pieces:
+                for target, msg in piece.peer_messages(stored[g], True):
+                    if not chunks_written[g] and type(msg) is SnapshotAck:
+                        continue
+                    filled = self.transfers[g].filled(msg, sim.now)  # a chunk's bytes read from the snapshot files
+                    if filled is None:  # unreadable: its transfers start again from the newest snapshot
+                        sim.unreadable_chunks += 1
+                        continue
+                    if sim.nodes.get(target) is None:  # down: the link's send fails at once (zmq.Again)
+                        unsent.append((target, g, msg))
+                        continue
+                    data = wire.encode(filled, "127.0.0.1", self.config.port, self.config.node_type,
+                                       self.config.http_port, 0, g)
+                    self.sim.net(self.node_id, target, data, forward=type(msg) is Forward)
+            cn.advance(ready, durable_trans_id=ready.log_through if stored[0] else None, log_stored=stored[0],
+                       parts={g: (piece.log_through if stored[g] else None, stored[g]) for g, piece in pieces if g})
             self.unsent(unsent)
-            for staged in ready.staged:
-                self.transfers.install(staged, sim.now)
-                sim.installs += 1
-            for cut in ready.snapshots:  # server/coordinator.py snapshot()
-                if type(cut) is Publish:
-                    self.disk.finish_snapshot(cut.trans_id, cut.vote_id, cut.tmp, list(cut.parts))
-                    self.transfers.source_changed(sim.now)
-                    sim.snapshots += 1
-                else:
-                    self.disk.abort_snapshot(cut.tmp)
-                    sim.failed_cuts += type(cut) is not Clear
+            if not all(stored.values()):
+                sim.disk_refusals += 1
+                break
+            for g, piece in pieces:
+                for staged in piece.staged:
+                    self.transfers[g].install(staged, sim.now)
+                    sim.installs += 1
+                for cut in piece.snapshots:  # server/group_disks.py carry_files
+                    if type(cut) is Publish:
+                        self.disk[g].finish_snapshot(cut.trans_id, cut.vote_id, cut.tmp, list(cut.parts))
+                        self.transfers[g].source_changed(sim.now)
+                        sim.snapshots += 1
+                    else:
+                        self.disk[g].abort_snapshot(cut.tmp)
+                        sim.failed_cuts += type(cut) is not Clear
 
-    def workers_state(self) -> dict:
+    def workers_state(self, g: int = 0) -> dict:
         merged: dict = {}
         for w in self.workers:
-            merged.update(w.services[0].snapshot())
+            merged.update(w.services[g].snapshot())
         return orjson.loads(orjson.dumps(merged))
 
 
@@ -657,6 +679,8 @@ class SimClient:
 
 
 class Sim:
+    GROUPS = 1  # queue groups, each on every node (GroupSim: 3)
+
     def __init__(self, seed: int, n: int) -> None:
         self.seed = seed
         self.rng = random.Random(seed)
@@ -669,22 +693,26 @@ class Sim:
         snapshot_every = random.Random(seed + 4_000_037).choice([50, 200, 100_000])  # 100k: cuts on demand only
         log_bytes = 4096 if seed % 3 == 1 else 8 << 20  # (not drawn from rng: seeds replay as before)
         self.configs = {}
+        self.groups = list(range(self.GROUPS))
+        # With queue groups, the admin client's queue is placed by a rule in a group of its own.
+        placement = {"queue_groups": self.GROUPS, "queue_group_list": [{"pattern": ADM + "*", "group": 1}]}
         for i in self.members:
             cfg, _ = parse_config(orjson.dumps({
                 "node_id": i, "port": 1110 + i, "workers": WORKERS, "queue_log_size": capacity,
                 "queue_log_bytes": log_bytes,
                 "cluster_node_list": nodes if n > 1 else [], "election_timeout_ms": 300,
                 "heartbeat_ms": 50, "forward_request": 1, "queue_sync_rate": 2000,
-                "snapshot_every": snapshot_every,
+                "snapshot_every": snapshot_every, **(placement if self.GROUPS > 1 else {}),
             }).decode())
             self.configs[i] = cfg
         self.incarnation = {i: 0 for i in self.members}
         self.root = tempfile.mkdtemp(prefix="node-sim-")
-        self.disk = {i: SimDisk(os.path.join(self.root, f"node-{i}")) for i in self.members}
-        # The committed log as the nodes saw it (every node must agree), and a replay of it.
-        self.committed: dict[int, Entry] = {}
-        self.oracle = self.service()
-        self.oracle_trans_id = 0
+        self.disk = {i: {g: SimDisk(os.path.join(self.root, f"node-{i}" + (f"-group-{g}" if g else "")))
+                         for g in self.groups} for i in self.members}
+        # Each group's committed log as the nodes saw it (every node must agree), and a replay of it.
+        self.committed: dict[int, dict[int, Entry]] = {g: {} for g in self.groups}
+        self.oracle = {g: self.service() for g in self.groups}
+        self.oracle_trans_id = dict.fromkeys(self.groups, 0)
         self.snapshots = self.failed_cuts = self.installs = self.unreadable_chunks = 0
         self.nodes: dict[int, SimNode | None] = {}
         self.pipe_clock: dict[tuple, float] = {}
@@ -707,7 +735,7 @@ class Sim:
         self.timeouts = 0
         self.undelivered = 0
         self.unsent = 0  # peer messages to a node that was down (ClusterNode.on_unsent)
-        self.leaders: dict[int, int] = {}
+        self.leaders: dict[tuple[int, int], int] = {}  # (group, vote_id) -> its leader
         self.handoffs = 0  # graceful stops of a leader
         self.rollbacks = 0  # MODEs that undid records in a worker
         # The disk refuses a write of the log now and then (its own stream: the others' draws
@@ -743,7 +771,7 @@ class Sim:
         self.pipe_clock[key] = t
         self.post(node, dst, lambda: node.handle(dst, frames), delay=t - self.now)
 
-    def net(self, src: int, dst: int, data: bytes, once: bool = False) -> None:
+    def net(self, src: int, dst: int, data: bytes, forward: bool = False) -> None:
         if (src, dst) in self.cut:
             return
         copies = 1
@@ -751,10 +779,9 @@ class Sim:
             if self.rng.random() < self.loss:
                 return
             # ZeroMQ over TCP never delivers a message twice; the election and replication are
-            # made to survive it anyway, so their messages are duplicated now and then. Not the
-            # ONCE kinds, which are not made to: a forwarded request would be served twice, and a
-            # give-back applied twice can restore an at-most-once message delivered in between.
-            if not once and self.rng.random() < 0.01:
+            # made to survive it anyway, so their messages are duplicated now and then. A
+            # forwarded request is not: its leader would serve it twice.
+            if not forward and self.rng.random() < 0.01:
                 copies = 2
         for _ in range(copies):
             delay = 0.0003 + self.rng.random() * self.max_delay
@@ -781,10 +808,11 @@ class Sim:
             self.post(node, _worker_proc(w), lambda w=w: self._worker_tick(node, w))
 
     def on_role(self, node: SimNode) -> None:
-        if node.cn.leader is not None:
-            other = self.leaders.setdefault(node.cn.election.vote_id, node.node_id)
-            if other != node.node_id:
-                raise Violation(f"two leaders in vote_id {node.cn.election.vote_id}")
+        for g, group in node.cn.groups.items():
+            if group.leader is not None:
+                other = self.leaders.setdefault((g, group.election.vote_id), node.node_id)
+                if other != node.node_id:
+                    raise Violation(f"two leaders of group {g} in vote_id {group.election.vote_id}")
 
     def _coord_tick(self, node: SimNode) -> None:
         node.coord_timer()
@@ -797,7 +825,8 @@ class Sim:
     def crash(self, i: int) -> None:
         node = self.nodes.get(i)
         if node is not None:
-            node.transfers.close()
+            for transfers in node.transfers.values():
+                transfers.close()
             self.nodes[i] = None
 
     # ---------------------------------------------------------------- the committed log
@@ -805,35 +834,36 @@ class Sim:
         cfg = self.configs[self.members[0]]
         return PartitionService(0, cfg.queue_size, {}, dead_letter_suffix=cfg.dead_letter_suffix)
 
-    def record_committed(self, entries) -> None:
-        """Entries a node committed: the same trans_id must hold the same record on every node."""
-        committed = self.committed
+    def record_committed(self, entries, g: int = 0) -> None:
+        """Entries a node committed in group g: the same trans_id must hold the same record on
+        every node."""
+        committed = self.committed[g]
         for e in entries:
             seen = committed.get(e.trans_id)
             if seen is None:
                 committed[e.trans_id] = e
             elif seen.vote_id != e.vote_id or seen.record != e.record:
-                raise Violation(f"two different entries committed at trans_id {e.trans_id}: {seen} and {e}")
+                raise Violation(f"two different entries committed in group {g} at trans_id {e.trans_id}: {seen} and {e}")
 
-    def replay_to(self, trans_id: int) -> PartitionService:
-        """A fresh replay of the committed log up to trans_id."""
+    def replay_to(self, trans_id: int, g: int = 0) -> PartitionService:
+        """A fresh replay of group g's committed log up to trans_id."""
         replay = self.service()
         for t in range(1, trans_id + 1):
-            e = self.committed.get(t)
+            e = self.committed[g].get(t)
             if e is None:
-                raise Violation(f"no node committed trans_id {t}, yet a snapshot holds it")
+                raise Violation(f"no node committed trans_id {t} of group {g}, yet a snapshot holds it")
             replay.apply(e.record)
         return replay
 
-    def advance_oracle(self, trans_id: int) -> PartitionService:
-        """The replay of the committed log, brought up to trans_id."""
-        while self.oracle_trans_id < trans_id:
-            e = self.committed.get(self.oracle_trans_id + 1)
+    def advance_oracle(self, trans_id: int, g: int = 0) -> PartitionService:
+        """The replay of group g's committed log, brought up to trans_id."""
+        while self.oracle_trans_id[g] < trans_id:
+            e = self.committed[g].get(self.oracle_trans_id[g] + 1)
             if e is None:
-                raise Violation(f"no node committed trans_id {self.oracle_trans_id + 1}")
-            self.oracle.apply(e.record)
-            self.oracle_trans_id += 1
-        return self.oracle
+                raise Violation(f"no node committed trans_id {self.oracle_trans_id[g] + 1} of group {g}")
+            self.oracle[g].apply(e.record)
+            self.oracle_trans_id[g] += 1
+        return self.oracle[g]
 
     def pause(self, i: int, dur: float, procs: set[str] | None = None) -> None:
         """Stop some (by default all) of node i's processes for about dur seconds; each wakes at
@@ -894,7 +924,7 @@ class Sim:
             return
         rng = self.rng
         live = [i for i, n in self.nodes.items() if n is not None]
-        leaders = [i for i in live if self.nodes[i].cn.leader is not None]
+        leaders = [i for i in live if any(g.leader is not None for g in self.nodes[i].cn.groups.values())]
         pool = leaders if kind.endswith("_leader") and leaders else live
         if kind.startswith("crash") and pool:
             i = rng.choice(pool)
@@ -966,7 +996,8 @@ class Sim:
         finally:
             for node in self.nodes.values():
                 if node is not None:
-                    node.transfers.close()
+                    for transfers in node.transfers.values():
+                        transfers.close()
             shutil.rmtree(self.root, ignore_errors=True)
 
     def _run(self) -> None:
@@ -1023,22 +1054,24 @@ class Sim:
         if down:  # stopped by a graceful restart begun before the faults ended: it starts again
             return f"node {down[0]} is down"
         nodes = [self.nodes[i] for i in self.members]
-        leaders = [n for n in nodes if n.cn.leader is not None]
-        if len(leaders) != 1:
-            return f"{len(leaders)} leaders"
-        lead = leaders[0].cn
-        for n in nodes:
-            cn = n.cn
-            if cn.election.leader_id != lead.node_id or cn.log.commit_trans_id != lead.log.last_trans_id:
-                return f"node {n.node_id} follows {cn.election.leader_id} committed {cn.log.commit_trans_id}"
-        # Every node's workers hold exactly the committed log replayed (the oracle), so the same.
-        if self.oracle_trans_id > lead.log.commit_trans_id:
-            return f"the oracle is past the commit point {lead.log.commit_trans_id}"
-        oracle = self.advance_oracle(lead.log.commit_trans_id)
-        want = orjson.dumps(orjson.loads(orjson.dumps(oracle.snapshot())), option=orjson.OPT_SORT_KEYS)
-        for n in nodes:
-            if orjson.dumps(n.workers_state(), option=orjson.OPT_SORT_KEYS) != want:
-                return f"node {n.node_id}'s workers differ from the committed log replayed"
+        for g in self.groups:  # each group: one leader, followed and committed by every node
+            of = f" of group {g}" if g else ""
+            leaders = [n.cn.groups[g] for n in nodes if n.cn.groups[g].leader is not None]
+            if len(leaders) != 1:
+                return f"{len(leaders)} leaders{of}"
+            lead = leaders[0]
+            for n in nodes:
+                group = n.cn.groups[g]
+                if group.election.leader_id != lead.node_id or group.log.commit_trans_id != lead.log.last_trans_id:
+                    return f"node {n.node_id} follows {group.election.leader_id}{of}, committed {group.log.commit_trans_id}"
+            # Every node's workers hold exactly the committed log replayed (the oracle), so the same.
+            if self.oracle_trans_id[g] > lead.log.commit_trans_id:
+                return f"the oracle{of} is past the commit point {lead.log.commit_trans_id}"
+            oracle = self.advance_oracle(lead.log.commit_trans_id, g)
+            want = orjson.dumps(orjson.loads(orjson.dumps(oracle.snapshot())), option=orjson.OPT_SORT_KEYS)
+            for n in nodes:
+                if orjson.dumps(n.workers_state(g), option=orjson.OPT_SORT_KEYS) != want:
+                    return f"node {n.node_id}'s workers{of} differ from the committed log replayed"
         return None
 
     def check_end(self) -> None:
@@ -1077,6 +1110,29 @@ def test_node_sim_makes_progress():
     assert sim.unsent > 0  # messages to a node that was down, which the sender handled as unsent
     # every administration action was carried out at least once under the faults
     assert {sp.PAUSE, sp.RESUME, sp.PURGE, sp.DELETE_QUEUE, sp.DLQ_REPLAY, sp.PEEK, sp.LOCAL_PEEK} <= set(sim.admin_done)
+
+
+class GroupSim(Sim):
+    """The same nodes with three queue groups, each on every node: the workload's queues are in
+    groups 2 (at-least-once) and 0 (at-most-once), the admin client's in group 1 (a
+    queue_group_list rule). Every group has its election, log, commit, snapshots and workers'
+    modes; each is checked as the one group is, and leaders spread (election/balance.py) under
+    the faults."""
+
+    GROUPS = 3
+
+
+def test_node_sim_three_groups_on_three_nodes():
+    simulation.assert_seeds_pass(GroupSim, 3, range(GROUP_SEEDS))
+
+
+def test_group_sim_makes_progress_in_every_group():
+    sim = GroupSim(1, 3)
+    sim.run()
+    assert len(sim.acked[ALO]) > 50 and len(sim.acked[AMO]) > 20 and len(sim.delivered[AMO]) > 20
+    assert {g for g, _ in sim.leaders} == {0, 1, 2}  # every group elected
+    assert all(len(sim.committed[g]) > 10 for g in sim.groups)
+    assert sim.snapshots > 0 and sim.rollbacks > 0
 
 
 class RollingRestart(Sim):
