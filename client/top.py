@@ -29,6 +29,7 @@ class Row(NamedTuple):
     out_per_s: float
     paused: bool
     overflowed: int = 0  # messages whose body is on disk (the node's overflow_mb)
+    group: int | None = None  # its queue group (None: the cluster has one)
 
 
 def rates(before: dict[str, dict], after: dict[str, dict], seconds: float, limit: int = DEFAULT_LIMIT) -> list[Row]:
@@ -42,7 +43,7 @@ def rates(before: dict[str, dict], after: dict[str, dict], seconds: float, limit
         went = max(0, came - (_int(now, "size") - _int(then, "size")))
         rows.append(Row(name, _int(now, "size"), _int(now, "ready"), _int(now, "in_flight"), _int(now, "delayed"),
                         _int(now, "waiters"), came / span, went / span, bool(now.get("paused")),
-                        _int(now, "overflowed")))
+                        _int(now, "overflowed"), now.get("group")))
     rows.sort(key=lambda r: (-(r.in_per_s + r.out_per_s), r.queue))
     return rows[:max(0, limit)]
 
@@ -54,18 +55,27 @@ def _int(reply: dict, key: str) -> int:
 
 def table(rows: list[Row], node: dict[str, Any], seconds: float) -> Table:
     """The table of rows, titled with the node that answered and the measuring interval."""
-    title = (f"node {node.get('node_id', '?')} ({node.get('role', '?')}, leader {node.get('leader_node_id', '?')}) "
+    groups = node.get("groups") or []
+    if groups:  # each queue group's leader
+        leaders = "leaders " + ", ".join(f"{g.get('group')}: {g.get('leader_node_id') or '?'}" for g in groups)
+    else:
+        leaders = f"leader {node.get('leader_node_id', '?')}"
+    title = (f"node {node.get('node_id', '?')} ({node.get('role', '?')}, {leaders}) "
              f"- {node.get('queue_count', len(rows))} queues - rates over {seconds:.1f} s")
     t = Table(title=title, title_justify="left")
     t.add_column("queue", overflow="fold")
+    grouped = bool(groups) or any(r.group is not None for r in rows)
+    if grouped:
+        t.add_column("group", justify="right")
     for header in ("in/s", "out/s", "size", "ready", "in flight", "delayed", "waiters", "on disk"):
         t.add_column(header, justify="right")
     t.add_column("state")
     for r in rows:
-        t.add_row(r.queue, f"{r.in_per_s:.1f}", f"{r.out_per_s:.1f}", str(r.size), str(r.ready), str(r.in_flight),
-                  str(r.delayed), str(r.waiters), str(r.overflowed), "paused" if r.paused else "")
+        group = ("" if r.group is None else str(r.group),) if grouped else ()
+        t.add_row(r.queue, *group, f"{r.in_per_s:.1f}", f"{r.out_per_s:.1f}", str(r.size), str(r.ready),
+                  str(r.in_flight), str(r.delayed), str(r.waiters), str(r.overflowed), "paused" if r.paused else "")
     if not rows:
-        t.add_row("(no queue)", "", "", "", "", "", "", "", "", "")
+        t.add_row("(no queue)", *([""] * (len(t.columns) - 1)))
     return t
 
 

@@ -444,9 +444,10 @@ class ClusterNode:
         taken, self.refused = self.refused, {}
         return taken
 
-    def gather(self, partials: bytes) -> None:
-        """The workers' parts of scattered requests (a batch's json list): the finished ones are
-        answered."""
+    def gather(self, partials: bytes, group: int = 0) -> None:
+        """The workers' parts of scattered requests (a batch's json list, of `group`'s batch): the
+        finished ones are answered, through that group's Forwarding (a request another node
+        forwarded to this leader of the group goes back to it in that group)."""
         finished = []
         for tag, part in orjson.loads(partials):
             done = self.gatherer.add(tag, part)
@@ -457,10 +458,14 @@ class ClusterNode:
                     group = self.groups[origin.conn]
                     group.recovery.counted(merged.get("queue_count", 0), merged.get("size", 0), group.log.commit_trans_id)
                     continue
-                finished.append((origin, req_no, gather.merge(request, parts, self.node_fields())))
+                fields = self.node_fields()
+                queue = request.get("queue")
+                if len(self.groups) > 1 and type(queue) is str:  # a queue's monitor says its group
+                    fields["group"] = self.placement.group_of(queue)
+                finished.append((origin, req_no, gather.merge(request, parts, fields)))
         if finished:
-            group = self.group0
-            self.carry(group.forwarding.release(*replies.encode(finished), group.election.vote_id), group)
+            part = self.groups[group]
+            self.carry(part.forwarding.release(*replies.encode(finished), part.election.vote_id), part)
 
     def replies_lost(self) -> int:
         """Replies to other nodes' forwarded requests given up on so far (Forwarding.replies_lost)."""

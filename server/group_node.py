@@ -353,7 +353,7 @@ class GroupNode:
             else:
                 self._release(header, blob)
         if partials != ipc_frames.EMPTY_LIST:
-            self.host.gather(partials)
+            self.host.gather(partials, self.group)
         return appended
 
     def undeliver(self, queue: str, given: list[list[int]]) -> bool:

@@ -164,7 +164,8 @@ def leader_headers(reply: Mapping[str, Any], http: str | None = None) -> dict[st
 
 def cluster_view(local: Mapping[str, Any], leader: Mapping[str, Any] | None, members: list[int]) -> dict:
     """GET /v1/cluster: every node with its role, vote_id, trans_id and replication lag, from this
-    node's own monitor reply (action 104) and the leader's (action 4, None when it gave none).
+    node's own monitor reply (action 104) and the leader's (action 4, None when it gave none);
+    with queue groups, `groups`: this node's row of each group (monitor's `groups`).
 
     A node is known as well as the answering node and the leader know it: the leader's followers
     have the trans_id the leader knows they hold (its `match_trans_id`) and its vote_id (they
@@ -181,12 +182,15 @@ def cluster_view(local: Mapping[str, Any], leader: Mapping[str, Any] | None, mem
         nodes[leader_id] = _self_row(leader, lag=0)
     if node_id is not None:
         nodes[node_id] = _self_row(local, lag=nodes.get(node_id, {}).get("lag"))
-    return {
+    view = {
         "code": p.CODE_OK,
         "node_id": node_id,
         "leader_node_id": leader_id or local.get("leader_node_id") or None,
         "nodes": [nodes[k] for k in sorted(nodes)],
     }
+    if local.get("groups"):  # queue groups: each group's leader and log as this node sees them
+        view["groups"] = local["groups"]
+    return view
 
 
 def _self_row(reply: Mapping[str, Any], lag: int | None) -> dict:

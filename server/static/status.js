@@ -43,6 +43,24 @@ function drawNodes(cluster) {
   }
 }
 
+function drawGroups(cluster) {
+  // With queue groups only: each group's leader and log, as the answering node sees it.
+  const groups = cluster.groups || [];
+  document.getElementById("groups-section").hidden = groups.length === 0;
+  const body = document.querySelector("#groups tbody");
+  body.replaceChildren();
+  for (const g of groups) {
+    const row = body.insertRow();
+    row.dataset.group = g.group;
+    cell(row, g.group, "group");
+    cell(row, g.leader_node_id || null, "leader");
+    cell(row, g.role, "role role-" + g.role);
+    cell(row, g.trans_id, "trans-id");
+    cell(row, g.commit_trans_id, "commit");
+    cell(row, (g.replicas || []).join(", "), "replicas");
+  }
+}
+
 function rate(now, before, key) {
   if (!before || now.t <= before.t) return 0;
   return Math.max(0, (now[key] - before[key]) / (now.t - before.t));
@@ -91,6 +109,7 @@ async function refresh() {
     const t = Date.now() / 1000;
     const cluster = await api("/v1/cluster");
     drawNodes(cluster);
+    drawGroups(cluster);
     const list = await api("/v1/queues");
     const names = list.queue_list.slice().sort();
     const dead = new Set(names.filter(n => n.endsWith(".dlq") && names.includes(n.slice(0, -4))));

@@ -65,6 +65,9 @@ def test_three_groups_elect_serve_through_any_node_snapshot_and_recover(tmp_path
         assert all(row["commit_trans_id"] > 0 for row in rows), rows
         assert {row["group"]: row["leader_node_id"] for row in rows} == leaders
         assert [row["role"] == "leader" for row in rows] == [leaders[g] == 2 for g in range(GROUPS)]
+        for q in QUEUES[:6]:  # a queue's monitor names its group, through any node
+            reply = cluster.ask(1 + QUEUES.index(q) % 3, {"action": 4, "queue": q})
+            assert reply is not None and reply["code"] == 0 and reply["group"] == group_of[q], (q, reply)
         listed = cluster.ask(3, {"action": 7})
         assert listed is not None and listed["code"] == 0
         assert sorted(listed["queue_list"]) == sorted(QUEUES)

@@ -95,6 +95,7 @@ def test_the_status_page_of_a_follower_shows_roles_and_a_queue_count_that_change
         shown = wait_for(roles, 20, "the page to show the nodes")
         assert shown == {i: "leader" if i == leader else "follower" for i in cluster.nodes}
         assert text(browser, f'#nodes tr[data-node-id="{follower}"]', "className") == "self"
+        assert text(browser, "#groups-section", "hidden") is True  # one queue group: no table of groups
         wait_for(lambda: text(browser, '#queues tr[data-queue="orders"] td.ready') == "3", 20, "orders to show 3 ready")
         assert text(browser, '#queues tr[data-queue="emails"] td.delayed') == "1"
 
@@ -128,6 +129,27 @@ def test_the_status_page_of_a_follower_shows_roles_and_a_queue_count_that_change
         assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         if os.environ.get("QUEUE_SERVER_SCREENSHOT"):
             shutil.copy(shot, os.path.join(REPO, "docs", "status-page.png"))
+    finally:
+        cluster.stop()
+
+
+def test_with_queue_groups_the_page_shows_each_group_s_leader_and_this_node_s_role(tmp_path, browser):
+    cluster = Cluster(str(tmp_path / "cluster"), 3, http=True, workers=1, queue_groups=3).start()
+    try:
+        def spread() -> bool:  # each group led by its preferred leader, node g + 1
+            reply = cluster.ask(2, {"action": 8})
+            return bool(reply) and [row["leader_node_id"] for row in reply.get("groups", [])] == [1, 2, 3]
+        wait_for(spread, 40, "each node to lead its own group")
+        browser.get(f"http://127.0.0.1:{cluster.nodes[2].config['http_port']}/?refresh=1")
+
+        def groups() -> list | None:
+            rows = [(text(browser, f'#groups tr[data-group="{g}"] td.leader'),
+                     text(browser, f'#groups tr[data-group="{g}"] td.role')) for g in range(3)]
+            return rows if all(leader for leader, _ in rows) else None
+        assert wait_for(groups, 20, "the page to show the groups") == [
+            ("1", "follower"), ("2", "leader"), ("3", "follower")]
+        assert text(browser, "#groups-section", "hidden") is False
+        assert text(browser, '#groups tr[data-group="2"] td.replicas') == "3, 1, 2"
     finally:
         cluster.stop()
 

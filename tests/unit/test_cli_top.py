@@ -96,3 +96,16 @@ def test_errors_are_one_line_or_json(monkeypatch, capsys, as_json):
     assert cli.main([*args, "produce", "q", "x"]) == cli.EXIT_ERROR
     err = capsys.readouterr().err
     assert err == ('{"code":-1,"reason":"queue full"}\n' if as_json else "queue-cli: queue full\n")
+
+
+def test_with_queue_groups_the_table_names_each_group_s_leader_and_each_queue_s_group():
+    rows = top.rates({}, {"a": {"max_id": 2, "size": 2, "group": 2}, "b": {"max_id": 1, "size": 1, "group": 0}}, 1.0)
+    node = {"node_id": 2, "role": "follower", "leader_node_id": 1, "queue_count": 2,
+            "groups": [{"group": 0, "leader_node_id": 1}, {"group": 1, "leader_node_id": 2}, {"group": 2, "leader_node_id": 0}]}
+    screen = io.StringIO()
+    Console(file=screen, width=120, color_system=None).print(top.table(rows, node, 1.0))
+    text = screen.getvalue()
+    assert "node 2 (follower, leaders 0: 1, 1: 2, 2: ?) - 2 queues" in text
+    line_a = next(line for line in text.splitlines() if "│ a " in line)
+    assert [c.strip() for c in line_a.split("│")][1:3] == ["a", "2"]  # the queue, then its group
+    assert "group" in text

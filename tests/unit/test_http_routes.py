@@ -109,6 +109,15 @@ def test_cluster_view_without_a_leader_shows_the_others_unknown():
     assert [n["role"] for n in view["nodes"]] == ["unknown", "none", "unknown"]
 
 
+def test_cluster_view_with_queue_groups_carries_this_node_s_row_of_each_group():
+    rows = [{"group": g, "leader_node_id": g + 1, "role": "leader" if g == 1 else "follower", "trans_id": 10 + g,
+             "commit_trans_id": 10 + g, "replicas": [1 + (g + i) % 3 for i in range(3)]} for g in range(3)]
+    local = {"code": 0, "node_id": 2, "role": "follower", "vote_id": 4, "trans_id": 10, "leader_node_id": 1,
+             "groups": rows}
+    assert cluster_view(local, None, [1, 2, 3])["groups"] == rows
+    assert "groups" not in cluster_view({k: v for k, v in local.items() if k != "groups"}, None, [1, 2, 3])
+
+
 def test_openapi_lists_every_route():
     doc = openapi(ROUTES)
     assert doc["openapi"].startswith("3.")

@@ -585,7 +585,7 @@ class SimClient:
         elif self.kind == "admin":
             if sim.now >= WRITES_UNTIL:
                 return
-            req = self.rng.choice(ADMIN_REQUESTS)
+            req = self.rng.choice(sim.ADMIN)
         elif self.next_confirm is not None:
             req = p.ids_request(p.CONFIRM, self.next_confirm[0], [self.next_confirm[1]])
         else:
@@ -680,6 +680,7 @@ class SimClient:
 
 class Sim:
     GROUPS = 1  # queue groups, each on every node (GroupSim: 3)
+    ADMIN = ADMIN_REQUESTS  # what the admin client asks
 
     def __init__(self, seed: int, n: int) -> None:
         self.seed = seed
@@ -1120,6 +1121,10 @@ class GroupSim(Sim):
     the faults."""
 
     GROUPS = 3
+    # ... and the monitors of its queue and of every queue, which a node gathers from the
+    # workers of the queue's group (forwarded to its leader) or of every group (its own).
+    ADMIN = ADMIN_REQUESTS + [{"action": sp.MONITOR, "queue": ADM}, {"action": sp.MONITOR},
+                              {"action": sp.LIST}]
 
 
 def test_node_sim_three_groups_on_three_nodes():
@@ -1133,6 +1138,7 @@ def test_group_sim_makes_progress_in_every_group():
     assert {g for g, _ in sim.leaders} == {0, 1, 2}  # every group elected
     assert all(len(sim.committed[g]) > 10 for g in sim.groups)
     assert sim.snapshots > 0 and sim.rollbacks > 0
+    assert {sp.MONITOR, sp.LIST} <= set(sim.admin_done)
 
 
 class RollingRestart(Sim):
