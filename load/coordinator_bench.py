@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile", type=int, default=0, metavar="N", help="print cProfile's top N functions by own time")
     args = parser.parse_args(argv)
     # A registry per coordinator: the default one takes each metric once per process.
-    coordinator_module.CoordinatorMetrics = lambda: CoordinatorMetrics(CollectorRegistry())  # type: ignore[misc]
+    coordinator_module.CoordinatorMetrics = lambda **kw: CoordinatorMetrics(CollectorRegistry(), **kw)  # type: ignore[misc]
     import queue_server.server.cluster as cluster
     print(f"code: {os.path.dirname(os.path.dirname(cluster.__file__))}")
     work = batches(args.cycles, args.count, args.requests)

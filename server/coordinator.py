@@ -113,9 +113,9 @@ class Coordinator:
         self.client = (config.host, config.port, config.node_type, config.http_port, self.placement_hash)
         self.rejections_logged: set[str] = set()
         self.zap_refused = 0
-        self.metrics = CoordinatorMetrics()
+        self.metrics = CoordinatorMetrics(grouped=len(self.node.groups) > 1)
         self.next_observe = 0.0
-        self.last_election_role: Role | None = None
+        self.last_election_role: dict[int, Role] = {}  # by queue group
         self.reachability = Reachability(
             {n.node_id: f"{n.host}:{n.port}" for n in config.cluster_node_list if n.node_id != config.node_id},
             time.time()) if config.is_cluster else None
@@ -467,20 +467,21 @@ class Coordinator:
     def observe(self) -> None:
         """Hand the node's figures to the metrics (published about once a second)."""
         node, m = self.node, self.metrics
-        log = node.log
-        m.set_trans_id(log.last_trans_id, log.commit_trans_id)
-        role = node.election.role
-        if role is not self.last_election_role:
-            if role is Role.CANDIDATE:
-                m.election_started()
-            if role is not Role.LEADER and node.leader is None:
-                for peer in node.election.peers:
-                    m.forget_follower(peer)
-            self.last_election_role = role
-        m.set_role(node.role.value if node.role in SERVING else Role.CANDIDATE.value, node.election.vote_id)
-        if node.leader is not None:
-            for peer in node.election.peers:
-                m.set_follower_lag(peer, log.last_trans_id - node.leader.match_of(peer))
+        for g, group in node.groups.items():
+            log, election = group.log, group.election
+            m.set_trans_id(log.last_trans_id, log.commit_trans_id, g)
+            role = election.role
+            if role is not self.last_election_role.get(g):
+                if role is Role.CANDIDATE:
+                    m.election_started()
+                if role is not Role.LEADER and group.leader is None:
+                    for peer in election.peers:
+                        m.forget_follower(peer, g)
+                self.last_election_role[g] = role
+            m.set_role(group.role.value if group.role in SERVING else Role.CANDIDATE.value, election.vote_id, g)
+            if group.leader is not None:
+                for peer in election.peers:
+                    m.set_follower_lag(peer, log.last_trans_id - group.leader.match_of(peer), g)
         if self.zap is not None and self.zap.refused != self.zap_refused:
             m.peer_rejected(BAD_KEY, self.zap.refused - self.zap_refused)
             self.zap_refused = self.zap.refused

@@ -396,29 +396,33 @@ class CoordinatorMetrics(_Metrics):
     times, the peer messages and connections it refused, by reason, and the snapshots the
     workers made, written or failed.
 
+    With queue groups (`grouped`), the log, role, term and lag series carry a `group` label, one
+    series per queue group this node is a replica of; with one group they have none, as before.
+
     The setters only store numbers (the coordinator hands them over in its `observe`); :meth:`fold`
     publishes them about once a second.
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None, grouped: bool = False) -> None:
         super().__init__(registry)
-        self.trans_id = 0
-        self.commit_id = 0
-        self.role = ""
-        self.term = 0
+        self.grouped = grouped
+        # By queue group (0 alone without queue groups):
+        self.trans_ids: dict[int, tuple[int, int | None]] = {}  # (last, committed)
+        self.roles: dict[int, tuple[str, int | None]] = {}  # (role, term)
         self.elections = 0
-        self.lag: dict[int, int] = {}
-        self._forgotten: set[int] = set()
+        self.lag: dict[tuple[int, int], int] = {}  # (group, follower) -> records
+        self._forgotten: set[tuple[int, int]] = set()
         self.fsync = LocalHistogram(FSYNC_BUCKETS)
         self._elections_sent = 0
         self.counts: dict[tuple[Any, Any], int] = {}
         self.requests = _requests_counter(self)
-        self.trans_id_gauge = self._gauge("trans_id", "Last trans_id appended to the change log.", mode="livemax")
-        self.commit_gauge = self._gauge("commit_trans_id", "Last trans_id known committed (replicated to a quorum).", mode="livemax")
-        self.role_gauge = self._gauge("role", "1 for this node's current role (leader, follower, candidate), 0 for the others.", ("role",), mode="livemax")
-        self.term_gauge = self._gauge("term", "Current election term (vote_id).", mode="livemax")
+        group = ("group",) if grouped else ()
+        self.trans_id_gauge = self._gauge("trans_id", "Last trans_id appended to the change log.", group, mode="livemax")
+        self.commit_gauge = self._gauge("commit_trans_id", "Last trans_id known committed (replicated to a quorum).", group, mode="livemax")
+        self.role_gauge = self._gauge("role", "1 for this node's current role (leader, follower, candidate), 0 for the others.", ("role", *group), mode="livemax")
+        self.term_gauge = self._gauge("term", "Current election term (vote_id).", group, mode="livemax")
         self.elections_counter = self._counter("elections", "Elections this node started (as a candidate).")
-        self.lag_gauge = self._gauge("replication_lag_records", "Records the leader has that a follower has not acknowledged, per follower node_id.", ("follower",), mode="livemax")
+        self.lag_gauge = self._gauge("replication_lag_records", "Records the leader has that a follower has not acknowledged, per follower node_id.", ("follower", *group), mode="livemax")
         self.fsync_seconds = self._histogram("log_fsync_seconds", "Time of one fsync of the change log.", FSYNC_BUCKETS)
         self.peer_rejects: dict[str, int] = {}
         self.peer_rejected_counter = self._counter(
@@ -438,34 +442,38 @@ class CoordinatorMetrics(_Metrics):
             "written, a worker that did not fork within the hold, a mode change, ...).", ("result",))
         self._at_zero(self.snapshots_counter, SNAPSHOT_RESULTS)
 
-    def set_trans_id(self, last: int, committed: int | None = None) -> None:
-        """The log's last trans_id (and the last committed one, if known)."""
-        self.trans_id = last
-        if committed is not None:
-            self.commit_id = committed
+    def set_trans_id(self, last: int, committed: int | None = None, group: int = 0) -> None:
+        """The log's last trans_id (and the last committed one, if known), of queue group `group`."""
+        if committed is None:
+            committed = self.trans_ids.get(group, (0, None))[1]
+        self.trans_ids[group] = (last, committed)
 
-    def set_role(self, role: str, term: int | None = None) -> None:
-        """This node's role: one of ROLES; and the term it is in."""
+    def set_role(self, role: str, term: int | None = None, group: int = 0) -> None:
+        """This node's role in queue group `group`: one of ROLES; and the term it is in."""
         if role not in ROLES:
             raise ValueError(f"role must be one of {ROLES}, not {role!r}")
-        self.role = role
-        if term is not None:
-            self.term = term
+        self.roles[group] = (role, term if term is not None else self.roles.get(group, ("", None))[1])
 
     def election_started(self) -> None:
         """This node became a candidate."""
         self.elections += 1
 
-    def set_follower_lag(self, node_id: int, records: int) -> None:
-        """How many records follower `node_id` is behind this leader."""
-        self.lag[node_id] = max(0, records)
-        self._forgotten.discard(node_id)
+    def set_follower_lag(self, node_id: int, records: int, group: int = 0) -> None:
+        """How many records follower `node_id` is behind this leader of queue group `group`."""
+        self.lag[(group, node_id)] = max(0, records)
+        self._forgotten.discard((group, node_id))
 
-    def forget_follower(self, node_id: int) -> None:
-        """Follower `node_id` no longer has a lag to report (this node stopped leading); it then
-        reads 0."""
-        if self.lag.pop(node_id, None) is not None:
-            self._forgotten.add(node_id)
+    def forget_follower(self, node_id: int, group: int = 0) -> None:
+        """Follower `node_id` no longer has a lag to report in `group` (this node stopped leading
+        it); it then reads 0."""
+        if self.lag.pop((group, node_id), None) is not None:
+            self._forgotten.add((group, node_id))
+
+    def _of(self, gauge: Gauge, group: int, **labels: str) -> Any:
+        """The gauge's series for `group` (with the `group` label only when grouped)."""
+        if self.grouped:
+            labels["group"] = str(group)
+        return gauge.labels(**labels) if labels else gauge
 
     def observe_fsync(self, seconds: float) -> None:
         """One fsync of the change log took `seconds`."""
@@ -501,19 +509,21 @@ class CoordinatorMetrics(_Metrics):
             self.snapshot_results.clear()
             self.fsync = LocalHistogram(FSYNC_BUCKETS)
             return
-        self.trans_id_gauge.set(self.trans_id)
-        self.commit_gauge.set(self.commit_id)
-        self.term_gauge.set(self.term)
-        if self.role:
+        of = self._of
+        for group, (last, committed) in self.trans_ids.items():
+            of(self.trans_id_gauge, group).set(last)
+            of(self.commit_gauge, group).set(committed or 0)
+        for group, (current, term) in self.roles.items():
+            of(self.term_gauge, group).set(term or 0)
             for role in ROLES:
-                self.role_gauge.labels(role=role).set(1 if role == self.role else 0)
+                of(self.role_gauge, group, role=role).set(1 if role == current else 0)
         if self.elections > self._elections_sent:
             self.elections_counter.inc(self.elections - self._elections_sent)
             self._elections_sent = self.elections
-        for node_id, records in self.lag.items():
-            self.lag_gauge.labels(follower=str(node_id)).set(records)
-        for node_id in self._forgotten:  # multi-process mode cannot unpublish a label: it reads 0
-            self.lag_gauge.labels(follower=str(node_id)).set(0)
+        for (group, node_id), records in self.lag.items():
+            of(self.lag_gauge, group, follower=str(node_id)).set(records)
+        for group, node_id in self._forgotten:  # multi-process mode cannot unpublish a label: it reads 0
+            of(self.lag_gauge, group, follower=str(node_id)).set(0)
         self._forgotten.clear()
         self.fsync.drain_into(self.fsync_seconds)
         _fold_counts(self.counts, self.requests)

@@ -143,10 +143,32 @@ def test_coordinator_metrics_publish_on_fold():
         cm.set_role("king")
 
 
+def test_with_queue_groups_the_log_role_term_and_lag_series_carry_the_group():
+    registry = CollectorRegistry()
+    cm = m.CoordinatorMetrics(registry, grouped=True)
+    cm.set_trans_id(120, committed=118, group=0)
+    cm.set_trans_id(7, committed=7, group=2)
+    cm.set_role("leader", term=4, group=0)
+    cm.set_role("follower", term=9, group=2)
+    cm.set_follower_lag(3, 5, group=0)
+    cm.fold()
+    get = registry.get_sample_value
+    assert (get("queue_server_trans_id", {"group": "0"}), get("queue_server_trans_id", {"group": "2"})) == (120, 7)
+    assert get("queue_server_commit_trans_id", {"group": "0"}) == 118
+    assert get("queue_server_role", {"role": "leader", "group": "0"}) == 1
+    assert get("queue_server_role", {"role": "follower", "group": "2"}) == 1
+    assert (get("queue_server_term", {"group": "0"}), get("queue_server_term", {"group": "2"})) == (4, 9)
+    assert get("queue_server_replication_lag_records", {"follower": "3", "group": "0"}) == 5
+    assert get("queue_server_trans_id") is None  # no series without the label
+    cm.forget_follower(3, group=0)
+    cm.fold()
+    assert get("queue_server_replication_lag_records", {"follower": "3", "group": "0"}) == 0
+
+
 def _observed(node: ClusterNode) -> CollectorRegistry:
     """What a coordinator around `node` publishes once it has handed the node's figures over."""
     coordinator = Coordinator.__new__(Coordinator)  # its I/O is not used here
-    coordinator.node, coordinator.storage, coordinator.zap, coordinator.last_election_role = node, None, None, None
+    coordinator.node, coordinator.storage, coordinator.zap, coordinator.last_election_role = node, None, None, {}
     registry = CollectorRegistry()
     coordinator.metrics = m.CoordinatorMetrics(registry)
     coordinator.observe()
