@@ -148,9 +148,10 @@ class Actions:
         return Call(p.list_request(pattern, local), p.queue_names)
 
     @action
-    def leader(self) -> Call[dict[str, Any]]:
-        """The leader's node id and client address (leader_node_id, leader_host, leader_port)."""
-        return Call(p.leader_request(), _itself)
+    def leader(self, queue: str | None = None) -> Call[dict[str, Any]]:
+        """The leader's node id and client address (leader_node_id, leader_host, leader_port);
+        with `queue`, of the queue group that queue is in (a cluster with queue groups)."""
+        return Call(p.leader_request(queue), _itself)
 
     @action
     def peek(self, queue: str, count: int | None = None, *, state: str | None = None,

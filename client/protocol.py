@@ -250,9 +250,9 @@ def check_auth_reply(reply: dict[str, Any]) -> None:
         raise error_from_reply(reply)
 
 
-def leader_request() -> dict[str, Any]:
-    """A request for the leader's address."""
-    return {"action": LEADER}
+def leader_request(queue: str | None = None) -> dict[str, Any]:
+    """A request for the leader's address; with `queue`, of that queue's group (queue groups)."""
+    return {"action": LEADER} if queue is None else {"action": LEADER, "queue": queue}
 
 
 # ------------------------------------------------------------------ replies

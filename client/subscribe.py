@@ -196,7 +196,7 @@ class Subscription(_SubscriptionState):
         reconnect = self._reconnect()
         while True:
             try:
-                host, port = self._leader_address(self.client.leader())
+                host, port = self._leader_address(self.client.leader(self.queues[0]))
                 sock = socket.create_connection((host, port), timeout=self.client.timeout)
                 if self.client._ssl is not None:
                     sock = tls.wrap(sock, self.client._ssl, host)
@@ -308,7 +308,7 @@ class AsyncSubscription(_SubscriptionState):
         reconnect = self._reconnect()
         while True:
             try:
-                host, port = self._leader_address(await self.client.leader())
+                host, port = self._leader_address(await self.client.leader(self.queues[0]))
                 self.reader, self.writer = await asyncio.wait_for(
                     asyncio.open_connection(host, port, limit=1 << 24, ssl=self.client._ssl,
                                             server_hostname=host if self.client._ssl is not None else None),

@@ -8,7 +8,9 @@ from __future__ import annotations
 import glob
 import os
 import re
+import threading
 
+from queue_server.client import QueueClient
 from queue_server.protocol.placement import Placement
 from tests.harness import Cluster, wait_for
 
@@ -68,6 +70,24 @@ def test_three_groups_elect_serve_through_any_node_snapshot_and_recover(tmp_path
         for q in QUEUES[:6]:  # a queue's monitor names its group, through any node
             reply = cluster.ask(1 + QUEUES.index(q) % 3, {"action": 4, "queue": q})
             assert reply is not None and reply["code"] == 0 and reply["group"] == group_of[q], (q, reply)
+        # A subscription goes to the leader of its queue's group (action 8 with the queue), which
+        # may not be group 0's leader: a queue of each group, through node 1.
+        for g in range(GROUPS):
+            q = next(name for name in QUEUES if group_of[name] == g)
+            got: list = []
+
+            def subscribe() -> None:
+                with QueueClient(cluster.nodes[1].hosts, timeout=5) as client, client.subscribe(q, credit=1) as sub:
+                    message = next(iter(sub))
+                    sub.confirm(message)
+                    got.append(message.data)
+            with QueueClient(cluster.nodes[1].hosts, timeout=5) as client:
+                client.produce(q, f"pushed {q}", retry=60)
+            subscriber = threading.Thread(target=subscribe, daemon=True)
+            subscriber.start()
+            wait_for(lambda: got, 20, f"the push of {q} (group {g}) to a subscription made through node 1")
+            subscriber.join(5)
+            assert got == [f"pushed {q}"]
         listed = cluster.ask(3, {"action": 7})
         assert listed is not None and listed["code"] == 0
         assert sorted(listed["queue_list"]) == sorted(QUEUES)
