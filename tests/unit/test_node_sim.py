@@ -57,7 +57,7 @@ from queue_server.config.loader import parse_config
 from queue_server.replication import wire
 from tests.unit import simulation
 from queue_server.replication.log import Entry
-from queue_server.replication.messages import Forward, Recovered, SnapshotAck
+from queue_server.replication.messages import Forward, GiveBack, Recovered, SnapshotAck
 from queue_server.replication.snapshot import clean, latest_manifest, manifest_files, publish, snapshot_name
 from queue_server.replication.transfer import SnapshotSource
 from queue_server.protocol import ipc_frames, replies
@@ -87,6 +87,7 @@ WRITES_UNTIL = CHAOS + 0.5  # producers stop here; consumers go on draining
 # (a slow seed drains a long queue at its own pace) until every acknowledged one is delivered;
 # STALL seconds without such a delivery, or DRAIN_CAP in all, is a violation.
 STALL = 10.0
+ONCE = (Forward, GiveBack)  # the peer messages the sim's network never duplicates (Sim.net)
 DRAIN_CAP = 120.0
 CLIENT_TIMEOUT = 1.0
 TICK = 0.005
@@ -504,7 +505,7 @@ class SimNode:
                         continue
                     data = wire.encode(filled, "127.0.0.1", self.config.port, self.config.node_type,
                                        self.config.http_port, 0, g)
-                    self.sim.net(self.node_id, target, data, forward=type(msg) is Forward)
+                    self.sim.net(self.node_id, target, data, once=type(msg) in ONCE)
             cn.advance(ready, durable_trans_id=ready.log_through if stored[0] else None, log_stored=stored[0],
                        parts={g: (piece.log_through if stored[g] else None, stored[g]) for g, piece in pieces if g})
             self.unsent(unsent)
@@ -772,7 +773,7 @@ class Sim:
         self.pipe_clock[key] = t
         self.post(node, dst, lambda: node.handle(dst, frames), delay=t - self.now)
 
-    def net(self, src: int, dst: int, data: bytes, forward: bool = False) -> None:
+    def net(self, src: int, dst: int, data: bytes, once: bool = False) -> None:
         if (src, dst) in self.cut:
             return
         copies = 1
@@ -780,9 +781,10 @@ class Sim:
             if self.rng.random() < self.loss:
                 return
             # ZeroMQ over TCP never delivers a message twice; the election and replication are
-            # made to survive it anyway, so their messages are duplicated now and then. A
-            # forwarded request is not: its leader would serve it twice.
-            if not forward and self.rng.random() < 0.01:
+            # made to survive it anyway, so their messages are duplicated now and then. Not the
+            # ONCE kinds, which are not made to: a forwarded request would be served twice, and a
+            # give-back applied twice can restore an at-most-once message delivered in between.
+            if not once and self.rng.random() < 0.01:
                 copies = 2
         for _ in range(copies):
             delay = 0.0003 + self.rng.random() * self.max_delay
