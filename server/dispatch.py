@@ -141,8 +141,10 @@ class Dispatch:
         the node's with one group; a monitor or list of every queue is served by this node's
         workers from every group they hold. False: not such a request (submit goes on)."""
         action = value.get("action")
-        if type(action) is not int:
-            return False
+        if type(action) is not int:  # a name ("produce"), or no action at all
+            action = p.request_action(value)
+            if type(action) is str:
+                return False  # submit answers the error
         queue = value.get("queue")
         if type(queue) is not str:
             if action in SCATTER_ACTIONS and queue is None:

@@ -361,3 +361,17 @@ def test_with_queue_groups_a_list_of_every_queue_gathers_each_group_from_every_w
     assert sent == sorted((i, g, e) for i in range(WORKERS) for g, e in ((0, 4), (1, 7), (2, 2)))
     tags = {(item[3][0], item[3][2], item[3][3]) for _, frames in d.sent for item in ipc_frames.read_req(frames)}
     assert tags == {(tags.copy().pop()[0], 0, WORKERS * GROUPS)}  # one gather, a part per worker and group
+
+
+def test_with_queue_groups_an_action_by_name_goes_to_its_queue_s_group_only():
+    d = GroupDispatch()
+    d.groups((LEADER, 4, NODE), (LEADER, 7, NODE), (LEADER, 2, NODE))
+    q1 = _queue_of_group(1)
+    d.submit(Origin(7), 0, {"action": "produce", "queue": q1, "data": "x"})
+    d.submit(Origin(7), 1, {"action": "bogus", "queue": q1})
+    d.flush_requests()
+    assert [(index, ipc_frames.group_of(f), ipc_frames.req_epoch(f)) for index, f in d.sent] == [
+        (d.router.worker_for(q1), 1, 7)]  # once, in its group: not once per group
+    [(_, no, answer)] = d.answers
+    assert (no, answer["code"], answer["reason"]) == (1, p.CODE_ERROR, "action: unknown")
+
