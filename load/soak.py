@@ -5,6 +5,7 @@ while a CPU hog keeps every core busy, and report every run that failed. A tool,
     python load/soak.py --runs 10 --sim-runs 0 -k kill_leader --stop-on-fail
     python load/soak.py --runs 0 --sim-runs 5 --sim-seeds 2000       # the simulations only
     python load/soak.py --runs 5 tests/fault/test_cluster_faults.py::test_no_majority_answers_no_leader
+    python load/soak.py --runs 30 --sim-runs 0 --stress --queue-groups 3   # the clusters with 3 queue groups
 
 Suites:
 
@@ -57,6 +58,7 @@ sys.path.insert(0, REPO)
 
 from load.procs import group_members, signal_each, signal_group, stop, wait_until  # noqa: E402
 FAULT = "fault"
+GROUPS_ENV = "QUEUE_SERVER_TEST_QUEUE_GROUPS"  # tests/harness.py Cluster's queue_groups
 SIM = "sim"
 SIM_GLOB = "tests/unit/test_*sim*.py"
 DEFAULT_TIMEOUT = 1200.0
@@ -97,6 +99,7 @@ class Options:
     stop_on_fail: bool
     keyword: str | None
     paths: tuple[str, ...]
+    queue_groups: int = 1
 
 
 def _non_negative(text: str) -> int:
@@ -157,6 +160,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-k", dest="keyword", default=None, metavar="EXPR",
                         help="pytest -k expression selecting fault tests (the simulations are not "
                              "filtered)")
+    parser.add_argument("--queue-groups", type=_positive, default=1, metavar="N",
+                        help="run the fault tests' clusters with queue_groups N (tests/harness.py reads "
+                             "QUEUE_SERVER_TEST_QUEUE_GROUPS); default 1")
     parser.add_argument("--stress", action="store_true",
                         help="keep every core busy while the tests run: stress-ng --cpu <nproc> "
                              "if installed, else <nproc> Python busy loops")
@@ -180,7 +186,7 @@ def parse_args(argv: list[str] | None = None) -> Options:
     if a.runs == 0 and a.sim_runs == 0:
         parser.error("nothing to run: --runs and --sim-runs are both 0")
     return Options(a.runs, a.sim_runs, a.sim_seeds, a.stress, a.timeout, a.out, a.stop_on_fail,
-                   a.keyword, tuple(a.paths))
+                   a.keyword, tuple(a.paths), a.queue_groups)
 
 
 @dataclass(frozen=True)
@@ -200,7 +206,8 @@ def plan(opts: Options, sim_files: list[str]) -> list[Suite]:
         args = list(opts.paths or ["tests/fault"])
         if opts.keyword:
             args += ["-k", opts.keyword]
-        suites.append(Suite(FAULT, opts.runs, tuple(args)))
+        env = ((GROUPS_ENV, str(opts.queue_groups)),) if opts.queue_groups > 1 else ()
+        suites.append(Suite(FAULT, opts.runs, tuple(args), env))
     if opts.sim_runs:
         env = (("SIM_SEEDS", str(opts.sim_seeds)),) if opts.sim_seeds else ()
         suites.append(Suite(SIM, opts.sim_runs, tuple(sim_files), env))

@@ -490,6 +490,9 @@ class Cluster:
                         self.proxies[(i, j)] = LinkProxy(internals[j - 1])
         peer_ports = {k: v.port for k, v in self.proxies.items()} or None
         config.setdefault("workers", 2)
+        groups = int(os.environ.get("QUEUE_SERVER_TEST_QUEUE_GROUPS", "1"))  # load/soak.py --queue-groups
+        if groups > 1:
+            config.setdefault("queue_groups", groups)
         https = [free_port() for _ in range(n)] if http else None  # http_port of each node
         configs = cluster_configs(n, workdir, clients, internals, peer_ports, https, **config)
         self.nodes = {c["node_id"]: NodeProcess(workdir, c, name=f"node{c['node_id']}", tls=tls) for c in configs}

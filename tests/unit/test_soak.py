@@ -130,6 +130,13 @@ def test_selection_applies_to_the_fault_tests_only() -> None:
     assert o.stress and o.stop_on_fail and o.timeout == 90.0 and o.out == "/tmp/x"
 
 
+def test_queue_groups_reach_the_fault_tests_clusters_through_the_environment() -> None:
+    fault, sim = plan(parse_args(["--runs", "2", "--sim-runs", "1", "--queue-groups", "3"]), SIMS)
+    assert fault.env == (("QUEUE_SERVER_TEST_QUEUE_GROUPS", "3"),) and sim.env == ()
+    (fault,) = plan(parse_args(["--sim-runs", "0"]), SIMS)
+    assert fault.env == ()  # one group: the harness's default
+
+
 def test_a_suite_with_no_runs_is_left_out() -> None:
     assert [s.name for s in plan(parse_args(["--runs", "0", "--sim-runs", "3"]), SIMS)] == [SIM]
     assert [s.name for s in plan(parse_args(["--sim-runs", "0"]), SIMS)] == [FAULT]
