@@ -81,8 +81,9 @@ def write_files(args: argparse.Namespace, root: str, clients: list[int], interna
     if not os.path.exists(secret):  # the nodes' peer links are authenticated and encrypted (CURVE)
         secret_file.write_secret(secret)
     paths: dict[int, str] = {}
+    groups = {"queue_groups": args.queue_groups} if args.queue_groups > 1 else {}
     for cfg in cluster_configs(args.nodes, root, clients, internals, http_ports=https, replication=args.replication,
-                               cluster_secret_file=secret):
+                               cluster_secret_file=secret, **groups):
         paths[cfg["node_id"]] = path = os.path.join(root, f"node{cfg['node_id']}.json")
         with open(path, "w") as f:
             json.dump(cfg, f, indent=2)
@@ -125,12 +126,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--http-base-port", type=int, default=8111,
                         help="http_port of node 1, the HTTP API and status page (others follow); 0 = off")
     parser.add_argument("--replication", choices=["quorum", "async"], default="quorum")
+    parser.add_argument("--queue-groups", type=int, default=1, metavar="N",
+                        help="queue groups, each with its own leader (config queue_groups); default 1")
     parser.add_argument("--data-root", help="where the nodes' data dirs go (default: a temporary dir)")
     parser.add_argument("--restart", action="store_true", help="start a node again when it dies")
     parser.add_argument("--keep", action="store_true", help="keep the temporary data dir on exit")
     args = parser.parse_args(argv)
     if args.nodes < 1 or args.nodes % 2 == 0:
         parser.error("the number of nodes must be odd")
+    if args.queue_groups < 1:
+        parser.error("--queue-groups must be at least 1")
     root = args.data_root or tempfile.mkdtemp(prefix="queue-cluster-")
     clients = [args.base_port + i for i in range(args.nodes)]
     internals = [args.internal_base_port + i for i in range(args.nodes)]

@@ -2,6 +2,7 @@
 ^C stops every node and removes the temporary data directory."""
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import signal
@@ -12,6 +13,8 @@ import threading
 
 from load.procs import kill_tree
 from queue_server.client import QueueClient, QueueError
+from queue_server.config.loader import parse_config
+from queue_server.server import devcluster
 from tests.harness import wait_for
 
 
@@ -121,3 +124,12 @@ def test_a_data_root_another_queue_cluster_runs_on_says_so_and_not_to_change_por
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr == (f"queue-cluster: node 2: queue data dir {root / 'node2'} is in use by another node "
                            f"(pid {os.getpid()}): stop the queue-cluster that uses this --data-root, or give another\n")
+
+
+def test_queue_groups_go_into_every_node_s_config(tmp_path):
+    args = argparse.Namespace(nodes=3, replication="quorum", queue_groups=3)  # queue-cluster 3 --queue-groups 3
+    paths = devcluster.write_files(args, str(tmp_path), [1111, 1112, 1113], [1101, 1102, 1103], None)
+    for path in paths.values():
+        with open(path) as f:
+            cfg, _ = parse_config(f.read())
+        assert cfg.queue_groups == 3 and cfg.placement().groups_of(cfg.node_id) == (0, 1, 2)
