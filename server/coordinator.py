@@ -286,7 +286,7 @@ class Coordinator:
             if node.begin_handoff(now, self.config.shutdown_grace / 2):
                 self.handoff_target = self._handoff_targets()
                 for g, target in sorted(self.handoff_target.items()):
-                    self.log.info("stopping: handing leadership to node %d%s", target, _in_group(g, groups))
+                    self.log.info("%sstopping: handing leadership to node %d", of_group(g, len(groups) > 1), target)
                 self.flush()
                 return
         elif node.handing_off(now):
@@ -294,8 +294,8 @@ class Coordinator:
             for g, target in sorted(targets.items()):
                 before = self.handoff_target.get(g)
                 if target != before:
-                    self.log.info("stopping: node %s did not answer for an election timeout; handing leadership to "
-                                  "node %d instead%s", before, target, _in_group(g, groups))
+                    self.log.info("%sstopping: node %s did not answer for an election timeout; handing leadership "
+                                  "to node %d instead", of_group(g, len(groups) > 1), before, target)
             self.handoff_target.update(targets)
             return
         else:
@@ -303,14 +303,14 @@ class Coordinator:
             for g in sorted(self.handoff_target or ()):
                 group = groups[g]
                 if group.leader is not None:
-                    self.log.warning("stopping: no follower took over within %.1f s; leading until the end%s", took,
-                                     _in_group(g, groups))
+                    self.log.warning("%sstopping: no follower took over within %.1f s; leading until the end",
+                                     of_group(g, len(groups) > 1), took)
                 elif group.election.leader_id is None:
-                    self.log.info("stopping: hand-off over after %.0f ms with no leader known (the followers may be "
-                                  "stopping too)%s", took * 1000, _in_group(g, groups))
+                    self.log.info("%sstopping: hand-off over after %.0f ms with no leader known (the followers may "
+                                  "be stopping too)", of_group(g, len(groups) > 1), took * 1000)
                 else:
-                    self.log.info("stopping: node %s leads now (hand-off took %.0f ms)%s", group.election.leader_id,
-                                  took * 1000, _in_group(g, groups))
+                    self.log.info("%sstopping: node %s leads now (hand-off took %.0f ms)", of_group(g, len(groups) > 1),
+                                  group.election.leader_id, took * 1000)
         self.handoff_asked = False
         self.handoff_started = self.handoff_target = None  # another SIGUSR1 hands over afresh
         with open(os.path.join(self.run_dir, HANDOFF_DONE), "w"):
@@ -438,8 +438,8 @@ class Coordinator:
                 self.disks.carry_files(node, g, piece, self.metrics)
             if piece.role is not None:
                 election = node.groups[g].election
-                self.log.info("%srole: %s (vote_id %d, leader %s, trans_id %d)", of_group(g), piece.role,
-                              election.vote_id, election.leader_id, piece.log_through)
+                self.log.info("%srole: %s (vote_id %d, leader %s, trans_id %d)", of_group(g, len(node.groups) > 1),
+                              piece.role, election.vote_id, election.leader_id, piece.log_through)
         for g, target in node.take_moves():
             self.log.info("group %d: handing leadership to node %d, its preferred leader", g, target)
         return log_stored
@@ -458,9 +458,9 @@ class Coordinator:
             queues, messages, trans_id = replayed
             source = (f"a snapshot at trans_id {snapshot_trans_id} and {_count(records, 'log record')} after it"
                       if snapshot_trans_id else f"{_count(records, 'log record')} (no snapshot)")
-            self.log.info("%srecovered in %.2f s: %s holding %s at trans_id %d, from %s", of_group(g),
-                          time.monotonic() - started, _count(queues, "queue"), _count(messages, "message"), trans_id,
-                          source)
+            self.log.info("%srecovered in %.2f s: %s holding %s at trans_id %d, from %s",
+                          of_group(g, len(self.node.groups) > 1), time.monotonic() - started, _count(queues, "queue"),
+                          _count(messages, "message"), trans_id, source)
         if not recovery:
             self.recovery = None
 
@@ -491,11 +491,6 @@ class Coordinator:
             m.observe_fsync(self.storage.last_fsync)
             self.storage.last_fsync = None
         m.maybe_fold()
-
-
-def _in_group(group: int, groups: dict) -> str:
-    """The end of a log line about queue group `group` ("" on a node of one group)."""
-    return f" (queue group {group})" if len(groups) > 1 else ""
 
 
 def _count(n: int, noun: str) -> str:

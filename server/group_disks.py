@@ -30,6 +30,7 @@ class GroupDisks:
         self.snapshot_dirs = snapshot_dirs
         self.log = log
         self.transfers: dict[int, Transfers] = {}
+        self.grouped = len(storages) > 1  # a node of several queue groups: its lines name the group
 
     @classmethod
     def open(cls, config: NodeConfig, storage: Storage | None, run_dir: str,
@@ -89,7 +90,7 @@ class GroupDisks:
             try:
                 storage.save_vote(*piece.vote)
             except StorageError as exc:
-                self.log.error("%scould not store the vote: %s", of_group(group.group), exc)
+                self.log.error("%scould not store the vote: %s", of_group(group.group, self.grouped), exc)
                 vote_stored = False
         return durable, log_stored, vote_stored
 
@@ -107,7 +108,7 @@ class GroupDisks:
             frames = storage.read_log(read.after, read.max_bytes, read.limit)
         except StorageError as exc:
             self.log.warning("%scannot read the log after trans_id %d for node %d, sending it a snapshot: %s",
-                             of_group(group), read.after, read.to, exc)
+                             of_group(group, self.grouped), read.after, read.to, exc)
             node.on_log_unreadable(read, time.time(), group)
             return
         node.on_log_read(read, frames, time.time(), group)
@@ -145,7 +146,7 @@ class GroupDisks:
         metrics.snapshot("failed")
         at = f" at trans_id {cut.trans_id}" if cut.trans_id is not None else ""
         self.log.warning("%ssnapshot%s failed: %s; keeping the snapshot at trans_id %d and the log",
-                         of_group(group), at, cut.reason, storage.valid_at)
+                         of_group(group, self.grouped), at, cut.reason, storage.valid_at)
 
     def close(self) -> None:
         """Close the transfers' files, and every group's Storage but group 0's (the caller's)."""
@@ -156,6 +157,7 @@ class GroupDisks:
                 storage.close()
 
 
-def of_group(group: int) -> str:
-    """The start of a log line about queue group `group` ("" for group 0: the node's own)."""
-    return f"group {group}: " if group else ""
+def of_group(group: int, grouped: bool) -> str:
+    """The start of a log line about queue group `group` on a node of several groups (`grouped`);
+    "" on a node of one group, whose lines stay as they always were."""
+    return f"group {group}: " if grouped else ""

@@ -88,7 +88,7 @@ def test_a_node_stopped_gracefully_hands_its_group_over_and_gets_it_back_when_it
         node.stop()
         log = node.log()
         group = PLACEMENT.group_of(AT_MOST_ONCE)
-        assert "handing leadership to node" in log and f"(queue group {group})" in log, log[-2000:]
+        assert f"group {group}: stopping: handing leadership to node" in log, log[-2000:]
         assert "leads now (hand-off took" in log, log[-2000:]
         others = [i for i in c.nodes if i != stopping]
         wait_for(lambda: all((v := _leaders(c, i)) is not None and v[group] in others for i in others), 5,

@@ -113,7 +113,7 @@ def test_three_groups_elect_serve_through_any_node_snapshot_and_recover(tmp_path
         _agreed_leaders(cluster)
         for node in cluster.nodes.values():  # one recovery line per group and start, counting its own queues
             for g in range(GROUPS):
-                pattern = "INFO " + ("" if g == 0 else f"group {g}: ") + r"recovered in [\d.]+ s: (\d+) queues?"
+                pattern = f"INFO group {g}: " + r"recovered in [\d.]+ s: (\d+) queues?"
                 lines = wait_for(lambda: (found := re.findall(pattern, node.log())) and len(found) == 2 and found, 20,
                                  f"{node.name}'s recovery line of group {g}")
                 assert int(lines[-1]) == sum(1 for q in QUEUES if group_of[q] == g), (node.name, g, lines)
