@@ -388,7 +388,7 @@ class Election:
         return (acks[needed - 1] if len(acks) >= needed else float("-inf")) + self.election_timeout
 
     def _has_quorum(self, now: float) -> bool:
-        return 1 + sum(1 for p in self.peers if self.live(now, p)) >= self.quorum
+        return now < self._quorum_expiry()
 
     def _in_lease(self, now: float) -> bool:
         if self._role is Role.LEADER:

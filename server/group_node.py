@@ -301,8 +301,8 @@ class GroupNode:
         wake = self.election.wake_at
         if self.handoff_until is not None:
             wake = min(wake, self.handoff_until)
-        if self.storage_ok and self.fence_epoch != self.epoch and not self.host.cut_running():
-            wake = min(wake, self.cuts.due_at(self.log.commit_trans_id))  # as _snapshot_progress starts one
+        if self._may_start_cut():
+            wake = min(wake, self.cuts.due_at(self.log.commit_trans_id))
         return min(wake, self.cuts.wake_at(), self.forwarding.wake_at())
 
     def on_message(self, msg: object, now: float) -> None:
@@ -541,12 +541,16 @@ class GroupNode:
         commit = self.log.commit_trans_id
         if cuts.running:
             self.out.workers.extend(cuts.poll(now, commit, self.log.term_at))
-        elif (now is not None and self.storage_ok and cuts.due(commit, now) and self.fence_epoch != self.epoch
-              and not self.host.cut_running()):
+        elif now is not None and cuts.due(commit, now) and self._may_start_cut():
             leading = self.leader is not None
             point = self.log.last_trans_id if leading else self.workers_trans_id
             self.out.workers.extend(cuts.start(self.epoch, now, min(commit, point), hold=leading, point=point,
                                                term_at=self.log.term_at))
+
+    def _may_start_cut(self) -> bool:
+        """Whether a due cut may start now: the disk takes the log, no hand-off fences the
+        workers, and no other group's cut runs (a worker writes one part at a time)."""
+        return self.storage_ok and self.fence_epoch != self.epoch and not self.host.cut_running()
 
     def on_snapshot_source(self, source: SnapshotSource, now: float) -> None:
         """A snapshot is on this node's disk (found at start, written, or received): the one to

@@ -108,11 +108,7 @@ class SnapshotCut:
         """Whether a cut should start: `every` records committed since the last one started, or
         one is wanted at once, or the last one's hold timed out a while ago (RETRY_AFTER, doubled
         after each further timeout); never without a disk or while one runs."""
-        if self.snapshot_dir is None or self.running:
-            return False
-        if (self.urgent or self.timeouts) and now >= self.retry_at:
-            return True
-        return not self.urgent and self.every is not None and commit - self.last >= self.every
+        return now >= self.due_at(commit)
 
     def due_at(self, commit: int) -> float:
         """The time from which due() holds at this commit point (inf: not before the commit

@@ -230,7 +230,10 @@ class Chunk:
         at = self.at
         if at is None:
             return []
-        return [a for a, d in zip(at[p:p + k], self.data[p:p + k]) if d is SPILLED]
+        data = self.data[p:p + k]
+        if SPILLED not in data:  # a C scan: most runs of a chunk that spilled hold bodies only
+            return []
+        return [a for a, d in zip(at[p:p + k], data) if d is SPILLED]
 
     def store(self, p: int, data: str | int) -> None:
         """Keep a payload (a `str`, or a reference int: packed) at position p."""
