@@ -449,14 +449,15 @@ class ClusterNode:
         finished ones are answered, through that group's Forwarding (a request another node
         forwarded to this leader of the group goes back to it in that group)."""
         finished = []
-        for tag, part in orjson.loads(partials):
-            done = self.gatherer.add(tag, part)
+        for tag, piece in orjson.loads(partials):
+            done = self.gatherer.add(tag, piece)
             if done is not None:
                 origin, req_no, request, parts = done
                 if origin.node == RECOVERY_ORIGIN.node:  # a group's recovery count: its number is the conn
                     merged = gather.merge(request, parts, {})
-                    group = self.groups[origin.conn]
-                    group.recovery.counted(merged.get("queue_count", 0), merged.get("size", 0), group.log.commit_trans_id)
+                    counted = self.groups[origin.conn]
+                    counted.recovery.counted(merged.get("queue_count", 0), merged.get("size", 0),
+                                             counted.log.commit_trans_id)
                     continue
                 fields = self.node_fields()
                 queue = request.get("queue")

@@ -738,6 +738,34 @@ def test_the_recovery_counts_what_the_log_after_the_snapshot_held_once_replayed(
     assert node.take_replayed() is None  # once
 
 
+def test_a_recovery_count_and_a_client_s_monitor_finished_by_one_batch_are_both_answered():
+    # The recovery count's group once took the name of the batch's group in ClusterNode.gather,
+    # and the client's monitor then crashed the coordinator (a KeyError: found by CI, a follower
+    # installing a snapshot while a test polled its local monitor).
+    node = ClusterNode(_config(1), T0, recovered=_recovered_log("a", "a", "b"), rng=random.Random(1))
+    workers = _workers(node)
+    node.tick(T0 + 1)
+    monitor = dict(node.router.plan(p.LOCAL_MONITOR, {"action": p.LOCAL_MONITOR}, Origin(5), 0))
+    to_workers = []
+    for index, frames in _drain(node)[1]:
+        to_workers.append((index, frames))
+        if frames[0] == ipc_frames.REQ:  # the recovery count's monitor: the client's right behind it
+            to_workers.append((index, ipc_frames.req_frames([monitor[index]], ipc_frames.req_epoch(frames))))
+    for index, frames in to_workers:
+        workers[index].dispatch(frames, T0 + 1)
+    for w in workers:  # each worker's batch holds both parts: the last one finishes both gathers
+        w.flush()
+        for frames in w.coordinator:
+            for _group, *batch in ipc_frames.read_batch(frames):
+                node.on_batch(*batch, T0 + 1, ipc_frames.batch_index(frames))
+        w.coordinator.clear()
+    answered = [(origin, req_no) for frames in _drain(node)[0] for header, blob in ipc_frames.read_rep(frames)
+                for origin, req_no, _ in replies.decode(header, blob)]
+    assert answered == [(Origin(5), 0)]
+    _serve(node, workers, T0 + 1)
+    assert node.take_replayed() == (2, 3, 3)
+
+
 def test_the_recovery_counts_come_from_the_workers_once_the_point_is_committed():
     node = ClusterNode(_config(1), T0, recovered=_recovered_log("a", "a", "b"), rng=random.Random(1))
     node.tick(T0 + 1)
