@@ -164,6 +164,14 @@ class ClusterNode:
         return {"role": role, "leader_node_id": leader or 0, "leader_host": host, "leader_port": port,
                 "epoch": group.epoch}
 
+    def announced(self, group: int) -> dict:
+        """What the acceptor was last told of `group` (its role and epoch; {} before the first status)."""
+        status = self.status or {}
+        rows = status.get("groups")
+        if rows is None:
+            return status
+        return next((row for row in rows if row["group"] == group), {})
+
     def _announce(self) -> None:
         status = self.status_fields()
         if status != self.status:

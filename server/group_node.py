@@ -186,8 +186,8 @@ class GroupNode:
         in which case it has routed no request of the mode)."""
         self.fence_epoch = self.epoch
         self.fenced = set()
-        status = self.host.status or {}
-        acceptor_routes = status.get("role") == LEADER and status.get("epoch") == self.epoch
+        view = self.host.announced(self.group)
+        acceptor_routes = view.get("role") == LEADER and view.get("epoch") == self.epoch
         for index in range(self.config.workers):
             self.out.workers.append((index, ipc_frames.fence_frames(self.epoch, ipc_frames.FROM_COORDINATOR, self.group)))
             if not acceptor_routes:

@@ -216,3 +216,17 @@ def test_a_node_that_comes_back_gets_its_group_back_once_it_has_kept_up():
     net.nodes[2] = gone  # back (its state as it was: a pause)
     net.run(BALANCE_SETTLE + 3.0)
     assert [net.leaders(g) for g in range(GROUPS)] == [[1], [2], [3]]
+
+
+def test_a_hand_off_of_one_group_reads_that_group_s_mode_in_the_acceptor_not_group_0_s():
+    """The acceptor routes group g's requests when it heard this node leads g in its current mode:
+    then only it may say it sends no more (its FENCE behind them), never the coordinator for it."""
+    net = Net()
+    net.run(3.0 + BALANCE_SETTLE + 3.0)
+    node = net.nodes[2]  # leads group 1 only (the preferred leaders: node g + 1)
+    assert [g for g, part in node.groups.items() if part.leader is not None] == [1]
+    assert node.announced(1)["role"] == "leader" and node.announced(0)["role"] == "follower"
+    assert node.groups[1].begin_handoff(net.now, 1.0)
+    fences = [ipc_frames.read_fence(frames) for _, frames in node.ready().to_workers
+              if frames[0] == ipc_frames.FENCE and ipc_frames.group_of(frames) == 1]
+    assert sorted(fences) == [(node.groups[1].epoch, ipc_frames.FROM_COORDINATOR)] * 2
