@@ -503,7 +503,8 @@ def _cross_check(c: NodeConfig) -> None:
 
 
 def _check_groups(c: NodeConfig) -> None:
-    """The queue groups' rules: odd replica sets of known nodes, no virtual queue split."""
+    """The queue groups' rules: odd replica sets of known nodes, no virtual queue split, no node
+    that replicates nothing (it would only pass requests on)."""
     nodes = len(c.cluster_node_list)
     if nodes % 2 == 0 and nodes and not c.group_replicas:
         raise ConfigError("cluster_node_list", f"a cluster needs an odd number of nodes (1, 3, 5...), got {nodes}")
@@ -520,16 +521,17 @@ def _check_groups(c: NodeConfig) -> None:
             raise ConfigError("queue_group_list", f"entry {n}: node {unknown[0]} is not in cluster_node_list")
         if rule.nodes and named.setdefault(rule.group, rule.nodes) != rule.nodes:
             raise ConfigError("queue_group_list", f"entry {n}: group {rule.group} is given two different replica sets")
-    split = c.placement().split_virtual_queue()
+    placement = c.placement()
+    split = placement.split_virtual_queue()
     if split is not None:
         names, (a, b) = split
         raise ConfigError("queue_group_list", f"the virtual queue of {', '.join(names)} would span groups {a} and {b}: "
                           "place all of its queues in one group")
-    partial = [rule for rule in c.queue_group_list if rule.nodes and set(rule.nodes) != ids]
-    if c.group_replicas not in (0, max(nodes, 1)) or partial:
-        key = "group_replicas" if not partial else "queue_group_list"
-        raise ConfigError(key, "a queue group on fewer than every node is not built yet (issue 28, "
-                          "docs/plans/queue-groups.md step 5): replicate every group on every node")
+    idle = [node for node in sorted(ids) if not placement.groups_of(node)]
+    if idle:
+        raise ConfigError("queue_groups", f"node {idle[0]} would be a replica of no queue group ({c.queue_groups} "
+                          f"group(s) of {placement.group_replicas} replica(s) on {len(ids)} nodes): raise "
+                          "queue_groups or group_replicas")
 
 
 # -- text ------------------------------------------------------------------------------------

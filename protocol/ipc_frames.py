@@ -118,13 +118,16 @@ def read_req(frames: list[bytes]) -> list[Request]:
 
 
 def forward_frames(items: list) -> list[bytes]:
-    """A FORWARD: req_item()s (no gather tag) this follower's acceptor passes to the leader."""
+    """A FORWARD: req_item()s (no gather tag) this follower's acceptor passes to the leader; or,
+    with a gather tag and a queue group (req_item(...) + (group,)), the part of a scattered
+    request the coordinator must ask of that group's leader."""
     return [FORWARD, _DUMPS(items)]
 
 
-def read_forward(frames: list[bytes]) -> list[tuple[Origin, int, Any]]:
-    """The (origin, req_no, request) items of a FORWARD."""
-    return [(_ORIGIN(origin), req_no, request) for origin, req_no, request in _LOADS(frames[1])]
+def read_forward(frames: list[bytes]) -> list[tuple]:
+    """The (origin, req_no, request[, gather tag, group]) items of a FORWARD."""
+    return [(_ORIGIN(item[0]), item[1], item[2]) if len(item) == 3 else (_ORIGIN(item[0]), *item[1:])
+            for item in _LOADS(frames[1])]
 
 
 # ----------------------------------------------------------------- the worker's other inputs

@@ -9,11 +9,12 @@ and the time, takes the Ready, persists and sends it, and calls advance.
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import orjson
 
 from queue_server.config.loader import NodeConfig
-from queue_server.election.messages import Send
+from queue_server.election.messages import Heartbeat, Send
 from queue_server.election.state import Election
 from queue_server.protocol import ipc_frames, replies
 from queue_server.protocol import vocabulary as p
@@ -30,11 +31,12 @@ from queue_server.replication.messages import (
 )
 from queue_server.replication.progress import LeaderReplication
 from queue_server.replication.transfer import SnapshotSource
-from queue_server.server import gather
+from queue_server.server import gather, node_status
 from queue_server.server.forwarding import Deliver, Forwarding, Undeliver, Work
-from queue_server.server.group_node import FOLLOWER, LEADER, NONE, GroupNode
+from queue_server.server.group_node import GroupNode
 from queue_server.server.ready import Outbox, Ready
 from queue_server.server.recovery_count import RECOVERY_ORIGIN
+from queue_server.server.remote_group import RemoteGroup
 from queue_server.server.reply_counts import count_refused
 from queue_server.server.router import Router
 from queue_server.server.snapshots import SnapshotCut
@@ -43,6 +45,7 @@ from queue_server.server.worker_seqs import WorkerSeqs
 # How many undeliverable consume replies a node holds, to give their messages back once a leader
 # is known (or its hand-off is over).
 HELD_GIVE_BACKS = 10_000
+_NEVER = float("inf")
 
 
 class ClusterNode:
@@ -50,15 +53,19 @@ class ClusterNode:
     on_forward_requests, on_undelivered, on_fenced, on_unsent, begin_handoff); what they decide is
     taken as one Ready (ready(), has_ready()), and advance() is told once it is persisted and sent.
 
-    The node's single-group fields (log, election, leader, epoch, cuts, ...) are group 0's."""
+    The node's single-group fields (log, election, leader, epoch, cuts, ...) are those of its
+    first group (`first`): the lowest it is a replica of, group 0 unless it is none of group 0's
+    replicas. A group it is no replica of is a RemoteGroup (server/remote_group.py): its requests
+    are passed to that group's leader."""
 
     def __init__(self, config: NodeConfig, now: float, *, recovered: Recovered | None = None,
                  rng: random.Random | None = None, snapshot_dir: str | None = None,
                  disks: dict[int, tuple[Recovered | None, str | None]] | None = None) -> None:
-        """recovered: what the node's disk held of queue group 0 (None: start empty, as an
-        in-memory node does); snapshot_dir: where the workers write group 0's snapshot parts
-        (None: no snapshots; on an in-memory node only those a follower needs); disks: the same
-        (recovered, snapshot_dir) of each other group the node is a replica of (missing: none)."""
+        """recovered: what the node's disk held of its first queue group (group 0, unless the
+        node is no replica of it; None: start empty, as an in-memory node does); snapshot_dir:
+        where the workers write that group's snapshot parts (None: no snapshots; on an in-memory
+        node only those a follower needs); disks: the same (recovered, snapshot_dir) of each other
+        group the node is a replica of (missing: none)."""
         self.config = config
         self.node_id = config.node_id
         self.members = [n.node_id for n in config.cluster_node_list] or [config.node_id]
@@ -75,13 +82,21 @@ class ClusterNode:
         self.status: dict | None = None  # what the acceptor was last told (_announce)
         # The workers' replies a group's _refuse replaced, by REFUSALS label, until take_refused().
         self.refused: dict[str, int] = {}
-        disks = {**(disks or {}), 0: (recovered, snapshot_dir)}
+        own = self.placement.groups_of(self.node_id)
+        self.first_group = own[0]  # whose parts of a Ready are its own fields (config refuses a node of none)
+        disks = {**(disks or {}), self.first_group: (recovered, snapshot_dir)}
         self.groups: dict[int, GroupNode] = {
             g: GroupNode(self, g, config, now, recovered=disks.get(g, (None, None))[0], rng=rng,
                          snapshot_dir=disks.get(g, (None, None))[1])
-            for g in self.placement.groups_of(self.node_id)}
-        self.group0 = self.groups[0]
-        self.others = [g for n, g in sorted(self.groups.items()) if n != 0]  # every group but 0
+            for g in own}
+        self.first = self.groups[self.first_group]
+        self.others = [g for n, g in sorted(self.groups.items()) if n != self.first_group]  # every other group
+        # The groups it is no replica of (made last: the groups' elections drew from rng first).
+        self.remote: dict[int, RemoteGroup] = {
+            g: RemoteGroup(g, self.placement.replicas(g), self.new_forwarding(rng), config.election_timeout_ms / 1000)
+            for g in range(self.placement.queue_groups) if g not in self.groups}
+        # A node of several queue groups (its log lines and metrics name the group).
+        self.grouped = self.placement.queue_groups > 1
         self.gatherer = gather.Gatherer()
         self.clients: dict[int, tuple[str, int]] = {self.node_id: (config.host, config.port)}
         # Each member's http_port as this node knows it (0: no HTTP API known): its own, the
@@ -95,74 +110,66 @@ class ClusterNode:
         self.held_undelivered: list[tuple[str, list[list[int]]]] = []  # messages to give back
         self.moves: list[tuple[int, int]] = []  # (group, node): leadership handed to a preferred leader, to log
 
+    def new_forwarding(self, rng: random.Random) -> Forwarding:
+        """A group's Forwarding (server/forwarding.py), for a GroupNode or a RemoteGroup."""
+        config = self.config
+        return Forwarding(self.node_id, (config.host, config.port), self.router, rng, heartbeat=config.heartbeat_ms / 1000,
+                          election_timeout=config.election_timeout_ms / 1000, max_wait=config.max_wait)
+
     # ----------------------------------------------------------------- group 0's fields
     # (the node's own while it has one group; what tests and the coordinator read of it)
     @property
     def log(self) -> ChangeLog:
-        return self.group0.log
+        return self.first.log
 
     @property
     def election(self) -> Election:
-        return self.group0.election
+        return self.first.election
 
     @property
     def leader(self) -> LeaderReplication | None:
-        return self.group0.leader
+        return self.first.leader
 
     @property
     def follower(self) -> Follower:
-        return self.group0.follower
+        return self.first.follower
 
     @property
     def epoch(self) -> int:
-        return self.group0.epoch
+        return self.first.epoch
 
     @property
     def cuts(self) -> SnapshotCut:
-        return self.group0.cuts
+        return self.first.cuts
 
     @property
     def seqs(self) -> WorkerSeqs:
-        return self.group0.seqs
+        return self.first.seqs
 
     @property
     def workers_trans_id(self) -> int:
-        return self.group0.workers_trans_id
+        return self.first.workers_trans_id
 
     @property
     def storage_ok(self) -> bool:
-        return self.group0.storage_ok
+        return self.first.storage_ok
 
     @property
     def role(self) -> Role:
-        return self.group0.role
+        return self.first.role
 
     @property
     def forwarding(self) -> Forwarding:
-        return self.group0.forwarding
+        return self.first.forwarding
 
     # ----------------------------------------------------------------- status
     def status_fields(self) -> dict:
-        """The role and the leader's client address (group 0's), as the acceptor needs them; with
-        queue groups, each group's too (`groups`: [{"group", role, leader_*, epoch}])."""
-        fields = {**self._view(self.group0), "http_ports": self.http_ports}
-        if len(self.groups) > 1:
-            fields["groups"] = [{"group": g, **self._view(group)} for g, group in sorted(self.groups.items())]
-        return fields
+        """What the acceptor is told of this node (node_status.status_fields)."""
+        return node_status.status_fields(self)
 
-    def _view(self, group: GroupNode) -> dict:
-        """`group`'s role, leader and its client address, and its workers' mode. While this
-        leader hands over, and after it stepped down until the new leader is heard, its
-        acceptor sees a follower of this node: it passes every request here (held until the new
-        leader is known) instead of to the workers, and answers no "no leader" meanwhile."""
-        leader = group.election.leader_id
-        role = group.role
-        if (role == LEADER and group.election.transfer_target is not None) or (
-                role == NONE and group.handoff_until is not None):
-            role, leader = FOLLOWER, self.node_id
-        host, port = self.clients.get(leader, ("", 0)) if leader is not None else ("", 0)
-        return {"role": role, "leader_node_id": leader or 0, "leader_host": host, "leader_port": port,
-                "epoch": group.epoch}
+    def node_fields(self) -> dict:
+        """This node's own fields in a monitor reply (node_status.node_fields)."""
+        return node_status.node_fields(self)
 
     def announced(self, group: int) -> dict:
         """What the acceptor was last told of `group` (its role and epoch; {} before the first status)."""
@@ -231,7 +238,8 @@ class ClusterNode:
     def _more_than_replies(self) -> bool:
         """Whether anything but messages to the acceptor waits for a Ready."""
         out = self.out
-        return bool(out.workers or out.peers) or any(g.has_ready() for g in self.groups.values())
+        return (bool(out.workers or out.peers) or any(g.has_ready() for g in self.groups.values())
+                or any(r.to_peers for r in self.remote.values()))
 
     def take_replies(self) -> list[list[bytes]]:
         """After advance(): when all that waits is messages to the acceptor (the replies the
@@ -248,9 +256,10 @@ class ClusterNode:
         """Everything decided since the last advance(): persist it (log, then vote), send it, then
         call advance(). Taking it changes nothing; an empty Ready when has_ready() is False."""
         out = self.out
-        ready = self.group0.ready(tuple(out.workers), tuple(out.acceptor), tuple(out.peers))
-        if len(self.groups) > 1:
-            ready = ready._replace(parts=tuple(g.part() for g in self.others if g.has_ready()))
+        ready = self.first.ready(tuple(out.workers), tuple(out.acceptor), tuple(out.peers))
+        if self.others or self.remote:
+            ready = ready._replace(parts=tuple(g.part() for g in self.others if g.has_ready()),
+                                   remote=tuple((g, to, msg) for g, r in self.remote.items() for to, msg in r.to_peers))
         return ready
 
     def advance(self, ready: Ready, *, durable_trans_id: int | None = None, log_stored: bool = True,
@@ -265,7 +274,10 @@ class ClusterNode:
         del out.workers[:len(ready.to_workers)]
         del out.acceptor[:len(ready.to_acceptor)]
         del out.peers[:len(ready.to_peers)]
-        self.group0.advance(ready, durable_trans_id, log_stored)
+        self.first.advance(ready, durable_trans_id, log_stored)
+        if ready.remote:
+            for g, n in Counter(g for g, _, _ in ready.remote).items():
+                del self.remote[g].to_peers[:n]
         for part in ready.parts:
             durable, stored = (parts or {}).get(part.group, (None, True))
             self.groups[part.group].advance(part, durable, stored)
@@ -278,12 +290,15 @@ class ClusterNode:
         for group in self.groups.values():
             election = group.election
             self.carry(group.forwarding.tick(now, election.leader_id, election.vote_id), group)
+        for remote in self.remote.values():
+            self.carry(remote.tick(now), remote)
         self._release_held(now)
         self._announce()
 
     def wake_at(self) -> float:
         """When tick() next has something to do."""
-        return min(g.wake_at() for g in self.groups.values())
+        return min(min(g.wake_at() for g in self.groups.values()),
+                   min((r.wake_at() for r in self.remote.values()), default=_NEVER))
 
     def on_unsent(self, msg: object, now: float, group: int = 0, to: int | None = None) -> None:
         """A message of `group` to peer `to` could not be sent (its link is not up yet, or is too
@@ -291,7 +306,7 @@ class ClusterNode:
         are sent again every heartbeat until their leader answers or they time out, and replies
         to a follower's for a while (Forwarding.on_unsent); the messages of a consume reply that
         cannot go back to its follower are then given back."""
-        part = self.groups[group]
+        part = self.groups.get(group) or self.remote[group]
         self.carry(part.forwarding.on_unsent(msg, now, to), part)
 
     def on_peer(self, msg: object, client: tuple[str, int], now: float, http_port: int = 0, group: int = 0) -> None:
@@ -307,7 +322,13 @@ class ClusterNode:
         kind = type(msg)
         part = self.groups.get(group)  # None: a group this node is no replica of
         if part is None:
-            pass
+            remote = self.remote.get(group)
+            if remote is None:
+                pass
+            elif kind is Heartbeat:  # its leader says so
+                remote.on_heartbeat(msg, now)
+            elif kind is ForwardReply:
+                self.carry(remote.forwarding.on_replies(msg, now, remote.vote_id), remote)
         elif kind is GiveBack:
             if part.leader is not None:  # else the messages stay taken: never handed out twice
                 self.on_undelivered(msg.queue, [list(m) for m in zip(msg.msg_ids, msg.delivery_counts)])
@@ -351,20 +372,40 @@ class ClusterNode:
         if self.handing_off(now):
             self.held.extend(items)
             return
-        by_group = {0: items}
-        if len(self.groups) > 1:  # each to the leader of its queue's group
+        by_group = {self.first_group: items}
+        if self.grouped:  # each to the leader of its queue's group
             by_group = {}
             group_of = self.placement.group_of
             for item in items:
+                if len(item) > 3:  # another group's part of a scattered request (Dispatch.route)
+                    self._gather_remote(item, now)
+                    continue
                 request = item[2]
                 queue = request.get("queue") if type(request) is dict else None
-                by_group.setdefault(group_of(queue) if type(queue) is str else 0, []).append(item)
+                by_group.setdefault(group_of(queue) if type(queue) is str else self.first_group, []).append(item)
         for g, some in by_group.items():
-            group = self.groups.get(g, self.group0)
-            redirect = None if self.config.forward_request else self._leader_fields(group)
+            group = self.groups.get(g)
+            if group is None:
+                self._forward_remote(self.remote[g], some, now)
+                continue
+            redirect = None if self.config.forward_request else node_status.leader_fields(self, group)
             self.carry(group.forwarding.on_requests(some, now, leading=group.leader is not None,
                                                     leader=group.election.leader_id, vote_id=group.election.vote_id,
                                                     redirect=redirect), group)
+
+    def _forward_remote(self, remote: RemoteGroup, items: list, now: float, client: bool = True) -> None:
+        """Requests of a group this node is no replica of: to its leader, as a follower's (a
+        client's is redirected there instead when forward_request is off)."""
+        redirect = None if self.config.forward_request or not client else node_status.leader_fields(self, remote)
+        self.carry(remote.forwarding.on_requests(items, now, leading=False, leader=remote.leader_id,
+                                                 vote_id=remote.vote_id, redirect=redirect), remote)
+
+    def _gather_remote(self, item: tuple, now: float) -> None:
+        """A monitor or list of every queue needs group g's part, and this node is no replica of
+        g: ask g's leader (which answers for g alone, as for any forwarded scattered request);
+        its reply comes back as a part (gather_part)."""
+        origin, req_no, request, tag, g = item
+        self._forward_remote(self.remote[g], [(self.gatherer.ask(tag), req_no, request)], now, client=False)
 
     def on_undelivered(self, queue: str, given: list[list[int]]) -> None:
         """The messages of a consume reply that could not be delivered ([msg_id, delivery_count]
@@ -372,8 +413,14 @@ class ClusterNode:
         (leases released, at-most-once messages restored). A follower passes them to the leader.
         While the workers are fenced (a hand-off), or no leader is known, they are held until
         that is over (at most HELD_GIVE_BACKS: past that they stay taken, never handed out twice)."""
-        group = self.groups.get(self.placement.group_of(queue))
+        g = self.placement.group_of(queue)
+        group = self.groups.get(g)
         if group is not None and group.undeliver(queue, given):
+            return
+        remote = self.remote.get(g)
+        if remote is not None and remote.leader_id is not None:
+            remote.to_peers.append((remote.leader_id, GiveBack(
+                remote.vote_id, self.node_id, queue, tuple(m[0] for m in given), tuple(m[1] for m in given))))
             return
         if len(self.held_undelivered) < HELD_GIVE_BACKS:
             self.held_undelivered.append((queue, given))
@@ -456,35 +503,46 @@ class ClusterNode:
         """The workers' parts of scattered requests (a batch's json list, of `group`'s batch): the
         finished ones are answered, through that group's Forwarding (a request another node
         forwarded to this leader of the group goes back to it in that group)."""
+        add = self.gatherer.add
+        self._finish([done for tag, piece in orjson.loads(partials) if (done := add(tag, piece)) is not None],
+                     self.groups[group])
+
+    def _finish(self, gathered: list, via: GroupNode) -> None:
+        """Answer the scattered requests whose every part is in (Gatherer.add's), through `via`'s
+        Forwarding; a group's recovery count goes to that group instead."""
         finished = []
-        for tag, piece in orjson.loads(partials):
-            done = self.gatherer.add(tag, piece)
-            if done is not None:
-                origin, req_no, request, parts = done
-                if origin.node == RECOVERY_ORIGIN.node:  # a group's recovery count: its number is the conn
-                    merged = gather.merge(request, parts, {})
-                    counted = self.groups[origin.conn]
-                    counted.recovery.counted(merged.get("queue_count", 0), merged.get("size", 0),
-                                             counted.log.commit_trans_id)
-                    continue
-                fields = self.node_fields()
-                queue = request.get("queue")
-                if len(self.groups) > 1 and type(queue) is str:  # a queue's monitor says its group
-                    fields["group"] = self.placement.group_of(queue)
-                finished.append((origin, req_no, gather.merge(request, parts, fields)))
+        for origin, req_no, request, parts in gathered:
+            if origin.node == RECOVERY_ORIGIN.node:  # a group's recovery count: its number is the conn
+                merged = gather.merge(request, parts, {})
+                counted = self.groups[origin.conn]
+                counted.recovery.counted(merged.get("queue_count", 0), merged.get("size", 0),
+                                         counted.log.commit_trans_id)
+                continue
+            fields = self.node_fields()
+            queue = request.get("queue")
+            if self.grouped and type(queue) is str:  # a queue's monitor says its group
+                fields["group"] = self.placement.group_of(queue)
+            finished.append((origin, req_no, gather.merge(request, parts, fields)))
         if finished:
-            part = self.groups[group]
-            self.carry(part.forwarding.release(*replies.encode(finished), part.election.vote_id), part)
+            self.carry(via.forwarding.release(*replies.encode(finished), via.election.vote_id), via)
+
+    def _gathered_parts(self, header: bytes, blob: bytes) -> tuple[bytes, bytes] | None:
+        """Of replies a RemoteGroup delivers: those that are parts of this node's scattered
+        requests (_gather_remote) go to the Gatherer; the rest (None if none) to the acceptor."""
+        rows = list(replies.decode(header, blob))
+        done, rest = self.gatherer.take_answers(rows)
+        self._finish(done, self.first)
+        return (header, blob) if len(rest) == len(rows) else replies.encode_raw(rest) if rest else None
 
     def replies_lost(self) -> int:
         """Replies to other nodes' forwarded requests given up on so far (Forwarding.replies_lost)."""
-        return sum(g.forwarding.replies_lost for g in self.groups.values())
+        return sum(g.forwarding.replies_lost for g in self._every_group())
 
     def take_replied(self) -> dict:
         """The replies the node's Forwardings made themselves since the last call, by (action,
         code): for queue_server_requests_total."""
         replied: dict = {}
-        for group in self.groups.values():
+        for group in self._every_group():
             for key, n in group.forwarding.take_replied().items():
                 replied[key] = replied.get(key, 0) + n
         return replied
@@ -498,55 +556,18 @@ class ClusterNode:
         if rows:
             self.carry(group.forwarding.release(*replies.encode(rows), group.election.vote_id), group)
 
-    def node_fields(self) -> dict:
-        """This node's own fields in a monitor reply (group 0's log and election)."""
-        group = self.group0
-        return {
-            "node_id": self.node_id,
-            "leader_node_id": group.election.leader_id or 0,
-            "trans_id": group.log.last_trans_id,
-            "commit_trans_id": group.log.commit_trans_id,
-            "log_size": len(group.log),
-            "max_log_size": self.config.queue_log_size,
-            "role": group.role,
-            "vote_id": group.election.vote_id,
-            **self._followers(),
-            **self._group_rows(),
-        }
-
-    def _group_rows(self) -> dict:
-        """With queue groups: {"groups": [{group, leader_node_id, role, trans_id, commit_trans_id,
-        replicas}, ...]}, one row per group this node is a replica of; nothing with one group."""
-        if len(self.groups) == 1:
-            return {}
-        return {"groups": [{"group": g, "leader_node_id": group.election.leader_id or 0, "role": group.role,
-                            "trans_id": group.log.last_trans_id, "commit_trans_id": group.log.commit_trans_id,
-                            "replicas": list(group.members)}
-                           for g, group in sorted(self.groups.items())]}
-
-    def _followers(self) -> dict:
-        """On a leader, each follower's replication state: {"followers": [{node_id, match_trans_id,
-        lag, client_host, client_port}, ...]}; nothing on other nodes."""
-        group = self.group0
-        if group.leader is None:
-            return {}
-        last = group.log.last_trans_id
-        rows = []
-        clients = self.clients
-        for peer in sorted(group.election.peers):
-            match = group.leader.match_of(peer)
-            host, port = clients.get(peer, ("", 0))
-            rows.append({"node_id": peer, "match_trans_id": match, "lag": max(0, last - match),
-                         "client_host": host, "client_port": port})
-        return {"followers": rows}
-
     # ----------------------------------------------------------------- forwarding
-    def carry(self, actions: list, group: GroupNode) -> None:
+    def carry(self, actions: list, group: GroupNode | RemoteGroup) -> None:
         """Carry out what `group`'s Forwarding (server/forwarding.py) decided."""
         out = self.out
         for a in actions:
             kind = type(a)
             if kind is Deliver:
+                if self.gatherer.asked and type(group) is RemoteGroup:
+                    rest = self._gathered_parts(a.header, a.blob)
+                    if rest is not None:
+                        out.acceptor.append(ipc_frames.rep_frames(*rest))
+                    continue
                 out.acceptor.append(ipc_frames.rep_frames(a.header, a.blob))
             elif kind is Send:
                 group.to_peers.append((a.to, a.msg))
@@ -561,6 +582,6 @@ class ClusterNode:
         group = self.groups[g]
         self.carry(group.forwarding.serve(msg, group.leader is not None, group.election.vote_id), group)
 
-    def _leader_fields(self, group: GroupNode) -> dict:
-        """The leader_* fields of a reply that points at `group`'s leader."""
-        return {k: v for k, v in self._view(group).items() if k.startswith("leader_")}
+    def _every_group(self) -> list:
+        """Every group's GroupNode or RemoteGroup (each has a Forwarding)."""
+        return [*self.groups.values(), *self.remote.values()]

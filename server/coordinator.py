@@ -60,16 +60,17 @@ class Coordinator:
         # Each queue group's disk (group 0's is `storage`, which holds the data dir's lock) and
         # what it held; then the snapshots streamed to and from peers, per group.
         self.disks, found = GroupDisks.open(config, storage, run_dir, log)
-        recovered = found.pop(0)
-        self.node = ClusterNode(config, time.time(), recovered=recovered, snapshot_dir=self.disks.snapshot_dirs[0],
+        first = min(found)
+        recovered = found.pop(first)
+        self.node = ClusterNode(config, time.time(), recovered=recovered, snapshot_dir=self.disks.snapshot_dirs[first],
                                 disks={g: (r, self.disks.snapshot_dirs[g]) for g, r in found.items()})
         self.disks.attach(self.node)
         self.storage = storage
-        self.transfers = self.disks.transfers[0]
+        self.transfers = self.disks.transfers[first]
         # Until each group's recovery line is logged (_log_recovery): when recovery began, and what
         # the disk held (None: every line is logged, or the node has no disk).
         self.recovery = None if recovered is None else {
-            g: (started, r.trans_id, len(r.entries)) for g, r in {0: recovered, **found}.items() if r is not None}
+            g: (started, r.trans_id, len(r.entries)) for g, r in {first: recovered, **found}.items() if r is not None}
         self.inbox = ipc.inbox(ctx, run_dir, "coordinator")
         self.acceptor = ipc.outbox(ctx, run_dir, "acceptor")
         self.workers = [ipc.outbox(ctx, run_dir, ipc.worker_name(i)) for i in range(config.workers)]
@@ -113,7 +114,7 @@ class Coordinator:
         self.client = (config.host, config.port, config.node_type, config.http_port, self.placement_hash)
         self.rejections_logged: set[str] = set()
         self.zap_refused = 0
-        self.metrics = CoordinatorMetrics(grouped=len(self.node.groups) > 1)
+        self.metrics = CoordinatorMetrics(grouped=self.node.grouped)
         self.next_observe = 0.0
         self.last_election_role: dict[int, Role] = {}  # by queue group
         self.reachability = Reachability(
@@ -286,7 +287,7 @@ class Coordinator:
             if node.begin_handoff(now, self.config.shutdown_grace / 2):
                 self.handoff_target = self._handoff_targets()
                 for g, target in sorted(self.handoff_target.items()):
-                    self.log.info("%sstopping: handing leadership to node %d", of_group(g, len(groups) > 1), target)
+                    self.log.info("%sstopping: handing leadership to node %d", of_group(g, node.grouped), target)
                 self.flush()
                 return
         elif node.handing_off(now):
@@ -295,7 +296,7 @@ class Coordinator:
                 before = self.handoff_target.get(g)
                 if target != before:
                     self.log.info("%sstopping: node %s did not answer for an election timeout; handing leadership "
-                                  "to node %d instead", of_group(g, len(groups) > 1), before, target)
+                                  "to node %d instead", of_group(g, node.grouped), before, target)
             self.handoff_target.update(targets)
             return
         else:
@@ -304,12 +305,12 @@ class Coordinator:
                 group = groups[g]
                 if group.leader is not None:
                     self.log.warning("%sstopping: no follower took over within %.1f s; leading until the end",
-                                     of_group(g, len(groups) > 1), took)
+                                     of_group(g, node.grouped), took)
                 elif group.election.leader_id is None:
                     self.log.info("%sstopping: hand-off over after %.0f ms with no leader known (the followers may "
-                                  "be stopping too)", of_group(g, len(groups) > 1), took * 1000)
+                                  "be stopping too)", of_group(g, node.grouped), took * 1000)
                 else:
-                    self.log.info("%sstopping: node %s leads now (hand-off took %.0f ms)", of_group(g, len(groups) > 1),
+                    self.log.info("%sstopping: node %s leads now (hand-off took %.0f ms)", of_group(g, node.grouped),
                                   group.election.leader_id, took * 1000)
         self.handoff_asked = False
         self.handoff_started = self.handoff_target = None  # another SIGUSR1 hands over afresh
@@ -378,8 +379,9 @@ class Coordinator:
         to write), then send: nothing that depends on a record leaves before the record is on
         disk. Then advance the node. Whether group 0's log was stored."""
         node = self.node
-        # Group 0's part is the Ready's own fields; every other group's is a GroupPart.
-        pieces = [(0, ready, write), *((part.group, part, True) for part in ready.parts)]
+        # The node's first group's part is the Ready's own fields; every other group's is a GroupPart.
+        first = node.first_group
+        pieces = [(first, ready, write), *((part.group, part, True) for part in ready.parts)]
         stored: dict[int, tuple[int | None, bool]] = {}
         sent: dict[int, bytes] = {}  # id of a message -> its bytes: one batch for several followers
         # Each peer's messages of every group, in order, go as the frames of one send (one wake
@@ -404,6 +406,13 @@ class Coordinator:
                     frames_msgs = to_peer[target] = ([], [])
                 frames_msgs[0].append(data)
                 frames_msgs[1].append((g, msg))
+        for g, target, msg in ready.remote:  # of groups this node is no replica of: nothing to persist
+            if target in self.peers:
+                frames_msgs = to_peer.get(target)
+                if frames_msgs is None:
+                    frames_msgs = to_peer[target] = ([], [])
+                frames_msgs[0].append(wire.encode(msg, *self.client, g))
+                frames_msgs[1].append((g, msg))
         if ready.to_workers:
             for index, message in batching.for_workers(ready.to_workers):
                 self.workers[index].send_multipart(message)
@@ -419,9 +428,9 @@ class Coordinator:
                     link.send(part)
                 except zmq.Again:  # not connected yet, or too far behind
                     unsent.extend((target, g, m) for g, m in part_msgs)
-        durable, log_stored = stored[0]
+        durable, log_stored = stored[first]
         node.advance(ready, durable_trans_id=durable, log_stored=log_stored,
-                     parts={g: got for g, got in stored.items() if g != 0})
+                     parts={g: got for g, got in stored.items() if g != first})
         if self.recovery is not None:
             self._log_recovery()
         if unsent:
@@ -438,7 +447,7 @@ class Coordinator:
                 self.disks.carry_files(node, g, piece, self.metrics)
             if piece.role is not None:
                 election = node.groups[g].election
-                self.log.info("%srole: %s (vote_id %d, leader %s, trans_id %d)", of_group(g, len(node.groups) > 1),
+                self.log.info("%srole: %s (vote_id %d, leader %s, trans_id %d)", of_group(g, node.grouped),
                               piece.role, election.vote_id, election.leader_id, piece.log_through)
         for g, target in node.take_moves():
             self.log.info("group %d: handing leadership to node %d, its preferred leader", g, target)
@@ -459,7 +468,7 @@ class Coordinator:
             source = (f"a snapshot at trans_id {snapshot_trans_id} and {_count(records, 'log record')} after it"
                       if snapshot_trans_id else f"{_count(records, 'log record')} (no snapshot)")
             self.log.info("%srecovered in %.2f s: %s holding %s at trans_id %d, from %s",
-                          of_group(g, len(self.node.groups) > 1), time.monotonic() - started, _count(queues, "queue"),
+                          of_group(g, self.node.grouped), time.monotonic() - started, _count(queues, "queue"),
                           _count(messages, "message"), trans_id, source)
         if not recovery:
             self.recovery = None

@@ -82,6 +82,8 @@ def write_files(args: argparse.Namespace, root: str, clients: list[int], interna
         secret_file.write_secret(secret)
     paths: dict[int, str] = {}
     groups = {"queue_groups": args.queue_groups} if args.queue_groups > 1 else {}
+    if getattr(args, "group_replicas", 0):
+        groups["group_replicas"] = args.group_replicas
     for cfg in cluster_configs(args.nodes, root, clients, internals, http_ports=https, replication=args.replication,
                                cluster_secret_file=secret, **groups):
         paths[cfg["node_id"]] = path = os.path.join(root, f"node{cfg['node_id']}.json")
@@ -128,14 +130,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--replication", choices=["quorum", "async"], default="quorum")
     parser.add_argument("--queue-groups", type=int, default=1, metavar="N",
                         help="queue groups, each with its own leader (config queue_groups); default 1")
+    parser.add_argument("--group-replicas", type=int, default=0, metavar="R",
+                        help="nodes that replicate each queue group, odd (config group_replicas); default every node")
     parser.add_argument("--data-root", help="where the nodes' data dirs go (default: a temporary dir)")
     parser.add_argument("--restart", action="store_true", help="start a node again when it dies")
     parser.add_argument("--keep", action="store_true", help="keep the temporary data dir on exit")
     args = parser.parse_args(argv)
-    if args.nodes < 1 or args.nodes % 2 == 0:
-        parser.error("the number of nodes must be odd")
+    if args.nodes < 1 or (args.nodes % 2 == 0 and not args.group_replicas):
+        parser.error("the number of nodes must be odd (or give --group-replicas, odd)")
     if args.queue_groups < 1:
         parser.error("--queue-groups must be at least 1")
+    if args.group_replicas and (args.group_replicas % 2 == 0 or not 0 < args.group_replicas <= args.nodes):
+        parser.error(f"--group-replicas must be odd and at most the {args.nodes} nodes")
+    if args.group_replicas and args.queue_groups * args.group_replicas < args.nodes:
+        parser.error(f"--queue-groups {args.queue_groups} of --group-replicas {args.group_replicas} leave a node with "
+                     "no group: raise either")
     root = args.data_root or tempfile.mkdtemp(prefix="queue-cluster-")
     clients = [args.base_port + i for i in range(args.nodes)]
     internals = [args.internal_base_port + i for i in range(args.nodes)]

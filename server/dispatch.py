@@ -70,12 +70,16 @@ class Dispatch:
         # (ClusterNode._view), its requests per worker (group 0's are `pending`), and which group
         # each queue is in. None with one group: the node's fields above are all there is.
         self.placement = placement if placement is not None and placement.queue_groups > 1 else None
+        # Pending requests are kept for the groups this node's workers hold; the others'
+        # (`remote`) always go to their leader.
         self.views: dict[int, dict[str, Any]] | None = None
         self.group_pending: dict[int, list[list]] = {0: self.pending}
+        self.remote: tuple[int, ...] = ()
         if self.placement is not None:
             self.views = {g: {"role": NONE, "epoch": 0, **leader} for g in range(self.placement.queue_groups)}
-            for g in range(1, self.placement.queue_groups):
-                self.group_pending[g] = [[] for _ in range(router.workers)]
+            own = self.placement.groups_of(node_id)
+            self.group_pending = {g: self.pending if g == own[0] else [[] for _ in range(router.workers)] for g in own}
+            self.remote = tuple(g for g in range(self.placement.queue_groups) if g not in own)
         self.forwarding: list = []
         # Long polls of this node's TCP and HTTP clients parked on the leader, by connection and
         # req_no: (origin, request). A stopping node answers them itself (end_forwarded_polls).
@@ -157,7 +161,9 @@ class Dispatch:
         group = self.placement.group_of(queue)
         view = self.views[group]
         role = view["role"]
-        if role == LEADER or action in p.LOCAL_ACTIONS:
+        if action in p.LOCAL_ACTIONS and group not in self.group_pending:
+            self.reply(origin, req_no, p.error_reply(value, not_held(group, self.placement.replicas(group)), self.node_id))
+        elif role == LEADER or action in p.LOCAL_ACTIONS:
             self.route(action, value, origin, req_no, group)
         elif role == FOLLOWER:
             if p.passes_to_coordinator(self.forward_request, view["leader_node_id"], self.node_id):
@@ -173,15 +179,21 @@ class Dispatch:
 
     def route(self, action: int, value: dict, origin: Origin, req_no: int, group: int | None = None) -> None:
         """Queue the request for the worker(s) that serve it: of `group`; None: of the only
-        group, or with queue groups a request of every queue, for each group the workers hold."""
+        group, or with queue groups a request of every queue, for each group the workers hold
+        (and, but for a local one, a part from the leader of each group they do not hold,
+        asked through the coordinator)."""
         groups = self.group_pending if group is None else {group: self.group_pending[group]}
-        plan = self.router.plan(action, value, origin, req_no, len(groups))
+        remote = self.remote if group is None and action not in p.LOCAL_ACTIONS else ()
+        plan = self.router.plan(action, value, origin, req_no, len(groups), len(remote))
         if type(plan) is str:
             self.reply(origin, req_no, p.error_reply(value, plan, self.node_id))
             return
         for pending in groups.values():
             for index, item in plan:
                 pending[index].append(item)
+        if remote:
+            tag = plan[0][1][3]
+            self.forwarding.extend((*ipc_frames.req_item(origin, req_no, value, tag), g) for g in remote)
         self.schedule_requests()
 
     def end_forwarded_polls(self) -> None:
@@ -307,6 +319,11 @@ class Dispatch:
         self.epoch = status.pop("epoch")
         self.http_ports = status.pop("http_ports", self.http_ports)
         self.leader.update(status)
+
+
+def not_held(group: int, replicas: tuple[int, ...]) -> str:
+    """The reason a local request about a queue of `group` fails on a node that is no replica of it."""
+    return f"queue: in queue group {group}, which this node holds no copy of (nodes {', '.join(map(str, replicas))} do)"
 
 
 def _leader_fields(view: dict[str, Any]) -> dict[str, Any]:

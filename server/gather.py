@@ -5,9 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from queue_server.protocol import vocabulary as p
 from queue_server.protocol.origin import Origin
 
+# The origin node of the part of a scattered request this node asked of another group's
+# leader (ClusterNode._gather_remote): no node's (RECOVERY_ORIGIN's is -1).
+GATHER_NODE = -2
 _SUMMED = ("size", "ready", "delayed", "in_flight", "waiters", "queue_count", "max_id",
            "dead", "produced", "consumed", "overflowed", "overflow_bytes", "memory_bytes")
 
@@ -26,6 +31,32 @@ class Gatherer:
 
     def __init__(self) -> None:
         self._pending: dict[int, _Pending] = {}
+        # The parts asked of other groups' leaders (ask), by the number of each ask: its tag.
+        self.asked: dict[int, list] = {}
+        self._next_ask = 1
+
+    def ask(self, gather: list) -> Origin:
+        """A part of the request `gather` tags is asked of another group's leader: the origin its
+        answer comes back with (see take_answers)."""
+        number = self._next_ask
+        self._next_ask += 1
+        self.asked[number] = gather
+        return Origin(number, False, GATHER_NODE)
+
+    def take_answers(self, rows: list[tuple[Origin, int, Any]]) -> tuple[list, list]:
+        """Of delivered replies (origin, req_no, encoded reply): the answers to ask() are added
+        as parts. (What add() returned for each request they finished, the other rows.)"""
+        done, rest = [], []
+        for row in rows:
+            if row[0].node != GATHER_NODE:
+                rest.append(row)
+                continue
+            tag = self.asked.pop(row[0].conn, None)
+            if tag is not None:
+                finished = self.add(tag, part_of(orjson.loads(row[2])))
+                if finished is not None:
+                    done.append(finished)
+        return done, rest
 
     def add(self, gather: list, part: dict) -> tuple[Origin, int, dict, list[dict]] | None:
         """Add one worker's part. `gather` is [gather_id, origin (wire form), req_no, expected,
@@ -69,3 +100,13 @@ def merge(request: dict, parts: list[dict], node_fields: dict[str, Any]) -> dict
         reply["wait_status"] = reply.get("ready", 0)
     reply.update(node_fields)
     return reply
+
+
+def part_of(reply: dict) -> dict:
+    """Another group's leader's reply to a monitor or list (of that group alone), as a part to
+    merge: its queues, or its counts; its error if it failed."""
+    if reply.get("code") != p.CODE_OK:
+        return {"error": reply.get("reason", "no reply")}
+    if "queue_list" in reply:
+        return {"queue_list": reply["queue_list"]}
+    return {key: reply[key] for key in _SUMMED if key in reply}

@@ -30,16 +30,18 @@ class GroupDisks:
         self.snapshot_dirs = snapshot_dirs
         self.log = log
         self.transfers: dict[int, Transfers] = {}
-        self.grouped = len(storages) > 1  # a node of several queue groups: its lines name the group
+        self.grouped = False  # a node of several queue groups: its lines name the group (attach)
 
     @classmethod
     def open(cls, config: NodeConfig, storage: Storage | None, run_dir: str,
              log: logging.Logger) -> tuple["GroupDisks", dict[int, Recovered | None]]:
         """Open every group's Storage beside group 0's `storage` (None: an in_memory node) and
         recover each: the disks, and what each group's disk held (None: in_memory)."""
-        storages: dict[int, Storage | None] = {0: storage}
+        storages: dict[int, Storage | None] = {}
         for g in config.placement().groups_of(config.node_id):
-            if g != 0:
+            if g == 0:
+                storages[g] = storage
+            else:
                 storages[g] = None if storage is None else Storage(
                     config.queue_data_dir, config.fsync, repair=config.repair, log=log,
                     segment_bytes=config.wal_segment_bytes, group=g)
@@ -63,6 +65,7 @@ class GroupDisks:
 
     def attach(self, node: ClusterNode) -> None:
         """Start each group's transfers, and tell each group where its WAL can be read from."""
+        self.grouped = node.grouped
         for g, storage in self.storages.items():
             if storage is not None:
                 node.set_wal_from(storage.wal_from, g)  # a follower behind the log is fed from the WAL

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from queue_server.config.loader import NodeConfig
 from queue_server.election.messages import (
-    BecomeCandidate, BecomeFollower, BecomeLeader, PersistVote, Send, TransferAborted,
+    BecomeCandidate, BecomeFollower, BecomeLeader, Heartbeat, PersistVote, Send, TransferAborted,
 )
 from queue_server.election.balance import Balance
 from queue_server.election.state import Election
@@ -32,7 +32,6 @@ from queue_server.replication.messages import (
 )
 from queue_server.replication.progress import Flow, LeaderReplication
 from queue_server.replication.transfer import SnapshotSource
-from queue_server.server.forwarding import Forwarding
 from queue_server.server.ready import GroupPart, Outbox, Ready
 from queue_server.server.recovery_count import RecoveryCount, recovery_origin
 from queue_server.server.snapshots import SnapshotCut
@@ -55,11 +54,16 @@ class GroupNode:
         self.host = host
         self.group = group
         self.out: Outbox = host.out
-        # Group 0's peer messages are the node's (Ready.to_peers); another group's, its part's.
-        self.to_peers: list[tuple[int, object]] = host.out.peers if group == 0 else []
+        # The node's first group's peer messages are the node's (Ready.to_peers); another
+        # group's, its part's.
+        self.to_peers: list[tuple[int, object]] = host.out.peers if group == host.first_group else []
         self.config = config
         self.node_id = config.node_id
         self.members = list(host.placement.replicas(group))  # its replica set (group 0: every node)
+        # The other nodes, to which its leader says it leads (_tell_others): they pass the group's
+        # requests to it (server/remote_group.py).
+        self.others = [n for n in host.members if n not in self.members]
+        self._told_at = 0.0  # when the leader last told them
         self._flow = Flow(max_batch=5000, sync_rate=config.queue_sync_rate)
         self.quorum_writes = config.replication == "quorum"
         found = recovered or Recovered()
@@ -133,8 +137,7 @@ class GroupNode:
         self.balance = Balance(self.node_id, placement.preferred_leader(group) if placement.queue_groups > 1 else None)
         # The client requests forwarded to this group's leader, or served for other replicas
         # (made last: the election drew from rng first, as it always did).
-        self.forwarding = Forwarding(self.node_id, (config.host, config.port), host.router, rng, heartbeat=heartbeat,
-                                     election_timeout=config.election_timeout_ms / 1000, max_wait=config.max_wait)
+        self.forwarding = host.new_forwarding(rng)
 
     # ----------------------------------------------------------------- roles
     @property
@@ -230,6 +233,15 @@ class GroupNode:
                     or self._truncate_after is not None
                     or self.log.last_trans_id != self._stable_through or self.role != self._reported_role)
 
+    def _tell_others(self, now: float) -> None:
+        """On the leader, each heartbeat: tell the nodes that are no replicas of the group that
+        it leads, with a Heartbeat (a non-replica answers none)."""
+        self._told_at = now
+        vote_id, log = self.election.vote_id, self.log
+        commit = log.commit_trans_id
+        told = Heartbeat(vote_id, self.node_id, commit, log.term_at(commit) or 0, log.last_trans_id, log.last_vote_id)
+        self.to_peers.extend((node, told) for node in self.others)
+
     def ready(self, to_workers: tuple, to_acceptor: tuple, to_peers: tuple) -> Ready:
         """This group's parts of a Ready, with the node's messages."""
         role = self.role
@@ -241,7 +253,7 @@ class GroupNode:
             chunk_writes=tuple(self._chunk_writes), staged=tuple(self._staged))
 
     def part(self) -> GroupPart:
-        """This group's part of a Ready (a group other than 0)."""
+        """This group's part of a Ready (a group other than the node's first)."""
         role = self.role
         return GroupPart(self.group, self.log.last_trans_id, self._truncate_after, self._vote, tuple(self.to_peers),
                          role if role != self._reported_role else None, tuple(self.cuts.done),
@@ -277,6 +289,8 @@ class GroupNode:
         if self.leader is not None:
             self._run(self.leader.tick(now), now)
             self._send_committed(now)
+            if self.others and now >= self._told_at + self.election.heartbeat_interval:
+                self._tell_others(now)
         self._handoff_progress(now)
         self._balance_progress(now)
         self._snapshot_progress(now)
@@ -429,6 +443,8 @@ class GroupNode:
         self.workers_trans_id = self.log.last_trans_id
         self._set_mode(True, list(self.seqs.counts))
         self._run(self.leader.replicate(now), now)
+        if self.others:
+            self._tell_others(now)
 
     def _stop_leading(self, now: float) -> None:
         """Whatever the reason: stop accepting writes; the workers roll back to the committed

@@ -79,6 +79,9 @@ class Ready(NamedTuple):
     # The same of every other queue group that has something (GroupPart each): the fields
     # above are group 0's, as its files are the data dir's own and its messages the wire's default.
     parts: tuple = ()
+    # The messages of the groups this node is no replica of (server/remote_group.py): (group,
+    # node id, peer message) each; nothing to persist before them.
+    remote: tuple = ()
 
     def needs_write(self, written_through: int | None) -> bool:
         """Whether carrying it out must write to disk, after this flush wrote the log up to

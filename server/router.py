@@ -54,12 +54,12 @@ class Router:
         return None
 
     def plan(self, action: int, request: dict, origin: Origin, req_no: int,
-             groups: int = 1) -> list[tuple[int, tuple]] | str:
+             groups: int = 1, remote: int = 0) -> list[tuple[int, tuple]] | str:
         """Where a queue or scatter request goes: (worker index, item for that worker's batch)
         pairs, or the reason it cannot be routed. A scatter item carries the gather tag the
         coordinator merges the workers' parts by, under a gather id of this router's own; it
         counts a part from each worker for each of `groups` queue groups (the caller sends the
-        item to each worker once per group)."""
+        item to each worker once per group), and one from the leader of each of `remote` more."""
         queue = request.get("queue")
         if action in p.QUEUE_ACTIONS:
             if type(queue) is not str:
@@ -76,5 +76,5 @@ class Router:
         if action in SCATTER_ACTIONS:
             gather_id = self._next_gather
             self._next_gather += 2
-        tag = [gather_id, origin.wire(), req_no, len(targets) * groups, request]
+        tag = [gather_id, origin.wire(), req_no, len(targets) * groups + remote, request]
         return [(index, ipc_frames.req_item(origin, req_no, request, tag)) for index in targets]

@@ -1,5 +1,5 @@
 """Fault tests of queue groups (issue 28) on a real 3-node cluster with `queue_groups` 3, every
-group on every node: leaders spread one per node, kill -9 of a node that leads a group under
+group on every node (and on 6 nodes, 6 groups of 3 replicas): leaders spread one per node, kill -9 of a node that leads a group under
 load (its group gets a new leader, nothing acknowledged is lost, no at-most-once message is
 delivered twice, and once it is back the leaders spread again), and a graceful stop that hands
 the group over. Each checks the workload's history (tests/fault/history.py); the workload's two
@@ -37,20 +37,33 @@ def _leaders(c: Cluster, node_id: int) -> list[int] | None:
     return [row["leader_node_id"] for row in reply["groups"]]
 
 
-def _wait_balanced(c: Cluster, among: list[int], timeout: float) -> float:
+def _wait_balanced(c: Cluster, among: list[int], timeout: float, balanced: list[int] = BALANCED) -> float:
     """Wait until every node in `among` names the balanced leaders; the seconds it took."""
     started = time.monotonic()
-    wait_for(lambda: all(_leaders(c, i) == BALANCED for i in among), timeout,
-             f"each node to lead its own group ({BALANCED}); now {[_leaders(c, i) for i in among]}")
+    wait_for(lambda: all(_leaders(c, i) == balanced for i in among), timeout,
+             f"each node to lead its own group ({balanced}); now {[_leaders(c, i) for i in among]}")
     return time.monotonic() - started
 
 
-
 def test_kill_of_a_group_leader_under_load_moves_its_group_and_the_leaders_spread_again(cluster):
-    c = cluster
-    print(f"leaders spread {_wait_balanced(c, list(c.nodes), 40):.1f} s after the start")
-    victim = BALANCED[PLACEMENT.group_of(AT_LEAST_ONCE)]
-    assert BALANCED[PLACEMENT.group_of(AT_MOST_ONCE)] != victim  # the other queue's group stays put
+    _kill_a_group_leader_under_load(cluster, PLACEMENT, BALANCED)
+
+
+def test_six_nodes_of_three_replicas_a_killed_group_leader_is_replaced_and_no_node_loses_its_way(tmp_path):
+    """6 nodes, 6 groups of 3 replicas: the killed node leads one group and holds two more; the
+    nodes that hold no copy of its group follow the group to its new leader."""
+    c = Cluster(str(tmp_path), 6, queue_groups=6, group_replicas=3, workers=1)
+    try:
+        c.start()
+        _kill_a_group_leader_under_load(c, Placement(list(range(1, 7)), 6, group_replicas=3), [1, 2, 3, 4, 5, 6])
+    finally:
+        c.stop()
+
+
+def _kill_a_group_leader_under_load(c: Cluster, placement: Placement, balanced: list[int]) -> None:
+    print(f"leaders spread {_wait_balanced(c, list(c.nodes), 40, balanced):.1f} s after the start")
+    victim = balanced[placement.group_of(AT_LEAST_ONCE)]
+    assert balanced[placement.group_of(AT_MOST_ONCE)] != victim  # the other queue's group stays put
     history = History()
     work = Workload(c.hosts, history).start()
     try:
@@ -58,7 +71,7 @@ def test_kill_of_a_group_leader_under_load_moves_its_group_and_the_leaders_sprea
         c.nodes[victim].signal_all(signal.SIGKILL)
         killed_at = time.monotonic()
         survivors = [i for i in c.nodes if i != victim]
-        led = [g for g, node in enumerate(BALANCED) if node == victim]
+        led = [g for g, node in enumerate(balanced) if node == victim]
 
         def moved() -> bool:
             views = [_leaders(c, i) for i in survivors]
@@ -67,7 +80,7 @@ def test_kill_of_a_group_leader_under_load_moves_its_group_and_the_leaders_sprea
         print(f"groups {led} have a new leader {time.monotonic() - killed_at:.2f} s after kill -9 of node {victim}")
         wait_acks(history, 200)  # writes go on, to both queues' groups
         c.nodes[victim].start()
-        print(f"leaders spread again {_wait_balanced(c, list(c.nodes), 30):.1f} s after node {victim} restarted")
+        print(f"leaders spread again {_wait_balanced(c, list(c.nodes), 30, balanced):.1f} s after node {victim} restarted")
         wait_acks(history, 100)
     finally:
         work.stop()

@@ -11,6 +11,8 @@ import subprocess
 import sys
 import threading
 
+import pytest
+
 from load.procs import kill_tree
 from queue_server.client import QueueClient, QueueError
 from queue_server.config.loader import parse_config
@@ -133,3 +135,19 @@ def test_queue_groups_go_into_every_node_s_config(tmp_path):
         with open(path) as f:
             cfg, _ = parse_config(f.read())
         assert cfg.queue_groups == 3 and cfg.placement().groups_of(cfg.node_id) == (0, 1, 2)
+
+
+
+def test_group_replicas_go_into_every_node_s_config_and_six_nodes_are_accepted_with_them(tmp_path, capsys):
+    args = argparse.Namespace(nodes=6, replication="quorum", queue_groups=6, group_replicas=3)
+    paths = devcluster.write_files(args, str(tmp_path), list(range(1111, 1117)), list(range(1101, 1107)), None)
+    for path in paths.values():
+        with open(path) as f:
+            cfg, _ = parse_config(f.read())
+        assert cfg.group_replicas == 3 and len(cfg.placement().groups_of(cfg.node_id)) == 3
+    for argv, said in [(["6"], "must be odd (or give --group-replicas"),
+                       (["5", "--group-replicas", "2"], "--group-replicas must be odd"),
+                       (["5", "--group-replicas", "3"], "leave a node with no group")]:
+        with pytest.raises(SystemExit):
+            devcluster.main(argv)
+        assert said in capsys.readouterr().err, argv

@@ -126,3 +126,53 @@ def test_three_groups_elect_serve_through_any_node_snapshot_and_recover(tmp_path
     finally:
         for node in cluster.nodes.values():
             node.stop()
+
+
+def test_six_nodes_with_three_replicas_per_group_serve_every_group_through_every_node(tmp_path) -> None:
+    """6 nodes, 6 groups of 3 replicas: each node holds 3 groups and no copy of the others, whose
+    requests (and its part of a list or monitor of every queue) it asks of their leaders."""
+    nodes, groups = 6, 6
+    cluster = Cluster(str(tmp_path), nodes, queue_groups=groups, group_replicas=3, workers=1)
+    placement = Placement(list(range(1, nodes + 1)), groups, group_replicas=3)
+    queues = [f"q{i}" for i in range(24)]
+    group_of = {q: placement.group_of(q) for q in queues}
+    assert set(group_of.values()) == set(range(groups))
+    try:
+        cluster.start()
+
+        def agreed() -> dict[int, int] | None:
+            views = []
+            for node_id in cluster.nodes:
+                reply = cluster.ask(node_id, {"action": 8})
+                rows = (reply or {}).get("groups") or []
+                views.append({row["group"]: row["leader_node_id"] for row in rows})
+            first = views[0]
+            return first if len(first) == groups and all(first.values()) and all(v == first for v in views) else None
+        leaders = wait_for(agreed, 60, "every node to know every group's leader")
+        assert all(leader in placement.replicas(g) for g, leader in leaders.items())
+        for i, q in enumerate(queues):  # produced through one node, consumed through another, confirmed through a third
+            for n in range(2):
+                reply = cluster.ask(1 + i % nodes, {"action": 1, "queue": q, "data": f"{q} {n}", "retry": 60})
+                assert reply is not None and reply["code"] == 0, (q, reply)
+        for i, q in enumerate(queues):
+            got = cluster.ask(1 + (i + 1) % nodes, {"action": 2, "queue": q})
+            assert got is not None and got["code"] == 0 and got["data"] == f"{q} 0", (q, got)
+            done = cluster.ask(1 + (i + 3) % nodes, {"action": 3, "queue": q, "msg_id": got["msg_id"]})
+            assert done is not None and done["code"] == 0, (q, done)
+        for node_id in cluster.nodes:
+            listed = cluster.ask(node_id, {"action": 7})
+            assert listed is not None and listed["code"] == 0 and sorted(listed["queue_list"]) == sorted(queues), node_id
+            monitor = cluster.ask(node_id, {"action": 4})
+            assert monitor is not None and monitor["code"] == 0 and monitor["size"] == len(queues), (node_id, monitor)
+            rows = {row["group"]: row for row in monitor["groups"]}
+            mine = set(placement.groups_of(node_id))
+            assert {g for g, row in rows.items() if row["role"] != "none"} == mine, (node_id, rows)
+            assert all(rows[g]["leader_node_id"] == leaders[g] for g in range(groups))
+            local = cluster.ask(node_id, {"action": 107})  # this node's own copy: its groups' queues only
+            assert local is not None and sorted(local["queue_list"]) == sorted(q for q in queues if group_of[q] in mine)
+            data_dir = cluster.nodes[node_id].config["queue_data_dir"]
+            held = {g for g in range(1, groups) if os.path.isdir(os.path.join(data_dir, f"group-{g}"))}
+            assert held == mine - {0}, (node_id, held)
+    finally:
+        for node in cluster.nodes.values():
+            node.stop()

@@ -285,12 +285,13 @@ GROUPS = 3
 
 
 class GroupDispatch(FakeDispatch):
-    """A node of a 3-node cluster with three queue groups, every group on every node."""
+    """A node of a 3-node cluster with three queue groups, every group on every node (or, with
+    `replicas`, on that many)."""
 
-    def __init__(self, forward_request: bool = True) -> None:
+    def __init__(self, forward_request: bool = True, replicas: int = 0) -> None:
         Dispatch.__init__(self, Router(WORKERS, groups=GROUPS), NODE, forward_request,
                           {"leader_node_id": NODE, "leader_host": "127.0.0.1", "leader_port": 1111},
-                          Placement([1, 2, 3], GROUPS))
+                          Placement([1, 2, 3], GROUPS, group_replicas=replicas))
         self.sent, self.answers, self.scheduled = [], [], 0
 
     def groups(self, *rows: tuple[str, int, int]) -> None:
@@ -375,3 +376,30 @@ def test_with_queue_groups_an_action_by_name_goes_to_its_queue_s_group_only():
     [(_, no, answer)] = d.answers
     assert (no, answer["code"], answer["reason"]) == (1, p.CODE_ERROR, "action: unknown")
 
+
+
+
+def test_a_list_of_every_queue_asks_the_leader_of_each_group_this_node_holds_no_copy_of():
+    d = GroupDispatch(replicas=1)  # node 1 holds group 0 alone
+    d.groups((LEADER, 4, NODE), (FOLLOWER, 0, 2), (FOLLOWER, 0, 3))
+    d.submit(Origin(7), 0, {"action": p.LIST})
+    d.flush_requests()
+    reqs = [(index, frames) for index, frames in d.sent if index != TO_COORDINATOR]
+    assert sorted((index, ipc_frames.group_of(frames)) for index, frames in reqs) == [(i, 0) for i in range(WORKERS)]
+    ((_, forward),) = [s for s in d.sent if s[0] == TO_COORDINATOR]
+    asked = ipc_frames.read_forward(forward)
+    assert [item[4] for item in asked] == [1, 2]  # one part from each other group's leader
+    tag = asked[0][3]
+    assert tag[3] == WORKERS + 2 and all(item[3] == tag for item in asked)
+    assert all(item[3] == tag for _, frames in reqs for item in ipc_frames.read_req(frames))
+
+
+def test_a_local_request_about_a_queue_of_a_group_held_elsewhere_is_refused_naming_the_queue():
+    d = GroupDispatch(replicas=1)
+    d.groups((LEADER, 4, NODE), (FOLLOWER, 0, 2), (FOLLOWER, 0, 3))
+    d.submit(Origin(7), 0, {"action": p.LOCAL_MONITOR, "queue": _queue_of_group(2)})
+    d.submit(Origin(7), 1, {"action": p.LOCAL_LIST})  # of this node's own groups: no part asked elsewhere
+    d.flush_requests()
+    [(_, no, answer)] = d.answers
+    assert answer["code"] == p.CODE_ERROR and answer["reason"].startswith("queue: in queue group 2, which this node")
+    assert all(index != TO_COORDINATOR for index, _ in d.sent) and d.sent

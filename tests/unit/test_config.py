@@ -494,15 +494,17 @@ def test_a_virtual_queue_split_over_groups_is_refused_by_name() -> None:
     assert "the virtual queue of all, audit, orders.eu would span groups" in str(e)
 
 
-def test_groups_on_every_node_are_accepted_and_a_group_on_fewer_is_refused_until_it_is_built() -> None:
+def test_groups_on_fewer_nodes_than_the_cluster_are_accepted_while_every_node_replicates_one() -> None:
     for keys in [{"queue_groups": 3}, {"queue_groups": 3, "group_replicas": 3},
                  {"queue_groups": 2, "queue_group_list": [{"group": 1, "pattern": "a*", "nodes": [3, 1, 2]}]}]:
         assert parse(cluster_node_list=THREE, **keys).placement().groups_of(2) == tuple(range(keys["queue_groups"]))
-    for keys, key in [({"group_replicas": 1}, "group_replicas"),
-                      ({"queue_groups": 2, "queue_group_list": [{"group": 1, "nodes": [1]}]}, "queue_group_list")]:
-        e = error(cluster_node_list=THREE, **keys)
-        assert e.key == key and "not built yet (issue 28" in str(e), keys
-    assert error(cluster_node_list=SIX, group_replicas=3, queue_groups=6).key == "group_replicas"  # even N allowed past here
+    six = parse(cluster_node_list=SIX, group_replicas=3, queue_groups=6).placement()  # an even N, odd replica sets
+    assert [len(six.groups_of(n)) for n in range(1, 7)] == [3] * 6
+    assert parse(cluster_node_list=THREE, queue_groups=3, group_replicas=1).placement().groups_of(2) == (1,)
+    e = error(cluster_node_list=THREE, group_replicas=1)
+    assert e.key == "queue_groups" and "node 2 would be a replica of no queue group" in str(e)
+    e = error(cluster_node_list=THREE, queue_groups=2, queue_group_list=[{"group": 0, "nodes": [1]}, {"group": 1, "nodes": [1]}])
+    assert e.key == "queue_groups" and "node 2 would be a replica of no queue group" in str(e)
 
 
 def test_queue_group_list_round_trips_through_to_dict() -> None:

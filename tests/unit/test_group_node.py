@@ -23,30 +23,38 @@ PRODUCE = {"op": "produce", "queue": "q", "msg_id": 1, "ready": T0, "ttl": T0 + 
            "priority": 0, "data": "x", "delivery_count": 0}
 
 
-def _config(node_id: int):
-    nodes = [{"node_id": i, "host": "127.0.0.1", "port": 1100 + i} for i in (1, 2, 3)]
-    cfg, _ = parse_config(orjson.dumps({"node_id": node_id, "workers": 2, "cluster_node_list": nodes,
-                                        "election_timeout_ms": 300, "heartbeat_ms": 50}).decode())
-    return dataclasses.replace(cfg, queue_groups=GROUPS)  # past the start-up check: not built yet
+def _config(node_id: int, nodes: int = 3, groups: int = GROUPS, replicas: int = 0):
+    members = [{"node_id": i, "host": "127.0.0.1", "port": 1100 + i} for i in range(1, nodes + 1)]
+    cfg, _ = parse_config(orjson.dumps({"node_id": node_id, "workers": 2, "cluster_node_list": members,
+                                        "election_timeout_ms": 300, "heartbeat_ms": 50, "queue_groups": groups,
+                                        "group_replicas": replicas}).decode())
+    return cfg
 
 
 class Net:
-    """Three nodes whose Readies are carried out at once, every peer message delivered in order,
-    every worker answering a FENCE at once."""
+    """Nodes (three, each a replica of three groups, unless told) whose Readies are carried out at
+    once, every peer message delivered in order, every worker answering a FENCE at once and a
+    list with the queues `queues` says it holds (by node and group); what each node's acceptor
+    is sent is kept in `delivered`."""
 
-    def __init__(self) -> None:
-        self.nodes = {i: ClusterNode(_config(i), T0, recovered=Recovered(), rng=random.Random(i),
-                                     disks={g: (Recovered(), None) for g in range(1, GROUPS)})
-                      for i in (1, 2, 3)}
+    def __init__(self, nodes: int = 3, groups: int = GROUPS, replicas: int = 0) -> None:
+        self.nodes = {}
+        for i in range(1, nodes + 1):
+            cfg = _config(i, nodes, groups, replicas)
+            own = cfg.placement().groups_of(i)
+            self.nodes[i] = ClusterNode(cfg, T0, recovered=Recovered(), rng=random.Random(i),
+                                        disks={g: (Recovered(), None) for g in own[1:]})
         self.now = T0
         self.sent_groups: set[int] = set()
         self.forwards: list[tuple[int, int, int]] = []  # (group, from, to) of each Forward sent
+        self.queues: dict[tuple[int, int], list[str]] = {}  # (node, group) -> the queues its workers hold
+        self.delivered: dict[int, list[dict]] = {i: [] for i in self.nodes}  # node -> replies to its acceptor
 
     def flush(self) -> None:
         moved = True
         while moved:
             moved = False
-            for node in self.nodes.values():
+            for i, node in list(self.nodes.items()):
                 while node.has_ready():
                     ready = node.ready()
                     node.advance(ready, durable_trans_id=ready.log_through,
@@ -55,8 +63,14 @@ class Net:
                         if frames[0] == ipc_frames.FENCE and ipc_frames.read_fence(frames)[1] == ipc_frames.FROM_COORDINATOR:
                             node.on_fenced(ipc_frames.read_fence(frames)[0], index, self.now, ipc_frames.group_of(frames))
                             moved = True
-                    mail = [(0, to, m) for to, m in ready.peer_messages(True, True)]
+                        elif frames[0] == ipc_frames.REQ:
+                            moved |= self._serve(i, node, index, frames)
+                    for frames in ready.to_acceptor:
+                        if frames[0] == ipc_frames.REP:
+                            self.delivered[i] += [orjson.loads(data) for _, _, data in replies.decode(frames[1], frames[2])]
+                    mail = [(node.first_group, to, m) for to, m in ready.peer_messages(True, True)]
                     mail += [(part.group, to, m) for part in ready.parts for to, m in part.to_peers]
+                    mail += list(ready.remote)
                     for group, to, msg in mail:
                         self.sent_groups.add(group)
                         if type(msg) is Forward:
@@ -65,6 +79,16 @@ class Net:
                             continue
                         self.nodes[to].on_peer(msg, ("127.0.0.1", 2000 + to), self.now, 0, group)
                         moved = True
+
+    def _serve(self, i: int, node: ClusterNode, index: int, frames: list[bytes]) -> bool:
+        """Worker `index` of node i answers the lists of a REQ (its part: the queues it holds
+        of the REQ's group, all of them on worker 0); True if it answered any."""
+        group = ipc_frames.group_of(frames)
+        parts = [[tag, {"queue_list": self.queues.get((i, group), []) if index == 0 else []}]
+                 for _, _, request, tag in ipc_frames.read_req(frames) if tag is not None and request.get("action") == 7]
+        if parts:
+            node.gather(orjson.dumps(parts), group)
+        return bool(parts)
 
     def run(self, seconds: float) -> None:
         end = self.now + seconds
@@ -76,7 +100,7 @@ class Net:
             self.flush()
 
     def leaders(self, group: int) -> list[int]:
-        return [i for i, n in self.nodes.items() if n.groups[group].leader is not None]
+        return [i for i, n in self.nodes.items() if group in n.groups and n.groups[group].leader is not None]
 
 
 def test_every_node_holds_every_group_and_each_group_elects_its_own_leader():
@@ -230,3 +254,98 @@ def test_a_hand_off_of_one_group_reads_that_group_s_mode_in_the_acceptor_not_gro
     fences = [ipc_frames.read_fence(frames) for _, frames in node.ready().to_workers
               if frames[0] == ipc_frames.FENCE and ipc_frames.group_of(frames) == 1]
     assert sorted(fences) == [(node.groups[1].epoch, ipc_frames.FROM_COORDINATOR)] * 2
+
+
+
+# ----------------------------------------------------------------- groups on fewer nodes (issue 28 step 5)
+def _six_nodes_and_a_queue_node_1_holds_no_copy_of() -> tuple[Net, ClusterNode, str, int, int]:
+    """6 nodes with 6 groups of 3 replicas, once leaders are elected: (net, node 1, a queue of a
+    group node 1 is no replica of, that group, its leader)."""
+    net = Net(nodes=6, groups=6, replicas=3)
+    net.run(3.0)
+    node = net.nodes[1]
+    g = next(g for g in node.remote)
+    queue = next(f"q{n}" for n in range(1000) if node.placement.group_of(f"q{n}") == g)
+    (leader,) = net.leaders(g)
+    return net, node, queue, g, leader
+
+
+def test_six_nodes_each_a_replica_of_three_groups_and_every_node_knows_every_leader():
+    net = Net(nodes=6, groups=6, replicas=3)
+    for i, node in net.nodes.items():
+        assert len(node.groups) == 3 and len(node.remote) == 3
+        assert all(i in node.placement.replicas(g) for g in node.groups)
+    net.run(3.0 + BALANCE_SETTLE + 3.0)
+    for g in range(6):
+        (leader,) = net.leaders(g)
+        assert leader == net.nodes[1].placement.preferred_leader(g)
+        for node in net.nodes.values():  # a replica follows it; any other node knows it
+            known = node.groups[g].election.leader_id if g in node.groups else node.remote[g].leader_id
+            assert known == leader
+    status = net.nodes[1].status_fields()["groups"]  # the acceptor passes a non-replica's requests on
+    assert [row["role"] for row in status] == ["leader"] + ["follower"] * 5
+    assert status[2]["leader_node_id"] == 3
+    rows = net.nodes[1].node_fields()["groups"]
+    assert [row["role"] for row in rows] == ["leader", "none", "none", "none", "follower", "follower"]
+    assert rows[2]["replicas"] == [3, 4, 5] and rows[2]["leader_node_id"] == 3
+
+
+def test_a_non_replica_passes_a_request_to_its_group_s_leader_and_the_reply_comes_back():
+    net, node, queue, g, leader = _six_nodes_and_a_queue_node_1_holds_no_copy_of()
+    node.on_forward_requests([(Origin(5), 1, {"action": 8, "queue": queue})], net.now)  # answered by the leader itself
+    net.flush()
+    assert net.forwards == [(g, 1, leader)]
+    assert net.delivered[1][-1]["leader_node_id"] == leader and net.delivered[1][-1]["code"] == 0
+
+
+def test_a_non_replica_follows_a_group_to_its_new_leader_when_the_old_one_stops():
+    net = Net(nodes=6, groups=6, replicas=3)
+    net.run(3.0 + BALANCE_SETTLE + 3.0)
+    node = net.nodes[1]
+    g = 2  # replicas 3, 4, 5; led by node 3
+    assert node.remote[g].leader_id == 3
+    net.nodes.pop(3)
+    net.run(3.0)
+    (new,) = net.leaders(g)
+    assert new in (4, 5) and node.remote[g].leader_id == new
+    queue = next(f"q{n}" for n in range(1000) if node.placement.group_of(f"q{n}") == g)
+    net.forwards.clear()
+    node.on_forward_requests([(Origin(5), 1, {"action": 8, "queue": queue})], net.now)
+    net.flush()
+    assert net.forwards == [(g, 1, new)]
+
+
+def test_a_list_of_every_queue_on_a_non_replica_merges_its_own_groups_and_the_other_leaders_parts():
+    net = Net(nodes=6, groups=6, replicas=3)
+    net.run(3.0 + BALANCE_SETTLE + 3.0)
+    for i in net.nodes:
+        for g in range(6):
+            net.queues[(i, g)] = [f"g{g}"]  # every replica of g holds g's one queue
+    node = net.nodes[1]
+    # as Dispatch.route sends it: a part from each worker of each own group, one per other group
+    tag = [1, Origin(9).wire(), 4, 2 * 3 + 3, {"action": 7}]
+    node.on_forward_requests([(Origin(9), 4, {"action": 7}, tag, g) for g in sorted(node.remote)], net.now)
+    for g in sorted(node.groups):
+        for index in range(2):
+            net._serve(1, node, index, ipc_frames.req_frames([[Origin(9).wire(), 4, {"action": 7}, tag]], 0, g))
+    net.flush()
+    (reply,) = [r for r in net.delivered[1] if r.get("queue_list") is not None]
+    assert reply["queue_list"] == [f"g{g}" for g in range(6)] and reply["code"] == 0
+    assert not node.gatherer.asked and len(node.gatherer) == 0
+
+
+def test_a_list_fails_in_one_line_when_another_group_has_no_leader():
+    net = Net(nodes=6, groups=6, replicas=3)
+    node = net.nodes[1]  # before any election: no leader of any group is known
+    tag = [1, Origin(9).wire(), 4, 3, {"action": 7}]
+    node.on_forward_requests([(Origin(9), 4, {"action": 7}, tag, g) for g in sorted(node.remote)], net.now)
+    net.flush()
+    (reply,) = net.delivered[1]
+    assert reply["code"] == -1 and reply["reason"] == "no leader"
+
+
+def test_a_non_replica_gives_an_undelivered_consume_back_to_the_group_s_leader():
+    net, node, queue, g, leader = _six_nodes_and_a_queue_node_1_holds_no_copy_of()
+    node.on_undelivered(queue, [[7, 1]])
+    (give_back,) = [(to, m) for gg, to, m in node.ready().remote if type(m).__name__ == "GiveBack"]
+    assert give_back[0] == leader and give_back[1].msg_ids == (7,)
