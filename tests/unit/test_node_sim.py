@@ -303,10 +303,11 @@ class SimNode:
         self.backlog: dict[str, list] = {}
         self.disk = disk
         found = {g: d.recover() for g, d in disk.items()}
-        self.cn = ClusterNode(self.config, sim.now, recovered=found[0],
+        first = min(disk)  # the node's first group (group 0, unless it is no replica of it)
+        self.cn = ClusterNode(self.config, sim.now, recovered=found[first],
                               rng=random.Random(sim.seed * 7919 + node_id * 101 + self.incarnation),
-                              snapshot_dir=disk[0].snapshot_dir,
-                              disks={g: (found[g], disk[g].snapshot_dir) for g in found if g != 0})
+                              snapshot_dir=disk[first].snapshot_dir,
+                              disks={g: (found[g], disk[g].snapshot_dir) for g in found if g != first})
         self.watch_commits()
         self.transfers = {g: Transfers(self.cn.groups[g], d, d.snapshot_dir, _SIM_LOG)  # type: ignore[arg-type]
                           for g, d in disk.items()}
@@ -472,7 +473,8 @@ class SimNode:
         sim.on_role(self)
         while cn.has_ready():
             ready = cn.ready()
-            pieces = [(0, ready), *((part.group, part) for part in ready.parts)]
+            first = cn.first_group
+            pieces = [(first, ready), *((part.group, part) for part in ready.parts)]
             stored: dict[int, bool] = {}
             chunks_written: dict[int, bool] = {}
             for g, piece in pieces:
@@ -506,8 +508,16 @@ class SimNode:
                     data = wire.encode(filled, "127.0.0.1", self.config.port, self.config.node_type,
                                        self.config.http_port, 0, g)
                     self.sim.net(self.node_id, target, data, once=type(msg) in ONCE)
-            cn.advance(ready, durable_trans_id=ready.log_through if stored[0] else None, log_stored=stored[0],
-                       parts={g: (piece.log_through if stored[g] else None, stored[g]) for g, piece in pieces if g})
+            for g, target, msg in ready.remote:  # of groups this node is no replica of
+                if sim.nodes.get(target) is None:
+                    unsent.append((target, g, msg))
+                    continue
+                data = wire.encode(msg, "127.0.0.1", self.config.port, self.config.node_type,
+                                   self.config.http_port, 0, g)
+                self.sim.net(self.node_id, target, data, once=type(msg) in ONCE)
+            cn.advance(ready, durable_trans_id=ready.log_through if stored[first] else None, log_stored=stored[first],
+                       parts={g: (piece.log_through if stored[g] else None, stored[g]) for g, piece in pieces
+                              if g != first})
             self.unsent(unsent)
             if not all(stored.values()):
                 sim.disk_refusals += 1
@@ -681,6 +691,7 @@ class SimClient:
 
 class Sim:
     GROUPS = 1  # queue groups, each on every node (GroupSim: 3)
+    REPLICAS = 0  # nodes per group (0: every node; ReplicaSim: 3 of 5)
     ADMIN = ADMIN_REQUESTS  # what the admin client asks
 
     def __init__(self, seed: int, n: int) -> None:
@@ -705,12 +716,13 @@ class Sim:
                 "cluster_node_list": nodes if n > 1 else [], "election_timeout_ms": 300,
                 "heartbeat_ms": 50, "forward_request": 1, "queue_sync_rate": 2000,
                 "snapshot_every": snapshot_every, **(placement if self.GROUPS > 1 else {}),
+                **({"group_replicas": self.REPLICAS} if self.REPLICAS else {}),
             }).decode())
             self.configs[i] = cfg
         self.incarnation = {i: 0 for i in self.members}
         self.root = tempfile.mkdtemp(prefix="node-sim-")
         self.disk = {i: {g: SimDisk(os.path.join(self.root, f"node-{i}" + (f"-group-{g}" if g else "")))
-                         for g in self.groups} for i in self.members}
+                         for g in self.configs[i].placement().groups_of(i)} for i in self.members}
         # Each group's committed log as the nodes saw it (every node must agree), and a replay of it.
         self.committed: dict[int, dict[int, Entry]] = {g: {} for g in self.groups}
         self.oracle = {g: self.service() for g in self.groups}
@@ -1056,9 +1068,10 @@ class Sim:
         down = [i for i in self.members if self.nodes.get(i) is None]
         if down:  # stopped by a graceful restart begun before the faults ended: it starts again
             return f"node {down[0]} is down"
-        nodes = [self.nodes[i] for i in self.members]
-        for g in self.groups:  # each group: one leader, followed and committed by every node
+        every = [self.nodes[i] for i in self.members]
+        for g in self.groups:  # each group: one leader, followed and committed by every replica
             of = f" of group {g}" if g else ""
+            nodes = [n for n in every if g in n.cn.groups]
             leaders = [n.cn.groups[g] for n in nodes if n.cn.groups[g].leader is not None]
             if len(leaders) != 1:
                 return f"{len(leaders)} leaders{of}"
@@ -1067,6 +1080,9 @@ class Sim:
                 group = n.cn.groups[g]
                 if group.election.leader_id != lead.node_id or group.log.commit_trans_id != lead.log.last_trans_id:
                     return f"node {n.node_id} follows {group.election.leader_id}{of}, committed {group.log.commit_trans_id}"
+            for n in every:  # ... and known to the other nodes
+                if g in n.cn.remote and n.cn.remote[g].leader_id != lead.node_id:
+                    return f"node {n.node_id} (no replica{of}) takes {n.cn.remote[g].leader_id} for its leader"
             # Every node's workers hold exactly the committed log replayed (the oracle), so the same.
             if self.oracle_trans_id[g] > lead.log.commit_trans_id:
                 return f"the oracle{of} is past the commit point {lead.log.commit_trans_id}"
@@ -1131,6 +1147,33 @@ class GroupSim(Sim):
 
 def test_node_sim_three_groups_on_three_nodes():
     simulation.assert_seeds_pass(GroupSim, 3, range(GROUP_SEEDS))
+
+
+class ReplicaSim(GroupSim):
+    """Five nodes with five queue groups of three replicas each: a node holds three groups, and
+    passes the requests of the other two (and asks their leaders for their parts of a monitor or
+    list of every queue) to their leaders, which it knows from their heartbeats."""
+
+    GROUPS = 5
+    REPLICAS = 3
+
+
+def test_node_sim_five_groups_of_three_replicas_on_five_nodes():
+    simulation.assert_seeds_pass(ReplicaSim, 5, range(GROUP_SEEDS))
+
+
+def test_replica_sim_makes_progress_in_every_group_and_nodes_hold_only_their_groups():
+    # (seed 2's network loses nothing: on a lossy one, a monitor or list of every queue waits for
+    # a lost part until its forward times out, longer than the admin client waits)
+    sim = ReplicaSim(2, 5)
+    sim.run()
+    assert len(sim.acked[ALO]) > 50 and len(sim.acked[AMO]) > 20 and len(sim.delivered[AMO]) > 20
+    assert {g for g, _ in sim.leaders} == set(range(5))
+    placement = sim.configs[1].placement()
+    busy = {placement.group_of(ALO), placement.group_of(AMO), placement.group_of(ADM)}
+    assert len(busy) == 3 and all(len(sim.committed[g]) > 10 for g in busy)
+    assert all(len(node.cn.groups) == 3 and len(node.cn.remote) == 2 for node in sim.nodes.values() if node)
+    assert {sp.MONITOR, sp.LIST} <= set(sim.admin_done)
 
 
 def test_group_sim_makes_progress_in_every_group():
