@@ -109,6 +109,25 @@ class Placement:
         text = json.dumps([self.queue_groups, self.group_replicas, rules, list(self.members)], separators=(",", ":"))
         return zlib.crc32(text.encode()) or 1
 
+    def as_dict(self) -> dict:
+        """The parameters a client needs to compute the same placement (from_dict), as action 8
+        gives them: JSON-able."""
+        return {"queue_groups": self.queue_groups, "group_replicas": self.group_replicas,
+                "queue_group_list": [rule.as_dict() for rule in self.rules], "nodes": list(self.members),
+                "virtual_queues": self.keys.unions(), "dead_letter_suffix": self.keys.suffix}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Placement":
+        """The placement as_dict describes (ValueError if it is not one)."""
+        try:
+            rules = [GroupRule(int(r["group"]), r.get("pattern"), tuple(int(n) for n in r.get("nodes", ())))
+                     for r in d.get("queue_group_list", ())]
+            unions = [(str(names[0]), [str(n) for n in names[1:]]) for names in d.get("virtual_queues", ()) if names]
+            return cls([int(n) for n in d["nodes"]], int(d["queue_groups"]), int(d.get("group_replicas", 0)), rules,
+                       RoutingKeys(unions, str(d.get("dead_letter_suffix", ""))))
+        except (KeyError, TypeError, IndexError) as exc:
+            raise ValueError(f"not a placement: {exc!r}") from None
+
     def group_of(self, queue: str) -> int:
         """The group of `queue`: the first rule whose pattern matches its name (a dead-letter
         queue's: the name of the queue it serves), else its routing key's hash mod the groups."""

@@ -239,8 +239,9 @@ class Dispatch:
             return
         reply = p.echo(value)
         reply.update(code=p.CODE_OK, node_id=self.node_id, **leader)
-        if self.views is not None and queue is None:
+        if self.views is not None and self.placement is not None and queue is None:
             reply["groups"] = [{"group": g, **_leader_fields(view)} for g, view in sorted(self.views.items())]
+            reply["placement"] = self.placement.as_dict()  # a client computes a queue's group from it
         self.reply(origin, req_no, reply)
 
     def flush_requests(self) -> None:

@@ -336,6 +336,8 @@ def test_with_queue_groups_a_redirect_and_action_8_name_the_leader_of_the_queue_
     assert (leader_of_q2["leader_node_id"], leader_of_q2["leader_port"]) == (3, 1003)
     assert leaders["leader_node_id"] == NODE  # group 0's, for clients that know no groups
     assert [(row["group"], row["leader_node_id"]) for row in leaders["groups"]] == [(0, 1), (1, 2), (2, 3)]
+    placement = Placement.from_dict(leaders["placement"])  # what a client places queues by
+    assert placement.group_of(q2) == 2 and placement.replicas(1) == (2, 3, 1)
 
 
 def test_with_queue_groups_only_the_group_that_stopped_leading_is_fenced():

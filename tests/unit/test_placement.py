@@ -100,3 +100,25 @@ def test_wire_hash_is_zero_for_the_default_placement_only() -> None:
     hashes = [p.wire_hash for p in others]
     assert all(0 < h < 2**32 for h in hashes) and len(set(hashes)) == len(hashes)
     assert Placement([1, 2, 3], 3, rules=[GroupRule(2, "a*")]).wire_hash == hashes[3]  # every node computes the same
+
+
+@given(st.lists(names, min_size=1, max_size=30), st.integers(1, 9), st.sampled_from(["", ".dlq"]))
+def test_a_client_computes_the_same_group_from_the_placement_action_8_gives(queues: list[str], groups: int,
+                                                                           suffix: str) -> None:
+    """as_dict crosses the wire as JSON; from_dict's Placement places every queue as the node's does."""
+    import json
+    node = Placement([1, 2, 3, 4, 5], groups, 3, [GroupRule(groups - 1, "orders.*", (5, 1, 2))],
+                     RoutingKeys([("v", ["b", "c"]), ("w", ["c", "d"])], suffix))
+    client = Placement.from_dict(json.loads(json.dumps(node.as_dict())))
+    for queue in [*queues, "orders.x", "v", "d", "b" + suffix]:
+        assert client.group_of(queue) == node.group_of(queue), queue
+    assert [client.replicas(g) for g in range(groups)] == [node.replicas(g) for g in range(groups)]
+    assert client.wire_hash == node.wire_hash
+
+
+def test_a_placement_that_is_not_one_is_a_value_error() -> None:
+    import pytest
+    for bad in [{}, {"nodes": [1], "queue_groups": "x"}, {"nodes": 3, "queue_groups": 2},
+                {"nodes": [1], "queue_groups": 2, "queue_group_list": [{}]}]:
+        with pytest.raises(ValueError):
+            Placement.from_dict(bad)
