@@ -289,18 +289,20 @@ class Scraper(threading.Thread):
 
 
 class Cluster:
-    """Three queue-server nodes configured as one cluster (from config/examples/node1..3.json,
-    on free ports, with data directories in `workdir`)."""
+    """Queue-server nodes configured as one cluster (three unless told: from
+    config/examples/node1..3.json, a fourth and more from node1.json with its own node_id), on
+    free ports, with data directories in `workdir`."""
 
-    def __init__(self, repo: str, workdir: str, workers: int, metrics: bool, extra: dict | None = None) -> None:
+    def __init__(self, repo: str, workdir: str, workers: int, metrics: bool, extra: dict | None = None,
+                 n: int = 3) -> None:
         """extra: config keys every node gets besides the example's (e.g. queue_groups)."""
         sys.path.insert(0, repo)
         from queue_server.config.loader import strip_comments
 
         examples = []
-        for i in (1, 2, 3):
-            with open(os.path.join(repo, "config", "examples", f"node{i}.json")) as f:
-                examples.append(json.loads(strip_comments(f.read())))
+        for i in range(1, n + 1):
+            with open(os.path.join(repo, "config", "examples", f"node{i if i <= 3 else 1}.json")) as f:
+                examples.append({**json.loads(strip_comments(f.read())), "node_id": i})
         internal = [free_port() for _ in examples]
         node_list = [{"node_id": e["node_id"], "host": "127.0.0.1", "port": internal[i]} for i, e in enumerate(examples)]
         self.nodes: list[QueueServer] = []
@@ -339,7 +341,7 @@ class Cluster:
             node.stop()
 
     def cpu_seconds(self) -> dict[str, float]:
-        """CPU seconds of every process of the three nodes, by name."""
+        """CPU seconds of every process of the nodes, by name (node<i>/<process>)."""
         total: dict[str, float] = {}
         for i, node in enumerate(self.nodes, 1):
             for name, seconds in node.cpu_seconds().items():

@@ -9,6 +9,16 @@ them; with three, each node leads a third. The settings alternate over --repeat 
 a fresh cluster. A benchmark, not a test.
 
     python load/groups_bench.py --seconds 10 --repeat 3
+
+With --nodes 6 it measures issue 28's second target instead: 6 nodes with `queue_groups` 6, each
+group on 3 of them (`group_replicas` 3) against each group on 5 of them, each client connection
+sent to the leader of its queue's group (action 8 with the queue): the cluster's CPU per
+acknowledged message (a produce, consume, confirm cycle), and each node's CPU per message,
+which says what a machine per node would give. (The issue compares with `group_replicas` 6,
+which a replica set must be odd to be: 5 is the most a group of 6 nodes may have, and costs no
+more than 6 would, so the ratio against 5 is the harder one to meet.)
+
+    python load/groups_bench.py --nodes 6 --seconds 10 --repeat 3
 """
 from __future__ import annotations
 
@@ -17,6 +27,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from statistics import median
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -26,6 +37,7 @@ from load.bench import REPO, Cluster, build_client, print_machine, request, run_
 
 QUEUES = 30
 TARGET_SHARE = 0.37  # the busiest node's share of the cluster's CPU with 3 groups (issue 28)
+FULL = 5  # --nodes 6: the replica set compared with 3 (the most nodes of 6 an odd replica set has)
 
 
 def leaders(cluster: Cluster) -> list[int] | None:
@@ -45,9 +57,10 @@ def leaders(cluster: Cluster) -> list[int] | None:
 def wait_spread(cluster: Cluster, groups: int, timeout: float = 60.0) -> list[int]:
     """Wait for a leader of every group, and with several groups for one per node."""
     deadline = time.monotonic() + timeout
+    nodes = list(range(1, len(cluster.nodes) + 1))
     while time.monotonic() < deadline:
         found = leaders(cluster)
-        if found is not None and (groups == 1 or sorted(found) == [1, 2, 3]):
+        if found is not None and (groups == 1 or sorted(found) == nodes):
             return found
         time.sleep(0.2)
     raise SystemExit(f"groups_bench: the cluster with {groups} group(s) did not spread its leaders in {timeout:g} s: "
@@ -76,28 +89,83 @@ def measure(client: str, args: argparse.Namespace, groups: int, workdir: str) ->
             "busiest": max(per_node.values()) / total, "by_kind": by_kind}
 
 
+def measure_replicas(client: str, args: argparse.Namespace, replicas: int, workdir: str) -> dict:
+    """One run on a fresh 6-node cluster with 6 groups of `replicas` replicas, each connection on
+    the leader of its queue's group (cbench's connection k cycles on queue bench<k>)."""
+    nodes = 6
+    cluster = Cluster(args.repo, workdir, args.workers, False, {"queue_groups": nodes, "group_replicas": replicas}, n=nodes)
+    try:
+        spread = wait_spread(cluster, nodes)
+        targets = []
+        for k in range(args.conns):
+            reply = request(cluster.addresses[k % nodes], {"action": 8, "queue": f"bench{k}"})
+            targets.append(f"{reply['leader_host']}:{reply['leader_port']}")
+        before = cluster.cpu_seconds()
+        result = run_client(client, "qs", targets, args, queues=0)
+        after = cluster.cpu_seconds()
+    finally:
+        cluster.stop()
+    ops = max(result["ops"], 1)  # cycles: each one message produced, consumed and confirmed
+    per_node = {i: sum(after[k] - before.get(k, 0.0) for k in after if k.startswith(f"node{i}/")) / ops * 1e6
+                for i in range(1, nodes + 1)}
+    return {"replicas": replicas, "leaders": spread, "ops_per_s": result["ops"] / result["seconds"],
+            "p99_ms": result["p99_ms"], "cpu_us_per_msg": sum(per_node.values()), "per_node": per_node}
+
+
+def alternate(args: argparse.Namespace, settings: tuple[int, int], measure_one: Callable[[str, int, str], dict],
+              line: Callable[[dict], str]) -> dict[int, list[dict]]:
+    """Each of two settings measured on a fresh cluster in every round, first one then the other
+    in alternating order; each row printed as it comes (line), the rows by setting."""
+    rows: dict[int, list[dict]] = {s: [] for s in settings}
+    with tempfile.TemporaryDirectory(prefix="groups-bench-") as tmp:
+        client = build_client(tmp)
+        for r in range(args.repeat):
+            for setting in (settings if r % 2 == 0 else settings[::-1]):
+                row = measure_one(client, setting, tmp)
+                rows[setting].append(row)
+                print(f"round {r + 1}, {line(row)}", flush=True)
+    return rows
+
+
+def main_six(args: argparse.Namespace) -> None:
+    """--nodes 6: group_replicas 3 against 5, 6 groups, in alternating rounds."""
+    rows = alternate(args, (3, FULL), lambda client, replicas, tmp: measure_replicas(client, args, replicas, tmp),
+                     lambda row: (f"group_replicas {row['replicas']} (leaders {row['leaders']}): {row['ops_per_s']:,.0f} "
+                                  f"msg/s, p99 {row['p99_ms']:.2f} ms, cluster CPU {row['cpu_us_per_msg']:.0f} us/msg; "
+                                  "per node " + " ".join(f"{v:.0f}" for v in row["per_node"].values())))
+    print(f"\nmedians of {args.repeat} round(s), 6 nodes, queue_groups 6, {args.conns} connections each on its "
+          f"queue's group leader, {args.seconds:g} s each:")
+    for replicas, got in rows.items():
+        busiest = median(max(r["per_node"].values()) for r in got)
+        print(f"group_replicas {replicas}: {median(r['ops_per_s'] for r in got):,.0f} msg/s, "
+              f"p99 {median(r['p99_ms'] for r in got):.2f} ms, cluster CPU {median(r['cpu_us_per_msg'] for r in got):.0f} "
+              f"us/msg, busiest node {busiest:.0f} us/msg (a core per node: about {1e6 / busiest:,.0f} msg/s)")
+    ratio = median(r["cpu_us_per_msg"] for r in rows[3]) / median(r["cpu_us_per_msg"] for r in rows[FULL])
+    print(f"target: the cluster's CPU per message with 3 replicas <= 0.6x that with {FULL} (of 6 nodes), measured: {ratio:.2f}x, "
+          f"{'met' if ratio <= 0.6 else 'not met'}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0, help="length of each measurement")
-    parser.add_argument("--conns", type=int, default=24, help="client connections, spread over the three nodes")
+    parser.add_argument("--conns", type=int, default=24, help="client connections, spread over the nodes")
     parser.add_argument("--repeat", type=int, default=3, help="rounds (the settings alternate; medians kept)")
     parser.add_argument("--workers", type=int, default=2, help="workers per node")
     parser.add_argument("--payload", type=int, default=100, help="message body bytes")
     parser.add_argument("--repo", default=REPO, help="the queue-server checkout to run")
+    parser.add_argument("--nodes", type=int, choices=(3, 6), default=3,
+                        help="3: queue_groups 3 against 1; 6: 6 groups of 3 replicas against 5 (default 3)")
     args = parser.parse_args(argv)
     print_machine()
-    rows: dict[int, list[dict]] = {1: [], 3: []}
-    with tempfile.TemporaryDirectory(prefix="groups-bench-") as tmp:
-        client = build_client(tmp)
-        for r in range(args.repeat):
-            for groups in ((1, 3) if r % 2 == 0 else (3, 1)):
-                row = measure(client, args, groups, tmp)
-                rows[groups].append(row)
-                shares = " ".join(f"node{i} {s:.0%}" for i, s in row["shares"].items())
-                print(f"round {r + 1}, queue_groups {groups} (leaders {row['leaders']}): {row['ops_per_s']:,.0f} req/s, "
-                      f"p99 {row['p99_ms']:.2f} ms, cluster CPU {row['cpu_us_per_op']:.0f} us/req; {shares}; "
-                      f"busiest {row['busiest']:.0%}; us/req by process: "
-                      + ", ".join(f"{k} {v:.0f}" for k, v in sorted(row["by_kind"].items())), flush=True)
+    if args.nodes == 6:
+        main_six(args)
+        return
+    rows = alternate(args, (1, 3), lambda client, groups, tmp: measure(client, args, groups, tmp),
+                     lambda row: (f"queue_groups {row['groups']} (leaders {row['leaders']}): {row['ops_per_s']:,.0f} req/s, "
+                                  f"p99 {row['p99_ms']:.2f} ms, cluster CPU {row['cpu_us_per_op']:.0f} us/req; "
+                                  + " ".join(f"node{i} {s:.0%}" for i, s in row["shares"].items())
+                                  + f"; busiest {row['busiest']:.0%}; us/req by process: "
+                                  + ", ".join(f"{k} {v:.0f}" for k, v in sorted(row["by_kind"].items()))))
     print(f"\nmedians of {args.repeat} round(s), {args.conns} connections over {QUEUES} queues, {args.seconds:g} s each:")
     for groups, got in rows.items():
         print(f"queue_groups {groups}: {median(r['ops_per_s'] for r in got):,.0f} req/s, "

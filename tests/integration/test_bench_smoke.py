@@ -148,3 +148,15 @@ def test_the_replicated_brokers_give_figures_side_by_side(tmp_path):
             assert line in summary and f"{name}" in " ".join(report["notes"]), report["notes"]
     if len(present) < len(broker_bench.SYSTEMS):
         pytest.skip("only " + ", ".join(present) + " measured: " + "; ".join(notes))
+
+
+def test_the_queue_groups_bench_runs_both_comparisons(tmp_path):
+    """load/groups_bench.py: 3 nodes with 3 groups against 1, and 6 nodes with 6 groups of 3
+    replicas against 5 (each connection on its queue's group leader), each with its target line."""
+    for extra, said in ((["--nodes", "3"], "busiest node uses <= 37%"),
+                        (["--nodes", "6"], "CPU per message with 3 replicas <= 0.6x that with 5")):
+        proc = subprocess.run([sys.executable, os.path.join(REPO, "load", "groups_bench.py"), "--seconds", "0.5",
+                               "--repeat", "1", "--conns", "6", "--workers", "1", *extra],
+                              cwd=REPO, capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert said in proc.stdout and "round 1," in proc.stdout, proc.stdout
