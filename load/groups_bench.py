@@ -80,20 +80,20 @@ def measure(client: str, args: argparse.Namespace, groups: int, workdir: str) ->
     per_node = {i: sum(after[k] - before.get(k, 0.0) for k in after if k.startswith(f"node{i}/")) for i in (1, 2, 3)}
     total = sum(per_node.values()) or 1e-9
     ops = result["ops"]
-    by_kind: dict[str, float] = {}  # acceptor, coordinator, worker, supervisor: over the three nodes
-    for k in after:
-        kind = k.split("/", 1)[1].split("-")[0]
-        by_kind[kind] = by_kind.get(kind, 0.0) + (after[k] - before.get(k, 0.0)) / max(ops, 1) * 1e6
     return {"groups": groups, "leaders": spread, "ops_per_s": ops / result["seconds"], "p99_ms": result["p99_ms"],
             "cpu_us_per_op": total / max(ops, 1) * 1e6, "shares": {i: per_node[i] / total for i in per_node},
-            "busiest": max(per_node.values()) / total, "by_kind": by_kind}
+            "busiest": max(per_node.values()) / total, "by_kind": by_process(before, after, ops)}
 
 
 def measure_replicas(client: str, args: argparse.Namespace, replicas: int, workdir: str) -> dict:
     """One run on a fresh 6-node cluster with 6 groups of `replicas` replicas, each connection on
     the leader of its queue's group (cbench's connection k cycles on queue bench<k>)."""
     nodes = 6
-    cluster = Cluster(args.repo, workdir, args.workers, False, {"queue_groups": nodes, "group_replicas": replicas}, n=nodes)
+    # A longer election timeout than the default's 300 ms, in both settings: 24 processes on this
+    # machine's 2 cores leave a coordinator unscheduled that long now and then, and an election
+    # in the middle of a run fails cbench.
+    cluster = Cluster(args.repo, workdir, args.workers, False,
+                      {"queue_groups": nodes, "group_replicas": replicas, "election_timeout_ms": 1000}, n=nodes)
     try:
         spread = wait_spread(cluster, nodes)
         targets = []
@@ -109,7 +109,18 @@ def measure_replicas(client: str, args: argparse.Namespace, replicas: int, workd
     per_node = {i: sum(after[k] - before.get(k, 0.0) for k in after if k.startswith(f"node{i}/")) / ops * 1e6
                 for i in range(1, nodes + 1)}
     return {"replicas": replicas, "leaders": spread, "ops_per_s": result["ops"] / result["seconds"],
-            "p99_ms": result["p99_ms"], "cpu_us_per_msg": sum(per_node.values()), "per_node": per_node}
+            "p99_ms": result["p99_ms"], "cpu_us_per_msg": sum(per_node.values()), "per_node": per_node,
+            "by_kind": by_process(before, after, ops)}
+
+
+def by_process(before: dict[str, float], after: dict[str, float], ops: int) -> dict[str, float]:
+    """CPU us per operation of each kind of process (acceptor, coordinator, worker, supervisor),
+    summed over the nodes."""
+    by_kind: dict[str, float] = {}
+    for k in after:
+        kind = k.split("/", 1)[1].split("-")[0]
+        by_kind[kind] = by_kind.get(kind, 0.0) + (after[k] - before.get(k, 0.0)) / max(ops, 1) * 1e6
+    return by_kind
 
 
 def alternate(args: argparse.Namespace, settings: tuple[int, int], measure_one: Callable[[str, int, str], dict],
@@ -132,7 +143,9 @@ def main_six(args: argparse.Namespace) -> None:
     rows = alternate(args, (3, FULL), lambda client, replicas, tmp: measure_replicas(client, args, replicas, tmp),
                      lambda row: (f"group_replicas {row['replicas']} (leaders {row['leaders']}): {row['ops_per_s']:,.0f} "
                                   f"msg/s, p99 {row['p99_ms']:.2f} ms, cluster CPU {row['cpu_us_per_msg']:.0f} us/msg; "
-                                  "per node " + " ".join(f"{v:.0f}" for v in row["per_node"].values())))
+                                  "per node " + " ".join(f"{v:.0f}" for v in row["per_node"].values())
+                                  + "; us/msg by process: "
+                                  + ", ".join(f"{k} {v:.0f}" for k, v in sorted(row["by_kind"].items()))))
     print(f"\nmedians of {args.repeat} round(s), 6 nodes, queue_groups 6, {args.conns} connections each on its "
           f"queue's group leader, {args.seconds:g} s each:")
     for replicas, got in rows.items():
