@@ -15,6 +15,7 @@ from typing import Any
 from . import protocol as p
 from . import tls
 from .errors import NoServerAvailable, QueueError, QueueTimeout
+from .group_leaders import GroupLeaders
 from .protocol import Address
 
 
@@ -69,6 +70,10 @@ class Route:
         self.index = 0
         self.leader: Address | None = None
         self.epoch = 0
+        # With queue groups: each group's leader (client/group_leaders.py); None until known.
+        # groups_asked: whether the cluster was asked (a cluster of one group has none).
+        self.groups: GroupLeaders | None = None
+        self.groups_asked = False
 
     @property
     def address(self) -> Address:
@@ -133,6 +138,10 @@ class Failover:
     single host's refusal is then the call's error at once). When every host failed: the
     refusal itself if there is one host, QueueTimeout if the last one timed out, else
     NoServerAvailable, naming each host's failure in the last round.
+
+    With queue groups (the route's `groups`), a request about a queue goes first to its group's
+    leader when that is known; a redirect moves that group's leader, not the route; a leader
+    that fails the request is forgotten, and the request goes on as any other does.
     """
 
     def __init__(
@@ -148,6 +157,11 @@ class Failover:
     ) -> None:
         self.route = route
         self.req = req
+        # With queue groups, a request about a queue goes first to its group's leader when the
+        # route knows it; if that fails, the way any request goes.
+        groups = route.groups
+        self._direct = groups.leader_of(req) if groups is not None else None
+        self._now = now
         self.wait = p.reply_wait(req)
         self.timeout = timeout + self.wait  # one attempt's limit: the server may hold a long poll
         self.follow_redirects = follow_redirects
@@ -182,11 +196,24 @@ class Failover:
             self._timed_out = False
             self._refusal = None
             return pause
+        if self._direct is not None and self._direct not in self._failed:
+            drop, self._drop = self._drop, Drop.KEEP
+            return Attempt(self._direct, route.epoch, drop)
         while route.address in self._failed:  # it failed this call already: skip it
             route.advance(route.epoch)
             self._drop = max(self._drop, Drop.FINISH)  # others may still use it: let their replies come
         drop, self._drop = self._drop, Drop.KEEP
         return Attempt(route.address, route.epoch, drop)
+
+    def _direct_failed(self, attempt: Attempt) -> bool:
+        """Whether `attempt` went to its group's leader straight: then that leader is forgotten,
+        and the request goes the way any request goes."""
+        if self._direct is None or attempt.addr != self._direct:
+            return False
+        assert self.route.groups is not None
+        self.route.groups.failed(self.req, attempt.addr, self._now)
+        self._direct = None
+        return True
 
     def replied(self, attempt: Attempt, reply: dict[str, Any]) -> Verdict | QueueError:
         """The verdict on a reply: DONE (code 0), AGAIN (a redirect, or a refusal to send again to
@@ -198,12 +225,18 @@ class Failover:
             target = p.redirect_target(reply, attempt.addr[0])
             if target is not None:
                 self.redirects += 1
-                if self.route.move(attempt.epoch, target):
+                groups = self.route.groups
+                if groups is not None and type(self.req.get("queue")) is str:  # its group's leader, not every request's
+                    groups.moved(self.req, target)
+                    self._direct = target
+                elif self.route.move(attempt.epoch, target):
                     self._drop = max(self._drop, Drop.FINISH)
                 return AGAIN
         error = p.error_from_reply(reply)
         if not p.retry_elsewhere(self.req, reply):
             return error
+        if self._direct_failed(attempt):  # its leader no longer leads: through any node
+            return AGAIN
         if p.resend_here(reply) and self.resends < MAX_RESENDS:
             self.resends += 1
             return AGAIN
@@ -218,6 +251,10 @@ class Failover:
         if isinstance(exc, Lost) and exc.reused and self._may_reuse:
             self._may_reuse = False
             return AGAIN
+        if self._direct_failed(attempt):
+            self._failed.add(attempt.addr)
+            self._errors.append(f"{p.format_address(attempt.addr)}: {describe(exc)}")
+            return NEXT
         return self._host_failed(attempt, exc, timed_out=isinstance(exc, TimeoutError))
 
     def _host_failed(self, attempt: Attempt, exc: BaseException, timed_out: bool) -> Verdict:

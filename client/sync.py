@@ -1,4 +1,5 @@
-"""The blocking client: one socket, one request at a time, fail-over and redirects."""
+"""The blocking client: one request at a time, fail-over and redirects; a TCP connection per node
+it talks to (with queue groups, to each group's leader)."""
 from __future__ import annotations
 
 import os
@@ -14,9 +15,14 @@ from .calls import BlockingActions
 from .credentials import TokenOption
 from .errors import ConnectTimeout, QueueError
 from .failover import DONE, Failover, Lost, describe
+from .group_leaders import REFRESH_AFTER, GroupLeaders
 from .protocol import Address
 from .settings import ClientSettings
 from .subscribe import Subscription
+
+# The most TCP connections a client keeps open (one per node it talked to; the least recently
+# used is closed past this).
+MAX_CONNECTIONS = 16
 
 # Every live client, so that a forked child (Spark's Python workers are forked) drops the
 # connections it inherited instead of reading replies meant for its parent.
@@ -56,16 +62,25 @@ class QueueClient(ClientSettings, BlockingActions):
         tls_cert_file; TCP only. Pickled, the client keeps these (ClientSettings), an
         SSLContext excepted: give TlsFiles to a client that travels."""
         self._settle(hosts, transport, timeout, follow_redirects, max_redirects, idempotent, token, tls)
-        self._sock: socket.socket | None = None
-        self._file: Any = None
-        self._sock_addr: Address | None = None
-        self._sock_timeout: float | None = None
+        # TCP: a connection per node (socket, its reader, its timeout), the last used last.
+        self._conns: dict[Address, tuple[socket.socket, Any, float]] = {}
+        self._udp_sock: socket.socket | None = None
+        self._udp_addr: Address | None = None
+        # With queue groups, the cluster is asked where each group's leader is (action 8) before
+        # the first request about a queue, and again a while after a leader failed; a client of
+        # one host sends everything there. When to ask (inf: never again).
+        self._ask_groups_at = 0.0 if len(self.hosts) > 1 else float("inf")
         _clients.add(self)
 
     # ------------------------------------------------------------------ raw requests
 
     def request(self, req: dict[str, Any]) -> dict[str, Any]:
         """Send one request; its reply if code is 0, else QueueError (redirects are followed)."""
+        if type(req.get("queue")) is str:
+            now = time.monotonic()
+            groups = self._route.groups
+            if now >= self._ask_groups_at or (groups is not None and groups.due(now)):
+                self._ask_groups(now)
         f = Failover(self._route, req, self.timeout, self.follow_redirects, self.max_redirects,
                      patience=self.timeout, now=time.monotonic())
         payload = None if self._udp else p.encode(req)
@@ -83,8 +98,9 @@ class QueueClient(ClientSettings, BlockingActions):
                     reply = self._tcp_roundtrip(attempt.addr, payload, f.timeout)
             except Lost as exc:
                 verdict = f.failed(attempt, exc)
-            except OSError as exc:  # TimeoutError among them
-                self._close()
+            except OSError as exc:  # TimeoutError among them (a TCP connection is closed by then)
+                if payload is None:
+                    self._close()
                 verdict = f.failed(attempt, exc)
             else:
                 verdict = f.replied(attempt, reply)
@@ -93,58 +109,82 @@ class QueueClient(ClientSettings, BlockingActions):
             if isinstance(verdict, QueueError):
                 raise verdict
 
+    def _ask_groups(self, now: float) -> None:
+        """Ask the cluster where each queue group's leader is (action 8 without a queue): a
+        cluster of one group says nothing of groups, and is not asked again."""
+        self._ask_groups_at = float("inf")
+        route = self._route
+        try:
+            reply = self.request({"action": p.LEADER})
+        except (QueueError, OSError):
+            self._ask_groups_at = now + REFRESH_AFTER  # the request about the queue finds out why
+            return
+        route.groups = GroupLeaders.from_reply(reply, route.address[0])
+
     def _tcp_roundtrip(self, addr: Address, payload: bytes, timeout: float) -> dict[str, Any]:
-        sock = self._sock
-        reused = sock is not None and self._sock_addr == addr
-        if not reused:
-            self._close()
-            try:
-                sock = socket.create_connection(addr, timeout=self.timeout)
-            except TimeoutError:
-                raise ConnectTimeout(f"connect timed out after {self.timeout:g} s") from None
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if self._ssl is not None:
-                sock = tls_.wrap(sock, self._ssl, addr[0])
-            self._sock, self._sock_addr, self._sock_timeout = sock, addr, self.timeout
-            self._file = sock.makefile("rb", buffering=65536)
-            if self.token is not None:
-                try:
-                    sock.sendall(p.encode(p.auth_request(self.token)))
-                    line = self._file.readline()
-                except (ConnectionError, ValueError) as exc:
-                    self._close()
-                    raise Lost(describe(exc)) from exc
-                if not line:
-                    self._close()
-                    raise Lost(tls_.closed_before_reply(self._ssl is not None))
-                try:
-                    p.check_auth_reply(p.decode_reply(line))
-                except QueueError:
-                    self._close()
-                    raise
-        assert sock is not None
-        if self._sock_timeout != timeout:
+        conn = self._conns.pop(addr, None)
+        reused = conn is not None
+        if conn is None:
+            conn = self._connect(addr)
+        sock, file, sock_timeout = conn
+        if sock_timeout != timeout:
             sock.settimeout(timeout)
-            self._sock_timeout = timeout
         try:
             sock.sendall(payload)
-            line = self._file.readline()
+            line = file.readline()
         except (ConnectionError, ValueError) as exc:  # ValueError: file of a timed-out socket
-            self._close()
+            _shut(sock, file)
             raise Lost(describe(exc), reused) from exc
+        except OSError:  # a timeout among them: the caller gives up on this node
+            _shut(sock, file)
+            raise
         if not line.endswith(b"\n"):
-            self._close()
+            _shut(sock, file)
             raise Lost("connection closed by the server" if reused or line
                        else tls_.closed_before_reply(self._ssl is not None), reused)
         try:
-            return p.decode_reply(line)
+            reply = p.decode_reply(line)
         except QueueError:
-            self._close()  # the stream can no longer be trusted
+            _shut(sock, file)  # the stream can no longer be trusted
             raise
+        self._conns[addr] = (sock, file, timeout)  # the last used last
+        while len(self._conns) > MAX_CONNECTIONS:
+            _shut(*self._conns.pop(next(iter(self._conns)))[:2])
+        return reply
+
+    def _connect(self, addr: Address) -> tuple[socket.socket, Any, float]:
+        """A new connection to `addr` (authenticated when the client has a token)."""
+        try:
+            sock = socket.create_connection(addr, timeout=self.timeout)
+        except TimeoutError:
+            raise ConnectTimeout(f"connect timed out after {self.timeout:g} s") from None
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self._ssl is not None:
+            sock = tls_.wrap(sock, self._ssl, addr[0])
+        file = sock.makefile("rb", buffering=65536)
+        if self.token is not None:
+            try:
+                sock.sendall(p.encode(p.auth_request(self.token)))
+                line = file.readline()
+            except (ConnectionError, ValueError) as exc:
+                _shut(sock, file)
+                raise Lost(describe(exc)) from exc
+            except OSError:
+                _shut(sock, file)
+                raise
+            if not line:
+                _shut(sock, file)
+                raise Lost(tls_.closed_before_reply(self._ssl is not None))
+            try:
+                p.check_auth_reply(p.decode_reply(line))
+            except QueueError:
+                _shut(sock, file)
+                raise
+        return sock, file, self.timeout
 
     def _udp_roundtrip(self, addr: Address, req: dict[str, Any], timeout: float) -> dict[str, Any]:
-        sock = self._sock
-        if sock is None or self._sock_addr != addr:
+        sock = self._udp_sock
+        if sock is None or self._udp_addr != addr:
             self._close()
             family, kind, proto, _, sockaddr = socket.getaddrinfo(addr[0], addr[1], 0, socket.SOCK_DGRAM)[0]
             sock = socket.socket(family, kind, proto)
@@ -153,7 +193,7 @@ class QueueClient(ClientSettings, BlockingActions):
             except OSError:
                 sock.close()
                 raise
-            self._sock, self._sock_addr = sock, addr
+            self._udp_sock, self._udp_addr = sock, addr
         seq = self._next_udp_seq()
         data = p.udp_datagram(req, seq, self.token)
         deadline = time.monotonic() + timeout
@@ -175,20 +215,15 @@ class QueueClient(ClientSettings, BlockingActions):
                 return p.udp_reply(reply, req)
 
     def _close(self) -> None:
-        if self._file is not None:
-            try:
-                self._file.close()
-            except OSError:
-                pass
-            self._file = None
-        if self._sock is not None:
-            self._sock.close()
-            self._sock = None
-        self._sock_addr = None
-        self._sock_timeout = None
+        conns, self._conns = self._conns, {}
+        for sock, file, _ in conns.values():
+            _shut(sock, file)
+        if self._udp_sock is not None:
+            self._udp_sock.close()
+            self._udp_sock = self._udp_addr = None
 
     def close(self) -> None:
-        """Close the connection (a later request opens a new one)."""
+        """Close the connections (a later request opens new ones)."""
         self._close()
 
     def __enter__(self) -> QueueClient:
@@ -201,3 +236,12 @@ class QueueClient(ClientSettings, BlockingActions):
         """A Subscription to one queue or a list of them: iterate it for the messages the leader
         pushes, never more than `credit` unconfirmed per queue (see client/subscribe.py)."""
         return Subscription(self, queues, credit)
+
+
+def _shut(sock: socket.socket, file: Any) -> None:
+    """Close a connection and its reader."""
+    try:
+        file.close()
+    except OSError:
+        pass
+    sock.close()

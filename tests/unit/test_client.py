@@ -472,7 +472,8 @@ def test_sync_fails_over_when_connection_refused(servers: Any) -> None:
         c.produce("q", "x")
         assert c.address == ("127.0.0.1", good.port)  # stays on the host that worked
         c.produce("q", "y")
-    assert len(good.requests) == 2
+    # (a client of several hosts first asks where queue groups' leaders are: action 8)
+    assert [r["action"] for r in good.requests] == [p.LEADER, p.PRODUCE, p.PRODUCE]
 
 
 def test_sync_no_server_available(servers: Any) -> None:
@@ -494,7 +495,8 @@ def test_sync_timeout_raises_queue_timeout(servers: Any) -> None:
 
 def test_sync_timeout_fails_over_and_may_duplicate(servers: Any) -> None:
     silent_store = FakeQueues()
-    silent = servers(lambda req, st: silent_store(req) and None)  # stores, never answers
+    # stores, never answers (but for the client's first question, where queue groups' leaders are)
+    silent = servers(lambda req, st: silent_store(req) if req.get("action") == p.LEADER else silent_store(req) and None)
     good = servers()
     with QueueClient([silent.addr, good.addr], timeout=0.2) as c:
         assert isinstance(c.produce("q", "x"), int)
@@ -1162,3 +1164,35 @@ def test_a_subscription_resends_a_refused_confirm_on_its_connection(servers: Any
         waiting.start()  # confirms the second, then waits for more
         server.wait_for(lambda: confirms() == [1, 1, 2])
     waiting.join(DEADLINE)
+
+
+def test_with_queue_groups_the_sync_client_sends_a_queue_s_requests_to_its_group_s_leader(servers: Any) -> None:
+    """Two fake nodes of a cluster with two groups, each leading one: after one action 8, each
+    request about a queue goes to its group's leader, on a connection of its own; when that
+    leader is gone, the request goes to the other node (which would forward it)."""
+    from queue_server.protocol.placement import Placement
+    placement = Placement([1, 2], 2, group_replicas=1)
+    q0, q1 = (next(f"q{i}" for i in range(100) if placement.group_of(f"q{i}") == g) for g in (0, 1))
+    stores = [FakeQueues(), FakeQueues()]
+    made: list[Any] = []
+
+    def node(i: int) -> Callable[[dict, Any], dict]:
+        def handle(req: dict, state: Any) -> dict:
+            if req.get("action") == p.LEADER:
+                rows = [{"group": g, "leader_node_id": g + 1, "leader_host": "127.0.0.1", "leader_port": made[g].port}
+                        for g in (0, 1)]
+                return echo(req, leader_node_id=1, leader_host="127.0.0.1", leader_port=made[0].port, groups=rows,
+                            placement=placement.as_dict())
+            return stores[i](req)
+        return handle
+    made += [servers(node(0)), servers(node(1))]
+    with QueueClient([made[0].addr, made[1].addr]) as c:
+        c.produce(q0, "a")
+        c.produce(q1, "b")
+        c.produce(q1, "c")
+        assert [(r["action"], r.get("queue")) for r in made[0].requests] == [(p.LEADER, None), (p.PRODUCE, q0)]
+        assert [(r["action"], r.get("queue")) for r in made[1].requests] == [(p.PRODUCE, q1), (p.PRODUCE, q1)]
+        assert made[1].connections == 1  # kept open beside node 0's
+        made[1].close()
+        c.produce(q1, "d")  # its leader is gone: through node 0
+        assert made[0].requests[-1]["queue"] == q1

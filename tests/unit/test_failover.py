@@ -290,3 +290,63 @@ def test_reconnect_pauses_until_its_patience_runs_out():
     err = r.failed(clock + 30.01, ConnectionRefusedError())
     assert isinstance(err, NoServerAvailable)
     assert err.reason == "subscribe q: no leader reachable: ConnectionRefusedError"
+
+
+# ----------------------------------------------------------------- queue groups (issue 28 step 7)
+from queue_server.client.group_leaders import REFRESH_AFTER, GroupLeaders  # noqa: E402
+from queue_server.protocol.placement import Placement  # noqa: E402
+
+GROUPED = Placement([1, 2, 3], 3)
+Q = {g: next(f"q{i}" for i in range(100) if GROUPED.group_of(f"q{i}") == g) for g in range(3)}
+
+
+def grouped_route() -> Route:
+    """A route over A, B, C that knows group g is led by the host at position g."""
+    route = Route((A, B, C))
+    route.groups = GroupLeaders(GROUPED, {0: A, 1: B, 2: C})
+    return route
+
+
+def test_a_request_about_a_queue_goes_straight_to_its_group_s_leader():
+    route = grouped_route()
+    for g, addr in enumerate((A, B, C)):
+        f = Failover(route, {"action": 1, "queue": Q[g], "data": "x"}, 5.0)
+        assert attempt(f).addr == addr
+    assert attempt(Failover(route, {"action": 4}, 5.0)).addr == A  # no queue: the route's host
+    assert route.address == A  # the route itself never moved
+
+
+def test_a_group_leader_that_fails_is_forgotten_and_the_request_goes_through_any_node():
+    route = grouped_route()
+    f = Failover(route, {"action": 1, "queue": Q[2], "data": "x"}, 5.0, now=100.0)
+    a = attempt(f)
+    assert a.addr == C and f.failed(a, ConnectionRefusedError("refused")) is NEXT
+    assert attempt(f).addr == A and route.groups.leaders == {0: A, 1: B}
+    assert not route.groups.due(100.0 + REFRESH_AFTER - 0.01) and route.groups.due(100.0 + REFRESH_AFTER)
+    f = Failover(route, {"action": 1, "queue": Q[1], "data": "x"}, 5.0)  # another group's leader stays
+    a = attempt(f)
+    assert a.addr == B
+    assert f.replied(a, {"code": -1, "reason": v.NOT_LEADING}) is AGAIN  # not leading any more
+    assert attempt(f).addr == A and 1 not in route.groups.leaders
+
+
+def test_a_redirect_moves_its_group_s_leader_and_not_the_route():
+    route = grouped_route()
+    route.groups.leaders.pop(2)
+    f = Failover(route, {"action": 1, "queue": Q[2], "data": "x"}, 5.0)
+    a = attempt(f)
+    assert a.addr == A
+    assert f.replied(a, {"code": -2, "leader_host": "b", "leader_port": 2}) is AGAIN
+    assert attempt(f).addr == B and route.groups.leaders[2] == B and route.address == A
+
+
+def test_group_leaders_are_learnt_from_action_8_and_a_cluster_of_one_group_has_none():
+    reply = {"code": 0, "groups": [{"group": 0, "leader_node_id": 1, "leader_host": "0.0.0.0", "leader_port": 1},
+                                   {"group": 1, "leader_node_id": 0, "leader_host": "", "leader_port": 0},
+                                   {"group": 2, "leader_node_id": 3, "leader_host": "c", "leader_port": 3}],
+             "placement": GROUPED.as_dict()}
+    groups = GroupLeaders.from_reply(reply, "a")
+    assert groups is not None and groups.leaders == {0: A, 2: C}  # a wildcard host: the one that answered
+    assert groups.leader_of({"action": 1, "queue": Q[2]}) == C and groups.leader_of({"action": 4}) is None
+    assert GroupLeaders.from_reply({"code": 0, "leader_node_id": 1}, "a") is None
+    assert GroupLeaders.from_reply({**reply, "placement": {"nodes": "x"}}, "a") is None
