@@ -81,8 +81,13 @@ class QueueClient(ClientSettings, BlockingActions):
             groups = self._route.groups
             if now >= self._ask_groups_at or (groups is not None and groups.due(now)):
                 self._ask_groups(now)
+        return self._request(req, self.timeout)
+
+    def _request(self, req: dict[str, Any], patience: float) -> dict[str, Any]:
+        """request(), going round the hosts again for `patience` seconds while the cluster is
+        between two leaders."""
         f = Failover(self._route, req, self.timeout, self.follow_redirects, self.max_redirects,
-                     patience=self.timeout, now=time.monotonic())
+                     patience=patience, now=time.monotonic())
         payload = None if self._udp else p.encode(req)
         while True:
             attempt = f.next(time.monotonic())
@@ -115,7 +120,7 @@ class QueueClient(ClientSettings, BlockingActions):
         self._ask_groups_at = float("inf")
         route = self._route
         try:
-            reply = self.request({"action": p.LEADER})
+            reply = self._request({"action": p.LEADER}, 0.0)  # once round the hosts: no wait for an election
         except (QueueError, OSError):
             self._ask_groups_at = now + REFRESH_AFTER  # the request about the queue finds out why
             return
