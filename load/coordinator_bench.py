@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> None:
                 if profiler:
                     profiler.disable()
                 results.append(used / len(msgs))
-                pending = getattr(node, "group0", node).pending  # a GroupNode's since the split (issue 28)
+                pending = getattr(node, "first", node).pending  # its first group's, since the split (issue 28)
                 if len(pending):
                     sys.exit(f"coordinator_bench: {len(pending)} reply batches still pending")
             finally:
