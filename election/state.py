@@ -358,11 +358,14 @@ class Election:
 
     def _broadcast_heartbeat(self, now: float, actions: list[Action]) -> None:
         self._next_heartbeat = now + self.heartbeat_interval
+        hb = self.heartbeat()
+        actions.extend(Send(p, hb) for p in self.peers)
+
+    def heartbeat(self) -> Heartbeat:
+        """This node's heartbeat in its current term: where its log ends and is committed."""
         commit = self.log.commit_trans_id
         commit_vote = self.log.term_at(commit) or 0  # always known: the log keeps its commit point
-        hb = Heartbeat(self._vote_id, self.node_id, commit, commit_vote,
-                       self.log.last_trans_id, self.log.last_vote_id)
-        actions.extend(Send(p, hb) for p in self.peers)
+        return Heartbeat(self._vote_id, self.node_id, commit, commit_vote, self.log.last_trans_id, self.log.last_vote_id)
 
     def _ack(self) -> HeartbeatAck:
         return HeartbeatAck(self._vote_id, self.node_id, self.log.last_trans_id, self.log.last_vote_id)

@@ -230,6 +230,11 @@ class GiveBack(PeerMessage):
     msg_ids: tuple[int, ...]
     delivery_counts: tuple[int, ...]  # of the undelivered delivery, one per msg_id
 
+    @classmethod
+    def of(cls, vote_id: int, src: int, queue: str, given: list[list[int]]) -> "GiveBack":
+        """The give-back of `given` ([msg_id, delivery_count] each) of `queue`."""
+        return cls(vote_id, src, queue, tuple(m[0] for m in given), tuple(m[1] for m in given))
+
 
 # ------------------------------------------------------------------ recovery
 

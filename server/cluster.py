@@ -419,8 +419,7 @@ class ClusterNode:
             return
         remote = self.remote.get(g)
         if remote is not None and remote.leader_id is not None:
-            remote.to_peers.append((remote.leader_id, GiveBack(
-                remote.vote_id, self.node_id, queue, tuple(m[0] for m in given), tuple(m[1] for m in given))))
+            remote.to_peers.append((remote.leader_id, GiveBack.of(remote.vote_id, self.node_id, queue, given)))
             return
         if len(self.held_undelivered) < HELD_GIVE_BACKS:
             self.held_undelivered.append((queue, given))

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from queue_server.config.loader import NodeConfig
 from queue_server.election.messages import (
-    BecomeCandidate, BecomeFollower, BecomeLeader, Heartbeat, PersistVote, Send, TransferAborted,
+    BecomeCandidate, BecomeFollower, BecomeLeader, PersistVote, Send, TransferAborted,
 )
 from queue_server.election.balance import Balance
 from queue_server.election.state import Election
@@ -237,9 +237,7 @@ class GroupNode:
         """On the leader, each heartbeat: tell the nodes that are no replicas of the group that
         it leads, with a Heartbeat (a non-replica answers none)."""
         self._told_at = now
-        vote_id, log = self.election.vote_id, self.log
-        commit = log.commit_trans_id
-        told = Heartbeat(vote_id, self.node_id, commit, log.term_at(commit) or 0, log.last_trans_id, log.last_vote_id)
+        told = self.election.heartbeat()
         self.to_peers.extend((node, told) for node in self.others)
 
     def ready(self, to_workers: tuple, to_acceptor: tuple, to_peers: tuple) -> Ready:
@@ -377,8 +375,7 @@ class GroupNode:
         if self.leader is not None and self.fence_epoch != self.epoch:
             self.out.workers.append((self.host.router.worker_for(queue), ipc_frames.undeliver_frames(queue, given, self.group)))
         elif self.leader is None and self.election.leader_id is not None:
-            self.to_peers.append((self.election.leader_id, GiveBack(
-                self.election.vote_id, self.node_id, queue, tuple(m[0] for m in given), tuple(m[1] for m in given))))
+            self.to_peers.append((self.election.leader_id, GiveBack.of(self.election.vote_id, self.node_id, queue, given)))
         else:
             return False
         return True
