@@ -384,28 +384,28 @@ class ClusterNode:
                 queue = request.get("queue") if type(request) is dict else None
                 by_group.setdefault(group_of(queue) if type(queue) is str else self.first_group, []).append(item)
         for g, some in by_group.items():
-            group = self.groups.get(g)
-            if group is None:
-                self._forward_remote(self.remote[g], some, now)
-                continue
-            redirect = None if self.config.forward_request else node_status.leader_fields(self, group)
-            self.carry(group.forwarding.on_requests(some, now, leading=group.leader is not None,
-                                                    leader=group.election.leader_id, vote_id=group.election.vote_id,
-                                                    redirect=redirect), group)
+            self._pass_on(g, some, now)
 
-    def _forward_remote(self, remote: RemoteGroup, items: list, now: float, client: bool = True) -> None:
-        """Requests of a group this node is no replica of: to its leader, as a follower's (a
+    def _pass_on(self, g: int, items: list, now: float, client: bool = True) -> None:
+        """Requests of group g: served here when this node leads g, else sent to g's leader (a
         client's is redirected there instead when forward_request is off)."""
-        redirect = None if self.config.forward_request or not client else node_status.leader_fields(self, remote)
-        self.carry(remote.forwarding.on_requests(items, now, leading=False, leader=remote.leader_id,
-                                                 vote_id=remote.vote_id, redirect=redirect), remote)
+        group = self.groups.get(g)
+        if group is not None:
+            leading, leader, vote_id = group.leader is not None, group.election.leader_id, group.election.vote_id
+        else:  # a group this node is no replica of
+            group = self.remote[g]
+            leading, leader, vote_id = False, group.leader_id, group.vote_id
+        redirect = None if self.config.forward_request or not client else node_status.leader_fields(self, group)
+        self.carry(group.forwarding.on_requests(items, now, leading=leading, leader=leader, vote_id=vote_id,
+                                                redirect=redirect), group)
 
     def _gather_remote(self, item: tuple, now: float) -> None:
-        """A monitor or list of every queue needs group g's part, and this node is no replica of
-        g: ask g's leader (which answers for g alone, as for any forwarded scattered request);
-        its reply comes back as a part (gather_part)."""
+        """A monitor or list of every queue needs group g's part from g's leader: this node's
+        own workers when it leads g after all (the acceptor saw it follow), else the leader's,
+        which answers for g alone as for any forwarded scattered request. The reply comes back
+        as a part (Gatherer.answered)."""
         origin, req_no, request, tag, g = item
-        self._forward_remote(self.remote[g], [(self.gatherer.ask(tag), req_no, request)], now, client=False)
+        self._pass_on(g, [(self.gatherer.ask(tag), req_no, request)], now, client=False)
 
     def on_undelivered(self, queue: str, given: list[list[int]]) -> None:
         """The messages of a consume reply that could not be delivered ([msg_id, delivery_count]
@@ -510,7 +510,9 @@ class ClusterNode:
         """Answer the scattered requests whose every part is in (Gatherer.add's), through `via`'s
         Forwarding; a group's recovery count goes to that group instead."""
         finished = []
-        for origin, req_no, request, parts in gathered:
+        gathered = list(gathered)
+        while gathered:
+            origin, req_no, request, parts = gathered.pop()
             if origin.node == RECOVERY_ORIGIN.node:  # a group's recovery count: its number is the conn
                 merged = gather.merge(request, parts, {})
                 counted = self.groups[origin.conn]
@@ -521,12 +523,18 @@ class ClusterNode:
             queue = request.get("queue")
             if self.grouped and type(queue) is str:  # a queue's monitor says its group
                 fields["group"] = self.placement.group_of(queue)
-            finished.append((origin, req_no, gather.merge(request, parts, fields)))
+            merged = gather.merge(request, parts, fields)
+            if origin.node == gather.GATHER_NODE:  # a group's part of this node's own scattered request
+                outer = self.gatherer.answered(origin, merged)
+                if outer is not None:
+                    gathered.append(outer)
+                continue
+            finished.append((origin, req_no, merged))
         if finished:
             self.carry(via.forwarding.release(*replies.encode(finished), via.election.vote_id), via)
 
     def _gathered_parts(self, header: bytes, blob: bytes) -> tuple[bytes, bytes] | None:
-        """Of replies a RemoteGroup delivers: those that are parts of this node's scattered
+        """Of replies a group's Forwarding delivers: those that are parts of this node's scattered
         requests (_gather_remote) go to the Gatherer; the rest (None if none) to the acceptor."""
         rows = list(replies.decode(header, blob))
         done, rest = self.gatherer.take_answers(rows)
@@ -562,7 +570,7 @@ class ClusterNode:
         for a in actions:
             kind = type(a)
             if kind is Deliver:
-                if self.gatherer.asked and type(group) is RemoteGroup:
+                if self.gatherer.asked:
                     rest = self._gathered_parts(a.header, a.blob)
                     if rest is not None:
                         out.acceptor.append(ipc_frames.rep_frames(*rest))

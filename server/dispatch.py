@@ -70,16 +70,14 @@ class Dispatch:
         # (ClusterNode._view), its requests per worker (group 0's are `pending`), and which group
         # each queue is in. None with one group: the node's fields above are all there is.
         self.placement = placement if placement is not None and placement.queue_groups > 1 else None
-        # Pending requests are kept for the groups this node's workers hold; the others'
-        # (`remote`) always go to their leader.
+        # Pending requests are kept for the groups this node's workers hold; the others' always
+        # go to their leader.
         self.views: dict[int, dict[str, Any]] | None = None
         self.group_pending: dict[int, list[list]] = {0: self.pending}
-        self.remote: tuple[int, ...] = ()
         if self.placement is not None:
             self.views = {g: {"role": NONE, "epoch": 0, **leader} for g in range(self.placement.queue_groups)}
             own = self.placement.groups_of(node_id)
             self.group_pending = {g: self.pending if g == own[0] else [[] for _ in range(router.workers)] for g in own}
-            self.remote = tuple(g for g in range(self.placement.queue_groups) if g not in own)
         self.forwarding: list = []
         # Long polls of this node's TCP and HTTP clients parked on the leader, by connection and
         # req_no: (origin, request). A stopping node answers them itself (end_forwarded_polls).
@@ -179,11 +177,16 @@ class Dispatch:
 
     def route(self, action: int, value: dict, origin: Origin, req_no: int, group: int | None = None) -> None:
         """Queue the request for the worker(s) that serve it: of `group`; None: of the only
-        group, or with queue groups a request of every queue, for each group the workers hold
-        (and, but for a local one, a part from the leader of each group they do not hold,
-        asked through the coordinator)."""
+        group, or with queue groups a request of every queue. A local one (local monitor or
+        list) takes a part from every group the workers hold; any other one a part from each
+        group's leader, as with one group a follower asks the leader: these workers' for the
+        groups this node leads, the others asked of their leaders through the coordinator."""
         groups = self.group_pending if group is None else {group: self.group_pending[group]}
-        remote = self.remote if group is None and action not in p.LOCAL_ACTIONS else ()
+        remote: tuple[int, ...] = ()
+        if group is None and self.views is not None and action not in p.LOCAL_ACTIONS:
+            views = self.views
+            groups = {g: pending for g, pending in groups.items() if views[g]["role"] == LEADER}
+            remote = tuple(g for g in views if g not in groups)
         plan = self.router.plan(action, value, origin, req_no, len(groups), len(remote))
         if type(plan) is str:
             self.reply(origin, req_no, p.error_reply(value, plan, self.node_id))

@@ -51,12 +51,15 @@ class Gatherer:
             if row[0].node != GATHER_NODE:
                 rest.append(row)
                 continue
-            tag = self.asked.pop(row[0].conn, None)
-            if tag is not None:
-                finished = self.add(tag, part_of(orjson.loads(row[2])))
-                if finished is not None:
-                    done.append(finished)
+            finished = self.answered(row[0], orjson.loads(row[2]))
+            if finished is not None:
+                done.append(finished)
         return done, rest
+
+    def answered(self, origin: Origin, reply: dict) -> tuple[Origin, int, dict, list[dict]] | None:
+        """The reply to ask() that returned `origin`, added as a part (what add() returns)."""
+        tag = self.asked.pop(origin.conn, None)
+        return None if tag is None else self.add(tag, part_of(reply))
 
     def add(self, gather: list, part: dict) -> tuple[Origin, int, dict, list[dict]] | None:
         """Add one worker's part. `gather` is [gather_id, origin (wire form), req_no, expected,

@@ -578,10 +578,11 @@ class Cluster:
         """Wait until every other node relays a request to `leader` and brings its reply back
         (a follower learns who leads from the leader's messages, but forwards over its own link
         to the leader, which may still be connecting). The probe is a node-wide monitor (action
-        4): forwarded, answered by the leader, no side effect."""
+        4): forwarded, answered by the leader, no side effect. With queue groups each group's
+        part is answered by the group's leader: the monitor answers (code 0) once they all do."""
         def relays(node_id: int) -> bool:
             reply = self.ask(node_id, {"action": 4})
-            return bool(reply) and reply.get("code") == 0 and reply.get("node_id") == leader
+            return bool(reply) and reply.get("code") == 0 and (reply.get("node_id") == leader or "groups" in reply)
         for node_id in self.nodes:
             if node_id != leader:
                 wait_for(lambda: relays(node_id), timeout, f"node {node_id} to relay requests to node {leader}")

@@ -355,15 +355,35 @@ def test_with_queue_groups_only_the_group_that_stopped_leading_is_fenced():
     assert sorted((ipc_frames.read_fence(f)[0], ipc_frames.group_of(f)) for f in fences) == [(7, 1)] * WORKERS
 
 
-def test_with_queue_groups_a_list_of_every_queue_gathers_each_group_from_every_worker():
+def test_with_queue_groups_a_local_list_gathers_each_group_from_every_worker():
     d = GroupDispatch()
     d.groups((LEADER, 4, NODE), (FOLLOWER, 7, 2), (FOLLOWER, 2, 3))
-    d.submit(Origin(7), 0, {"action": p.LIST})
+    d.submit(Origin(7), 0, {"action": p.LOCAL_LIST})
     d.flush_requests()
     sent = sorted((index, ipc_frames.group_of(frames), ipc_frames.req_epoch(frames)) for index, frames in d.sent)
     assert sent == sorted((i, g, e) for i in range(WORKERS) for g, e in ((0, 4), (1, 7), (2, 2)))
     tags = {(item[3][0], item[3][2], item[3][3]) for _, frames in d.sent for item in ipc_frames.read_req(frames)}
     assert tags == {(tags.copy().pop()[0], 0, WORKERS * GROUPS)}  # one gather, a part per worker and group
+
+
+@pytest.mark.parametrize("action", [p.LIST, p.MONITOR])
+def test_with_queue_groups_a_list_or_monitor_of_every_queue_takes_each_group_from_its_leader(action):
+    """As one group's follower asks the leader: a copy this node follows may trail the leader's
+    (a list through it would miss the queues made since), so only the groups it leads are its
+    workers' to answer; the others are asked of their leaders through the coordinator."""
+    d = GroupDispatch()
+    d.groups((FOLLOWER, 4, 2), (LEADER, 7, NODE), (FOLLOWER, 2, 3))
+    d.submit(Origin(7), 0, {"action": action})
+    d.flush_requests()
+    reqs = [(index, frames) for index, frames in d.sent if index != TO_COORDINATOR]
+    assert sorted((index, ipc_frames.group_of(frames), ipc_frames.req_epoch(frames)) for index, frames in reqs) == [
+        (i, 1, 7) for i in range(WORKERS)]
+    ((_, forward),) = [s for s in d.sent if s[0] == TO_COORDINATOR]
+    asked = ipc_frames.read_forward(forward)
+    assert [item[4] for item in asked] == [0, 2]
+    tag = asked[0][3]
+    assert tag[3] == WORKERS + 2 and all(item[3] == tag for item in asked)
+    assert all(item[3] == tag for _, frames in reqs for item in ipc_frames.read_req(frames))
 
 
 def test_with_queue_groups_an_action_by_name_goes_to_its_queue_s_group_only():
@@ -377,8 +397,6 @@ def test_with_queue_groups_an_action_by_name_goes_to_its_queue_s_group_only():
         (d.router.worker_for(q1), 1, 7)]  # once, in its group: not once per group
     [(_, no, answer)] = d.answers
     assert (no, answer["code"], answer["reason"]) == (1, p.CODE_ERROR, "action: unknown")
-
-
 
 
 def test_a_list_of_every_queue_asks_the_leader_of_each_group_this_node_holds_no_copy_of():
