@@ -41,6 +41,7 @@ class Storage:
         owner holds group 0's Storage). `fsync` is the policy (always, everysec, no);
         wal_opener and wal_fsync stand in for the log's file and os.fsync (tests, faults)."""
         self.log = log or logging.getLogger(__name__)
+        self.prefix = ""  # of its lines: "group g: " on a node of several groups (GroupDisks.attach)
         self.datadir = DataDir(path, group)
         self.repair = repair
         self.policy = SyncPolicy(fsync)
@@ -110,11 +111,11 @@ class Storage:
                     self.policy.synced(now)
         except StorageError as exc:
             if not self.failed:
-                self.log.error("storage unavailable: %s", exc)
+                self.log.error("%sstorage unavailable: %s", self.prefix, exc)
             self.failed = True
             raise
         if self.failed:
-            self.log.warning("storage available again")
+            self.log.warning("%sstorage available again", self.prefix)
             self.failed = False
         return wal.synced_trans_id if self.policy.mode == "always" else wal.flushed_trans_id
 
@@ -161,8 +162,8 @@ class Storage:
         self.valid_at = trans_id
         kept = snapshot_trans_ids(self.snapshot_dir)
         removed = self.wal.remove_segments_before(kept[0]) if kept and self.wal is not None else 0
-        self.log.info("snapshot at trans_id %d written (%d parts, %d messages%s); %d old log segments removed",
-                      trans_id, len(parts), sum(p.get("messages", 0) for p in parts), f"; {how}" if how else "",
+        self.log.info("%ssnapshot at trans_id %d written (%d parts, %d messages%s); %d old log segments removed",
+                      self.prefix, trans_id, len(parts), sum(p.get("messages", 0) for p in parts), f"; {how}" if how else "",
                       removed)
 
     def snapshot_source(self) -> SnapshotSource | None:
@@ -173,7 +174,7 @@ class Storage:
         try:
             return SnapshotSource(*manifest_files(os.path.join(self.snapshot_dir, snapshot_name(self.valid_at))))
         except (OSError, ValueError) as exc:
-            self.log.warning("cannot stream the snapshot at trans_id %d to followers: %s", self.valid_at, exc)
+            self.log.warning("%scannot stream the snapshot at trans_id %d to followers: %s", self.prefix, self.valid_at, exc)
             return None
 
     def abort_snapshot(self, tmp: str) -> None:
@@ -186,5 +187,5 @@ class Storage:
             try:
                 self.wal.close()
             except StorageError as exc:
-                self.log.error("could not write the log's last records: %s", exc)
+                self.log.error("%scould not write the log's last records: %s", self.prefix, exc)
         self.datadir.close()

@@ -68,6 +68,7 @@ class GroupDisks:
         self.grouped = node.grouped
         for g, storage in self.storages.items():
             if storage is not None:
+                storage.prefix = of_group(g, self.grouped)
                 node.set_wal_from(storage.wal_from, g)  # a follower behind the log is fed from the WAL
             self.transfers[g] = Transfers(node.groups[g], storage, self.snapshot_dirs[g], self.log)
 
