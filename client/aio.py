@@ -1,4 +1,5 @@
-"""The asyncio client: pipelined requests on one TCP connection, or UDP datagrams matched by seq."""
+"""The asyncio client: pipelined requests on one TCP connection (and, with queue groups, one to
+each group leader it goes to straight), or UDP datagrams matched by seq."""
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +16,7 @@ from .calls import AsyncActions
 from .credentials import TokenOption
 from .errors import ConnectTimeout, QueueError
 from .failover import DONE, NEXT, Drop, Failover, Lost
+from .group_leaders import GroupLeaders, LeaderLookup
 from .protocol import Address
 from .settings import ClientSettings
 from .subscribe import AsyncSubscription
@@ -23,6 +25,23 @@ from .subscribe import AsyncSubscription
 def _waiting(fut: asyncio.Future[Any]) -> bool:
     """Whether a caller still waits for its reply (not cancelled, not timed out)."""
     return not fut.done()
+
+
+async def _exchange(conn: _Conn, payload: bytes, timeout: float, reused: bool) -> dict[str, Any]:
+    """One request on `conn`, its reply; Lost says whether the connection was `reused`."""
+    try:
+        fut = conn.send(payload, timeout)
+        if conn.busy:
+            await conn.drain()
+        return await fut
+    except Lost as exc:
+        raise Lost(str(exc), reused) from None
+
+
+# The most connections kept open to group leaders (queue groups), the least recently used closed first.
+MAX_DIRECT_CONNECTIONS = 16
+# The epoch of a connection to a group's leader: it serves that leader, whatever the route does.
+DIRECT_EPOCH = -1
 
 
 class _Moved(Exception):
@@ -287,6 +306,13 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
         self._wait_busy: set[_Conn] = set()
         self._udp_ep: _Udp | None = None
         self._connect_lock: asyncio.Lock | None = None
+        # With queue groups: when to ask where each group's leader is, and a connection to each
+        # leader a request went to straight (the last used last). Over UDP the one endpoint
+        # follows the route: requests go the way any request goes.
+        self._lookup = LeaderLookup(0 if self._udp else len(self.hosts))
+        self._direct: dict[Address, _Conn] = {}
+        self._direct_locks: dict[Address, asyncio.Lock] = {}
+        self._asking: asyncio.Future[None] | None = None  # the ask under way
 
     def _settings(self) -> dict[str, Any]:
         return {**super()._settings(), "max_idle_wait_connections": self.max_idle_wait_connections,
@@ -380,11 +406,18 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
 
     # ------------------------------------------------------------------ one request
 
-    async def _send(self, req: dict[str, Any]) -> dict[str, Any]:
-        """Send `req` as it is: its reply if code is 0, else QueueError."""
+    async def _send(self, req: dict[str, Any], patience: float | None = None) -> dict[str, Any]:
+        """Send `req` as it is: its reply if code is 0, else QueueError. While the cluster is
+        between two leaders, it goes round the hosts again for `patience` seconds (None: the
+        client's timeout)."""
         loop = asyncio.get_running_loop()
+        asking = self._asking
+        if asking is None and self._lookup.due(req, self._route.groups, loop.time()):
+            asking = self._asking = asyncio.ensure_future(self._ask_groups())
+        if asking is not None and type(req.get("queue")) is str:  # calls made meanwhile wait for the answer too
+            await asyncio.shield(asking)
         f = Failover(self._route, req, self.timeout, self.follow_redirects, self.max_redirects,
-                     patience=self.timeout, now=loop.time())
+                     patience=self.timeout if patience is None else patience, now=loop.time())
         payload = None if self._udp else p.encode(req)
         gen = self._close_gen
         while True:
@@ -399,11 +432,14 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
             if attempt.drop:
                 self._drop_connections(abort=attempt.drop is Drop.CLOSE)
             addr, epoch = attempt.addr, attempt.epoch
+            direct = payload is not None and addr != self._route.address  # to its group's leader
             try:
                 if payload is None:
                     reply = await self._udp_roundtrip(addr, epoch, req, f.wait)
                 elif f.wait > 0:
                     reply = await self._wait_roundtrip(addr, epoch, payload, f.wait)
+                elif direct:
+                    reply = await self._direct_roundtrip(addr, payload)
                 else:
                     reply = await self._roundtrip(addr, epoch, payload)
             except _Moved:
@@ -411,6 +447,8 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
             except (Lost, OSError) as exc:  # TimeoutError among them
                 if gen != self._close_gen:
                     raise QueueError(p.CODE_ERROR, "client closed") from None
+                if direct:
+                    self._drop_direct(addr)
                 verdict = f.failed(attempt, exc)
             else:
                 verdict = f.replied(attempt, reply)
@@ -420,6 +458,41 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
                     raise QueueError(p.CODE_ERROR, "client closed") from None
             if isinstance(verdict, QueueError):
                 raise verdict
+
+    async def _ask_groups(self) -> None:
+        """Ask the cluster where each queue group's leader is (action 8 without a queue)."""
+        try:
+            reply = await self._send({"action": p.LEADER}, 0.0)  # once round the hosts: no wait for an election
+        except (QueueError, OSError):
+            self._lookup.unanswered(asyncio.get_running_loop().time())
+            return
+        else:
+            self._route.groups = GroupLeaders.from_reply(reply, self._route.address[0])
+        finally:
+            self._asking = None
+
+    async def _direct_roundtrip(self, addr: Address, payload: bytes) -> dict[str, Any]:
+        """One request on the connection to a group's leader at `addr` (opened if need be)."""
+        conn = self._direct.pop(addr, None)
+        reused = conn is not None and not conn.closed
+        if not reused:
+            lock = self._direct_locks.setdefault(addr, asyncio.Lock())
+            async with lock:  # one connect at a time to one leader
+                conn = self._direct.pop(addr, None)
+                if conn is None or conn.closed:
+                    conn = await self._open(addr, DIRECT_EPOCH)
+        assert conn is not None
+        self._direct[addr] = conn  # the last used last
+        while len(self._direct) > MAX_DIRECT_CONNECTIONS:
+            self._direct.pop(next(iter(self._direct))).retire()
+        return await _exchange(conn, payload, self.timeout, reused)
+
+    def _drop_direct(self, addr: Address) -> None:
+        """A request straight to the leader at `addr` failed: close its connection now (calls
+        waiting on it go the way any request goes)."""
+        conn = self._direct.pop(addr, None)
+        if conn is not None:
+            conn.abort()
 
     def _drop_connections(self, abort: bool) -> None:
         """The route moved on: close the old host's connections now, or once their replies came."""
@@ -477,33 +550,25 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
 
     async def _roundtrip(self, addr: Address, epoch: int, payload: bytes) -> dict[str, Any]:
         conn, reused = await self._main_conn(addr, epoch)
-        try:
-            fut = conn.send(payload, self.timeout)
-            if conn.busy:
-                await conn.drain()
-            return await fut
-        except Lost as exc:
-            raise Lost(str(exc), reused) from None
+        return await _exchange(conn, payload, self.timeout, reused)
 
     async def _wait_roundtrip(self, addr: Address, epoch: int, payload: bytes, wait: float) -> dict[str, Any]:
         conn = None
         reused = False
-        while self._wait_idle:
-            idle = self._wait_idle.pop()
-            if not idle.closed and idle.epoch == epoch:
-                conn, reused = idle, True
+        idle_conns = self._wait_idle
+        for i in range(len(idle_conns) - 1, -1, -1):  # the last kept first
+            idle = idle_conns[i]
+            if idle.closed or idle.epoch != epoch:
+                del idle_conns[i]
+                idle.close()
+            elif idle.addr == addr:  # (with queue groups, idle ones to several leaders)
+                conn, reused = idle_conns.pop(i), True
                 break
-            idle.close()
         if conn is None:
             conn = await self._open(addr, epoch)
         self._wait_busy.add(conn)
         try:
-            fut = conn.send(payload, self.timeout + wait)
-            if conn.busy:
-                await conn.drain()
-            return await fut
-        except Lost as exc:
-            raise Lost(str(exc), reused) from None
+            return await _exchange(conn, payload, self.timeout + wait, reused)
         finally:
             self._wait_busy.discard(conn)
             if (
@@ -549,6 +614,9 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
         self._fail_waiting_batches()
         self._route.renew()
         self._drop_connections(abort=True)
+        for conn in self._direct.values():
+            conn.abort()
+        self._direct.clear()
         for conn in list(self._wait_busy):
             conn.abort()
         self._wait_busy.clear()

@@ -72,3 +72,30 @@ class GroupLeaders:
     def due(self, now: float) -> bool:
         """Whether to ask the cluster again (a leader was forgotten a while ago)."""
         return self.refresh_at is not None and now >= self.refresh_at
+
+
+class LeaderLookup:
+    """When a client asks the cluster where each group's leader is (action 8 without a queue):
+    before its first request about a queue, and again REFRESH_AFTER a leader was forgotten. A
+    client of one host sends everything there and never asks; nor does one that found the
+    cluster has one group. One ask at a time: requests made meanwhile go the usual way."""
+
+    def __init__(self, hosts: int) -> None:
+        self.ask_at = 0.0 if hosts > 1 else float("inf")
+
+    def due(self, req: dict[str, Any], groups: GroupLeaders | None, now: float) -> bool:
+        """Whether to ask now, before sending `req`; if so the ask has begun: its reply makes the
+        route's GroupLeaders (from_reply), or no node answered (unanswered)."""
+        if type(req.get("queue")) is not str:
+            return False
+        if now < self.ask_at and (groups is None or not groups.due(now)):
+            return False
+        self.ask_at = float("inf")
+        if groups is not None:
+            groups.refresh_at = None
+        return True
+
+    def unanswered(self, now: float) -> None:
+        """No node answered the ask: again after REFRESH_AFTER (the request about the queue
+        finds out why)."""
+        self.ask_at = now + REFRESH_AFTER

@@ -15,7 +15,7 @@ from .calls import BlockingActions
 from .credentials import TokenOption
 from .errors import ConnectTimeout, QueueError
 from .failover import DONE, Failover, Lost, describe
-from .group_leaders import REFRESH_AFTER, GroupLeaders
+from .group_leaders import GroupLeaders, LeaderLookup
 from .protocol import Address
 from .settings import ClientSettings
 from .subscribe import Subscription
@@ -66,21 +66,16 @@ class QueueClient(ClientSettings, BlockingActions):
         self._conns: dict[Address, tuple[socket.socket, Any, float]] = {}
         self._udp_sock: socket.socket | None = None
         self._udp_addr: Address | None = None
-        # With queue groups, the cluster is asked where each group's leader is (action 8) before
-        # the first request about a queue, and again a while after a leader failed; a client of
-        # one host sends everything there. When to ask (inf: never again).
-        self._ask_groups_at = 0.0 if len(self.hosts) > 1 else float("inf")
+        # With queue groups: when to ask the cluster where each group's leader is.
+        self._lookup = LeaderLookup(len(self.hosts))
         _clients.add(self)
 
     # ------------------------------------------------------------------ raw requests
 
     def request(self, req: dict[str, Any]) -> dict[str, Any]:
         """Send one request; its reply if code is 0, else QueueError (redirects are followed)."""
-        if type(req.get("queue")) is str:
-            now = time.monotonic()
-            groups = self._route.groups
-            if now >= self._ask_groups_at or (groups is not None and groups.due(now)):
-                self._ask_groups(now)
+        if self._lookup.due(req, self._route.groups, time.monotonic()):
+            self._ask_groups()
         return self._request(req, self.timeout)
 
     def _request(self, req: dict[str, Any], patience: float) -> dict[str, Any]:
@@ -114,17 +109,14 @@ class QueueClient(ClientSettings, BlockingActions):
             if isinstance(verdict, QueueError):
                 raise verdict
 
-    def _ask_groups(self, now: float) -> None:
-        """Ask the cluster where each queue group's leader is (action 8 without a queue): a
-        cluster of one group says nothing of groups, and is not asked again."""
-        self._ask_groups_at = float("inf")
-        route = self._route
+    def _ask_groups(self) -> None:
+        """Ask the cluster where each queue group's leader is (action 8 without a queue)."""
         try:
             reply = self._request({"action": p.LEADER}, 0.0)  # once round the hosts: no wait for an election
         except (QueueError, OSError):
-            self._ask_groups_at = now + REFRESH_AFTER  # the request about the queue finds out why
+            self._lookup.unanswered(time.monotonic())
             return
-        route.groups = GroupLeaders.from_reply(reply, route.address[0])
+        self._route.groups = GroupLeaders.from_reply(reply, self._route.address[0])
 
     def _tcp_roundtrip(self, addr: Address, payload: bytes, timeout: float) -> dict[str, Any]:
         conn = self._conns.pop(addr, None)

@@ -5,12 +5,13 @@ action 8 and monitor say which node leads which group; each group keeps its own 
 snapshots in the data dir, and a restart of every node brings every group's messages back."""
 from __future__ import annotations
 
+import asyncio
 import glob
 import os
 import re
 import threading
 
-from queue_server.client import QueueClient
+from queue_server.client import AsyncQueueClient, QueueClient
 from queue_server.protocol.placement import Placement
 from tests.harness import Cluster, wait_for
 
@@ -91,6 +92,14 @@ def test_three_groups_elect_serve_through_any_node_snapshot_and_recover(tmp_path
         listed = cluster.ask(3, {"action": 7})
         assert listed is not None and listed["code"] == 0
         assert sorted(listed["queue_list"]) == sorted(QUEUES)
+
+        async def through_async_client() -> list:  # straight to each group's leader (client/aio.py)
+            async with AsyncQueueClient(cluster.hosts, timeout=5) as client:
+                await asyncio.gather(*(client.produce(q, f"async {q}", retry=60) for q in QUEUES[:6]))
+                got = await asyncio.gather(*(client.consume(q) for q in QUEUES[:6]))
+                await asyncio.gather(*(client.confirm(q, m.msg_id) for q, m in zip(QUEUES[:6], got) if m))
+                return [m.data if m else None for m in got]
+        assert asyncio.run(through_async_client()) == [f"async {q}" for q in QUEUES[:6]]
         # Enough records in every group for its own snapshots (snapshot_every 40), then more after.
         for round_ in range(3):
             for q in QUEUES:

@@ -825,7 +825,8 @@ def test_async_redirect_and_failover(servers: Any, run: Any) -> None:
             assert info.value.code == -2
 
     run(go())
-    assert len(leader.requests) == 20
+    # (first the cluster is asked where the leaders of its queue groups are: it has none)
+    assert [r["action"] for r in leader.requests] == [p.LEADER] + [p.PRODUCE] * 20
 
 
 def test_async_timeout_and_failover_on_timeout(servers: Any, run: Any) -> None:
@@ -841,7 +842,7 @@ def test_async_timeout_and_failover_on_timeout(servers: Any, run: Any) -> None:
             assert len(set(results)) == 5
 
     run(go())
-    assert len(good.requests) == 5
+    assert [r["action"] for r in good.requests] == [p.LEADER] + [p.PRODUCE] * 5
 
 
 def test_async_long_poll_uses_its_own_connection(servers: Any, run: Any) -> None:
@@ -874,7 +875,7 @@ def test_async_connection_lost_retries_on_next_host(servers: Any, run: Any) -> N
     good = servers()
 
     def drop_after_all_arrived(req: dict, st: dict) -> Any:
-        st["n"] = st.get("n", 0) + 1
+        st["n"] = st.get("n", 0) + (req.get("action") == p.PRODUCE)
         return CLOSE if st["n"] == 10 else None
 
     dropping = servers(drop_after_all_arrived)
@@ -885,7 +886,7 @@ def test_async_connection_lost_retries_on_next_host(servers: Any, run: Any) -> N
             assert len(set(ids)) == 10
 
     run(go())
-    assert sorted(r["data"] for r in good.requests) == sorted(str(i) for i in range(10))
+    assert sorted(r["data"] for r in good.requests if r["action"] == p.PRODUCE) == sorted(str(i) for i in range(10))
 
 
 def test_async_close_fails_pending_calls(servers: Any, run: Any) -> None:
@@ -1166,10 +1167,9 @@ def test_a_subscription_resends_a_refused_confirm_on_its_connection(servers: Any
     waiting.join(DEADLINE)
 
 
-def test_with_queue_groups_the_sync_client_sends_a_queue_s_requests_to_its_group_s_leader(servers: Any) -> None:
-    """Two fake nodes of a cluster with two groups, each leading one: after one action 8, each
-    request about a queue goes to its group's leader, on a connection of its own; when that
-    leader is gone, the request goes to the other node (which would forward it)."""
+def _two_group_nodes(servers: Any) -> tuple[list[Any], str, str]:
+    """Two fake nodes of a cluster with two groups, node 1 leading group 0 and node 2 group 1
+    (action 8 says so), each serving any queue; and a queue of each group."""
     from queue_server.protocol.placement import Placement
     placement = Placement([1, 2], 2, group_replicas=1)
     q0, q1 = (next(f"q{i}" for i in range(100) if placement.group_of(f"q{i}") == g) for g in (0, 1))
@@ -1186,13 +1186,48 @@ def test_with_queue_groups_the_sync_client_sends_a_queue_s_requests_to_its_group
             return stores[i](req)
         return handle
     made += [servers(node(0)), servers(node(1))]
+    return made, q0, q1
+
+
+def _asked(server: Any) -> list[tuple[Any, Any]]:
+    return [(r["action"], r.get("queue")) for r in server.requests]
+
+
+def test_with_queue_groups_the_sync_client_sends_a_queue_s_requests_to_its_group_s_leader(servers: Any) -> None:
+    """After one action 8, each request about a queue goes to its group's leader, on a
+    connection of its own; when that leader is gone, the request goes to the other node (which
+    would forward it)."""
+    made, q0, q1 = _two_group_nodes(servers)
     with QueueClient([made[0].addr, made[1].addr]) as c:
         c.produce(q0, "a")
         c.produce(q1, "b")
         c.produce(q1, "c")
-        assert [(r["action"], r.get("queue")) for r in made[0].requests] == [(p.LEADER, None), (p.PRODUCE, q0)]
-        assert [(r["action"], r.get("queue")) for r in made[1].requests] == [(p.PRODUCE, q1), (p.PRODUCE, q1)]
+        assert _asked(made[0]) == [(p.LEADER, None), (p.PRODUCE, q0)]
+        assert _asked(made[1]) == [(p.PRODUCE, q1), (p.PRODUCE, q1)]
         assert made[1].connections == 1  # kept open beside node 0's
         made[1].close()
         c.produce(q1, "d")  # its leader is gone: through node 0
         assert made[0].requests[-1]["queue"] == q1
+
+
+def test_with_queue_groups_the_async_client_sends_a_queue_s_requests_to_its_group_s_leader(
+        servers: Any, run: Any) -> None:
+    """As the sync client: one action 8 however many calls start at once, then each request
+    about a queue (a long poll too, on a connection of its own) to its group's leader, the
+    others through the route's node; when that leader is gone, through the other node."""
+    made, q0, q1 = _two_group_nodes(servers)
+
+    async def go() -> None:
+        async with AsyncQueueClient([made[0].addr, made[1].addr]) as c:
+            await asyncio.gather(*(c.produce(q, str(i)) for i in range(5) for q in (q0, q1)))
+            assert sorted(_asked(made[0]), key=str) == sorted([(p.LEADER, None)] + [(p.PRODUCE, q0)] * 5, key=str)
+            assert _asked(made[1]) == [(p.PRODUCE, q1)] * 5
+            assert made[1].connections == 1  # one pipelined connection to the leader of group 1
+            got = await c.consume(q1, wait=1)
+            assert got is not None and _asked(made[1])[-1] == (p.CONSUME, q1) and made[1].connections == 2
+            await c.leader()  # about no queue: the route's node
+            assert _asked(made[0])[-1] == (p.LEADER, None)
+            made[1].close()
+            await c.produce(q1, "gone")  # its leader is gone: through node 0
+            assert _asked(made[0])[-1] == (p.PRODUCE, q1)
+    run(go())
