@@ -551,6 +551,26 @@ class Cluster:
         except TimeoutError as e:
             raise TimeoutError(f"{e}\n{self.describe(ids)}") from None
 
+    def in_first_group(self, name: str) -> str:
+        """`name`, or with queue groups the first of name-1, name-2, ... in group 0: a queue that
+        the leader wait_leader names (group 0's) leads, for a test about one leader."""
+        from queue_server.protocol.placement import Placement
+
+        config = next(iter(self.nodes.values())).config
+        placement = Placement(list(self.nodes), config.get("queue_groups", 1))
+        return next(q for q in (name, *(f"{name}-{i}" for i in range(1, 1000))) if placement.group_of(q) == 0)
+
+    def leader_of(self, queue: str, timeout: float = 15.0) -> int:
+        """The leader every node names for `queue` (action 8 with the queue: with queue groups,
+        its group's leader; else the cluster's)."""
+        def agreed() -> int | None:
+            views = set()
+            for i in self.nodes:
+                reply = self.ask(i, {"action": 8, "queue": queue})
+                views.add(reply.get("leader_node_id") if reply and reply.get("code") == 0 else None)
+            return views.pop() if len(views) == 1 and None not in views else None
+        return wait_for(agreed, timeout, f"the nodes to agree on the leader of {queue}'s group")  # type: ignore[return-value]
+
     def roles(self) -> tuple[int, int]:
         """(the leader the nodes agree on, a follower that knows it)."""
         leader = self.wait_leader()

@@ -52,11 +52,19 @@ def _scrape(node) -> dict[str, float]:
 
 
 def _leader_term(node, timeout: float = 10.0) -> int:
-    """The election term (vote_id) `node` leads in, from its metrics: waits until they say it
-    leads (published about once a second; the term is published before the role)."""
+    """The election term (vote_id) `node` leads in (with queue groups, in group 0, which
+    Cluster.wait_leader names the leader of), from its metrics: waits until they say it leads
+    (published about once a second; the term is published before the role)."""
+    grouped = node.config.get("queue_groups", 1) > 1
+
+    def of_group_0(sample: str, name: str) -> bool:
+        return sample.split("{")[0] == name and (not grouped or 'group="0"' in sample)
+
     def leading() -> int | None:
         m = _scrape(node)
-        return int(m["queue_server_term"]) if m.get('queue_server_role{role="leader"}') == 1 else None
+        if not any(of_group_0(k, "queue_server_role") and 'role="leader"' in k and v == 1 for k, v in m.items()):
+            return None
+        return next(int(v) for k, v in m.items() if of_group_0(k, "queue_server_term"))
     return wait_for(leading, timeout, f"{node.name}'s metrics to say it leads")
 
 
@@ -245,9 +253,9 @@ def test_no_majority_answers_no_leader(cluster):
             c.nodes[i].stop()
     conn = RawTcp(*c.nodes[leader].address)
     try:
-        def refused() -> bool:
+        def refused() -> bool:  # (with queue groups, once it knows no leader of q's group nor group 0)
             r = conn.call({"action": 1, "queue": "q", "data": "x"})
-            return r["code"] == -1 and "leader" in r["reason"]
+            return r["code"] == -1 and "leader" in r["reason"] and conn.call({"action": 8})["code"] == -1
         wait_for(refused, 10, "the lone node to refuse writes")
         for req in ({"action": 2, "queue": "q"}, {"action": 3, "queue": "q", "msg_id": 1}, {"action": 4}, {"action": 8}):
             r = conn.call(req)
@@ -307,7 +315,8 @@ def test_a_client_call_waits_out_a_cluster_with_no_leader_within_its_timeout(clu
 
 def test_redirect_when_forwarding_is_off(cluster):
     c = cluster(forward_request=0)
-    leader = c.wait_leader()
+    c.wait_leader()
+    leader = c.leader_of("q")  # (with queue groups, of its group)
     follower = next(i for i in c.nodes if i != leader)
     conn = RawTcp(*c.nodes[follower].address)
     try:

@@ -312,11 +312,12 @@ def test_a_leader_cut_off_rolls_back_what_it_never_committed_and_rejoins_with_th
     c = Cluster(str(tmp_path), proxied=True, election_timeout_ms=2000, heartbeat_ms=100).start()
     try:
         old = c.wait_serving(60)
+        split = c.in_first_group("split")  # (with queue groups, a queue the leader leads)
         others = [i for i in c.nodes if i != old]
         node = c.nodes[old]
         with QueueClient(node.hosts, timeout=10) as q:
             before = [f"before-{i}" for i in range(100)]
-            committed = list(zip(q.produce_batch("split", before), before))
+            committed = list(zip(q.produce_batch(split, before), before))
         assert [i for i, _ in committed] == list(range(1, 101))
         for (a, b), proxy in c.proxies.items():
             if old in (a, b):
@@ -327,14 +328,14 @@ def test_a_leader_cut_off_rolls_back_what_it_never_committed_and_rejoins_with_th
         lost = [f"lost-{i}" for i in range(80)]
         producing, consuming = node.connect(timeout=30), node.connect(timeout=30)
         try:
-            producing.send({"action": "produce", "queue": "split", "data": lost})
-            consuming.send({"action": "consume", "queue": "split", "count": 10})
-            wait_for(lambda: _local_size(node, "split") == 170 and c.role(old) == "leader", 10,
+            producing.send({"action": "produce", "queue": split, "data": lost})
+            consuming.send({"action": "consume", "queue": split, "count": 10})
+            wait_for(lambda: _local_size(node, split) == 170 and c.role(old) == "leader", 10,
                      "the cut-off leader's workers to hold the 80 produced and 10 consumed")
             new = c.wait_leader(timeout=30, among=others, exclude=old)
             wait_for(lambda: c.role(old) not in (None, "leader"), 30, "the cut-off leader to step down")
             # Its workers rolled back to the committed state: no 80 produced, no 10 consumed.
-            wait_for(lambda: _local_size(node, "split") == 100, 10, "the old leader's workers to roll back")
+            wait_for(lambda: _local_size(node, split) == 100, 10, "the old leader's workers to roll back")
             answers = [_reply(producing), _reply(consuming)]
         finally:
             producing.close()
@@ -343,24 +344,24 @@ def test_a_leader_cut_off_rolls_back_what_it_never_committed_and_rejoins_with_th
         assert all(a is None or a.get("code") != 0 for a in answers), answers  # never acknowledged
         with QueueClient(c.nodes[new].hosts, timeout=10) as q:
             after = [f"after-{i}" for i in range(30)]
-            committed += zip(q.produce_batch("split", after), after)  # the ids the lost ones had
+            committed += zip(q.produce_batch(split, after), after)  # the ids the lost ones had
         for proxy in c.proxies.values():
             proxy.heal()
-        wait_for(lambda: _local_size(node, "split") == 130, 30, "the old leader to follow the new one")
+        wait_for(lambda: _local_size(node, split) == 130, 30, "the old leader to follow the new one")
         # Give leadership back to the old leader: with the third node's coordinator stopped, the
         # old leader's log reaches furthest, so the new leader's hand-off picks it.
         third = next(i for i in others if i != new)
         with c.nodes[third].child_stopped("coordinator"):
             with QueueClient(c.nodes[new].hosts, timeout=10) as q:
                 late = [f"late-{i}" for i in range(20)]
-                committed += zip(q.produce_batch("split", late), late)
+                committed += zip(q.produce_batch(split, late), late)
             os.kill(c.nodes[new].child_pid("coordinator"), signal.SIGUSR1)
             assert c.wait_leader(timeout=30, among=[old, new], exclude=new) == old, c.describe()
         # What it serves as leader again is the committed state only, ids and bodies.
-        got = _drain(node.hosts, "split")
+        got = _drain(node.hosts, split)
         assert got == committed, [m for m in got if m not in committed][:10] or got[:10]
         assert [i for i, _ in got] == list(range(1, 151))
         with QueueClient(node.hosts, timeout=10) as q:  # its ids go on from the committed ones
-            assert q.produce("split", "again") == 151
+            assert q.produce(split, "again") == 151
     finally:
         c.stop()
