@@ -61,7 +61,7 @@ def table(rows: list[Row], node: dict[str, Any], seconds: float) -> Table:
     else:
         leaders = f"leader {node.get('leader_node_id', '?')}"
     title = (f"node {node.get('node_id', '?')} ({node.get('role', '?')}, {leaders}) "
-             f"- {node.get('queue_count', len(rows))} queues - rates over {seconds:.1f} s")
+             f"- {node.get('queue_count', len(rows))} queues{_held(node)} - rates over {seconds:.1f} s")
     t = Table(title=title, title_justify="left")
     t.add_column("queue", overflow="fold")
     grouped = bool(groups) or any(r.group is not None for r in rows)
@@ -77,6 +77,14 @@ def table(rows: list[Row], node: dict[str, Any], seconds: float) -> Table:
     if not rows:
         t.add_row("(no queue)", *([""] * (len(t.columns) - 1)))
     return t
+
+
+def _held(node: dict[str, Any]) -> str:
+    """What the cluster holds for its messages, as the monitor of every queue sums it: in memory,
+    and on disk (bodies overflowed, overflow_mb); "" from a node that says neither."""
+    if "memory_bytes" not in node and "overflow_bytes" not in node:
+        return ""
+    return f" - {_int(node, 'memory_bytes') / 2**20:.1f} MiB in memory, {_int(node, 'overflow_bytes') / 2**20:.1f} MiB on disk"
 
 
 class Sampler:

@@ -68,7 +68,8 @@ def openapi(routes: Iterable[Route]) -> dict[str, Any]:
     for route in routes:
         paths.setdefault(route.path, {})[route.method.lower()] = _operation(route)
     paths["/v1/cluster"] = {"get": {
-        "operationId": "cluster", "summary": "Every node's role, vote_id, trans_id and replication lag.",
+        "operationId": "cluster", "summary": "Every node's role, vote_id, trans_id and replication lag; the answering "
+                   "node's memory_bytes and overflow_bytes.",
         "responses": {"200": {"description": "the nodes", "content": {"application/json": {"schema": {"type": "object"}}}}},
     }}
     return {

@@ -165,7 +165,8 @@ def leader_headers(reply: Mapping[str, Any], http: str | None = None) -> dict[st
 def cluster_view(local: Mapping[str, Any], leader: Mapping[str, Any] | None, members: list[int]) -> dict:
     """GET /v1/cluster: every node with its role, vote_id, trans_id and replication lag, from this
     node's own monitor reply (action 104) and the leader's (action 4, None when it gave none);
-    with queue groups, `groups`: this node's row of each group (monitor's `groups`).
+    the answering node's row also has its `memory_bytes` and `overflow_bytes`; with queue
+    groups, `groups`: this node's row of each group (monitor's `groups`).
 
     A node is known as well as the answering node and the leader know it: the leader's followers
     have the trans_id the leader knows they hold (its `match_trans_id`) and its vote_id (they
@@ -182,6 +183,10 @@ def cluster_view(local: Mapping[str, Any], leader: Mapping[str, Any] | None, mem
         nodes[leader_id] = _self_row(leader, lag=0)
     if node_id is not None:
         nodes[node_id] = _self_row(local, lag=nodes.get(node_id, {}).get("lag"))
+        # What the answering node holds for its messages: in memory (bodies and their
+        # bookkeeping, as its workers count it) and on disk (overflowed bodies); None with
+        # overflow off (overflow_mb 0, or no disk).
+        nodes[node_id].update((key, local.get(key)) for key in _HELD)
     view = {
         "code": p.CODE_OK,
         "node_id": node_id,
@@ -191,6 +196,9 @@ def cluster_view(local: Mapping[str, Any], leader: Mapping[str, Any] | None, mem
     if local.get("groups"):  # queue groups: each group's leader and log as this node sees them
         view["groups"] = local["groups"]
     return view
+
+
+_HELD = ("memory_bytes", "overflow_bytes")
 
 
 def _self_row(reply: Mapping[str, Any], lag: int | None) -> dict:

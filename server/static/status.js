@@ -40,7 +40,13 @@ function drawNodes(cluster) {
     cell(row, n.trans_id, "trans-id");
     cell(row, n.commit_trans_id, "commit");
     cell(row, n.lag, "lag");
+    cell(row, mib(n.memory_bytes), "memory");  // known of the answering node only
+    cell(row, mib(n.overflow_bytes), "on-disk");
   }
+}
+
+function mib(bytes) {
+  return bytes === undefined || bytes === null ? null : (bytes / 1048576).toFixed(1) + " MiB";
 }
 
 function drawGroups(cluster) {

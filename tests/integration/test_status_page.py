@@ -95,6 +95,10 @@ def test_the_status_page_of_a_follower_shows_roles_and_a_queue_count_that_change
         shown = wait_for(roles, 20, "the page to show the nodes")
         assert shown == {i: "leader" if i == leader else "follower" for i in cluster.nodes}
         assert text(browser, f'#nodes tr[data-node-id="{follower}"]', "className") == "self"
+        # what the answering node holds (overflow on, by default): known of itself only
+        assert text(browser, f'#nodes tr[data-node-id="{follower}"] td.memory').endswith(" MiB")
+        assert text(browser, f'#nodes tr[data-node-id="{follower}"] td.on-disk') == "0.0 MiB"
+        assert text(browser, f'#nodes tr[data-node-id="{leader}"] td.memory') == "-"
         assert text(browser, "#groups-section", "hidden") is True  # one queue group: no table of groups
         wait_for(lambda: text(browser, '#queues tr[data-queue="orders"] td.ready') == "3", 20, "orders to show 3 ready")
         assert text(browser, '#queues tr[data-queue="emails"] td.delayed') == "1"

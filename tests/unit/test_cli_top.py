@@ -109,3 +109,14 @@ def test_with_queue_groups_the_table_names_each_group_s_leader_and_each_queue_s_
     line_a = next(line for line in text.splitlines() if "│ a " in line)
     assert [c.strip() for c in line_a.split("│")][1:3] == ["a", "2"]  # the queue, then its group
     assert "group" in text
+
+
+def test_the_title_says_what_the_node_holds_in_memory_and_on_disk_when_it_counts_it():
+    node = {"node_id": 1, "role": "leader", "leader_node_id": 1, "queue_count": 0,
+            "memory_bytes": 3 * 2**20, "overflow_bytes": 2**29}
+    screen = io.StringIO()
+    Console(file=screen, width=160, color_system=None).print(top.table([], node, 1.0))
+    assert "0 queues - 3.0 MiB in memory, 512.0 MiB on disk - rates over 1.0 s" in screen.getvalue()
+    screen = io.StringIO()  # overflow off: the node counts neither
+    Console(file=screen, width=160, color_system=None).print(top.table([], {"node_id": 1, "queue_count": 0}, 1.0))
+    assert "in memory" not in screen.getvalue()

@@ -102,6 +102,17 @@ def test_cluster_view_on_a_follower_combines_its_own_and_the_leaders_view():
     assert (rows[3]["trans_id"], rows[3]["vote_id"], rows[3]["lag"]) == (100, 4, 0)
 
 
+def test_cluster_view_says_what_the_answering_node_holds_in_memory_and_on_disk():
+    local = {"code": 0, "node_id": 2, "role": "leader", "vote_id": 4, "trans_id": 9, "leader_node_id": 2,
+             "memory_bytes": 4096, "overflow_bytes": 1 << 20, "followers": []}
+    rows = {n["node_id"]: n for n in cluster_view(local, local, [1, 2, 3])["nodes"]}
+    assert (rows[2]["memory_bytes"], rows[2]["overflow_bytes"]) == (4096, 1 << 20)
+    assert "memory_bytes" not in rows[1]  # another node's is not known here
+    without = {k: v for k, v in local.items() if not k.endswith("_bytes")}  # overflow off
+    own = next(n for n in cluster_view(without, without, [2])["nodes"])
+    assert (own["memory_bytes"], own["overflow_bytes"]) == (None, None)
+
+
 def test_cluster_view_without_a_leader_shows_the_others_unknown():
     local = {"code": 0, "node_id": 2, "role": "none", "vote_id": 7, "trans_id": 5, "leader_node_id": 0}
     view = cluster_view(local, {"code": -1, "reason": "no leader"}, [1, 2, 3])
