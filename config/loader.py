@@ -322,7 +322,7 @@ _KEYS: tuple[_Key, ...] = (
     _Key("idle_timeout", 600, _int(0), "seconds a TCP connection may stay silent with nothing pending (no long poll or subscription); 0 = forever"),
     _Key("max_pending_requests", 4096, _int(16, 1 << 20), "unanswered requests per TCP connection before the node stops reading it"),
     _Key("max_queues", 10000, _int(0), "queues a node holds; a produce that would create one past it is refused (each worker holds ceil(max_queues / workers)); 0 = no limit"),
-    _Key("max_memory_mb", 2048, _int(0), "resident memory of the node's processes (MiB) past which produces are refused (consume, confirm, purge go on); 0 = no limit"),
+    _Key("max_memory_mb", 2048, _int(0), "MiB the node may hold for its messages (with overflow: what its workers count, memory_bytes, each max_memory_mb / workers; without: its processes' resident memory) past which produces are refused (consume, confirm, purge go on); 0 = no limit"),
     _Key("tls_cert_file", "", _string(False), "PEM certificate (chain) of the client TCP port: with tls_key_file, clients must speak TLS; '' = plain TCP"),
     _Key("tls_key_file", "", _string(False), "PEM private key of tls_cert_file"),
     _Key("tls_ca_file", "", _string(False), "PEM CA certificates: clients must present a certificate they signed; '' = no client certificates"),
@@ -655,7 +655,7 @@ DEFAULT_CONFIG_TEXT = """\
     "idle_timeout" : 600,           // close a TCP connection silent this long with nothing pending; 0 = never
     "max_pending_requests" : 4096,  // unanswered requests per connection before reading it pauses
     "max_queues" : 10000,           // queues a node holds (each worker ceil(max_queues / workers)); 0 = no limit
-    "max_memory_mb" : 2048,         // node resident memory (MiB) past which produces are refused; 0 = no limit
+    "max_memory_mb" : 2048,         // MiB held for messages (with overflow; else resident) past which produces are refused; 0 = no limit
     "tls_cert_file" : "",           // with tls_key_file: the client TCP port speaks TLS; "" = plain
     "tls_key_file" : "",
     "tls_ca_file" : "",             // CA of the client certificates required; "" = none required

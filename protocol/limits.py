@@ -62,14 +62,11 @@ def too_many_queues(limit: int) -> str:
             "produce into an existing queue or delete unused queues (action delete_queue)")
 
 
-def over_memory(resident_bytes: int, limit_mb: int) -> bool:
-    """Whether the node's processes hold more than max_memory_mb (0 = no limit)."""
-    return limit_mb > 0 and resident_bytes > limit_mb * (1 << 20)
-
-
-def memory_full(limit_mb: int) -> str:
-    """The reason a produce gets while the node is over max_memory_mb."""
-    return (f"node memory limit reached: this node's processes use more than max_memory_mb ({limit_mb}); "
+def memory_full(limit_mb: int, counted: bool = False) -> str:
+    """The reason a produce gets while the node is over max_memory_mb: its processes' resident
+    memory, or (`counted`, a node with overflow) what it holds for its messages."""
+    what = " holds more for its messages" if counted else "'s processes use more"
+    return (f"node memory limit reached: this node{what} than max_memory_mb ({limit_mb}); "
             "consume, confirm or purge messages, or raise max_memory_mb")
 
 

@@ -1,10 +1,23 @@
-"""The resident memory of a node's processes, for config max_memory_mb: the supervisor and its
-children (coordinator, workers, acceptor; not a snapshot writer's short-lived fork, whose pages
-are the coordinator's), read from /proc. A reading is one small file per process; the list of
-processes is read again every few seconds."""
+"""What a worker measures against config max_memory_mb.
+
+With overflow (overflow_mb, a node with a data dir), what the worker holds for its messages
+(HeldMemory: the bodies in memory and ~85 B a message, its `memory_bytes`) against its even
+share of the limit: a count, which falls as soon as messages go. Without, the resident memory
+of the node's processes (NodeMemory: the supervisor and its children, coordinator, workers,
+acceptor; not a snapshot writer's short-lived fork, whose pages are the coordinator's), read from
+/proc: one small file per process, the list of processes read again every few seconds. RSS does
+not fall when messages go (the allocator keeps freed memory for reuse).
+"""
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from queue_server.workers.body_budget import memory_bytes
+
+if TYPE_CHECKING:
+    from queue_server.workers.service import PartitionService
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
 RESCAN = 5.0  # seconds between two listings of the supervisor's children
@@ -37,14 +50,36 @@ def children(parent: int) -> list[int]:
 class NodeMemory:
     """The node's resident memory, as the sum over its processes; `root` is the supervisor."""
 
-    def __init__(self, root: int) -> None:
+    counted = False
+
+    def __init__(self, root: int, limit_mb: int) -> None:
         self.root = root
+        self.limit = limit_mb << 20
         self.pids: list[int] = []
         self.next_scan = 0.0
 
-    def resident_bytes(self, now: float) -> int:
+    def used(self, now: float) -> int:
         """The sum of the node's processes' resident memory (monotonic time `now`)."""
         if now >= self.next_scan:
             self.next_scan = now + RESCAN
             self.pids = [self.root, *children(self.root)]
         return sum(resident_bytes(pid) for pid in self.pids)
+
+
+class HeldMemory:
+    """What one worker holds for the messages of its services (each with an Overflow), against
+    its share of max_memory_mb: the limit split evenly over the node's workers, as overflow_mb is."""
+
+    counted = True
+
+    def __init__(self, services: Iterable[PartitionService], limit_mb: int, workers: int) -> None:
+        self.services = tuple(services)
+        self.limit = (limit_mb << 20) // max(workers, 1)
+
+    def used(self, now: float) -> int:
+        """The bytes held now: every service's memory_bytes."""
+        total = 0
+        for service in self.services:
+            assert service.overflow is not None
+            total += memory_bytes(service.overflow.budget.held, sum(map(len, service.queues.values())))
+        return total

@@ -25,7 +25,7 @@ from queue_server.server.snapshot_child import exit_reason, fork_writer, part_na
 from queue_server.server.snapshots import STOP_WAIT
 from queue_server.server.metrics import WorkerMetrics
 from queue_server.server.reply_counts import count_replies
-from queue_server.server.node_memory import NodeMemory
+from queue_server.server.node_memory import HeldMemory, NodeMemory
 from queue_server.server.overflow_files import DiskSegments, PartSegments, link_segments, worker_dir
 from queue_server.server.queue_metrics import QueueMetrics
 from queue_server.workers import undo
@@ -46,14 +46,14 @@ class Worker:
 
     def __init__(self, services: dict[int, PartitionService], inbox: zmq.Socket | None, coordinator: Any, log: Any,
                  index: int = 0, metrics: WorkerMetrics | None = None,
-                 queue_metrics: QueueMetrics | None = None, memory: NodeMemory | None = None,
+                 queue_metrics: QueueMetrics | None = None, memory: NodeMemory | HeldMemory | None = None,
                  acceptor: Any = None, owns: Callable[[str], bool] | None = None,
                  write_inline: Callable[[PartitionService, str, int], None] | None = None) -> None:
         """services: group -> its PartitionService (with one group: {0: service}).
         coordinator, acceptor: anything with send_multipart (a ZeroMQ PUSH socket, or a test's
         pipe); with no acceptor every reply goes through the coordinator.
-        memory: the node's memory, read every MEMORY_CHECK_INTERVAL to refuse produces past
-        max_memory_mb (None: not read).
+        memory: what is measured against max_memory_mb (server/node_memory.py), read every
+        MEMORY_CHECK_INTERVAL to refuse produces past it (None: no limit).
         owns: whether a queue is this worker's (its Router's say), for LOAD (None: every queue).
         write_inline: writes a snapshot part in this process instead of a forked child
         (snapshot_child.write_part_inline; the node sim), None: fork."""
@@ -133,17 +133,21 @@ class Worker:
             self.queue_metrics.maybe_fold(lambda: [row for s in services for row in s.queue_rows(now)])
 
     def check_memory(self, clock: float) -> None:
-        """Refuse produces, in every group, while the node's memory is over max_memory_mb (said
+        """Refuse produces, in every group, while the memory measured is over max_memory_mb (said
         once per change)."""
-        resident = self.memory.resident_bytes(clock)  # type: ignore[union-attr]
+        memory = self.memory
+        assert memory is not None
+        used = memory.used(clock)
         first = self.groups[0][1]  # every service has the node's max_memory_mb
-        full = limits.over_memory(resident, first.max_memory_mb)
+        full = used > memory.limit
         if full != first.memory_full:
             for _, service in self.groups:
                 service.memory_full = full
-            self.log.warning("node memory %d MiB is %s max_memory_mb (%d): produces are %s",
-                             resident >> 20, "over" if full else "back under",
-                             first.max_memory_mb, "refused" if full else "served again")
+            what = (f"worker {self.index} holds {used >> 20} MiB for its messages, {'over' if full else 'back under'} "
+                    f"its share ({memory.limit >> 20} MiB)" if memory.counted else
+                    f"node memory {used >> 20} MiB is {'over' if full else 'back under'}")
+            self.log.warning("%s of max_memory_mb (%d): produces are %s", what, first.max_memory_mb,
+                             "refused" if full else "served again")
 
     def check_overflow(self, group: int, service: PartitionService) -> None:  # (one with an overflow disk)
         """Say when the overflow disk of `group`'s service refuses writes, and when it takes them
@@ -479,7 +483,7 @@ def main(argv: list[str] | None = None) -> None:
         share = -(-cfg.queue_metrics_max // cfg.workers)
         worker = Worker(services, inbox, coordinator, ctx_info.log, ctx_info.index,
                         queue_metrics=QueueMetrics(share),
-                        memory=NodeMemory(os.getppid()) if cfg.max_memory_mb else None,
+                        memory=_memory(cfg, services),
                         acceptor=acceptor, owns=lambda name: router.worker_for(name) == ctx_info.index)
         try:
             worker.run()
@@ -491,6 +495,16 @@ def main(argv: list[str] | None = None) -> None:
         pass
     finally:
         ctx.destroy(linger=linger)
+
+
+def _memory(cfg: NodeConfig, services: dict[int, PartitionService]) -> NodeMemory | HeldMemory | None:
+    """What this worker measures against max_memory_mb: what it holds for its messages on a node
+    with overflow (a count, which falls as messages go), else the node's resident memory."""
+    if not cfg.max_memory_mb:
+        return None
+    if all(service.overflow is not None for service in services.values()):
+        return HeldMemory(services.values(), cfg.max_memory_mb, cfg.workers)
+    return NodeMemory(os.getppid(), cfg.max_memory_mb)
 
 
 def _service(cfg: NodeConfig, index: int, group: int, groups: int) -> PartitionService:

@@ -22,6 +22,12 @@ from __future__ import annotations
 PER_MESSAGE = 85
 
 
+def memory_bytes(held: int, messages: int) -> int:
+    """What a worker holds for `messages` stored messages whose bodies in memory take `held`
+    bytes: the `memory_bytes` it reports, and counts against its share of max_memory_mb."""
+    return held + PER_MESSAGE * messages
+
+
 def body_size(body: str) -> int:
     """The bytes of a body: its UTF-8 length (lone surrogates as the snapshot codec writes them)."""
     return len(body) if body.isascii() else len(body.encode("utf-8", "surrogatepass"))

@@ -23,7 +23,7 @@ from queue_server.workers import admin, subscriptions, undo
 from queue_server.workers.bad_request import BadRequest, Refused
 from queue_server.protocol.snapshot_frames import Frame
 from queue_server.protocol.records import Confirm, Consume, DeleteQueue, Noop, Purge, Record, Release, Restore, count
-from queue_server.workers.body_budget import PER_MESSAGE, body_size
+from queue_server.workers.body_budget import body_size, memory_bytes
 from queue_server.workers.compaction import Compaction
 from queue_server.workers.overflow import Overflow
 from queue_server.workers.queue import Message, Queue
@@ -403,7 +403,7 @@ class PartitionService:
         self.admit_queues(targets)
         if self.memory_full:
             self._refused(limits.MAX_MEMORY_MB)
-            raise BadRequest(limits.memory_full(self.max_memory_mb))
+            raise BadRequest(limits.memory_full(self.max_memory_mb, counted=self.overflow is not None))
         if self.overflow is not None:
             size = body_size(data) if batch is None else sum(map(body_size, batch))
             refused = self.overflow.refuses(size * len(targets), now)
@@ -694,7 +694,7 @@ class PartitionService:
         if ov is not None:
             total["overflowed"] = sum(q.overflowed() for q in self.queues.values())
             total["overflow_bytes"] = ov.live_bytes
-            total["memory_bytes"] = ov.budget.held + PER_MESSAGE * total["size"]
+            total["memory_bytes"] = memory_bytes(ov.budget.held, total["size"])
         return total
 
     # ----------------------------------------------------------------------------- modes

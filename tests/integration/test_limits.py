@@ -193,7 +193,7 @@ def test_a_produce_creating_a_queue_past_max_queues_is_refused_existing_queues_w
 
 def node_resident_mb(node: NodeProcess) -> float:
     assert node.proc is not None
-    return NodeMemory(node.proc.pid).resident_bytes(0.0) / (1 << 20)
+    return NodeMemory(node.proc.pid, 0).used(0.0) / (1 << 20)
 
 
 def test_produce_past_max_memory_mb_is_refused_consume_confirm_purge_work(tmp_path):
@@ -226,6 +226,38 @@ def test_produce_past_max_memory_mb_is_refused_consume_confirm_purge_work(tmp_pa
         assert conn.call({"action": 21, "queue": "big"})["code"] == 0  # purge
         assert conn.call({"action": 4, "queue": "big"})["size"] == 0
         wait_for(lambda: refusals(node, "max_memory_mb") >= 1, 10, "the refusal counted")
+    finally:
+        conn.close()
+        node.stop()
+
+
+def test_with_overflow_max_memory_mb_counts_what_the_node_holds_and_a_purge_ends_the_refusal(tmp_path):
+    """A node on disk counts what its workers hold for their messages (bodies in memory and their
+    bookkeeping, memory_bytes), not RSS: produces are refused past it, and a purge ends the
+    refusal at once (RSS would stay up: the allocator keeps freed memory)."""
+    node = NodeProcess(str(tmp_path), {"workers": 1, "overflow_mb": 1, "max_memory_mb": 4,
+                                       "metrics_port": free_port()}).start()
+    conn = RawTcp(*node.address)
+    try:
+        batch = ["x" * 100] * 1000
+        stored, refused = 0, None
+        for _ in range(200):  # 200k messages: 85 B each alone is past 4 MiB
+            reply = conn.call({"action": 1, "queue": "big", "data": batch})
+            if reply["code"] != 0:
+                refused = reply
+                break
+            stored += len(batch)
+        assert refused is not None, "never refused"
+        assert refused["reason"].startswith("node memory limit reached: this node holds more for its messages "
+                                            "than max_memory_mb (4)"), refused
+        monitor = conn.call({"action": 4})
+        assert monitor["size"] == stored and monitor["overflowed"] > 0
+        assert 4 << 20 < monitor["memory_bytes"] < 8 << 20  # read every 0.5 s: past it by what came meanwhile
+        assert conn.call({"action": 21, "queue": "big"})["code"] == 0  # purge
+        wait_for(lambda: conn.call({"action": 1, "queue": "big", "data": "small"})["code"] == 0, 10,
+                 "produces served again once the purge freed what the node held")
+        wait_for(lambda: refusals(node, "max_memory_mb") >= 1, 10, "the refusal counted")
+        assert "worker 0 holds" in node.log() and "back under its share" in node.log()
     finally:
         conn.close()
         node.stop()

@@ -563,3 +563,36 @@ def test_a_cut_writes_its_own_group_s_part_and_only_that_group_s_mode_ends_its_h
     loaded = PartitionService(1, 1000, {}, max_wait=30)
     loaded.load_frames(iter_frames(os.path.join(tmp, part["file"]), 0))
     assert list(loaded.queues) == ["b"]
+
+
+def test_with_overflow_max_memory_mb_counts_what_the_worker_holds_and_a_purge_frees_it_at_once():
+    """RSS does not fall when messages go; the count (memory_bytes) does: produces are refused
+    past the worker's share of max_memory_mb, and served again as soon as a purge frees it."""
+    from queue_server.server.node_memory import HeldMemory
+    from queue_server.workers.body_budget import PER_MESSAGE
+    from tests.unit.service_replies import take_replies
+    from tests.unit.test_overflow import FakeFiles
+
+    service = PartitionService(1, 100_000, {}, max_wait=30, max_memory_mb=1,
+                               overflow=Overflow(BodyBudget(1 << 16), FakeFiles()))
+    memory = HeldMemory([service], 1, workers=2)  # a share of 512 KiB
+    log = Log()
+    w = Worker({0: service}, None, Pipe(), log, 0, metrics=WorkerMetrics(CollectorRegistry()), memory=memory)
+    body = "x" * 100
+    fits = ((1 << 19) - (1 << 16)) // PER_MESSAGE  # the bodies held fill their 64 KiB, the rest is per message
+    service.handle({"action": 1, "queue": "q", "data": [body] * fits}, Origin(1), 1, NOW)
+    w.check_memory(0.0)
+    assert not service.memory_full and memory.used(0.0) <= memory.limit
+    service.handle({"action": 1, "queue": "q", "data": [body] * 100}, Origin(1), 2, NOW)
+    w.check_memory(1.0)
+    assert service.memory_full and memory.used(1.0) > memory.limit
+    service.handle({"action": 1, "queue": "q", "data": "more"}, Origin(1), 3, NOW)
+    reason = [r for _, n, r in take_replies(service) if n == 3][0]["reason"]
+    assert reason.startswith("node memory limit reached: this node holds more for its messages than max_memory_mb (1)")
+    service.handle({"action": 21, "queue": "q"}, Origin(1), 4, NOW)  # purge
+    w.check_memory(2.0)
+    assert not service.memory_full and memory.used(2.0) == 0
+    said = [line[1] % line[2:] for line in log.lines if line[0] == "warning"]
+    assert said == ["worker 0 holds 0 MiB for its messages, over its share (0 MiB) of max_memory_mb (1): produces are refused",
+                    "worker 0 holds 0 MiB for its messages, back under its share (0 MiB) of max_memory_mb (1): "
+                    "produces are served again"], said
