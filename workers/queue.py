@@ -559,29 +559,39 @@ class Queue:
     ) -> list[Message]:
         """The messages consume(now, count, lease, token) would return, exactly as it would
         return them (delivery_count, lease and token as after that consume). Nothing is changed:
-        a caller can check what a consume would deliver before deciding to make it."""
+        a caller can check what a consume would deliver before deciding to make it. A message
+        whose body on disk does not read back is left out (the consume that meets it ends it)."""
         if self.paused:
             return []
-        index = self._index
+        readable = self._readable
         if token is not None:
             ids = self.held_at(token, now)
             if ids:
+                held = [(i, m) for i in ids if (m := readable(i)) is not None]
                 if lease is None:
-                    return [index[i] for i in ids]
+                    return [m for _, m in held]
                 until = now + lease
-                return [message(i, m.data, (*m._state[:_LEASE], until, *m._state[_TOKEN:]))
-                        for i, m in zip(ids, map(index.__getitem__, ids))]
+                return [message(i, m.data, (*m._state[:_LEASE], until, *m._state[_TOKEN:])) for i, m in held]
         if count <= 0:
             return []
         out = []
         for _, ready, i in self._ready_keys(now, count):
-            m = index[i]
+            m = readable(i)
+            if m is None:
+                continue
             s = m._state
             retry = s[_RETRY] if lease is None else lease
             until, held_by = (now + retry, token) if retry > 0 else (None, None)
             out.append(message(i, m.data, (ready, *s[_TTL:_DELIVERY_COUNT], s[_DELIVERY_COUNT] + 1,
                                             until, held_by, s[_EXTRA])))
         return out
+
+    def _readable(self, msg_id: int) -> Message | None:
+        """The stored message, or None if its body on disk does not read back."""
+        try:
+            return self._index[msg_id]
+        except BodyUnreadable:
+            return None
 
     def _ready_keys(self, now: float, count: int, after: tuple = ()) -> list[tuple]:
         """The first `count` keys (-priority, ready, msg_id) after `after` that the ready
@@ -609,20 +619,24 @@ class Queue:
         """Up to `count` messages in `state` (one of PEEK_STATES) as they are at `now`, in the
         order they leave that state: ready ones in delivery order (also when paused), delayed ones
         by ready time, leased ones by lease deadline. Each comes with its cursor (a JSON-able
-        list): `after` = a cursor continues after that message. Copies; nothing is changed."""
-        index = self._index
+        list): `after` = a cursor continues after that message. Copies; nothing is changed. A
+        message whose body on disk does not read back is left out (the consume that meets it
+        ends it)."""
+        readable = self._readable
         out: list[tuple[list, Message]] = []
         key = tuple(after) if after else ()
         if state == "ready":
             for priority, ready, i in self._ready_keys(now, count, key):
-                m = index[i]
+                if (m := readable(i)) is None:
+                    continue
                 s = m._state  # a requeue, as it will be: ready at its lease's end, unleased
                 out.append(([priority, ready, i],
                             message(i, m.data, (ready, *s[_TTL:_LEASE], None, None, s[_EXTRA]))))
         elif state == "delayed":
             start = max(key, (now, _INF)) if key else (now, _INF)
             for _, ready, i in self._delayed.first(count, (0, *start)):
-                out.append(([ready, i], index[i]))
+                if (m := readable(i)) is not None:
+                    out.append(([ready, i], m))
         elif state == "leased":
             leased = self._leased
             low = max(key[0], now) if key else now
@@ -634,17 +648,19 @@ class Queue:
                         continue
                     if len(out) >= count:
                         return out
-                    out.append(([deadline, i], index[i]))
+                    if (m := readable(i)) is not None:
+                        out.append(([deadline, i], m))
         else:
             raise ValueError(f"unknown state {state!r}")
         return out
 
     def oldest(self, count: int, after: int = 0) -> list[tuple[list, Message]]:
         """Up to `count` stored messages with msg_id > `after` in msg_id order, whatever their
-        state, each with its cursor [msg_id] (copies)."""
+        state, each with its cursor [msg_id] (copies); one whose body on disk does not read back
+        is left out."""
         index = self._index
         ids = islice((i for i in index if i > after) if after else index, count)
-        return [([i], index[i]) for i in ids]
+        return [([i], m) for i in ids if (m := self._readable(i)) is not None]
 
     def leased_as(self, msg_id: int, delivery_count: int) -> bool:
         """Whether the message is still leased by its delivery number `delivery_count`."""

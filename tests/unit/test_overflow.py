@@ -376,6 +376,19 @@ def test_a_torn_body_is_never_delivered_its_message_goes_the_dead_letter_way(cou
     assert s.queues["q"].stats(T0)["size"] == 0
 
 
+def test_a_peek_leaves_a_torn_body_out_and_changes_nothing():
+    files = FakeFiles()
+    ov = Overflow(BodyBudget(0), files)
+    s = PartitionService(node_id=1, queue_size=100, overflow=ov, undo_limit=10**6)
+    for body in ("one", "two", "three"):
+        assert produce(s, body, T0)["code"] == p.CODE_OK
+    files.segs[0][HEADER.size + len("one") + HEADER.size] ^= 0xFF  # "two" torn on disk
+    s.handle({"action": "peek", "queue": "q", "count": 3}, Origin(1), 50, T0)
+    (_, _, reply), = take_replies(s)
+    assert reply["code"] == p.CODE_OK and [m["data"] for m in reply["messages"]] == ["one", "three"], reply
+    assert ov.torn == {} and s.queues["q"].stats(T0)["size"] == 3  # the consume that meets it ends it
+
+
 def test_the_budget_counts_utf8_bytes_not_characters():
     ov = Overflow(BodyBudget(15), FakeFiles())
     assert type(ov.keep("é" * 10)) is int  # 10 characters, 20 bytes: past 15
