@@ -51,16 +51,15 @@ class WorkerSeqs:
         return runs[0][1] - 1 if runs else self.counts[index]
 
     def keep(self, trans_id: int) -> list[int]:
-        """Every worker's through(trans_id), and the runs after it forgotten (the MODE that
-        undoes them is being sent)."""
+        """The log is committed through `trans_id` and the workers' mode ends: every worker's
+        through(trans_id), and all its runs forgotten: those after are undone by the MODE being
+        sent, those at or before are committed. (A committed run left here, as one the last
+        heartbeat's commit() had not reached yet, would name a record of this mode when the
+        node leads again: a later keep() would map to it, far before the new mode's records.)"""
         kept = []
         for index, runs in enumerate(self._runs):
             seq = self.through(index, trans_id)
-            while runs and runs[-1][1] + runs[-1][2] - 1 > seq:
-                first, start, n = runs.pop()
-                if start <= seq:  # the run is cut inside: its head stays
-                    runs.append((first, start, seq - start + 1))
-                    break
+            runs.clear()
             self.counts[index] = seq
             kept.append(seq)
         return kept

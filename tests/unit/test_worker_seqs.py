@@ -34,3 +34,16 @@ def test_replayed_records_count_and_uncommitted_ones_can_be_undone():
     assert seqs.keep(6) == [3, 0]
     seqs.reset()
     assert seqs.counts == [0, 0] and seqs.through(0, 99) == 0
+
+
+def test_a_mode_that_ends_forgets_its_committed_runs_too():
+    """GroupSim seed 210 (found at 2000 seeds): a leader's records committed since its last
+    heartbeat's commit() stayed as runs when it stopped leading; leading again, its new records
+    were all past the next commit point, and keep() mapped that point into the stale runs (44,
+    where the worker held 85..88): the worker was told to undo records long committed."""
+    seqs = WorkerSeqs(1)
+    seqs.logged(0, 10, 4)  # records 1..4 at trans_ids 10..13, all committed by 13
+    assert seqs.keep(13) == [4]  # the mode ends before a heartbeat's commit() forgot them
+    seqs.applied(0, [14, 15, 16], committed=True)  # following: records 5..7
+    seqs.logged(0, 20, 2)  # leading again: records 8..9 at 20..21, the commit point still 17
+    assert seqs.keep(17) == [7]  # not 4: nothing at or before 17 is undone
