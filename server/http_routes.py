@@ -165,7 +165,7 @@ def leader_headers(reply: Mapping[str, Any], http: str | None = None) -> dict[st
 def cluster_view(local: Mapping[str, Any], leader: Mapping[str, Any] | None, members: list[int]) -> dict:
     """GET /v1/cluster: every node with its role, vote_id, trans_id and replication lag, from this
     node's own monitor reply (action 104) and the leader's (action 4, None when it gave none);
-    the answering node's row also has its `memory_bytes` and `overflow_bytes`; with queue
+    the answering node's row also has its `memory_bytes` and `overflow_bytes` (with overflow on); with queue
     groups, `groups`: this node's row of each group (monitor's `groups`).
 
     A node is known as well as the answering node and the leader know it: the leader's followers
@@ -184,9 +184,9 @@ def cluster_view(local: Mapping[str, Any], leader: Mapping[str, Any] | None, mem
     if node_id is not None:
         nodes[node_id] = _self_row(local, lag=nodes.get(node_id, {}).get("lag"))
         # What the answering node holds for its messages: in memory (bodies and their
-        # bookkeeping, as its workers count it) and on disk (overflowed bodies); None with
-        # overflow off (overflow_mb 0, or no disk).
-        nodes[node_id].update((key, local.get(key)) for key in _HELD)
+        # bookkeeping, as its workers count it) and on disk (overflowed bodies); a node with
+        # overflow off (overflow_mb 0, or no disk) counts neither.
+        nodes[node_id].update((key, local[key]) for key in _HELD if key in local)
     view = {
         "code": p.CODE_OK,
         "node_id": node_id,
