@@ -31,22 +31,23 @@ def test_a_hand_off_that_fails_keeps_parked_long_polls_and_subscriptions(tmp_pat
     try:
         cluster.start()
         leader = cluster.wait_serving(60)
+        lp, sq = cluster.in_first_group("lp"), cluster.in_first_group("sq")  # (with queue groups, the leader's)
         node = cluster.nodes[leader]
         # Once both followers' logs equal the leader's (wait_level), the hand-off picks the lower id.
         target = min(i for i in cluster.nodes if i != leader)
         poll, sub = node.connect(), node.connect()
-        poll.send({"action": "consume", "queue": "lp", "wait": TIMEOUT, "seq": 1})
-        subscribed = sub.call({"action": "subscribe", "queue": "sq", "credit": 5})
+        poll.send({"action": "consume", "queue": lp, "wait": TIMEOUT, "seq": 1})
+        subscribed = sub.call({"action": "subscribe", "queue": sq, "credit": 5})
         assert subscribed["code"] == 0, subscribed
-        wait_for(lambda: _waiters(cluster, leader, "lp") == 1, 10, "the long poll to be parked on the leader")
+        wait_for(lambda: _waiters(cluster, leader, lp) == 1, 10, "the long poll to be parked on the leader")
         cluster.wait_level(leader)
         with cluster.nodes[target].child_stopped("coordinator"):
             os.kill(node.child_pid("coordinator"), signal.SIGUSR1)  # what a SIGTERM's hand-off starts with
             wait_for(lambda: f"handing leadership to node {target}" in node.log(), 10, "the hand-off to start")
             wait_for(lambda: "no follower took over" in node.log(), 10, "the hand-off to fail")
             with QueueClient(node.hosts, timeout=10) as client:
-                client.produce("lp", "for the poll")
-                client.produce("sq", "for the subscription")
+                client.produce(lp, "for the poll")
+                client.produce(sq, "for the subscription")
             answered = poll.recv()
             assert (answered["code"], answered.get("seq"), answered.get("data")) == (0, 1, "for the poll"), answered
             pushed = sub.recv()
