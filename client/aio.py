@@ -206,7 +206,8 @@ class AsyncQueueClient(ClientSettings, AsyncActions):
             if attempt.drop:
                 self._drop_connections(abort=attempt.drop is Drop.CLOSE)
             addr, epoch = attempt.addr, attempt.epoch
-            direct = payload is not None and addr != self._route.address  # to its group's leader
+            # To its group's leader on the pipelined connection to it (a long poll has its own).
+            direct = payload is not None and f.wait <= 0 and addr != self._route.address
             try:
                 if payload is None:
                     reply = await self._udp_roundtrip(addr, epoch, req, f.wait)

@@ -78,7 +78,8 @@ class LeaderLookup:
     """When a client asks the cluster where each group's leader is (action 8 without a queue):
     before its first request about a queue, and again REFRESH_AFTER a leader was forgotten. A
     client of one host sends everything there and never asks; nor does one that found the
-    cluster has one group. One ask at a time: requests made meanwhile go the usual way."""
+    cluster has one group. One ask at a time (the async client's calls made meanwhile wait for
+    its answer)."""
 
     def __init__(self, hosts: int) -> None:
         self.ask_at = 0.0 if hosts > 1 else float("inf")

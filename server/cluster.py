@@ -510,26 +510,24 @@ class ClusterNode:
         """Answer the scattered requests whose every part is in (Gatherer.add's), through `via`'s
         Forwarding; a group's recovery count goes to that group instead."""
         finished = []
-        gathered = list(gathered)
-        while gathered:
-            origin, req_no, request, parts = gathered.pop()
+        gathered = list(gathered)  # grows by the requests a part finishes (below)
+        for origin, req_no, request, parts in gathered:
             if origin.node == RECOVERY_ORIGIN.node:  # a group's recovery count: its number is the conn
                 merged = gather.merge(request, parts, {})
                 counted = self.groups[origin.conn]
                 counted.recovery.counted(merged.get("queue_count", 0), merged.get("size", 0),
                                          counted.log.commit_trans_id)
                 continue
+            if origin.node == gather.GATHER_NODE:  # a group's part of this node's own scattered request
+                outer = self.gatherer.answered(origin, gather.merge(request, parts, {}))
+                if outer is not None:
+                    gathered.append(outer)
+                continue
             fields = self.node_fields()
             queue = request.get("queue")
             if self.grouped and type(queue) is str:  # a queue's monitor says its group
                 fields["group"] = self.placement.group_of(queue)
-            merged = gather.merge(request, parts, fields)
-            if origin.node == gather.GATHER_NODE:  # a group's part of this node's own scattered request
-                outer = self.gatherer.answered(origin, merged)
-                if outer is not None:
-                    gathered.append(outer)
-                continue
-            finished.append((origin, req_no, merged))
+            finished.append((origin, req_no, gather.merge(request, parts, fields)))
         if finished:
             self.carry(via.forwarding.release(*replies.encode(finished), via.election.vote_id), via)
 
@@ -570,7 +568,7 @@ class ClusterNode:
         for a in actions:
             kind = type(a)
             if kind is Deliver:
-                if self.gatherer.asked:
+                if a.answers and self.gatherer.asked:
                     rest = self._gathered_parts(a.header, a.blob)
                     if rest is not None:
                         out.acceptor.append(ipc_frames.rep_frames(*rest))

@@ -38,10 +38,13 @@ _NEWLINE = orjson.OPT_APPEND_NEWLINE
 # NamedTuples, not frozen dataclasses: one is made per reply batch and per forwarded request, and
 # a tuple is built in one step.
 class Deliver(NamedTuple):
-    """A reply batch for this node's acceptor."""
+    """A reply batch for this node's acceptor. `answers`: replies the Forwarding made or brought
+    back itself (not a release of the workers' replies): they may hold the answers to this
+    node's own asks for a part of a scattered request (server/gather.py, Gatherer.ask)."""
 
     header: bytes
     blob: bytes
+    answers: bool = False
 
 
 class Work(NamedTuple):
@@ -150,7 +153,7 @@ class Forwarding:
             self.orphaned.discard(fid)
             rows.append((target[0], target[1], reply))
         if rows:
-            actions.append(Deliver(*replies.encode_raw(rows)))
+            actions.append(Deliver(*replies.encode_raw(rows), True))
         return actions
 
     def _send_again(self, fid: int, target: tuple, now: float, vote_id: int) -> None:
@@ -310,7 +313,7 @@ class Forwarding:
         if not rows:
             return []
         count_replies(self.replied, rows)
-        return [Deliver(*replies.encode(rows))]
+        return [Deliver(*replies.encode(rows), True)]
 
     def take_replied(self) -> dict[tuple[Any, Any], int]:
         """The replies made here since the last call, by (action, code) as the request gave

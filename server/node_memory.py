@@ -14,8 +14,6 @@ import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from queue_server.workers.body_budget import memory_bytes
-
 if TYPE_CHECKING:
     from queue_server.workers.service import PartitionService
 
@@ -78,8 +76,4 @@ class HeldMemory:
 
     def used(self, now: float) -> int:
         """The bytes held now: every service's memory_bytes."""
-        total = 0
-        for service in self.services:
-            assert service.overflow is not None
-            total += memory_bytes(service.overflow.budget.held, sum(map(len, service.queues.values())))
-        return total
+        return sum(service.held_bytes() for service in self.services)

@@ -697,6 +697,11 @@ class PartitionService:
             total["memory_bytes"] = memory_bytes(ov.budget.held, total["size"])
         return total
 
+    def held_bytes(self) -> int:
+        """What this service holds for its messages (its `memory_bytes`); a service with overflow."""
+        assert self.overflow is not None
+        return memory_bytes(self.overflow.budget.held, sum(map(len, self.queues.values())))
+
     # ----------------------------------------------------------------------------- modes
     def set_mode(self, accepting: bool) -> None:
         """A new mode of the node (the coordinator's MODE): whether this worker serves queue
