@@ -252,12 +252,14 @@ def test_with_overflow_max_memory_mb_counts_what_the_node_holds_and_a_purge_ends
                                             "than max_memory_mb (4)"), refused
         monitor = conn.call({"action": 4})
         assert monitor["size"] == stored and monitor["overflowed"] > 0
-        assert 4 << 20 < monitor["memory_bytes"] < 8 << 20  # read every 0.5 s: past it by what came meanwhile
+        # read every 0.5 s: past it by what came meanwhile (up to ~4 MiB more on a quiet machine)
+        assert 4 << 20 < monitor["memory_bytes"] < 16 << 20
         assert conn.call({"action": 21, "queue": "big"})["code"] == 0  # purge
         wait_for(lambda: conn.call({"action": 1, "queue": "big", "data": "small"})["code"] == 0, 10,
                  "produces served again once the purge freed what the node held")
         wait_for(lambda: refusals(node, "max_memory_mb") >= 1, 10, "the refusal counted")
-        assert "worker 0 holds" in node.log() and "back under its share" in node.log()
+        wait_for(lambda: "worker 0 holds" in node.log() and "back under its share" in node.log(), 10,
+                 "the refusal and its end logged")
     finally:
         conn.close()
         node.stop()
