@@ -490,7 +490,8 @@ class MessageStore:
 
     def add_run(self, first: int, datas: list[str], states: list[tuple]) -> None:
         """Store messages under consecutive msg_ids from `first`, every one above all stored
-        (so none is stored: a produce's new ids)."""
+        (so none is stored: a produce's new ids; after a rollback of produces, ids the store had
+        before, whose chunk may be gone)."""
         self.add_ascending(range(first, first + len(datas)), datas, states, bodies=True)
 
     def add_ascending(self, ids: Sequence[int], datas: list[str] | list[int], states: list[tuple],
@@ -513,8 +514,14 @@ class MessageStore:
             j = bisect_left(ids, (n + 1) << BITS, i)
             c = chunks.get(n)
             if c is None:
-                if n <= self.top:  # ids at or below a chunk made before: not above all stored
-                    raise ValueError(f"msg_id {ids[i]} is not above every msg_id stored")
+                if n <= self.top:  # its chunk was freed: a rollback undid the ids above, kept aside
+                    side = self.side
+                    for k in range(i, j):
+                        if ids[k] in side:
+                            raise ValueError(f"msg_id {ids[k]} is stored already")
+                        side[ids[k]] = (datas[k], states[k])
+                    i = j
+                    continue
                 c = self._new_chunk(n)
             p = ids[i] & MASK
             last = ids[j - 1] & MASK

@@ -24,6 +24,7 @@ from queue_server.workers.service import PartitionService
 from queue_server.workers.store import SPILLED, MessageStore
 from tests.unit.service_replies import take_replies
 from tests.unit.test_rollback import Run, assert_same, service
+from tests.unit.test_store import tiny_chunks
 
 SEEDS = int(os.environ.get("OVERFLOW_SEEDS", "300"))
 T0 = 1_700_000_000.0
@@ -163,6 +164,15 @@ def run_seed(seed: int) -> int:
 @pytest.mark.parametrize("chunk", range(10))
 def test_overflow_delivers_the_same_messages_as_memory(chunk):
     spilled = sum(run_seed(seed) for seed in range(chunk, SEEDS, 10))
+    assert spilled > 0
+
+
+@pytest.mark.parametrize("chunk", range(5))
+def test_overflow_with_tiny_chunks_delivers_the_same_messages_as_memory(chunk):
+    """The same with chunks of 8: chunks are made, thinned and freed within a few steps, and
+    a rollback of produces crosses them."""
+    with tiny_chunks():
+        spilled = sum(run_seed(seed) for seed in range(chunk, SEEDS, 10))
     assert spilled > 0
 
 

@@ -139,6 +139,24 @@ def test_a_sparse_chunk_gives_its_few_live_messages_to_the_side_dict():
     assert store.side[5] == ("back", STATE) and store.pop(5) == ("back", STATE)
 
 
+def test_produces_rolled_back_across_a_freed_chunk_are_stored_again():
+    """A produce run whose first id fell in a sparse chunk freed when the next was made, rolled
+    back and stored again (its ids, or the new leader's same ids): the ids of the freed chunk go
+    to the side dict."""
+    store = MessageStore()
+    n = store_module.CHUNK
+    store.add_run(0, [str(i) for i in range(n - 1)], [STATE] * (n - 1))
+    store.delete_many(list(range(n - 6)))  # chunk 0 keeps 5, the newest: kept
+    store.add_run(n - 1, ["a", "b", "c"], [STATE] * 3)  # chunk 1 made: chunk 0 (6 live) freed
+    assert 0 not in store.chunks and n - 1 in store.side
+    for i in (n + 1, n, n - 1):  # the rollback
+        store.pop(i)
+    store.add_run(n - 1, ["x", "y", "z"], [STATE] * 3)
+    assert [store.data(i) for i in range(n - 6, n + 2)] == [*map(str, range(n - 6, n - 1)), "x", "y", "z"]
+    with pytest.raises(ValueError):
+        store.add_run(n - 1, ["again"], [STATE])
+
+
 def test_a_small_queue_keeps_small_lists():
     store = MessageStore()
     store.add_run(1, ["a", "b", "c"], [STATE] * 3)
