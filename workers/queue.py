@@ -30,7 +30,7 @@ from queue_server.protocol.snapshot_frames import (
 from queue_server.workers import undo
 from queue_server.workers.ordering import Ordering
 from queue_server.workers.overflow import BodyUnreadable
-from queue_server.workers.store import BITS as _BITS, MASK as _MASK, Message, MessageStore, message
+from queue_server.workers.store import BITS as _BITS, JOINED, MASK as _MASK, Message, MessageStore, message
 
 MAX_MSG_ID = 2**63 - 1
 # How many idempotent produces (producer, sequence) a queue remembers, oldest forgotten first.
@@ -235,10 +235,15 @@ class Queue:
             else:
                 m = _new_message(Message)
                 m.msg_id = i
-                m.data = c.data[i & _MASK]
-                m._state = c.states[i & _MASK]
-                if type(m.data) is not str:  # its body overflowed to disk (workers/overflow.py)
-                    m.data = self._index.ov.read(c.slot(i & _MASK))
+                p = i & _MASK
+                d = c.data[p]
+                if d is JOINED:  # Chunk.slot, inlined
+                    offs, base = c.offs, c.base
+                    d = c.blob[offs[p] - base:offs[p + 1] - base]
+                elif type(d) is not str:  # on disk (workers/overflow.py)
+                    d = self._index.body(c, p)
+                m.data = d
+                m._state = c.states[p]
             s = m._state
             delivery_count = s[_DELIVERY_COUNT] + 1
             if lease is not None:
@@ -951,7 +956,7 @@ class Queue:
                 self._bind(token, msg_id)
         s = (s[0], s[1], s[2], s[3], delivery_count, lease, token, s[7])
         if lease is None:
-            index.pop(msg_id)
+            index.pop(msg_id, False)
         else:
             index.set_state(msg_id, s)
             self._lease_add(lease, (msg_id,))

@@ -4,7 +4,8 @@
 A queue holds millions of messages (docs/plans/one-copy.md §2). A dict of message objects cost
 ~140 B per message beside the payload: the `Message` (56), its msg_id `int` (32) and the dict
 entry (~52). The store keeps each queue's messages in chunks of CHUNK consecutive msg_ids: per
-chunk a list of payloads (the `str` each produce brought, kept as it is) and a list of state
+chunk a list of payloads (the `str` each produce brought, kept as it is until the chunk is no
+longer the newest, then joined with the others: `Chunk.join_bodies`) and a list of state
 tuples, 16 B a message. Messages stored together with the same settings share one state tuple
 (Queue._stored), so the common case costs no tuple per message either. A batch of
 consecutive msg_ids (what one consume delivers, most often) is read, set or deleted a chunk
@@ -38,6 +39,7 @@ from __future__ import annotations
 import heapq
 from array import array
 from bisect import bisect_left
+from itertools import accumulate
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -78,6 +80,18 @@ class _Spilled:
 
 
 SPILLED = _Spilled()
+
+
+class _Joined:
+    """The payload list's mark of a body joined into its chunk's `blob`."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "JOINED"
+
+
+JOINED = _Joined()
 
 
 def _tally(packed: list[int], per_segment: Counter) -> int:
@@ -169,15 +183,101 @@ class Chunk:
     grow to a position when a message is stored there (a small queue keeps small lists); past
     their end nothing is stored. A payload SPILLED is a body on disk: its reference is packed
     in `at` at the same position (None until a body of the chunk goes to disk); a payload that
-    is an int is a reference too big to pack."""
+    is an int is a reference too big to pack.
 
-    __slots__ = ("data", "states", "live", "at")
+    A chunk no longer the newest joins its bodies in memory into one `str`, `blob`
+    (`join_bodies`), when they are all ASCII: a payload JOINED is
+    blob[offs[p] - base:offs[p + 1] - base]. A body then costs its characters and 4 B, not a
+    `str` object (~50 B more, rounded up to 16 B), and a snapshot's forked writer reads one
+    object a chunk instead of touching (copying the page of) every body. Once fewer than half
+    the messages it was joined with remain, the blob is cut to the span of its live bodies (one
+    copy: a queue consumed in order), or joined again without the bodies gone when that span is
+    mostly holes; so it holds at most about twice what its live bodies need."""
+
+    __slots__ = ("data", "states", "live", "at", "blob", "offs", "base", "joined_live")
 
     def __init__(self) -> None:
-        self.data: list[str | _Spilled | None] = []
+        self.data: list[str | _Spilled | _Joined | None] = []
         self.states: list[tuple | None] = []
         self.live = 0
         self.at: array | None = None  # 'Q': the packed reference of each SPILLED position
+        self.blob: str | None = None  # the JOINED bodies, end to end
+        self.offs: array | None = None  # 'I': where each position's body starts (and ends), + base
+        self.base = 0  # the offset (in offs) of blob's first character
+        self.joined_live = 0  # `live` when its bodies were last joined (or cut)
+
+    def join_bodies(self) -> None:
+        """Join the bodies in memory (loose or JOINED) into `blob`, leaving out those gone; when
+        they are not all ASCII (or past 4 GiB), keep each as its own `str`."""
+        data = self.data
+        if self.blob is not None:
+            blob, offs, base = self.blob, self.offs, self.base
+            data[:] = [blob[offs[p] - base:offs[p + 1] - base] if d is JOINED else d  # type: ignore[index]
+                       for p, d in enumerate(data)]
+            self.blob = self.offs = None
+            self.base = 0
+        self.joined_live = self.live
+        try:
+            joined = "".join(data)  # type: ignore[arg-type]
+            whole = True  # the common chunk: a body at every position
+        except TypeError:  # holes, or bodies on disk
+            whole = False
+            bodies = [d for d in data if type(d) is str]
+            if not bodies:
+                return
+            joined = "".join(bodies)
+        if not joined.isascii() or len(joined) >> 32:
+            return
+        if whole:
+            self.offs = array("I", accumulate(map(len, data), initial=0))  # type: ignore[arg-type]
+            data[:] = [JOINED] * len(data)
+        else:
+            self.offs = array("I", accumulate([len(d) if type(d) is str else 0 for d in data], initial=0))
+            data[:] = [JOINED if type(d) is str else d for d in data]
+        self.blob = joined
+
+    def trim_bodies(self) -> None:
+        """After messages left: cut `blob` to the span from its first to its last live body,
+        or join again when that span is mostly holes."""
+        data = self.data
+        if JOINED not in data:
+            self.blob = self.offs = None
+            self.base = 0
+            self.joined_live = self.live
+            return
+        first = data.index(JOINED)
+        end = len(data) - data[::-1].index(JOINED)
+        if 2 * data[first:end].count(JOINED) < end - first:
+            self.join_bodies()
+            return
+        offs, base = self.offs, self.base
+        self.blob = self.blob[offs[first] - base:offs[end] - base]  # type: ignore[index]
+        self.base = offs[first]  # type: ignore[index]
+        self.joined_live = self.live
+
+    def held(self) -> int:
+        """The bytes of the bodies in memory (loose or JOINED: ASCII, a byte a character)."""
+        data = self.data
+        size = sum(map(body_size, [d for d in data if type(d) is str]))
+        if self.blob is not None:
+            offs = self.offs
+            size += sum([offs[p + 1] - offs[p] for p, d in enumerate(data) if d is JOINED])  # type: ignore[index]
+        return size
+
+    def joined_size(self, p: int, k: int) -> int:
+        """The bytes of the JOINED bodies among positions p .. p + k - 1."""
+        offs = self.offs
+        if offs is None:
+            return 0
+        data = self.data
+        if data[p:p + k].count(JOINED) == k:
+            return offs[p + k] - offs[p]
+        return sum([offs[q + 1] - offs[q] for q in range(p, p + k) if data[q] is JOINED])
+
+    def loose(self, p: int, k: int) -> list:
+        """The payloads among positions p .. p + k - 1 that are neither JOINED nor SPILLED
+        (bodies as their own `str`, references too big to pack)."""
+        return [d for d in self.data[p:p + k] if d is not SPILLED and d is not JOINED]
 
     def spill(self, p: int, r: int) -> None:
         """Keep the reference `r` (an int, workers/overflow.py `ref`) at position p: packed when
@@ -202,11 +302,23 @@ class Chunk:
     def slot(self, p: int) -> str | int | None:
         """The payload at position p, a body on disk as its reference int."""
         d = self.data[p]
+        if d is JOINED:
+            offs, base = self.offs, self.base
+            return self.blob[offs[p] - base:offs[p + 1] - base]  # type: ignore[index]
         return self.ref(p) if d is SPILLED else d  # type: ignore[return-value]
 
     def slots(self, p: int, k: int) -> list:
         """slot() of positions p .. p + k - 1."""
         out = self.data[p:p + k]
+        if self.blob is not None and JOINED in out:
+            blob, offs, base = self.blob, self.offs, self.base
+            if out.count(JOINED) == len(out):  # the common run: every body joined
+                o = offs[p:p + len(out) + 1].tolist()  # type: ignore[index]
+                if base:
+                    o = [x - base for x in o]
+                return [blob[x:y] for x, y in zip(o, o[1:])]
+            out = [blob[offs[q] - base:offs[q + 1] - base] if d is JOINED else d  # type: ignore[index]
+                   for q, d in enumerate(out, p)]
         if self.at is not None and SPILLED in out:  # ref(), inlined
             out = [(a >> _SEG_AT) << 64 | ((a >> _SIZE_BITS) & _OFF_MASK) << 32 | a & _SIZE_MASK
                    if d is SPILLED else d for d, a in zip(out, self.at[p:p + k])]
@@ -346,6 +458,11 @@ class MessageStore:
                 datas.append(d)
             states.append(s)
         return datas, states
+
+    def body(self, c: Chunk, p: int) -> str:
+        """The body of the message at position p of chunk c (read back when on disk)."""
+        d = c.slot(p)
+        return self.ov.read(d) if type(d) is int else d  # type: ignore[return-value]
 
     def data(self, msg_id: int) -> str:
         """The payload of a stored message (KeyError if none)."""
@@ -550,10 +667,13 @@ class MessageStore:
 
     def _new_chunk(self, n: int) -> Chunk:
         """Make chunk `n` (above every chunk made before); the newest before it is thinned
-        now if it is sparse."""
+        now if it is sparse, else packed."""
         old = self.chunks.get(self.top)
-        if old is not None and old.live < SPARSE:
-            self.thin(self.top)
+        if old is not None:
+            if old.live < SPARSE:
+                self.thin(self.top)
+            else:
+                old.join_bodies()
         c = self.chunks[n] = Chunk()
         self.top = n
         return c
@@ -566,8 +686,9 @@ class MessageStore:
         else:
             c.states[msg_id & MASK] = state
 
-    def pop(self, msg_id: int) -> tuple[str, tuple]:
-        """Take a stored message out: its (data, state). KeyError if not stored."""
+    def pop(self, msg_id: int, keep: bool = True) -> tuple[str | None, tuple]:
+        """Take a stored message out: its (data, state); data None when not `keep` (the caller
+        needs only the state) and overflow is off. KeyError if not stored."""
         n = msg_id >> BITS
         c = self.chunks.get(n)
         if c is None:
@@ -581,14 +702,14 @@ class MessageStore:
         s = states[p] if p < len(states) else None
         if s is None:
             raise KeyError(msg_id)
-        data = c.slot(p)
+        data = c.slot(p) if keep or self.ov is not None else None
         c.data[p] = states[p] = None
         self.n -= 1
         live = c.live = c.live - 1
-        if live < SPARSE and n != self.top:
-            self.thin(n)
+        if n != self.top and (live < SPARSE or (c.blob is not None and 2 * live < c.joined_live)):
+            self._shrunk(n, c)
         if self.ov is not None:
-            self._dropped(data)
+            self._dropped(data)  # type: ignore[arg-type]
         return data, s
 
     def _dropped(self, data: str | int) -> None:
@@ -614,7 +735,8 @@ class MessageStore:
         if n:
             self.ov.drop_refs(per, size)
             self.spilled -= n
-        self._dropped_many([d for c, p, k in run for d in c.data[p:p + k] if d is not SPILLED])
+        self.ov.budget.held -= sum([c.joined_size(p, k) for c, p, k in run])
+        self._dropped_many([d for c, p, k in run for d in c.loose(p, k)])
 
     def set_states(self, ids: list[int], states: list[tuple]) -> None:
         """set_state() of each stored msg_id."""
@@ -654,8 +776,8 @@ class MessageStore:
             self.n -= len(ids)
             chunks = self.chunks
             for n in range(ids[0] >> BITS, (ids[-1] >> BITS) + 1):
-                if chunks[n].live < SPARSE and n != self.top:
-                    self.thin(n)
+                if n != self.top:
+                    self._shrunk(n, chunks[n])
             return
         chunks = self.chunks
         side = self.side
@@ -688,8 +810,16 @@ class MessageStore:
         top = self.top
         for n in touched:
             c = chunks.get(n)
-            if c is not None and c.live < SPARSE and n != top:
-                self.thin(n)
+            if c is not None and n != top:
+                self._shrunk(n, c)
+
+    def _shrunk(self, n: int, c: Chunk) -> None:
+        """Chunk `n` (not the newest) after messages left it: thinned when sparse, its bodies
+        trimmed when it holds fewer than half the messages it last joined or trimmed with."""
+        if c.live < SPARSE:
+            self.thin(n)
+        elif c.blob is not None and 2 * c.live < c.joined_live:
+            c.trim_bodies()
 
     def thin(self, n: int) -> None:
         """Free chunk `n` (not the newest), its few live messages moved to the side dict."""
@@ -720,7 +850,7 @@ class MessageStore:
         for c in self.chunks.values():
             for p, d in enumerate(c.data):
                 if d is not None:
-                    yield c.ref(p) if d is SPILLED else d
+                    yield c.slot(p)
         for d, _ in self.side.values():
             yield d
 
@@ -728,9 +858,9 @@ class MessageStore:
         """The payload slot of every stored message but those packed in a chunk's array
         (`_packed` counts them)."""
         for c in self.chunks.values():
-            for d in c.data:
+            for p, d in enumerate(c.data):
                 if d is not None and d is not SPILLED:
-                    yield d
+                    yield c.slot(p)
         for d, _ in self.side.values():
             yield d
 
@@ -804,7 +934,7 @@ class MessageStore:
 
     def _held(self) -> int:
         """The length of every body (all in memory)."""
-        return (sum(sum(map(body_size, filter(None, c.data))) for c in self.chunks.values())
+        return (sum(c.held() for c in self.chunks.values())
                 + sum(body_size(d) for d, _ in self.side.values()))
 
     def attach(self, ov: Overflow | None) -> None:
@@ -821,11 +951,16 @@ class MessageStore:
         ov.hold_refs(per, size)
         for c in self.chunks.values():
             data = c.data
+            out = 0  # JOINED bodies now on disk
             for p, d in enumerate(data):
                 if d is not None and d is not SPILLED:
-                    d = ov.keep(d)
-                    c.store(p, d)
-                    self.spilled += type(d) is int
+                    d = ov.keep(c.slot(p))
+                    if type(d) is int:
+                        out += data[p] is JOINED
+                        c.store(p, d)
+                        self.spilled += 1
+            if out:
+                c.join_bodies()
         side = self.side
         for i, (d, s) in side.items():
             d = ov.keep(d)

@@ -169,8 +169,8 @@ def test_overflow_delivers_the_same_messages_as_memory(chunk):
 
 @pytest.mark.parametrize("chunk", range(5))
 def test_overflow_with_tiny_chunks_delivers_the_same_messages_as_memory(chunk):
-    """The same with chunks of 8: chunks are made, thinned and freed within a few steps, and
-    a rollback of produces crosses them."""
+    """The same with chunks of 8: chunks are made, join their bodies, are joined again, thinned
+    and freed within a few steps, and a rollback of produces crosses them."""
     with tiny_chunks():
         spilled = sum(run_seed(seed) for seed in range(chunk, SEEDS, 10))
     assert spilled > 0

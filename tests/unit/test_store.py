@@ -157,6 +157,41 @@ def test_produces_rolled_back_across_a_freed_chunk_are_stored_again():
         store.add_run(n - 1, ["again"], [STATE])
 
 
+def test_a_chunk_no_longer_the_newest_joins_its_bodies_and_keeps_them_near_their_size():
+    store = MessageStore()
+    n = store_module.CHUNK
+    store.add_run(0, [f"body {i:03}" for i in range(n)], [STATE] * n)
+    store.add_run(n, ["newest", "é"], [STATE] * 2)
+    old, new = store.chunks[0], store.chunks[1]
+    assert old.blob == "".join(f"body {i:03}" for i in range(n)) and new.blob is None
+    assert set(old.data) == {store_module.JOINED}
+    assert store.pop(3) == ("body 003", STATE) and store.data(200) == "body 200"
+    store.delete_many(list(range(4, 3 * n // 4)))  # under half of those it was joined with
+    assert old.blob == "".join(f"body {i:03}" for i in (0, 1, 2, *range(3 * n // 4, n)))
+    assert store.get_many([2, 3 * n // 4]) == [message(2, "body 002", STATE),
+                                                message(3 * n // 4, f"body {3 * n // 4}", STATE)]
+    store.add(5, "back", STATE)  # a restore into a joined chunk: its own str beside the blob
+    assert store.data(5) == "back" and store.data(1) == "body 001"
+    store.add_run(n + 2, ["é"] * n, [STATE] * n)  # chunk 1 is not all ASCII: its bodies stay apart
+    assert new.blob is None and store.data(n) == "newest"
+
+
+def test_a_joined_chunk_consumed_in_order_is_cut_to_its_live_bodies():
+    store = MessageStore()
+    n = store_module.CHUNK
+    bodies = [f"body {i:03}" for i in range(n)]
+    store.add_run(0, bodies, [STATE] * n)
+    store.add(n, "newest", STATE)
+    c = store.chunks[0]
+    for i in range(n // 2 + 1):  # at most once, one at a time
+        store.pop(i, keep=False)
+    assert c.blob == "".join(bodies[n // 2 + 1:]) and c.base == 8 * (n // 2 + 1)
+    assert store.get_many(list(range(n - 3, n))) == [message(i, bodies[i], STATE) for i in range(n - 3, n)]
+    store.delete_many(list(range(n // 2 + 1, 3 * n // 4 + 2)))  # a confirm of a batch
+    assert c.blob == "".join(bodies[3 * n // 4 + 2:]) and store.data(3 * n // 4 + 2) == bodies[3 * n // 4 + 2]
+    assert [d for _, d, _ in store.entries()] == [*bodies[3 * n // 4 + 2:], "newest"]
+
+
 def test_a_small_queue_keeps_small_lists():
     store = MessageStore()
     store.add_run(1, ["a", "b", "c"], [STATE] * 3)
