@@ -194,7 +194,7 @@ class Chunk:
     copy: a queue consumed in order), or joined again without the bodies gone when that span is
     mostly holes; so it holds at most about twice what its live bodies need."""
 
-    __slots__ = ("data", "states", "live", "at", "blob", "offs", "base", "joined_live")
+    __slots__ = ("data", "states", "live", "at", "blob", "offs", "base", "trim_below")
 
     def __init__(self) -> None:
         self.data: list[str | _Spilled | _Joined | None] = []
@@ -204,19 +204,16 @@ class Chunk:
         self.blob: str | None = None  # the JOINED bodies, end to end
         self.offs: array | None = None  # 'I': where each position's body starts (and ends), + base
         self.base = 0  # the offset (in offs) of blob's first character
-        self.joined_live = 0  # `live` when its bodies were last joined (or cut)
+        self.trim_below = 0  # `live` under which blob is trimmed: half what it last had (0: no blob)
 
     def join_bodies(self) -> None:
         """Join the bodies in memory (loose or JOINED) into `blob`, leaving out those gone; when
         they are not all ASCII (or past 4 GiB), keep each as its own `str`."""
         data = self.data
         if self.blob is not None:
-            blob, offs, base = self.blob, self.offs, self.base
-            data[:] = [blob[offs[p] - base:offs[p + 1] - base] if d is JOINED else d  # type: ignore[index]
-                       for p, d in enumerate(data)]
+            data[:] = self._bodies(0, len(data))
             self.blob = self.offs = None
-            self.base = 0
-        self.joined_live = self.live
+            self.base = self.trim_below = 0
         try:
             joined = "".join(data)  # type: ignore[arg-type]
             whole = True  # the common chunk: a body at every position
@@ -235,6 +232,7 @@ class Chunk:
             self.offs = array("I", accumulate([len(d) if type(d) is str else 0 for d in data], initial=0))
             data[:] = [JOINED if type(d) is str else d for d in data]
         self.blob = joined
+        self.trim_below = (self.live + 1) // 2
 
     def trim_bodies(self) -> None:
         """After messages left: cut `blob` to the span from its first to its last live body,
@@ -242,8 +240,7 @@ class Chunk:
         data = self.data
         if JOINED not in data:
             self.blob = self.offs = None
-            self.base = 0
-            self.joined_live = self.live
+            self.base = self.trim_below = 0
             return
         first = data.index(JOINED)
         end = len(data) - data[::-1].index(JOINED)
@@ -253,16 +250,12 @@ class Chunk:
         offs, base = self.offs, self.base
         self.blob = self.blob[offs[first] - base:offs[end] - base]  # type: ignore[index]
         self.base = offs[first]  # type: ignore[index]
-        self.joined_live = self.live
+        self.trim_below = (self.live + 1) // 2
 
     def held(self) -> int:
         """The bytes of the bodies in memory (loose or JOINED: ASCII, a byte a character)."""
         data = self.data
-        size = sum(map(body_size, [d for d in data if type(d) is str]))
-        if self.blob is not None:
-            offs = self.offs
-            size += sum([offs[p + 1] - offs[p] for p, d in enumerate(data) if d is JOINED])  # type: ignore[index]
-        return size
+        return sum(map(body_size, [d for d in data if type(d) is str])) + self.joined_size(0, len(data))
 
     def joined_size(self, p: int, k: int) -> int:
         """The bytes of the JOINED bodies among positions p .. p + k - 1."""
@@ -307,18 +300,23 @@ class Chunk:
             return self.blob[offs[p] - base:offs[p + 1] - base]  # type: ignore[index]
         return self.ref(p) if d is SPILLED else d  # type: ignore[return-value]
 
+    def _bodies(self, p: int, k: int) -> list:
+        """The payloads of positions p .. p + k - 1, each JOINED one sliced out of blob."""
+        out = self.data[p:p + k]
+        if self.blob is None or JOINED not in out:
+            return out
+        blob, offs, base = self.blob, self.offs, self.base
+        if out.count(JOINED) == len(out):  # the common run: every body joined
+            o = offs[p:p + len(out) + 1].tolist()  # type: ignore[index]
+            if base:
+                o = [x - base for x in o]
+            return [blob[x:y] for x, y in zip(o, o[1:])]
+        return [blob[offs[q] - base:offs[q + 1] - base] if d is JOINED else d  # type: ignore[index]
+                for q, d in enumerate(out, p)]
+
     def slots(self, p: int, k: int) -> list:
         """slot() of positions p .. p + k - 1."""
-        out = self.data[p:p + k]
-        if self.blob is not None and JOINED in out:
-            blob, offs, base = self.blob, self.offs, self.base
-            if out.count(JOINED) == len(out):  # the common run: every body joined
-                o = offs[p:p + len(out) + 1].tolist()  # type: ignore[index]
-                if base:
-                    o = [x - base for x in o]
-                return [blob[x:y] for x, y in zip(o, o[1:])]
-            out = [blob[offs[q] - base:offs[q + 1] - base] if d is JOINED else d  # type: ignore[index]
-                   for q, d in enumerate(out, p)]
+        out = self._bodies(p, k)
         if self.at is not None and SPILLED in out:  # ref(), inlined
             out = [(a >> _SEG_AT) << 64 | ((a >> _SIZE_BITS) & _OFF_MASK) << 32 | a & _SIZE_MASK
                    if d is SPILLED else d for d, a in zip(out, self.at[p:p + k])]
@@ -667,7 +665,7 @@ class MessageStore:
 
     def _new_chunk(self, n: int) -> Chunk:
         """Make chunk `n` (above every chunk made before); the newest before it is thinned
-        now if it is sparse, else packed."""
+        now if it is sparse, else its bodies are joined."""
         old = self.chunks.get(self.top)
         if old is not None:
             if old.live < SPARSE:
@@ -706,7 +704,7 @@ class MessageStore:
         c.data[p] = states[p] = None
         self.n -= 1
         live = c.live = c.live - 1
-        if n != self.top and (live < SPARSE or (c.blob is not None and 2 * live < c.joined_live)):
+        if n != self.top and (live < SPARSE or live < c.trim_below):
             self._shrunk(n, c)
         if self.ov is not None:
             self._dropped(data)  # type: ignore[arg-type]
@@ -818,7 +816,7 @@ class MessageStore:
         trimmed when it holds fewer than half the messages it last joined or trimmed with."""
         if c.live < SPARSE:
             self.thin(n)
-        elif c.blob is not None and 2 * c.live < c.joined_live:
+        elif c.live < c.trim_below:
             c.trim_bodies()
 
     def thin(self, n: int) -> None:
