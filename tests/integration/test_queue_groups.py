@@ -178,8 +178,10 @@ def test_six_nodes_with_three_replicas_per_group_serve_every_group_through_every
             mine = set(placement.groups_of(node_id))
             assert {g for g, row in rows.items() if row["role"] != "none"} == mine, (node_id, rows)
             assert all(rows[g]["leader_node_id"] == leaders[g] for g in range(groups))
-            local = cluster.ask(node_id, {"action": 107})  # this node's own copy: its groups' queues only
-            assert local is not None and sorted(local["queue_list"]) == sorted(q for q in queues if group_of[q] in mine)
+            # this node's own copy: its groups' queues only (a group it follows, once its copy caught up)
+            own = sorted(q for q in queues if group_of[q] in mine)
+            wait_for(lambda: (local := cluster.ask(node_id, {"action": 107})) is not None
+                     and sorted(local["queue_list"]) == own, 10, f"node {node_id}'s own copy to list {own}")
             data_dir = cluster.nodes[node_id].config["queue_data_dir"]
             held = {g for g in range(1, groups) if os.path.isdir(os.path.join(data_dir, f"group-{g}"))}
             assert held == mine - {0}, (node_id, held)
